@@ -1,0 +1,1 @@
+"""Client side: local training and the client half of the round pipeline."""

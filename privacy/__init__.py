@@ -1,0 +1,1 @@
+"""Privacy layer: secure aggregation, differential privacy, ledger. Pure logic, no transport."""

@@ -1,0 +1,1 @@
+"""Differential privacy: clipping, mechanisms, accountants, budget, ledger, reports."""

@@ -1,0 +1,1 @@
+"""Secure aggregation: pairwise zero-sum masks with dropout recovery."""

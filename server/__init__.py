@@ -1,0 +1,1 @@
+"""Coordinator: round engine, strategies, run store, service, Flower ServerApp adapter."""

@@ -1,0 +1,1 @@
+"""Datasets, partitioners, in-process engine, Flower simulation runner, benchmarks."""
