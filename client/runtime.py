@@ -1,0 +1,102 @@
+"""The client's side of a round, free of any transport.
+
+`ClientRuntime.handle` takes a request Envelope for one client and returns its
+reply; the Flower ClientApp, the edge entry point and the in-process engine
+are thin adapters around it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedveil.envelope import Envelope, MessageError
+from fedveil.evaluation import evaluate
+from fedveil.params import FlatModel
+from fedveil.tasks import Task
+
+from .training import LocalTraining, train_local
+
+TRAIN_FIELDS = (
+    ("local_epochs", int),
+    ("local_steps", int),
+    ("batch_size", int),
+    ("lr", float),
+    ("momentum", float),
+    ("weight_decay", float),
+    ("prox_mu", float),
+)
+
+
+def client_generator(seed: int, round_num: int, client_id: int) -> torch.Generator:
+    """The client's batch-order generator: a function of (seed, round, client) only."""
+    state = np.random.SeedSequence([seed, round_num, client_id, 0xC1]).generate_state(2)
+    g = torch.Generator()
+    g.manual_seed(int(state[0]) << 32 | int(state[1]))
+    return g
+
+
+def parse_training(msg: Envelope) -> LocalTraining:
+    values: dict[str, Any] = {}
+    for key, kind in TRAIN_FIELDS:
+        v = msg.get(key, (int, float) if kind is float else int)
+        values[key] = kind(v)
+    hp = LocalTraining(**values)
+    if hp.batch_size < 1 or hp.lr <= 0 or hp.local_epochs < 0 or hp.local_steps < 0:
+        raise MessageError(f"train message: hyper-parameters out of range: {hp}")
+    if hp.local_epochs == 0 and hp.local_steps == 0:
+        raise MessageError("train message: local_epochs and local_steps are both 0")
+    return hp
+
+
+class ClientRuntime:
+    """Trains and evaluates for any client of `task`, reusing one model instance."""
+
+    def __init__(self, task: Task, device: torch.device | str = "cpu") -> None:
+        self.task = task
+        self.model = FlatModel(task.model_fn(), device)
+
+    def handle(self, client_id: int, msg: Envelope, state: dict[str, Any]) -> Envelope:
+        if msg.kind == "hello":
+            return Envelope("hello", msg.round, {"client_id": client_id, "size": self.model.size})
+        if msg.kind == "train":
+            return self._train(client_id, msg)
+        if msg.kind == "evaluate":
+            return self._evaluate(client_id, msg)
+        raise MessageError(f"unknown message kind {msg.kind!r}")
+
+    def _global(self, msg: Envelope) -> torch.Tensor:
+        return msg.tensor("model", numel=self.model.size)
+
+    def _train(self, client_id: int, msg: Envelope) -> Envelope:
+        hp = parse_training(msg)
+        seed = msg.get("seed", int)
+        global_vector = self._global(msg)
+        data = self.task.client_data(client_id)
+        result = train_local(
+            self.model,
+            global_vector,
+            data.x,
+            data.y,
+            hp,
+            self.task.loss_fn,
+            client_generator(seed, msg.round, client_id),
+        )
+        return Envelope(
+            "train",
+            msg.round,
+            {"num_examples": result.num_examples, "loss": result.loss, "steps": result.steps},
+            {"delta": result.delta},
+        )
+
+    def _evaluate(self, client_id: int, msg: Envelope) -> Envelope:
+        vector = self._global(msg)
+        data = self.task.client_data(client_id)
+        if data.x_eval is None or data.y_eval is None:
+            x, y = data.x, data.y
+        else:
+            x, y = data.x_eval, data.y_eval
+        loss, acc, n = evaluate(self.model, vector, x, y, self.task.loss_fn)
+        return Envelope("evaluate", msg.round, {"loss": loss, "accuracy": acc, "num_examples": n})

@@ -1,0 +1,101 @@
+"""Local training on one client: SGD (momentum, weight decay, FedProx) over its data."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from fedveil.params import FlatModel
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """Hyper-parameters the server sends with each round (the client may cap them)."""
+
+    local_epochs: int = 1
+    local_steps: int = 0
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    prox_mu: float = 0.0
+
+    def steps_for(self, num_examples: int) -> int:
+        if self.local_steps > 0:
+            return self.local_steps
+        per_epoch = -(-num_examples // self.batch_size)
+        return self.local_epochs * per_epoch
+
+
+@dataclass
+class LocalResult:
+    delta: torch.Tensor  # local - global, float32, on the training device
+    num_examples: int
+    steps: int
+    loss: float  # mean training loss over the local steps
+
+
+def train_local(
+    model: FlatModel,
+    global_vector: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    hp: LocalTraining,
+    loss_fn: LossFn,
+    generator: torch.Generator,
+) -> LocalResult:
+    """Train `model` from `global_vector` on (x, y); returns the update.
+
+    Batches are drawn from a permutation made by `generator` (a CPU generator
+    seeded from run seed, round and client id), so a client's update is the
+    same whichever transport or process runs it.
+    """
+    n = int(x.shape[0])
+    if n == 0:
+        raise ValueError("client has no training examples")
+    device = model.device
+    model.set(global_vector)
+    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    params = [p for p in model.module.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
+    anchor = global_vector.to(device) if hp.prox_mu > 0 else None
+    module = model.module
+    module.train()
+    total_steps = hp.steps_for(n)
+    loss_sum = torch.zeros((), device=device)
+    step = 0
+    while step < total_steps:
+        order = torch.randperm(n, generator=generator).to(device)
+        for start in range(0, n, hp.batch_size):
+            if step >= total_steps:
+                break
+            idx = order[start : start + hp.batch_size]
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(module(x[idx]), y[idx])
+            loss.backward()
+            if anchor is not None:
+                # FedProx: gradient of (mu/2)||w - w_global||^2, added per parameter view.
+                _add_prox_gradient(model, anchor, hp.prox_mu)
+            opt.step()
+            loss_sum += loss.detach()
+            step += 1
+    delta = model.flat.detach() - global_vector.to(device)
+    return LocalResult(delta, n, total_steps, float(loss_sum) / max(total_steps, 1))
+
+
+def _add_prox_gradient(model: FlatModel, anchor: torch.Tensor, mu: float) -> None:
+    for entry, p in zip(model.entries, _tensors_in_order(model), strict=True):
+        if p.grad is None:
+            continue
+        ref = anchor[entry.offset : entry.offset + entry.numel].view(entry.shape)
+        p.grad.add_(p.detach() - ref, alpha=mu)
+
+
+def _tensors_in_order(model: FlatModel) -> list[torch.Tensor]:
+    tensors = dict(model.module.named_parameters())
+    tensors.update(dict(model.module.named_buffers()))
+    return [tensors[e.name] for e in model.entries]

@@ -1,0 +1,334 @@
+"""Run configuration: TOML file plus command-line overrides, validated up front.
+
+Every field carries its own limits, so a bad value fails before any data is
+loaded or any model trained, with a message naming the field, the value and
+the allowed range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, of the wrong type or out of range."""
+
+
+def spec(
+    default: Any,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    choices: tuple[Any, ...] | None = None,
+    optional: bool = False,
+    help: str = "",
+) -> Any:
+    """A dataclass field with its limits attached as metadata."""
+    meta = {
+        "lo": lo,
+        "hi": hi,
+        "lo_open": lo_open,
+        "choices": choices,
+        "optional": optional,
+        "help": help,
+    }
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class DataConfig:
+    dataset: str = spec(
+        "fashion-mnist",
+        choices=("fashion-mnist", "digits", "synthetic"),
+        help="built-in dataset (ignored when a custom task brings its own data)",
+    )
+    data_dir: str | None = spec(None, optional=True, help="where the dataset files are")
+    num_clients: int = spec(100, lo=1, hi=1_000_000, help="population size")
+    partition: str = spec(
+        "dirichlet",
+        choices=("iid", "dirichlet", "shards", "lognormal", "writer"),
+        help="how the training set is split between clients",
+    )
+    alpha: float = spec(0.5, lo=0.0, lo_open=True, hi=1e6, help="Dirichlet concentration")
+    shards_per_client: int = spec(2, lo=1, hi=100, help="label shards per client")
+    sigma: float = spec(1.0, lo=0.0, hi=10.0, help="log-normal quantity-skew sigma")
+    min_size: int = spec(10, lo=1, hi=100_000, help="smallest client dataset (dirichlet)")
+    synthetic_alpha: float = spec(1.0, lo=0.0, hi=100.0, help="Synthetic(alpha, beta): alpha")
+    synthetic_beta: float = spec(1.0, lo=0.0, hi=100.0, help="Synthetic(alpha, beta): beta")
+
+
+@dataclass
+class ModelConfig:
+    name: str = spec("cnn", help="built-in model (logreg, mlp, cnn)")
+    task: str | None = spec(
+        None, optional=True, help="custom task as 'module:function' returning a fedveil Task"
+    )
+
+
+@dataclass
+class ClientConfig:
+    local_epochs: int = spec(1, lo=0, hi=1000, help="local epochs (0 when local_steps is set)")
+    local_steps: int = spec(0, lo=0, hi=1_000_000, help="local SGD steps; 0 means use epochs")
+    batch_size: int = spec(32, lo=1, hi=65_536, help="local batch size")
+    lr: float = spec(0.05, lo=0.0, lo_open=True, hi=100.0, help="local learning rate")
+    momentum: float = spec(0.0, lo=0.0, hi=0.999, help="local SGD momentum")
+    weight_decay: float = spec(0.0, lo=0.0, hi=1.0, help="local L2 weight decay")
+    prox_mu: float = spec(0.0, lo=0.0, hi=100.0, help="FedProx proximal term mu")
+
+
+@dataclass
+class ServerConfig:
+    rounds: int = spec(30, lo=1, hi=1_000_000, help="number of rounds")
+    sampling: str = spec(
+        "fixed",
+        choices=("fixed", "poisson"),
+        help="fixed-size cohorts without replacement, or Poisson sampling with rate q",
+    )
+    per_round: int = spec(20, lo=1, hi=1_000_000, help="cohort size (fixed sampling)")
+    sample_rate: float = spec(
+        0.0, lo=0.0, hi=1.0, help="Poisson rate q; 0 means per_round / num_clients"
+    )
+    min_clients: int = spec(1, lo=1, hi=1_000_000, help="fewest replies that make a round")
+    optimizer: str = spec(
+        "fedavg", choices=("fedavg", "fedavgm", "fedadam", "fedyogi"), help="server optimizer"
+    )
+    server_lr: float = spec(1.0, lo=0.0, lo_open=True, hi=100.0, help="server learning rate")
+    server_momentum: float = spec(0.9, lo=0.0, hi=0.999, help="FedAvgM momentum")
+    beta1: float = spec(0.9, lo=0.0, hi=0.999, help="FedAdam/FedYogi beta1")
+    beta2: float = spec(0.99, lo=0.0, hi=0.9999, help="FedAdam/FedYogi beta2")
+    tau: float = spec(1e-3, lo=0.0, lo_open=True, hi=1.0, help="FedAdam/FedYogi adaptivity")
+    round_timeout: float = spec(0.0, lo=0.0, hi=86_400.0, help="reply deadline in s; 0: none")
+
+
+@dataclass
+class EvalConfig:
+    central_every: int = spec(1, lo=0, hi=1_000_000, help="evaluate on the test set every N")
+    federated_every: int = spec(0, lo=0, hi=1_000_000, help="federated evaluation every N")
+    federated_clients: int = spec(10, lo=1, hi=1_000_000, help="clients per federated eval")
+    client_holdout: float = spec(
+        0.0, lo=0.0, hi=0.9, help="share of each client's data kept for federated evaluation"
+    )
+    batch_size: int = spec(1024, lo=1, hi=1_000_000, help="evaluation batch size")
+
+
+@dataclass
+class RunConfig:
+    seed: int = spec(0, lo=0, hi=2**63 - 1, help="seed for data, model init, sampling")
+    transport: str = spec(
+        "inprocess", choices=("inprocess", "flower"), help="in-process engine or Flower"
+    )
+    device: str = spec("auto", choices=("auto", "cpu", "cuda"), help="where training runs")
+    out: str = spec("runs/latest", help="run directory")
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def poisson_rate(self) -> float:
+        """The Poisson sampling rate q in use (explicit, or per_round / num_clients)."""
+        if self.server.sample_rate > 0:
+            return self.server.sample_rate
+        return min(1.0, self.server.per_round / self.data.num_clients)
+
+
+def _is_section(f: dataclasses.Field) -> bool:
+    return dataclasses.is_dataclass(f.type) or f.name in SECTIONS
+
+
+SECTIONS = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "client": ClientConfig,
+    "server": ServerConfig,
+    "eval": EvalConfig,
+}
+
+
+def _coerce(name: str, f: dataclasses.Field, value: Any) -> Any:
+    """Convert a TOML/CLI value to the field's type, or say why it cannot be."""
+    meta = f.metadata
+    if value is None:
+        if meta.get("optional"):
+            return None
+        raise ConfigError(f"{name}: a value is required")
+    kind = type(f.default) if f.default is not None else str
+    if kind is bool:
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+            return value.lower() in ("true", "1")
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{name} = {value!r}: must be true or false")
+    if kind is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{name} = {value!r}: must be an integer")
+        if isinstance(value, str):
+            try:
+                value = int(value, 0)
+            except ValueError:
+                raise ConfigError(f"{name} = {value!r}: must be an integer") from None
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise ConfigError(f"{name} = {value!r}: must be an integer")
+            value = int(value)
+        if not isinstance(value, int):
+            raise ConfigError(f"{name} = {value!r}: must be an integer")
+        return value
+    if kind is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{name} = {value!r}: must be a number")
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name} = {value!r}: must be a number") from None
+        if not math.isfinite(value):
+            raise ConfigError(f"{name} = {value!r}: must be a finite number")
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"{name} = {value!r}: must be a string")
+    return value
+
+
+def _check_range(name: str, f: dataclasses.Field, value: Any) -> None:
+    meta = f.metadata
+    if value is None:
+        return
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{name} = {value!r}: must be one of {', '.join(map(str, choices))}")
+    lo, hi = meta.get("lo"), meta.get("hi")
+    if lo is not None:
+        if meta.get("lo_open") and not value > lo:
+            raise ConfigError(f"{name} = {value!r}: must be > {lo}")
+        if not meta.get("lo_open") and not value >= lo:
+            raise ConfigError(f"{name} = {value!r}: must be >= {lo}")
+    if hi is not None and not value <= hi:
+        raise ConfigError(f"{name} = {value!r}: must be <= {hi}")
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        where = f"[{prefix.rstrip('.')}]" if prefix else "the top level"
+        raise ConfigError(
+            f"unknown key {prefix}{unknown[0]} in {where}; known keys: " + ", ".join(sorted(known))
+        )
+    kwargs: dict[str, Any] = {}
+    for name, f in known.items():
+        if name in SECTIONS and prefix == "":
+            section = values.get(name, {})
+            if not isinstance(section, dict):
+                raise ConfigError(f"[{name}] must be a table, got {section!r}")
+            kwargs[name] = _build(SECTIONS[name], section, f"{name}.")
+        elif name in values:
+            value = _coerce(prefix + name, f, values[name])
+            _check_range(prefix + name, f, value)
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _check_cross_fields(cfg: RunConfig) -> None:
+    """Limits that depend on more than one field."""
+    n = cfg.data.num_clients
+    if cfg.server.sampling == "fixed" and cfg.server.per_round > n:
+        raise ConfigError(
+            f"server.per_round = {cfg.server.per_round}: more sampled clients than exist; "
+            f"must be <= data.num_clients = {n}"
+        )
+    if cfg.server.min_clients > n:
+        raise ConfigError(f"server.min_clients = {cfg.server.min_clients}: must be <= {n}")
+    if cfg.client.local_epochs == 0 and cfg.client.local_steps == 0:
+        raise ConfigError("client.local_epochs = 0 and client.local_steps = 0: set one of them")
+    if cfg.eval.federated_every > 0 and cfg.eval.client_holdout == 0:
+        raise ConfigError(
+            "eval.federated_every > 0 needs eval.client_holdout > 0 "
+            "(the share of each client's data kept for local evaluation)"
+        )
+    task = cfg.model.task
+    if task is not None and (task.count(":") != 1 or not all(task.split(":"))):
+        raise ConfigError(f"model.task = {task!r}: must look like 'package.module:function'")
+
+
+def config_from_dict(values: dict[str, Any]) -> RunConfig:
+    cfg = _build(RunConfig, values, "")
+    _check_cross_fields(cfg)
+    return cfg
+
+
+def set_dotted(values: dict[str, Any], key: str, value: Any) -> None:
+    """Set 'section.key' in a nested dict (command-line overrides)."""
+    parts = key.split(".")
+    node = values
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{key}: {part} is not a table")
+    node[parts[-1]] = value
+
+
+def load_config(
+    path: str | Path | None = None, overrides: dict[str, Any] | None = None
+) -> RunConfig:
+    """Read a TOML file (optional), apply dotted-key overrides, validate everything."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            values = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"--config {p}: no such file") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"--config {p}: not valid TOML ({exc})") from None
+    for key, value in (overrides or {}).items():
+        set_dotted(values, key, value)
+    return config_from_dict(values)
+
+
+def field_help() -> dict[str, str]:
+    """'section.key' -> help text, for documentation and --help."""
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(RunConfig):
+        if f.name in SECTIONS:
+            for g in dataclasses.fields(SECTIONS[f.name]):
+                out[f"{f.name}.{g.name}"] = g.metadata.get("help", "")
+        else:
+            out[f.name] = f.metadata.get("help", "")
+    return out
+
+
+def to_toml(cfg: RunConfig) -> str:
+    """The resolved config as TOML (None values are left out, as TOML has no null)."""
+    lines: list[str] = []
+    data = cfg.to_dict()
+    for key, value in data.items():
+        if not isinstance(value, dict) and value is not None:
+            lines.append(f"{key} = {_toml_value(value)}")
+    for key, value in data.items():
+        if isinstance(value, dict):
+            lines.append(f"\n[{key}]")
+            lines.extend(f"{k} = {_toml_value(v)}" for k, v in value.items() if v is not None)
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'

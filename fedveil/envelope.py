@@ -1,0 +1,68 @@
+"""The one message shape every transport carries between server and clients.
+
+Small values go in `config` (ints, floats, strings, bytes, bools and lists of
+them); vectors go in `arrays` (numpy arrays or torch tensors). The in-process
+transport hands an Envelope over as it is; the Flower transport maps `config`
+to a ConfigRecord and `arrays` to an ArrayRecord.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+ConfigValue = int | float | str | bytes | bool | list[int] | list[float] | list[str] | list[bytes]
+ArrayValue = np.ndarray | torch.Tensor
+
+
+class MessageError(ValueError):
+    """A message is malformed: names the field and the check that failed."""
+
+
+@dataclass
+class Envelope:
+    kind: str
+    round: int
+    config: dict[str, ConfigValue] = field(default_factory=dict)
+    arrays: dict[str, ArrayValue] = field(default_factory=dict)
+
+    def get(self, key: str, kind: type | tuple[type, ...]) -> Any:
+        """A config value of the expected type, or a MessageError naming it."""
+        if key not in self.config:
+            raise MessageError(f"{self.kind} message: missing field {key!r}")
+        value = self.config[key]
+        if isinstance(value, bool) and kind in (int, float, (int, float)):
+            raise MessageError(f"{self.kind} message: field {key!r} must be a number")
+        if not isinstance(value, kind):
+            raise MessageError(
+                f"{self.kind} message: field {key!r} has type {type(value).__name__}"
+            )
+        return value
+
+    def tensor(self, key: str, *, numel: int | None = None) -> torch.Tensor:
+        """A float32 vector from `arrays`, checked for length and finiteness."""
+        if key not in self.arrays:
+            raise MessageError(f"{self.kind} message: missing array {key!r}")
+        value = self.arrays[key]
+        t = (
+            torch.from_numpy(np.ascontiguousarray(value))
+            if isinstance(value, np.ndarray)
+            else value
+        )
+        if not isinstance(t, torch.Tensor):
+            raise MessageError(f"{self.kind} message: array {key!r} is not an array")
+        if t.dtype != torch.float32:
+            raise MessageError(
+                f"{self.kind} message: array {key!r} has dtype {t.dtype}, not float32"
+            )
+        t = t.reshape(-1)
+        if numel is not None and t.numel() != numel:
+            raise MessageError(
+                f"{self.kind} message: array {key!r} has {t.numel()} values, expected {numel}"
+            )
+        if not bool(torch.isfinite(t).all()):
+            raise MessageError(f"{self.kind} message: array {key!r} contains NaN or Inf")
+        return t

@@ -1,0 +1,52 @@
+"""Envelope <-> Flower Message content (RecordDict).
+
+Only this module and the two Flower adapters know Flower's record types.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+from .envelope import Envelope, MessageError
+
+# Flower message types are "<category>.<action>"; every fedveil kind rides on
+# one of Flower's categories with the kind as the action.
+CATEGORY = {"hello": "query", "evaluate": "evaluate"}
+# Every kind a ClientApp answers; protocols that add kinds extend this list.
+KINDS = ["hello", "train", "evaluate"]
+
+
+def message_type(kind: str) -> str:
+    category = CATEGORY.get(kind, "train")
+    return f"{category}.{kind.replace('.', '_')}"
+
+
+def to_content(env: Envelope) -> RecordDict:
+    arrays = {}
+    for key, value in env.arrays.items():
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().numpy()
+        arrays[key] = Array(np.ascontiguousarray(value))
+    meta = {"kind": env.kind, "round": env.round}
+    return RecordDict(
+        {
+            "meta": ConfigRecord(meta),
+            "config": ConfigRecord(dict(env.config)),
+            "arrays": ArrayRecord(arrays),
+        }
+    )
+
+
+def from_content(content: RecordDict) -> Envelope:
+    try:
+        meta = content.config_records["meta"]
+        config = content.config_records["config"]
+        arrays = content.array_records["arrays"]
+    except KeyError as exc:
+        raise MessageError(f"message lacks record {exc.args[0]!r}") from None
+    kind, rnd = meta.get("kind"), meta.get("round")
+    if not isinstance(kind, str) or not isinstance(rnd, int) or isinstance(rnd, bool):
+        raise MessageError("message meta record needs a string 'kind' and an integer 'round'")
+    return Envelope(kind, rnd, dict(config), {k: a.numpy() for k, a in arrays.items()})

@@ -1,0 +1,30 @@
+"""A per-round progress bar with loss and accuracy (stderr, so --json stdout stays clean)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from tqdm import tqdm
+
+
+class RoundProgress:
+    def __init__(self, rounds: int, *, disable: bool = False) -> None:
+        self.bar = tqdm(
+            total=rounds, unit="round", file=sys.stderr, disable=disable, dynamic_ncols=True
+        )
+
+    def update(self, record: Any) -> None:
+        post: dict[str, str] = {}
+        if record.train_loss is not None:
+            post["train_loss"] = f"{record.train_loss:.3f}"
+        if record.test_accuracy is not None:
+            post["test_acc"] = f"{record.test_accuracy:.4f}"
+        if record.dropped:
+            post["dropped"] = str(record.dropped)
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.n = record.round
+        self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()

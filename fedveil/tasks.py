@@ -1,0 +1,183 @@
+"""Tasks: what is trained (model factory, per-client data, loss) and how it is found.
+
+A built-in task pairs a registered model with a built-in dataset and
+partitioner. A user task is any function `module:function` taking the
+RunConfig and returning a `Task`, so people plug in their own model, data and
+loss without editing fedveil.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional
+
+from .models import build_model
+
+if TYPE_CHECKING:
+    from .config import RunConfig
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class ClientData:
+    """One client's local examples (and an optional local evaluation split)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    x_eval: torch.Tensor | None = None
+    y_eval: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+
+@dataclass
+class Task:
+    """Everything the round engine needs to know about what is being learned."""
+
+    name: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+    num_clients: int
+    model_fn: Callable[[], nn.Module]
+    client_data: Callable[[int], ClientData]
+    test_data: tuple[torch.Tensor, torch.Tensor] | None = None
+    loss_fn: LossFn = functional.cross_entropy
+    # Sizes of every client's training set, when known without loading it
+    # (used for reports and for weighting; None for user tasks that do not say).
+    client_sizes: np.ndarray | None = None
+    info: dict[str, object] = field(default_factory=dict)
+
+
+class PartitionedData:
+    """A dataset split between clients; a client's tensors are built when asked for.
+
+    Nothing per client is cached, so memory does not grow with the population.
+    """
+
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        parts: list[np.ndarray],
+        *,
+        holdout: float = 0.0,
+        seed: int = 0,
+        transform: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+    ) -> None:
+        self.x, self.y, self.parts = x, y, parts
+        self.holdout, self.seed, self.transform = holdout, seed, transform
+
+    def __call__(self, cid: int) -> ClientData:
+        if not 0 <= cid < len(self.parts):
+            raise IndexError(f"client id {cid} out of range [0, {len(self.parts)})")
+        idx = torch.from_numpy(np.asarray(self.parts[cid], dtype=np.int64))
+        x, y = self.x[idx], self.y[idx]
+        if self.transform is not None:
+            x = self.transform(x, cid)
+        if self.holdout <= 0 or len(idx) < 2:
+            return ClientData(x, y)
+        n_eval = max(1, round(self.holdout * len(idx)))
+        return ClientData(x[n_eval:], y[n_eval:], x[:n_eval], y[:n_eval])
+
+    def sizes(self) -> np.ndarray:
+        total = np.array([len(p) for p in self.parts], dtype=np.int64)
+        if self.holdout <= 0:
+            return total
+        n_eval = np.maximum(1, np.round(self.holdout * total)).astype(np.int64)
+        return np.where(total >= 2, total - n_eval, total)
+
+
+def builtin_task(cfg: RunConfig) -> Task:
+    """Built-in dataset + partitioner + registered model."""
+    from fedveil.simulations.datasets import load_dataset
+    from fedveil.simulations.partition import apply_writer_style, partition
+
+    d = cfg.data
+    params: dict[str, object] = {}
+    if d.dataset == "synthetic":
+        params = {
+            "num_clients": d.num_clients,
+            "alpha": d.synthetic_alpha,
+            "beta": d.synthetic_beta,
+        }
+    ds = load_dataset(d.dataset, data_dir=d.data_dir, seed=cfg.seed, **params)
+    labels = ds.y_train.numpy()
+    transform = None
+    natural = getattr(ds, "natural_partition", None)
+    if natural is not None:
+        parts = list(natural)
+    else:
+        part_params: dict[str, object] = {
+            "dirichlet": {"alpha": d.alpha, "min_size": d.min_size},
+            "shards": {"shards_per_client": d.shards_per_client},
+            "lognormal": {"sigma": d.sigma},
+        }.get(d.partition, {})
+        parts = partition(labels, d.num_clients, d.partition, cfg.seed, **part_params)
+        if d.partition == "writer":
+            seed = cfg.seed
+
+            def transform(x: torch.Tensor, cid: int) -> torch.Tensor:
+                return apply_writer_style(x, cid, seed)
+
+    data = PartitionedData(
+        ds.x_train,
+        ds.y_train,
+        parts,
+        holdout=cfg.eval.client_holdout,
+        seed=cfg.seed,
+        transform=transform,
+    )
+    input_shape = tuple(ds.input_shape)
+    name = cfg.model.name
+    build_model(name, input_shape, ds.num_classes)  # fail now, not in round 1
+    return Task(
+        name=f"{d.dataset}/{name}",
+        input_shape=input_shape,
+        num_classes=ds.num_classes,
+        num_clients=len(parts),
+        model_fn=lambda: build_model(name, input_shape, ds.num_classes),
+        client_data=data,
+        test_data=(ds.x_test, ds.y_test),
+        client_sizes=data.sizes(),
+        info={"labels": labels, "parts": parts},
+    )
+
+
+def load_task_function(ref: str) -> Callable[[RunConfig], Task]:
+    """Import 'package.module:function'; errors name the reference."""
+    module_name, _, func_name = ref.partition(":")
+    # Like uvicorn's app-dir: a task module in the current directory is found.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"model.task = {ref!r}: cannot import {module_name!r} ({exc})") from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise ValueError(f"model.task = {ref!r}: {module_name} has no function {func_name!r}")
+    return func
+
+
+def make_task(cfg: RunConfig) -> Task:
+    """The task a run trains: the user's when model.task is set, else the built-in one."""
+    if cfg.model.task is None:
+        return builtin_task(cfg)
+    task = load_task_function(cfg.model.task)(cfg)
+    if not isinstance(task, Task):
+        raise ValueError(
+            f"model.task = {cfg.model.task!r}: returned {type(task).__name__}, "
+            "expected fedveil.tasks.Task"
+        )
+    return task

@@ -1,0 +1,234 @@
+"""The round engine: written once against the Transport interface.
+
+One round: sample a cohort, send the global model and the local-training
+config, collect the cohort's weighted update sum through an UpdateChannel,
+average, take a server-optimizer step, evaluate, record, checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedveil.config import RunConfig
+from fedveil.envelope import Envelope
+from fedveil.evaluation import evaluate
+from fedveil.params import FlatModel
+from fedveil.tasks import Task
+
+from .aggregation import PlainChannel, UpdateChannel
+from .optimizers import make_optimizer
+from .runstore import RunStore
+from .sampling import CohortSampler
+from .transport import ClientFailure, Transport
+
+log = logging.getLogger("fedveil.server")
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    cohort_planned: int
+    cohort_aggregated: int
+    dropped: int
+    applied: bool
+    train_loss: float | None = None
+    test_loss: float | None = None
+    test_accuracy: float | None = None
+    federated_loss: float | None = None
+    federated_accuracy: float | None = None
+    duration_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(d.pop("extra"))
+        return d
+
+
+def initial_model(task: Task, seed: int) -> torch.nn.Module:
+    """The global model's initial weights: a function of the seed alone."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(np.random.SeedSequence([seed, 0x1417]).generate_state(1)[0]))
+        return task.model_fn()
+
+
+class RoundEngine:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        task: Task,
+        transport: Transport,
+        *,
+        store: RunStore | None = None,
+        channel: UpdateChannel | None = None,
+        device: torch.device | str = "cpu",
+        on_round: Callable[[RoundRecord], None] | None = None,
+    ) -> None:
+        self.cfg, self.task, self.transport, self.store = cfg, task, transport, store
+        self.channel = channel or PlainChannel()
+        self.on_round = on_round
+        self.model = FlatModel(initial_model(task, cfg.seed), device)
+        self.weights = self.model.get()
+        s = cfg.server
+        self.optimizer = make_optimizer(
+            s.optimizer,
+            lr=s.server_lr,
+            momentum=s.server_momentum,
+            beta1=s.beta1,
+            beta2=s.beta2,
+            tau=s.tau,
+        )
+        ids = list(transport.client_ids())
+        if sorted(ids) != list(range(task.num_clients)):
+            raise ValueError(
+                f"transport has {len(ids)} clients, the task has {task.num_clients}; "
+                "client ids must be 0..num_clients-1"
+            )
+        self.sampler = CohortSampler(
+            task.num_clients, s.sampling, s.per_round, cfg.poisson_rate, cfg.seed
+        )
+        self.eval_rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xE7A1]))
+        self.round = 0
+        self.history: list[RoundRecord] = []
+
+    # -- checkpoint -------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "weights": self.weights.cpu(),
+            "optimizer": {k: v.cpu() for k, v in self.optimizer.state_dict().items()},
+            "sampler": self.sampler.state(),
+            "eval_rng": self.eval_rng.bit_generator.state,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        device = self.model.device
+        self.round = int(state["round"])
+        self.weights = state["weights"].to(device)
+        self.optimizer.load_state_dict({k: v.to(device) for k, v in state["optimizer"].items()})
+        self.sampler.restore(state["sampler"])
+        self.eval_rng.bit_generator.state = state["eval_rng"]
+
+    # -- one round --------------------------------------------------------
+    def train_request(self, round_num: int) -> Envelope:
+        c = self.cfg.client
+        config: dict[str, Any] = {
+            "seed": self.cfg.seed,
+            "local_epochs": c.local_epochs,
+            "local_steps": c.local_steps,
+            "batch_size": c.batch_size,
+            "lr": c.lr,
+            "momentum": c.momentum,
+            "weight_decay": c.weight_decay,
+            "prox_mu": c.prox_mu,
+        }
+        return Envelope("train", round_num, config, {"model": self.weights})
+
+    def run_round(self) -> RoundRecord:
+        round_num = self.round + 1
+        start = time.perf_counter()
+        cohort = self.sampler.sample()
+        record = RoundRecord(round_num, len(cohort), 0, 0, applied=False)
+        agg = None
+        if cohort:
+            request = self.train_request(round_num)
+            requests = {cid: request for cid in cohort}
+            timeout = self.cfg.server.round_timeout or None
+            agg = self.channel.collect(self.transport, requests, self.model.size, timeout)
+        if agg is not None:
+            record.dropped = len(agg.dropped)
+            record.cohort_aggregated = len(agg.contributors)
+            for cid, reason in agg.dropped.items():
+                log.warning("round %d: client %d dropped: %s", round_num, cid, reason)
+        else:
+            record.dropped = len(cohort)
+        if agg is not None and record.cohort_aggregated >= self.cfg.server.min_clients:
+            update = agg.mean.to(self.weights.device)
+            self.weights = self.optimizer.step(self.weights, update)
+            record.applied = True
+            record.train_loss = agg.loss
+        elif cohort:
+            log.warning(
+                "round %d: %d of %d clients aggregated, fewer than min_clients=%d; "
+                "global model unchanged",
+                round_num,
+                record.cohort_aggregated,
+                len(cohort),
+                self.cfg.server.min_clients,
+            )
+        self.round = round_num
+        self._evaluate(record)
+        record.duration_s = time.perf_counter() - start
+        self.history.append(record)
+        if self.store is not None:
+            self.store.append_metrics(record.to_json())
+            self.store.save_checkpoint(self.state())
+        if self.on_round:
+            self.on_round(record)
+        return record
+
+    def _evaluate(self, record: RoundRecord) -> None:
+        e = self.cfg.eval
+        last = record.round == self.cfg.server.rounds
+        if (
+            self.task.test_data is not None
+            and e.central_every
+            and (record.round % e.central_every == 0 or last)
+        ):
+            x, y = self.task.test_data
+            loss, acc, _ = evaluate(self.model, self.weights, x, y, self.task.loss_fn, e.batch_size)
+            record.test_loss, record.test_accuracy = loss, acc
+        if e.federated_every and (record.round % e.federated_every == 0 or last):
+            k = min(e.federated_clients, self.task.num_clients)
+            chosen = sorted(
+                int(c) for c in self.eval_rng.choice(self.task.num_clients, k, replace=False)
+            )
+            req = Envelope("evaluate", record.round, {}, {"model": self.weights})
+            replies = self.transport.exchange({c: req for c in chosen}, None)
+            n_total, loss_sum, correct = 0, 0.0, 0.0
+            for cid in chosen:
+                r = replies.get(cid)
+                if r is None or isinstance(r, ClientFailure):
+                    continue
+                n = int(r.config.get("num_examples", 0))
+                if n > 0:
+                    n_total += n
+                    loss_sum += float(r.config["loss"]) * n
+                    correct += float(r.config["accuracy"]) * n
+            if n_total:
+                record.federated_loss, record.federated_accuracy = (
+                    loss_sum / n_total,
+                    correct / n_total,
+                )
+
+    # -- whole run --------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        start = time.perf_counter()
+        while self.round < self.cfg.server.rounds:
+            self.run_round()
+        return self.summary(time.perf_counter() - start)
+
+    def summary(self, wall_s: float) -> dict[str, Any]:
+        last_eval = next((r for r in reversed(self.history) if r.test_accuracy is not None), None)
+        return {
+            "rounds": self.round,
+            "clients": self.task.num_clients,
+            "per_round": self.cfg.server.per_round,
+            "sampling": self.cfg.server.sampling,
+            "task": self.task.name,
+            "transport": self.cfg.transport,
+            "seed": self.cfg.seed,
+            "test_accuracy": None if last_eval is None else last_eval.test_accuracy,
+            "test_loss": None if last_eval is None else last_eval.test_loss,
+            "rounds_applied": sum(r.applied for r in self.history),
+            "dropped_total": sum(r.dropped for r in self.history),
+            "wall_s": round(wall_s, 3),
+            "model_parameters": self.model.size,
+        }
