@@ -261,6 +261,14 @@ def _check_cross_fields(cfg: RunConfig) -> None:
             "(the share of each client's data kept for local evaluation)"
         )
     task = cfg.model.task
+    if task is None:
+        from .models import MODELS
+
+        if cfg.model.name not in MODELS:
+            raise ConfigError(
+                f"model.name = {cfg.model.name!r}: unknown; choose one of {', '.join(sorted(MODELS))} "
+                "or give a task as 'module:function'"
+            )
     if task is not None and (task.count(":") != 1 or not all(task.split(":"))):
         raise ConfigError(f"model.task = {task!r}: must look like 'package.module:function'")
 

@@ -1,0 +1,108 @@
+"""FedAvg arithmetic on hand-made updates, and the server optimizers against hand computation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+import torch
+
+from fedveil.envelope import Envelope
+from fedveil.server.aggregation import PlainChannel
+from fedveil.server.optimizers import make_optimizer
+from fedveil.server.transport import ClientFailure
+
+
+class ScriptedClients:
+    """Clients whose replies are given up front (the arithmetic under test is the server's)."""
+
+    def __init__(self, replies: dict[int, Envelope | ClientFailure]) -> None:
+        self.replies = replies
+
+    def client_ids(self) -> list[int]:
+        return sorted(self.replies)
+
+    def exchange(self, requests: Mapping[int, Envelope], timeout_s: float | None):
+        return {cid: self.replies[cid] for cid in requests}
+
+    def close(self) -> None:
+        pass
+
+
+def reply(delta: list[float], n: int, loss: float = 1.0, rnd: int = 1) -> Envelope:
+    return Envelope("train", rnd, {"num_examples": n, "loss": loss}, {"delta": torch.tensor(delta)})
+
+
+def test_weighted_average_is_exact():
+    clients = ScriptedClients(
+        {0: reply([1.0, 2.0], 1, 4.0), 1: reply([3.0, -2.0], 3, 0.0), 2: reply([0.5, 0.5], 4, 1.0)}
+    )
+    req = Envelope("train", 1)
+    agg = PlainChannel().collect(clients, {0: req, 1: req, 2: req}, 2, None)
+    assert agg is not None
+    assert agg.weight == 8
+    expected = torch.tensor([(1 * 1 + 3 * 3 + 4 * 0.5) / 8, (1 * 2 - 3 * 2 + 4 * 0.5) / 8])
+    assert torch.equal(agg.mean, expected)
+    assert agg.loss == pytest.approx((4.0 * 1 + 0 + 1.0 * 4) / 8)
+    assert agg.contributors == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (reply([float("nan"), 1.0], 2), "NaN or Inf"),
+        (reply([float("inf"), 1.0], 2), "NaN or Inf"),
+        (reply([1.0, 1.0, 1.0], 2), "expected 2"),
+        (reply([1.0, 1.0], 0), "num_examples = 0"),
+        (reply([1.0, 1.0], 2, rnd=7), "for round 7"),
+        (Envelope("train", 1, {"loss": 1.0}, {"delta": torch.ones(2)}), "num_examples"),
+        (
+            Envelope(
+                "train", 1, {"num_examples": 2, "loss": 1.0}, {"delta": torch.ones(2).double()}
+            ),
+            "float32",
+        ),
+        (ClientFailure(1, "timed out"), "timed out"),
+    ],
+)
+def test_bad_replies_drop_the_client_and_keep_the_rest(bad, reason):
+    clients = ScriptedClients({0: reply([1.0, 1.0], 2), 1: bad, 2: reply([3.0, 3.0], 2)})
+    req = Envelope("train", 1)
+    agg = PlainChannel().collect(clients, {0: req, 1: req, 2: req}, 2, None)
+    assert agg is not None
+    assert agg.contributors == [0, 2]
+    assert reason in agg.dropped[1]
+    assert torch.equal(agg.mean, torch.tensor([2.0, 2.0]))
+
+
+def test_no_usable_reply_gives_nothing():
+    clients = ScriptedClients({0: ClientFailure(0, "gone")})
+    assert PlainChannel().collect(clients, {0: Envelope("train", 1)}, 2, None) is None
+
+
+def test_server_optimizers_match_hand_computation():
+    w = torch.tensor([1.0, -1.0])
+    d1, d2 = torch.tensor([0.5, 0.25]), torch.tensor([-0.5, 1.0])
+
+    avg = make_optimizer("fedavg", lr=0.5)
+    assert torch.equal(avg.step(w, d1), w + 0.5 * d1)
+
+    m = make_optimizer("fedavgm", lr=1.0, momentum=0.9)
+    w1 = m.step(w, d1)
+    w2 = m.step(w1, d2)
+    assert torch.allclose(w2, w1 + (0.9 * d1 + d2))
+
+    for name in ("fedadam", "fedyogi"):
+        opt = make_optimizer(name, lr=0.1, beta1=0.9, beta2=0.99, tau=1e-3)
+        mom = 0.1 * d1
+        v0 = torch.full_like(d1, 1e-6)
+        if name == "fedadam":
+            v = 0.99 * v0 + 0.01 * d1**2
+        else:
+            v = v0 - 0.01 * d1**2 * torch.sign(v0 - d1**2)
+        assert torch.allclose(opt.step(w, d1), w + 0.1 * mom / (v.sqrt() + 1e-3))
+
+
+def test_unknown_optimizer_is_named():
+    with pytest.raises(ValueError, match="server.optimizer = 'sgd'"):
+        make_optimizer("sgd")
