@@ -265,8 +265,9 @@ def _check_cross_fields(cfg: RunConfig) -> None:
         from .models import MODELS
 
         if cfg.model.name not in MODELS:
+            known = ", ".join(sorted(MODELS))
             raise ConfigError(
-                f"model.name = {cfg.model.name!r}: unknown; choose one of {', '.join(sorted(MODELS))} "
+                f"model.name = {cfg.model.name!r}: unknown; choose one of {known} "
                 "or give a task as 'module:function'"
             )
     if task is not None and (task.count(":") != 1 or not all(task.split(":"))):

@@ -12,14 +12,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from fedveil.client.flower_app import make_client_app
-from fedveil.client.runtime import ClientRuntime
-from fedveil.server.flower_app import FlowerTransport, make_server_app
-from fedveil.server.rounds import RoundEngine
 from flwr.app import Context
 from flwr.simulation import run_simulation
 
+from fedveil.client.flower_app import make_client_app
+from fedveil.client.runtime import ClientRuntime
 from fedveil.config import RunConfig
+from fedveil.server.flower_app import FlowerTransport, make_server_app
+from fedveil.server.rounds import RoundEngine
 from fedveil.tasks import make_task
 
 EngineFactory = Callable[[FlowerTransport], RoundEngine]

@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from fedveil.client.runtime import ClientRuntime
-from fedveil.server.transport import ClientFailure
 
+from fedveil.client.runtime import ClientRuntime
 from fedveil.envelope import Envelope
+from fedveil.server.transport import ClientFailure
 from fedveil.tasks import Task
 
 log = logging.getLogger("fedveil.inprocess")

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from fedveil.server.rounds import RoundEngine, RoundRecord
-from fedveil.server.runstore import RunStore
 
 from fedveil.config import RunConfig, to_toml
+from fedveil.server.rounds import RoundEngine, RoundRecord
+from fedveil.server.runstore import RunStore
 from fedveil.tasks import Task, make_task
 
 log = logging.getLogger("fedveil.simulate")

@@ -104,5 +104,5 @@ def test_server_optimizers_match_hand_computation():
 
 
 def test_unknown_optimizer_is_named():
-    with pytest.raises(ValueError, match="server.optimizer = 'sgd'"):
+    with pytest.raises(ValueError, match=r"server\.optimizer = 'sgd'"):
         make_optimizer("sgd")

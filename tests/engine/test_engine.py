@@ -31,6 +31,11 @@ def tiny_config(tmp_path, **extra):
     return load_config(None, overrides)
 
 
+def metric(cfg, key):
+    with open(f"{cfg.out}/metrics.jsonl") as f:
+        return [json.loads(line)[key] for line in f]
+
+
 def final_model(cfg):
     return load_file(f"{cfg.out}/model.safetensors")
 
@@ -57,8 +62,8 @@ def test_inprocess_and_flower_give_the_same_model(tmp_path):
         torch.testing.assert_close(ma[key], mb[key], rtol=1e-5, atol=1e-6)
     # and the run really trained: the model moved away from its initialisation
     assert sa["test_accuracy"] > 0.5
-    la = [json.loads(line)["test_loss"] for line in open(f"{a.out}/metrics.jsonl")]
-    lb = [json.loads(line)["test_loss"] for line in open(f"{b.out}/metrics.jsonl")]
+    la = metric(a, "test_loss")
+    lb = metric(b, "test_loss")
     np.testing.assert_allclose(la, lb, rtol=1e-5)
 
 
@@ -79,7 +84,7 @@ def test_resume_after_interruption_equals_uninterrupted_run(tmp_path):
     ma, mb = final_model(straight), final_model(rest)
     for key in ma:
         assert torch.equal(ma[key], mb[key]), key
-    rounds = [json.loads(line)["round"] for line in open(f"{rest.out}/metrics.jsonl")]
+    rounds = metric(rest, "round")
     assert rounds == [1, 2, 3, 4]
 
 
@@ -119,6 +124,6 @@ def test_poisson_rounds_vary_in_size_and_empty_cohorts_are_survived(tmp_path):
         tmp_path, **{"server.sampling": "poisson", "server.sample_rate": 0.1, "server.rounds": 12}
     )
     summary = simulate(cfg)
-    sizes = [json.loads(line)["cohort_planned"] for line in open(f"{cfg.out}/metrics.jsonl")]
+    sizes = metric(cfg, "cohort_planned")
     assert len(set(sizes)) > 1
     assert summary["rounds"] == 12
