@@ -113,10 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_simulate(sub)
+    for register in _subcommands():
+        register(sub)
+    return parser
+
+
+def _subcommands() -> list:
+    """Each further command lives in its own module and registers itself here."""
     from .data_cli import add_data
 
-    add_data(sub)
-    return parser
+    return [add_data]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,44 @@
+# Two commands for a fresh machine:
+#   make run    set up, then run the default simulation (fedveil simulate)
+#   make test   set up, then run the test suite
+# Setup is idempotent: a virtualenv in .venv, the CPU build of torch pinned
+# first (an unpinned torch pulls several GB of CUDA wheels), then fedveil.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.fedveil-installed
+FMNIST := /usr/share/datasets/fashion-mnist
+
+.PHONY: run test setup data lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+# Fashion-MNIST from Debian's package (offline-friendly); elsewhere, an explicit download.
+data: $(STAMP)
+	@if [ -f "$(FMNIST)/train-images-idx3-ubyte.gz" ] || [ -n "$$FEDVEIL_DATA" ]; then :; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  apt-get install -y -qq dataset-fashion-mnist >/dev/null || \
+	  (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null); \
+	else $(VENV)/bin/fedveil data download fashion-mnist; fi
+
+run: data
+	$(VENV)/bin/fedveil simulate
+
+test: data
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
