@@ -4,7 +4,6 @@ import gzip
 
 import numpy as np
 import pytest
-
 from fedveil.simulations.idx import IdxFormatError, read_idx, write_idx
 
 
@@ -73,7 +72,7 @@ def test_zero_ndim(tmp_path):
 
 @pytest.mark.parametrize("blob", ["00000801 00000003 0102", "00000801 00000003 01020304"])
 def test_payload_size_mismatch(tmp_path, blob):
-    with pytest.raises(IdxFormatError, match="payload is .* needs 3"):
+    with pytest.raises(IdxFormatError, match=r"payload is .* needs 3"):
         read_idx(_raw(tmp_path, bytes.fromhex(blob)))
 
 
