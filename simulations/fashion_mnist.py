@@ -14,6 +14,7 @@ runs on an explicit user request (``fedveil data download fashion-mnist``).
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import tempfile
 import urllib.request
@@ -259,7 +260,7 @@ def download_fashion_mnist(
                 with urllib.request.urlopen(url, timeout=timeout) as resp, part.open("wb") as fh:
                     for chunk in iter(lambda r=resp: r.read(1 << 20), b""):
                         fh.write(chunk)
-            except OSError as exc:  # URLError and socket timeouts are OSErrors
+            except (OSError, http.client.HTTPException) as exc:  # URLError, timeouts, cut-offs
                 part.unlink(missing_ok=True)
                 errors.append(f"{url}: {exc}")
                 continue
