@@ -74,8 +74,10 @@ class Dataset:
             if y.numel() and not 0 <= int(y.min()) <= int(y.max()) < self.num_classes:
                 raise ValueError(f"{self.name}: y_{split} outside [0, {self.num_classes})")
         if self.writer_ids is not None and len(self.writer_ids) != len(self.y_train):
-            raise ValueError(f"{self.name}: writer_ids has {len(self.writer_ids)} entries, "
-                             f"expected one per training sample ({len(self.y_train)})")
+            raise ValueError(
+                f"{self.name}: writer_ids has {len(self.writer_ids)} entries, "
+                f"expected one per training sample ({len(self.y_train)})"
+            )
 
     @property
     def num_train(self) -> int:

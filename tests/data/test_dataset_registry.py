@@ -67,8 +67,9 @@ def test_synthetic_shapes_and_natural_partition():
     assert ds.num_clients == 20 and len(ds.natural_test_partition) == 20
     train_idx = np.concatenate(ds.natural_partition)
     np.testing.assert_array_equal(np.sort(train_idx), np.arange(ds.num_train))
-    np.testing.assert_array_equal(np.sort(np.concatenate(ds.natural_test_partition)),
-                                  np.arange(ds.num_test))
+    np.testing.assert_array_equal(
+        np.sort(np.concatenate(ds.natural_test_partition)), np.arange(ds.num_test)
+    )
     pairs = zip(ds.natural_partition, ds.natural_test_partition, strict=True)
     for k, (tr, te) in enumerate(pairs):
         assert np.all(ds.writer_ids[tr] == k)

@@ -40,8 +40,12 @@ def test_not_found_message_says_how_to_get_it(isolated):
     assert "apt-get install dataset-fashion-mnist" in msg
     assert "fedveil data download fashion-mnist" in msg
     assert "FEDVEIL_DATA" in msg
-    for searched in [empty, isolated / "env-data", isolated / "cache" / "fedveil" / "fashion-mnist",
-                     isolated / "system"]:
+    for searched in [
+        empty,
+        isolated / "env-data",
+        isolated / "cache" / "fedveil" / "fashion-mnist",
+        isolated / "system",
+    ]:
         assert str(searched) in msg
     assert isinstance(info.value, FileNotFoundError)
 

@@ -83,8 +83,9 @@ def test_labels_may_be_arbitrary_ids_or_tensors():
 
 
 def _mean_tv(labels, scheme, seeds=range(4), **params) -> float:
-    reports = [partition_report(partition(labels, 20, scheme, s, **params), labels, 10)
-               for s in seeds]
+    reports = [
+        partition_report(partition(labels, 20, scheme, s, **params), labels, 10) for s in seeds
+    ]
     return float(np.mean([r["summary"]["tv_mean"] for r in reports]))
 
 
@@ -144,8 +145,10 @@ def test_writer_skew_is_mild():
     iid, writer = _mean_tv(labels, "iid"), _mean_tv(labels, "writer")
     dirichlet = _mean_tv(labels, "dirichlet", alpha=0.5)
     assert iid < writer < dirichlet
-    cvs = [np.std(s) / np.mean(s) for s in
-           ([len(p) for p in partition(labels, 50, "writer", seed)] for seed in range(3))]
+    cvs = [
+        np.std(s) / np.mean(s)
+        for s in ([len(p) for p in partition(labels, 50, "writer", seed)] for seed in range(3))
+    ]
     assert 0.2 < np.mean(cvs) < 0.7  # FEMNIST writers: std/mean ~ 0.39
 
 

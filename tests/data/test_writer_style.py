@@ -59,6 +59,7 @@ def test_thickness_changes_ink_mass():
     bold = [c for c in range(40) if writer_style(c, 0).thickness > 0.7][:3]
     thin = [c for c in range(40) if writer_style(c, 0).thickness < -0.7][:3]
     assert bold and thin
+
     def mass(c: int) -> float:
         return float((apply_writer_style(x, c, 0) - x.min()).sum() / ink.sum())
 
