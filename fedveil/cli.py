@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -135,6 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"fedveil: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `fedveil data report | head`
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+        return 0
     except KeyboardInterrupt:
         print("fedveil: interrupted", file=sys.stderr)
         return 130
