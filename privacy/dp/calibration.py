@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-from scipy import optimize
-
 from .accounting import compute_epsilon
 from .events import PrivacyEvent
 from .vocabulary import ADD_REMOVE, AUTO, CENTRAL_GAUSSIAN, POISSON, default_accountant
@@ -36,6 +34,8 @@ def calibrate_noise_multiplier(
         raise ValueError(f"target_epsilon={target_epsilon!r} is invalid; allowed: > 0")
     if not (isinstance(rounds, int) and rounds >= 1):
         raise ValueError(f"rounds={rounds!r} is invalid; allowed: an integer >= 1")
+    from scipy import optimize  # lazy: not needed by clients importing this package
+
     if accountant == AUTO:
         accountant = default_accountant(mechanism, sampling, neighbouring)
 

@@ -11,7 +11,7 @@ integer sensitivities D1, D2) give, for alpha > 1,
     eps(alpha) <= alpha D2^2/(2 mu) + min(((2 alpha - 1) D2^2 + 6 D1)/(4 mu^2), 3 D1/(2 mu)).
 Because (2 alpha - 1) D2^2 + 6 D1 <= alpha (2 D2^2 + 6 D1) for alpha >= 1, this is at
 most alpha / (2 z^2) with
-    1/z^2 = D2^2/mu + (D2^2 + 3 D1)/(2 mu^2),
+    1/z^2 = D2^2/mu + (D2^2 + 3 D1)/mu^2,
 i.e. the RDP curve of a Gaussian with noise multiplier z at EVERY order. Without
 sampling (q = 1) the RDP accountants therefore give a rigorous bound. With sampling
 the amplification is computed for that Gaussian: an approximation (exact as
@@ -209,14 +209,14 @@ def _l1_bound(l2_bound: float, padded_dim: int) -> float:
 
 
 def _gaussian_equivalent(total_variance: float, d2: float, d1: float) -> float:
-    return (d2**2 / total_variance + (d2**2 + 3 * d1) / (2 * total_variance**2)) ** -0.5
+    return (d2**2 / total_variance + (d2**2 + 3 * d1) / total_variance**2) ** -0.5
 
 
 def _variance_for(noise_multiplier: float, d2: float, d1: float) -> float:
     # Smallest total variance mu whose Gaussian equivalent reaches z: solve
-    # (d2^2 + 3 d1)/2 * u^2 + d2^2 * u - 1/z^2 = 0 for u = 1/mu.
+    # (d2^2 + 3 d1) * u^2 + d2^2 * u - 1/z^2 = 0 for u = 1/mu.
     # Written as 2c / (b + sqrt(b^2 + 4ac)) to avoid cancellation when a*c << b^2.
-    a = (d2**2 + 3 * d1) / 2
+    a = d2**2 + 3 * d1
     b = d2**2
     c = 1 / noise_multiplier**2
     u = 2 * c / (b + math.sqrt(b * b + 4 * a * c))
