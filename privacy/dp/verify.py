@@ -202,6 +202,9 @@ def _check_recomputed_epsilon(entry: Mapping[str, Any], line: int, state: _State
     if bad:
         raise _Discrepancy(f"line {line}: recorded epsilon {stored!r} {relation} the "
                            f"recomputed {recomputed!r} ({name})", line, entry["round"])
+    if recomputed > entry["budget_epsilon"] + tolerance:
+        raise _Discrepancy(f"line {line}: recomputed epsilon {recomputed!r} exceeds the budget "
+                           f"{entry['budget_epsilon']!r}", line, entry["round"])
     state.recomputed += 1
     state.final_epsilon = recomputed
 
