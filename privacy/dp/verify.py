@@ -66,7 +66,7 @@ def verify_ledger(
     abs_tol: float = 1e-6,
     expected_entries: int | None = None,
     expected_head_hash: str | None = None,
-    max_epsilon_checks: int = 256,
+    max_epsilon_checks: int = 128,
 ) -> VerifyResult:
     """Verify a ledger file/bytes/stream or a list of entries.
 

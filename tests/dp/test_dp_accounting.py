@@ -130,10 +130,10 @@ def test_pld_facade_matches_dp_accountings_pld_accountant(neighbouring):
     relation = {"add_remove": dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
                 "replace_one": dp_accounting.NeighboringRelation.REPLACE_ONE}[neighbouring]
     account = pld_privacy_accountant.PLDAccountant(neighboring_relation=relation)
-    for z, steps in [(1.0, 40), (1.3, 25)]:
+    for z, steps in [(2.0, 40), (2.5, 25)]:
         account.compose(dp_accounting.SelfComposedDpEvent(
             dp_accounting.PoissonSampledDpEvent(0.03, dp_accounting.GaussianDpEvent(z)), steps))
-    events = [PrivacyEvent(1.0, 0.03, 40, neighbouring=neighbouring),
-              PrivacyEvent(1.3, 0.03, 25, neighbouring=neighbouring)]
+    events = [PrivacyEvent(2.0, 0.03, 40, neighbouring=neighbouring),
+              PrivacyEvent(2.5, 0.03, 25, neighbouring=neighbouring)]
     assert compute_epsilon(events, 1e-5, "pld") == pytest.approx(account.get_epsilon(1e-5),
                                                                  rel=1e-9)
