@@ -9,6 +9,7 @@ reordering any line breaks the chain from that line on.
 from __future__ import annotations
 
 import datetime as _dt
+import fcntl
 import hashlib
 import json
 import math
@@ -89,7 +90,7 @@ def check_chain_link(entry: Mapping[str, Any], prev_hash: str, line: int) -> Non
 
 
 class Ledger:
-    """Single-writer, append-only ledger at `path`.
+    """Single-writer, append-only ledger at `path` (a second writer is detected).
 
     Opening validates the whole existing chain; a partial last line (crash during
     an append) raises LedgerCorruptError rather than being dropped silently. After
@@ -100,8 +101,11 @@ class Ledger:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._entries: list[dict[str, Any]] = []
+        self._size = 0  # bytes this writer has seen: detects a second writer
         if self.path.exists():
-            self._entries = _load_valid_chain(self.path.read_bytes())
+            data = self.path.read_bytes()
+            self._entries = _load_valid_chain(data)
+            self._size = len(data)
 
     @property
     def entries(self) -> list[dict[str, Any]]:
@@ -145,15 +149,22 @@ class Ledger:
 
     def _append_durably(self, line: bytes) -> None:
         created = not self.path.exists()
-        # O_APPEND: the line lands at the end even if the file grew behind our back.
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            # Advisory lock + size check: a second writer would fork the chain, so
+            # refuse to append if the file is not exactly what this writer last saw.
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            size = os.fstat(fd).st_size
+            if size != self._size:
+                raise LedgerCorruptError(f"ledger file is {size} bytes but this writer wrote "
+                                         f"{self._size}: another writer or an edit; reopen it")
             written = 0
             while written < len(line):
                 written += os.write(fd, line[written:])
             os.fsync(fd)
+            self._size += len(line)
         finally:
-            os.close(fd)
+            os.close(fd)  # also releases the lock
         if created:
             # A new file's directory entry is only durable once the directory is synced.
             _fsync_directory(self.path.parent)

@@ -40,9 +40,6 @@ def line_chart(title: str, xs: Sequence[float], series: Sequence[Series], y_labe
         f'role="img" aria-label="{escape(title)}">',
         f"<title>{escape(title)}</title>",
         f'<text x="{LEFT}" y="20" class="chart-title">{escape(title)}</text>',
-        f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{LEFT + plot_w}" y2="{TOP + plot_h}" '
-        'class="axis"/>',
-        f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + plot_h}" class="axis"/>',
         f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 6}" class="axis-label" '
         'text-anchor="middle">round</text>',
         f'<text x="14" y="{TOP + plot_h / 2}" class="axis-label" text-anchor="middle" '
@@ -54,6 +51,9 @@ def line_chart(title: str, xs: Sequence[float], series: Sequence[Series], y_labe
                      f'y2="{py(y):.1f}" class="grid"/>')
         parts.append(f'<text x="{LEFT - 6}" y="{py(y) + 4:.1f}" class="tick" '
                      f'text-anchor="end">{_fmt(y)}</text>')
+    parts.append(f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{LEFT + plot_w}" '
+                 f'y2="{TOP + plot_h}" class="axis"/>')  # axes drawn over the grid
+    parts.append(f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + plot_h}" class="axis"/>')
     for x in _x_ticks(xs):
         parts.append(f'<text x="{px(x):.1f}" y="{TOP + plot_h + 16}" class="tick" '
                      f'text-anchor="middle">{_fmt(x)}</text>')

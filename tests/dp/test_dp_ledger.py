@@ -59,3 +59,13 @@ def test_opening_an_edited_ledger_fails(make_ledger):
     path.write_bytes(path.read_bytes().replace(b'"round":2', b'"round":7'))
     with pytest.raises(LedgerCorruptError, match="line 2"):
         Ledger(path)
+
+
+def test_a_second_writer_is_detected(make_ledger):
+    path, _, _ = make_ledger(rounds=2)
+    first, second = Ledger(path), Ledger(path)
+    fields = {k: v for k, v in first.entries[-1].items() if k not in ("hash", "prev_hash")}
+    first.record({**fields, "round": 3})
+    with pytest.raises(LedgerCorruptError, match="another writer"):
+        second.record({**fields, "round": 3})
+    assert len(Ledger(path)) == 3

@@ -35,11 +35,17 @@ def test_central_dp_with_adaptive_clipping(tmp_path):
         count = sum(clip_indicator(u, clip) for u in updates)  # secure sum too
         noised = add_gaussian_noise(total, cfg.update_noise_multiplier, clip, rng=rng)
         noisy_count = noised_count(count, cfg.count_stddev, rng=rng)
+        following = next_clip_norm(clip, noisy_count, cfg.cohort_size, cfg.target_quantile,
+                                   cfg.clip_learning_rate)
         budget.record_release(ledger, round_number=number, event=event, clip_norm=clip,
-                              cohort_planned=cfg.cohort_size, cohort_aggregated=len(updates))
+                              cohort_planned=cfg.cohort_size, cohort_aggregated=len(updates),
+                              extra={"next_clip_norm": following})
         _model_delta = noised / cfg.cohort_size  # released only after the entry is durable
-        clip = next_clip_norm(clip, noisy_count, cfg.cohort_size, cfg.target_quantile,
-                              cfg.clip_learning_rate)
+        clip = following
+        if number == 10:  # simulate a restart: state comes back from the ledger alone
+            ledger = Ledger(ledger.path)
+            budget = PrivacyBudget.from_ledger(cfg, ledger.entries)
+            clip = ledger.entries[-1]["next_clip_norm"]
     entries = Ledger(ledger.path).entries
     assert len(entries) == cfg.rounds
     assert entries[-1]["clip_norm"] > 5 * cfg.clip_norm  # grew toward the median norm (~7)
