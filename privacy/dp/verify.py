@@ -8,6 +8,7 @@ recorded value. Stops at, and reports, the FIRST discrepancy in file order.
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -23,7 +24,6 @@ from .ledger import (
     GENESIS_HASH,
     LedgerCorruptError,
     check_chain_link,
-    parse_ledger_bytes,
 )
 
 RUN_CONSTANT_FIELDS = ("mechanism", "privacy_unit", "sampling", "neighbouring", "delta",
@@ -81,16 +81,20 @@ def verify_ledger(
     """
     state = _State()
     try:
-        entries, tail = _read(source)
-        recompute_at = _recompute_indices(len(entries), max_epsilon_checks)
-        for line, entry in enumerate(entries, start=1):
+        items, tail = _read(source)
+        recompute_at = _recompute_indices(len(items), max_epsilon_checks)
+        entries: list[Mapping[str, Any]] = []
+        for line, item in enumerate(items, start=1):
+            # Parse line by line so a garbled line 5 does not mask a bad hash on line 3.
+            entry = _parse_line(item, line) if isinstance(item, bytes) else item
+            entries.append(entry)
             _check_entry(entry, line, state)
             if line - 1 in recompute_at:
                 _check_recomputed_epsilon(entry, line, state, accountant, rel_tol, abs_tol)
             state.passed = line
         if tail:
             raise _Discrepancy(f"partial last line ({len(tail)} bytes without a newline): "
-                               "truncated file or interrupted append", len(entries) + 1)
+                               "truncated file or interrupted append", len(items) + 1)
         _check_anchors(entries, state, expected_entries, expected_head_hash)
     except _Discrepancy as found:
         return VerifyResult(False, str(found), found.line, found.round, state.passed,
@@ -114,20 +118,29 @@ class _State:
         self.events: list[PrivacyEvent] = []
 
 
-def _read(source: LedgerSource) -> tuple[list[Mapping[str, Any]], bytes]:
+def _read(source: LedgerSource) -> tuple[list[bytes] | list[Mapping[str, Any]], bytes]:
+    """Raw lines (files, bytes, streams) or entries (iterables), plus any unterminated tail."""
     if isinstance(source, (str, os.PathLike)):
         data = Path(source).read_bytes()
     elif isinstance(source, bytes):
         data = source
-    elif isinstance(source, (io.IOBase,)) or hasattr(source, "read"):
+    elif isinstance(source, io.IOBase) or hasattr(source, "read"):
         raw = source.read()  # type: ignore[union-attr]
         data = raw.encode("utf-8") if isinstance(raw, str) else raw
     else:
         return [dict(entry) for entry in source], b""  # type: ignore[union-attr]
+    *lines, tail = data.split(b"\n")
+    return lines, tail
+
+
+def _parse_line(raw: bytes, line: int) -> Mapping[str, Any]:
     try:
-        return parse_ledger_bytes(data)  # type: ignore[return-value]
-    except LedgerCorruptError as error:
-        raise _Discrepancy(str(error), error.line) from None
+        entry = json.loads(raw.decode("ascii"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise _Discrepancy(f"line {line}: not valid JSON ({error})", line) from None
+    if not isinstance(entry, dict):
+        raise _Discrepancy(f"line {line}: not a JSON object", line)
+    return entry
 
 
 def _check_entry(entry: Mapping[str, Any], line: int, state: _State) -> None:

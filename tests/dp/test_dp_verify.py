@@ -98,3 +98,13 @@ def test_recomputation_with_a_tighter_accountant_accepts_upper_bounds(make_ledge
     assert json.loads(json.dumps(entries)) == entries
     result = verify_ledger(pld_path, accountant="rdp")
     assert not result.ok and "is below" in result.message  # PRV < RDP bound: flagged
+
+
+def test_the_first_discrepancy_wins_over_later_garbage(make_ledger):
+    path, _, _ = make_ledger(rounds=5)
+    lines = path.read_bytes().split(b"\n")
+    lines[2] = lines[2].replace(b'"cohort_planned":20', b'"cohort_planned":21')  # line 3
+    lines[4] = b"\xff garbage"  # line 5
+    path.write_bytes(b"\n".join(lines))
+    result = verify_ledger(path)
+    assert not result.ok and result.line == 3 and result.entries == 2
