@@ -47,7 +47,7 @@ def test_restart_rebuilds_the_accountant_state_from_the_ledger(tmp_path):
         PrivacyBudget.from_ledger(config(accountant="prv"), Ledger(path).entries)
 
 
-@settings(max_examples=25, deadline=None,
+@settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     q=st.floats(0.005, 0.5),

@@ -10,7 +10,7 @@ from hypothesis.extra.numpy import arrays
 from scipy import stats
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     arrays(np.float32, st.integers(1, 300),
            elements=st.floats(-1e6, 1e6, allow_nan=False, width=32)),
