@@ -33,6 +33,11 @@ SIMULATE_FLAGS: list[tuple[str, str, type, str]] = [
     ("--lr", "client.lr", float, "local learning rate"),
     ("--momentum", "client.momentum", float, "local SGD momentum"),
     ("--prox-mu", "client.prox_mu", float, "FedProx mu"),
+    ("--dp", "dp.mechanism", str, "differential privacy: none, central or distributed"),
+    ("--clip", "dp.clip", float, "L2 clip norm of a client update"),
+    ("--noise-multiplier", "dp.noise_multiplier", float, "noise std / clip; 0: from --epsilon"),
+    ("--epsilon", "dp.epsilon", float, "privacy budget epsilon"),
+    ("--delta", "dp.delta", float, "privacy budget delta"),
     ("--seed", "seed", int, "seed for data split, model init and sampling"),
     ("--transport", "transport", str, "inprocess or flower"),
     ("--device", "device", str, "auto, cpu or cuda"),
@@ -95,6 +100,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         summary = simulate(cfg, on_round=progress.update, resume=args.resume)
     finally:
         progress.close()
+    if summary.get("stopped_reason"):
+        print(f"fedveil: {summary['stopped_reason']}", file=sys.stderr)
     acc = summary.get("test_accuracy")
     print(
         f"done: {summary['rounds']} rounds, test accuracy "
@@ -122,8 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _subcommands() -> list:
     """Each further command lives in its own module and registers itself here."""
     from .data_cli import add_data
+    from .privacy_cli import add_privacy
 
-    return [add_data]
+    return [add_data, add_privacy]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+
 from fedveil.simulations.client_data import client_partitions, client_tensors
 from fedveil.simulations.datasets import load_dataset
 from fedveil.simulations.writer_style import apply_writer_style

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+
 from fedveil.simulations.datasets import Dataset, available_datasets, load_dataset
 from fedveil.simulations.synthetic import generate_synthetic
 

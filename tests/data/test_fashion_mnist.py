@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from fedveil.simulations import fashion_mnist as fm
 from fedveil.simulations.datasets import DatasetNotFoundError, load_dataset
 from fedveil.simulations.idx import IdxFormatError, write_idx

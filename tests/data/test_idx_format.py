@@ -4,6 +4,7 @@ import gzip
 
 import numpy as np
 import pytest
+
 from fedveil.simulations.idx import IdxFormatError, read_idx, write_idx
 
 

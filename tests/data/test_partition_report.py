@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+
 from fedveil.simulations.partition import format_partition_report, partition, partition_report
 
 

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+
 from fedveil.simulations.writer_style import apply_writer_style, writer_style
 
 

@@ -3,9 +3,10 @@ import math
 import dp_accounting
 import pytest
 from dp_accounting.rdp import rdp_privacy_accountant
+from scipy import optimize, stats
+
 from fedveil.privacy.dp import PrivacyEvent, calibrate_noise_multiplier, compute_epsilon
 from fedveil.privacy.dp.vocabulary import default_accountant
-from scipy import optimize, stats
 
 
 def exact_gaussian_epsilon(mu: float, delta: float) -> float:

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+
 from fedveil.privacy.dp import (
     clip_indicator,
     next_clip_norm,

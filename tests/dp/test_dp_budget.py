@@ -1,7 +1,8 @@
 import pytest
-from fedveil.privacy.dp import BudgetExceededError, DpConfig, Ledger, PrivacyBudget
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from fedveil.privacy.dp import BudgetExceededError, DpConfig, Ledger, PrivacyBudget
 
 
 def config(**overrides):

@@ -3,11 +3,12 @@ import math
 import numpy as np
 import pytest
 import torch
-from fedveil.privacy.dp import add_gaussian_noise, clip_l2, l2_norm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy import stats
+
+from fedveil.privacy.dp import add_gaussian_noise, clip_l2, l2_norm
 
 
 @settings(max_examples=100, deadline=None)

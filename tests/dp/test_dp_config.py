@@ -1,4 +1,5 @@
 import pytest
+
 from fedveil.privacy.dp import DpConfig
 
 

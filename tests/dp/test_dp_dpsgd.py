@@ -1,7 +1,8 @@
 import pytest
 import torch
-from fedveil.privacy.dp import PrivacyEvent, compute_epsilon, make_private_dp_sgd
 from torch.utils.data import TensorDataset
+
+from fedveil.privacy.dp import PrivacyEvent, compute_epsilon, make_private_dp_sgd
 
 
 def test_dp_sgd_wraps_opacus_and_accounts_per_client():

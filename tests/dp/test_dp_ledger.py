@@ -2,6 +2,7 @@ import itertools
 import json
 
 import pytest
+
 from fedveil.privacy.dp import GENESIS_HASH, Ledger, LedgerCorruptError, entry_hash
 
 

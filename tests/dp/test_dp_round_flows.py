@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from fedveil.privacy.dp import (
     DpConfig,
     Ledger,

@@ -2,6 +2,7 @@ import math
 
 import numpy as np
 import pytest
+
 from fedveil.privacy.dp import SkellamEncoder, SkellamParams, clip_l2
 from fedveil.privacy.dp.hadamard import rotate, unrotate, walsh_hadamard
 

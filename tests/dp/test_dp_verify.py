@@ -2,6 +2,7 @@ import io
 import json
 
 import pytest
+
 from fedveil.privacy.dp import Ledger, canonical_json, entry_hash, verify_ledger
 
 
