@@ -391,4 +391,3 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     *SERVER_MESSAGES.values(),
     *CLIENT_MESSAGES.values(),
 )
-

@@ -59,25 +59,29 @@ def split(secret: int, threshold: int, xs: Sequence[int]) -> list[int]:
 
 
 def _evaluate(coefficients: Sequence[int], x: int) -> int:
+    # x is small (a cohort position), so Horner without intermediate reductions grows the
+    # accumulator by only log2(x) bits per step; one final reduction is much cheaper.
     acc = 0
     for c in reversed(coefficients):
-        acc = (acc * x + c) % PRIME
-    return acc
+        acc = acc * x + c
+    return acc % PRIME
 
 
 @lru_cache(maxsize=4096)
 def _lagrange_at_zero(xs: tuple[int, ...]) -> tuple[int, ...]:
     """λ_j = Π_{m≠j} x_m / (x_m - x_j); cached because many secrets share a holder set."""
+    # The x are small integers: multiply exactly and reduce once per product.
     numerator = 1
     for x in xs:
-        numerator = numerator * x % PRIME
+        numerator *= x
+    numerator %= PRIME
     denominators = []
     for j, xj in enumerate(xs):
         d = xj
         for m, xm in enumerate(xs):
             if m != j:
-                d = d * (xm - xj) % PRIME
-        denominators.append(d)
+                d *= xm - xj
+        denominators.append(d % PRIME)
     inverses = _batch_inverse(denominators)
     return tuple(numerator * inv % PRIME for inv in inverses)
 
