@@ -13,6 +13,7 @@ an arrays dict. Modules, bottom-up:
 * `simulate`  – `run_in_memory`, a whole round over dicts
 """
 
+from . import crypto, shamir  # noqa: F401  (re-exported for tools and tests)
 from .client import ClientStage, SecAggClient
 from .errors import SecAggAborted, SecAggError, SecAggProtocolError, SecAggStateError
 from .messages import (

@@ -330,7 +330,7 @@ class SecAggServer:
         self._check_recoverable(round_.u3, "masked_input")
         round_.survivors_bitmap = encode_members(round_.u3, self.session.ids_array)
         if self._observer is not None and round_.total is not None:
-            self._observer("masked_sum", None, round_.total)
+            self._observer("masked_sum", None, round_.total & self.session.modulus_mask)
 
     def _check_recoverable(self, responders: frozenset[int], stage: str) -> None:
         """Abort now if some secret we must reconstruct has fewer than t possible holders."""
