@@ -95,8 +95,8 @@ class SecAggClient:
         self._identity_public = dict(identity_public_keys or {})
         self.stage = ClientStage.NEW
         # Secrets and per-stage data; see to_state() for which exist in which stage.
-        self._mask_sk = b""
-        self._enc_sk = b""
+        self._mask_pair: crypto.KeyPair | None = None
+        self._enc_pair: crypto.KeyPair | None = None
         self._seed = b""
         self._peers: list[int] = []
         self._receive_keys: list[bytes] = []
@@ -117,7 +117,7 @@ class SecAggClient:
             if request.session != self.session:
                 raise self._abort_protocol("advertise_request.session: differs from ours")
         mask_pair, enc_pair = crypto.KeyPair(), crypto.KeyPair()
-        self._mask_sk, self._enc_sk = mask_pair.private_bytes, enc_pair.private_bytes
+        self._mask_pair, self._enc_pair = mask_pair, enc_pair
         self._seed = randomness.random_bytes(shamir.SECRET_BYTES)
         digest = self.session.digest
         commitment = crypto.seed_commitment(digest, self.client_id, self._seed)
@@ -154,8 +154,8 @@ class SecAggClient:
                 f"only {len(peers)} neighbours advertised; threshold {self.session.threshold} "
                 "cannot be met"
             )
-        mask_pair = crypto.KeyPair(self._mask_sk)
-        enc_pair = crypto.KeyPair(self._enc_sk)
+        assert self._mask_pair is not None and self._enc_pair is not None
+        mask_pair, enc_pair = self._mask_pair, self._enc_pair
         own_keys = {mask_pair.public_bytes, enc_pair.public_bytes}
         all_keys = [*request.mask_public_keys, *request.encryption_public_keys]
         if len(set(all_keys)) != len(all_keys) or own_keys & set(all_keys):
@@ -168,7 +168,7 @@ class SecAggClient:
         xs = [self.session.share_x(h) for h in holders]
         t = self.session.threshold
         seed_shares = shamir.split(shamir.secret_to_int(self._seed), t, xs)
-        key_shares = shamir.split(shamir.secret_to_int(self._mask_sk), t, xs)
+        key_shares = shamir.split(shamir.secret_to_int(mask_pair.private_bytes), t, xs)
         ciphertexts, receive_keys, pair_keys = [], [], []
         for i, peer in enumerate(peers):
             try:
@@ -178,8 +178,10 @@ class SecAggClient:
                 raise self._abort_protocol(
                     f"share_keys_request: invalid public key of peer {peer}"
                 ) from None
-            send_key = crypto.share_channel_key(enc_shared, digest, self.client_id, peer)
-            receive_keys.append(crypto.share_channel_key(enc_shared, digest, peer, self.client_id))
+            send_key, receive_key = crypto.share_channel_keys(
+                enc_shared, digest, self.client_id, peer
+            )
+            receive_keys.append(receive_key)
             pair_keys.append(crypto.pairwise_mask_key(mask_shared, digest, self.client_id, peer))
             plaintext = shamir.encode_share(seed_shares[i]) + shamir.encode_share(key_shares[i])
             associated = crypto.share_associated_data(digest, self.client_id, peer)
@@ -189,7 +191,7 @@ class SecAggClient:
             shamir.encode_share(seed_shares[-1]),
             shamir.encode_share(key_shares[-1]),
         )
-        self._mask_sk = self._enc_sk = b""  # everything later needs only the derived keys
+        self._mask_pair = self._enc_pair = None  # everything later needs only derived keys
         self.stage = ClientStage.SHARED
         return ShareKeys(
             session_id=self.session.session_id,
@@ -403,7 +405,8 @@ class SecAggClient:
         self._own_shares = (b"", b"")
 
     def _wipe(self) -> None:
-        self._mask_sk = self._enc_sk = self._seed = b""
+        self._mask_pair = self._enc_pair = None
+        self._seed = b""
         self._pair_keys, self._receive_keys = [], []
         self._forget_shares()
 
@@ -418,7 +421,12 @@ class SecAggClient:
             "session": self.session.to_bytes(),
         }
         if self.stage is ClientStage.ADVERTISED:
-            state.update(mask_sk=self._mask_sk, enc_sk=self._enc_sk, seed=self._seed)
+            assert self._mask_pair is not None and self._enc_pair is not None
+            state.update(
+                mask_sk=self._mask_pair.private_bytes,
+                enc_sk=self._enc_pair.private_bytes,
+                seed=self._seed,
+            )
         if self.stage is ClientStage.SHARED:
             state.update(
                 seed=self._seed,
@@ -475,8 +483,8 @@ class SecAggClient:
 
         key_len, share_len = crypto.KEY_BYTES, shamir.SHARE_BYTES
         if self.stage is ClientStage.ADVERTISED:
-            self._mask_sk = blob("mask_sk", key_len)
-            self._enc_sk = blob("enc_sk", key_len)
+            self._mask_pair = crypto.KeyPair(blob("mask_sk", key_len))
+            self._enc_pair = crypto.KeyPair(blob("enc_sk", key_len))
             self._seed = blob("seed", key_len)
         if self.stage is ClientStage.SHARED:
             self._seed = blob("seed", key_len)

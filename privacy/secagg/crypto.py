@@ -43,8 +43,14 @@ def party_id(client_id: int) -> bytes:
 
 def derive_key(ikm: bytes, *, salt: bytes, info: bytes) -> bytes:
     """HKDF-SHA256 to one 256-bit key; `info` gets the protocol domain prefix."""
-    hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt, info=DOMAIN + info)
-    return hkdf.derive(ikm)
+    return derive_keys(ikm, salt=salt, info=info, count=1)[0]
+
+
+def derive_keys(ikm: bytes, *, salt: bytes, info: bytes, count: int) -> list[bytes]:
+    """`count` independent 256-bit keys from one HKDF-SHA256 output (split into 32-byte parts)."""
+    hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES * count, salt=salt, info=DOMAIN + info)
+    okm = hkdf.derive(ikm)
+    return [okm[i : i + KEY_BYTES] for i in range(0, len(okm), KEY_BYTES)]
 
 
 def keystream(key: bytes, count: int, dtype: type[np.unsignedinteger]) -> np.ndarray:
@@ -101,11 +107,14 @@ def self_mask_key(seed: bytes, salt: bytes, owner: int) -> bytes:
     return derive_key(seed, salt=salt, info=b"self-mask" + party_id(owner))
 
 
-def share_channel_key(shared: bytes, salt: bytes, sender: int, receiver: int) -> bytes:
-    """Directional key: the i→j and j→i share ciphertexts never share a key."""
-    return derive_key(
-        shared, salt=salt, info=b"share-encryption" + party_id(sender) + party_id(receiver)
+def share_channel_keys(shared: bytes, salt: bytes, me: int, peer: int) -> tuple[bytes, bytes]:
+    """(send key me→peer, receive key peer→me): directional, so the two ciphertexts of a pair
+    never share a key. Both ends derive the same two keys from one HKDF call."""
+    low, high = sorted((me, peer))
+    up, down = derive_keys(
+        shared, salt=salt, info=b"share-encryption" + party_id(low) + party_id(high), count=2
     )
+    return (up, down) if me == low else (down, up)
 
 
 def share_associated_data(session_digest: bytes, sender: int, receiver: int) -> bytes:

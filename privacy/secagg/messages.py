@@ -85,19 +85,31 @@ class Message:
         values = _decode(cls.KIND, cls.STAGE, {**_HEADER, **cls.FIELDS}, config, arrays)
         message = cls(**values)
         message.check()
-        return message
+        return message._mark_decoded()
 
     def check(self) -> None:
         """Cross-field checks; raise SecAggProtocolError."""
 
     def validated(self: M) -> M:
-        """Round-trip through the decoder: the checks a party applies to in-memory messages."""
+        """This message if it came out of `from_wire`, else a round trip through the decoder.
+
+        Parties call this on everything they receive, so hand-built or altered messages (e.g.
+        `dataclasses.replace` of a decoded one) get exactly the checks of the wire path.
+        """
+        if self.__dict__.get("_decoded", False):
+            return self
         try:
             return type(self).from_wire(*self.to_wire())
         except SecAggProtocolError:
             raise
         except Exception as exc:  # a hand-built message with ill-typed fields
             raise fail(self.KIND, f"malformed message ({type(exc).__name__}: {exc})") from None
+
+    def _mark_decoded(self: M) -> M:
+        # Frozen dataclass: the flag lives in the instance dict, outside the fields, so
+        # `dataclasses.replace` (a new instance) never inherits it.
+        object.__setattr__(self, "_decoded", True)
+        return self
 
 
 def _decode(
@@ -177,7 +189,7 @@ class AdvertiseRequest(Message):
         session = SessionConfig.from_wire(nested, nested_arrays, f"{cls.KIND}.session")
         message = cls(session=session, **values)
         message.check()
-        return message
+        return message._mark_decoded()
 
     def check(self) -> None:
         if self.session.session_id != self.session_id:

@@ -14,7 +14,7 @@ carries Σ w_i and the number of contributors, and `decode_weighted_mean` return
 Σ w_i x_i / Σ w_i. `pack` / `unpack` append or strip arbitrary extra integer coordinates.
 
 The rounding randomness is an AES-CTR keystream under a fresh OS-random key (pass `seed` only
-for reproducible tests).
+for reproducible tests and benchmarks).
 """
 
 from __future__ import annotations
@@ -65,18 +65,30 @@ class Quantizer:
     def step(self) -> float:
         return 2.0 * self.clip_range / (self.levels - 1)
 
-    def quantize(self, values: np.ndarray, seed: bytes | None = None) -> np.ndarray:
-        """Clip, scale to [0, L-1] and round stochastically; returns `dtype` integers."""
-        scaled = (
-            np.clip(np.asarray(values, dtype=np.float64), -self.clip_range, self.clip_range)
-            + self.clip_range
-        ) / self.step
-        floor = np.floor(scaled)
+    def quantize(
+        self, values: np.ndarray, seed: bytes | None = None, *, extra: int = 0, scale: float = 1.0
+    ) -> np.ndarray:
+        """Clip x · scale to [-r, r], map to [0, L-1] with stochastic rounding.
+
+        Returns a `dtype` vector with `extra` trailing zero coordinates for the caller to fill.
+        """
+        flat = np.asarray(values, dtype=np.float64).ravel()
+        # Work in units of one step, in place: a handful of passes, no temporaries.
+        units = np.multiply(flat, scale / self.step)
+        half_range = self.clip_range / self.step
+        np.clip(units, -half_range, half_range, out=units)
+        units += half_range
+        # floor(y + U), U uniform in [0, 1), rounds up with probability frac(y): unbiased.
+        # 32 random bits per coordinate resolve the rounding probability to 2^-32.
         key = seed if seed is not None else randomness.random_bytes(32)
-        # Uniform in [0, 1) with 53-bit resolution from the keystream.
-        uniform = (keystream(key, scaled.size, np.uint64) >> np.uint64(11)) * 2.0**-53
-        rounded = floor + (uniform.reshape(scaled.shape) < (scaled - floor))
-        return np.minimum(rounded, self.levels - 1).astype(self.dtype)
+        noise = keystream(key, units.size, np.uint32)
+        units += noise * 2.0**-32
+        np.floor(units, out=units)
+        # (L-1) + (1 - 2^-32) can round up to L in float64; keep the top level closed.
+        np.clip(units, 0, self.levels - 1, out=units)
+        out = np.zeros(units.size + extra, dtype=self.dtype)
+        out[: units.size] = units
+        return out
 
     def dequantize_sum(self, total: np.ndarray, count: int) -> np.ndarray:
         """Σ clip(x_i) (approximately) from the integer sum of `count` quantized vectors."""
@@ -92,8 +104,9 @@ class Quantizer:
         """quantize(x · w / W) followed by the extra coordinates [w, 1]."""
         if not 0 <= weight <= self.max_weight:
             raise ValueError(f"weight {weight} outside [0, max_weight={self.max_weight}]")
-        scaled = np.asarray(values, dtype=np.float64).ravel() * (weight / self.max_weight)
-        return pack(self.quantize(scaled, seed), [weight, 1])
+        out = self.quantize(values, seed, extra=WEIGHT_COORDINATES, scale=weight / self.max_weight)
+        out[-WEIGHT_COORDINATES:] = (weight, 1)
+        return out
 
     def decode_weighted_mean(self, total: np.ndarray) -> tuple[np.ndarray, int, int]:
         """(Σ w_i x_i / Σ w_i, Σ w_i, contributors) from the unmasked sum."""

@@ -3,7 +3,8 @@
 Every request and reply can go through `to_wire()` / `from_wire()` (as a transport would),
 client state can be round-tripped through `to_state()` / `from_state()` between stages, and
 clients fall silent according to a `DropoutPattern`. Hooks let tests tamper with traffic.
-Per-stage compute time and wire bytes are recorded for every client and for the server.
+Per-stage compute time (`clock`: wall time by default; pass `time.process_time` for CPU
+time on a busy machine) and wire bytes are recorded for every client and for the server.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ def run_in_memory(
     tamper_down: TamperDown | None = None,
     tamper_up: TamperUp | None = None,
     server: SecAggServer | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> RoundReport:
     """Run one round; raises SecAggAborted if it cannot complete. See module docstring."""
     dropouts = dropouts or DropoutPattern()
@@ -92,7 +94,7 @@ def run_in_memory(
         {cid: key.public_key() for cid, key in identity_keys.items()} if identity_keys else None
     )
     server = server or SecAggServer(
-        session, identity_public_keys=identity_public, observer=observer
+        session, identity_public_keys=identity_public, observer=observer, clock=clock
     )
     clients: dict[int, SecAggClient] = {}
     failed: dict[int, str] = {}
@@ -136,9 +138,9 @@ def run_in_memory(
                 vector = None
                 if stage is Stage.MASKED_INPUT:
                     vector = inputs(cid) if callable(inputs) else inputs[cid]
-                started = time.perf_counter()
+                started = clock()
                 reply = _call(client, stage, outgoing, vector)
-                client_seconds[stage.value][cid] = time.perf_counter() - started
+                client_seconds[stage.value][cid] = clock() - started
                 clients[cid] = client
             except SecAggError as exc:
                 failed[cid] = str(exc)
