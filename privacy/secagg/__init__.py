@@ -29,6 +29,7 @@ from .messages import (
     Stage,
     UnmaskRequest,
     UnmaskShares,
+    decode_message,
 )
 from .params import GraphParameters, ThreatMode, ThreatModel, find_parameters
 from .quantize import Quantizer, pack, unpack
@@ -65,6 +66,7 @@ __all__ = [
     "ThreatModel",
     "UnmaskRequest",
     "UnmaskShares",
+    "decode_message",
     "find_parameters",
     "pack",
     "run_in_memory",

@@ -302,6 +302,22 @@ class SecAggClient:
             key_shares=tuple(key_shares),
         )
 
+    def respond(self, request: Message, vector: np.ndarray | None = None) -> Message:
+        """Dispatch a decoded server request to its stage method (`vector`: masked_input only)."""
+        if isinstance(request, AdvertiseRequest):
+            return self.advertise(request)
+        if isinstance(request, ShareKeysRequest):
+            return self.share_keys(request)
+        if isinstance(request, MaskedInputRequest):
+            if vector is None:
+                raise ValueError("masked_input needs the input vector")
+            return self.masked_input(request, vector)
+        if isinstance(request, ConsistencyRequest):
+            return self.consistency(request)
+        if isinstance(request, UnmaskRequest):
+            return self.unmask(request)
+        raise SecAggProtocolError(f"{type(request).__name__} is not a server request")
+
     # --- checks ---------------------------------------------------------------------------
 
     def _expect(self, stage: ClientStage, call: str) -> None:

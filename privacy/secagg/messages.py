@@ -403,3 +403,12 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     *SERVER_MESSAGES.values(),
     *CLIENT_MESSAGES.values(),
 )
+MESSAGE_TYPES: dict[str, type[Message]] = {cls.KIND: cls for cls in ALL_MESSAGES}
+
+
+def decode_message(config: Mapping[str, Any], arrays: Mapping[str, Any]) -> Message:
+    """Decode any protocol message, dispatching on its `msg` tag (for transports)."""
+    kind = config.get("msg") if isinstance(config, Mapping) else None
+    if not isinstance(kind, str) or kind not in MESSAGE_TYPES:
+        raise fail("message.msg", f"unknown message type {str(kind)[:40]!r}")
+    return MESSAGE_TYPES[kind].from_wire(config, arrays)

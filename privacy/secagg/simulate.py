@@ -139,7 +139,7 @@ def run_in_memory(
                 if stage is Stage.MASKED_INPUT:
                     vector = inputs(cid) if callable(inputs) else inputs[cid]
                 started = clock()
-                reply = _call(client, stage, outgoing, vector)
+                reply = client.respond(outgoing, vector)
                 client_seconds[stage.value][cid] = clock() - started
                 clients[cid] = client
             except SecAggError as exc:
@@ -165,18 +165,3 @@ def run_in_memory(
         client_errors=failed,
         server_rejections=rejections,
     )
-
-
-def _call(
-    client: SecAggClient, stage: Stage, request: Message, vector: np.ndarray | None
-) -> Message:
-    if stage is Stage.ADVERTISE:
-        return client.advertise(request)  # type: ignore[arg-type]
-    if stage is Stage.SHARE_KEYS:
-        return client.share_keys(request)  # type: ignore[arg-type]
-    if stage is Stage.MASKED_INPUT:
-        assert vector is not None
-        return client.masked_input(request, vector)  # type: ignore[arg-type]
-    if stage is Stage.CONSISTENCY:
-        return client.consistency(request)  # type: ignore[arg-type]
-    return client.unmask(request)  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from fedveil.privacy.secagg import (
     SessionConfig,
     Stage,
     ThreatMode,
+    decode_message,
     run_in_memory,
 )
 from fedveil.privacy.secagg.messages import ALL_MESSAGES
@@ -55,6 +56,7 @@ def test_every_message_kind_was_captured_and_round_trips() -> None:
             assert isinstance(value, (int, float, str, bytes, bool, list))
         assert all(isinstance(a, np.ndarray) for a in arrays.values())
         again = cls.from_wire(config, arrays)
+        assert type(decode_message(config, arrays)) is cls
         assert again.to_wire()[0] == config
         assert again.client_id == message.client_id and again.session_id == message.session_id
 
@@ -95,11 +97,12 @@ arrays_values = st.one_of(
 
 
 def _decode(cls: type[Message], config: Any, arrays: Any) -> None:
-    try:
-        message = cls.from_wire(config, arrays)
-    except SecAggProtocolError:
-        return
-    message.to_wire()  # anything accepted must be a well-formed message
+    for decoder in (cls.from_wire, decode_message):
+        try:
+            message = decoder(config, arrays)
+        except SecAggProtocolError:
+            continue
+        message.to_wire()  # anything accepted must be a well-formed message
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
