@@ -234,9 +234,9 @@ class SecAggClient:
             self._held_seed_shares.append(plaintext[: shamir.SHARE_BYTES])
             self._held_key_shares.append(plaintext[shamir.SHARE_BYTES :])
 
-        masked = np.array(vector, dtype=self.session.dtype, copy=True)
         applier = MaskApplier(self.session.dimension, self.session.dtype, self.session.modulus_bits)
-        applier.add(masked, crypto.self_mask_key(self._seed, digest, self.client_id))
+        masked = applier.fresh(crypto.self_mask_key(self._seed, digest, self.client_id))
+        np.add(masked, vector, out=masked)
         for sender in request.sender_ids:
             # The smaller id adds the pairwise mask, the larger subtracts it: they cancel.
             key = self._pair_keys[index[sender]]

@@ -20,6 +20,12 @@ class MaskApplier:
         self._mask = dtype((1 << modulus_bits) - 1)
         self._full_width = modulus_bits == np.dtype(dtype).itemsize * 8
 
+    def fresh(self, key: bytes) -> np.ndarray:
+        """A new vector holding the keystream of `key` (saves a copy for the first mask)."""
+        out = np.empty_like(self._scratch)
+        keystream_into(key, out)
+        return out
+
     def add(self, target: np.ndarray, key: bytes) -> None:
         keystream_into(key, self._scratch)
         np.add(target, self._scratch, out=target)
