@@ -13,41 +13,38 @@ import numpy as np
 from .crypto import derive_key, keystream
 
 
-def ring_order(client_ids: np.ndarray, graph_seed: bytes, session_id: bytes) -> np.ndarray:
-    """The cohort in ring order: a uniformly random permutation fixed by the seed."""
+def ring_permutation(count: int, graph_seed: bytes, session_id: bytes) -> np.ndarray:
+    """Ring position → index into the sorted cohort: a uniform permutation fixed by the seed."""
     key = derive_key(graph_seed, salt=session_id, info=b"graph-permutation")
-    sort_keys = keystream(key, len(client_ids), np.uint64)
+    sort_keys = keystream(key, count, np.uint64)
     # A stable sort breaks the (2^-64-likely) ties by id order, so every party agrees.
-    return client_ids[np.argsort(sort_keys, kind="stable")]
+    return np.argsort(sort_keys, kind="stable")
 
 
 class NeighbourGraph:
-    """Who shares secrets and masks with whom, as positions in the sorted cohort."""
+    """Who shares secrets and masks with whom. Lookups are O(log n) after an O(n log n)
+    vectorised setup, so a client never builds per-cohort Python dicts."""
 
     def __init__(
         self, client_ids: np.ndarray, degree: int, graph_seed: bytes, session_id: bytes
     ) -> None:
         self._ids = client_ids
-        self._index = {int(cid): i for i, cid in enumerate(client_ids.tolist())}
         self.degree = degree
         self.complete = degree == len(client_ids) - 1
-        if self.complete:
-            self._ring: np.ndarray | None = None
-            self._ring_pos: dict[int, int] = {}
-        else:
-            self._ring = ring_order(client_ids, graph_seed, session_id)
-            self._ring_pos = {int(cid): p for p, cid in enumerate(self._ring.tolist())}
+        if not self.complete:
+            self._ring = ring_permutation(len(client_ids), graph_seed, session_id)
+            self._position = np.empty_like(self._ring)
+            self._position[self._ring] = np.arange(len(self._ring))
 
     def neighbours(self, client_id: int) -> frozenset[int]:
         """The k neighbours of `client_id` (itself excluded)."""
+        index = int(np.searchsorted(self._ids, np.uint64(client_id)))
         if self.complete:
-            return frozenset(self._index) - {client_id}
-        assert self._ring is not None
-        n = len(self._ring)
-        pos = self._ring_pos[client_id]
-        half = self.degree // 2
-        offsets = [o for o in range(-half, half + 1) if o]
-        return frozenset(int(self._ring[(pos + o) % n]) for o in offsets)
+            return frozenset(self._ids.tolist()) - {client_id}
+        n, half = len(self._ring), self.degree // 2
+        offsets = np.concatenate([np.arange(-half, 0), np.arange(1, half + 1)])
+        ring_slots = (int(self._position[index]) + offsets) % n
+        return frozenset(self._ids[self._ring[ring_slots]].tolist())
 
     def holders(self, client_id: int) -> frozenset[int]:
         """The parties holding a share of `client_id`'s secrets: its neighbours and itself."""

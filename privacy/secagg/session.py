@@ -127,16 +127,23 @@ class SessionConfig:
     def ids_array(self) -> np.ndarray:
         return np.array(self.client_ids, dtype=np.uint64)
 
-    @cached_property
-    def _positions(self) -> dict[int, int]:
-        return {cid: i for i, cid in enumerate(self.client_ids)}
+    def _index(self, client_id: int) -> int | None:
+        """Position in the sorted cohort by binary search (no per-cohort dict to build)."""
+        if not 0 <= client_id < 2**64:
+            return None
+        ids = self.ids_array
+        i = int(np.searchsorted(ids, np.uint64(client_id)))
+        return i if i < len(ids) and int(ids[i]) == client_id else None
 
     def contains(self, client_id: int) -> bool:
-        return client_id in self._positions
+        return self._index(client_id) is not None
 
     def share_x(self, client_id: int) -> int:
         """Public, non-zero Shamir x-coordinate of a holder: 1 + its cohort position."""
-        return self._positions[client_id] + 1
+        index = self._index(client_id)
+        if index is None:
+            raise KeyError(f"client {client_id} is not in the cohort")
+        return index + 1
 
     @cached_property
     def graph(self) -> NeighbourGraph:
