@@ -182,3 +182,30 @@ def test_quantized_weighted_average_after_unmasking() -> None:
     assert weight_sum == sum(weights[c] for c in survivors)
     bound = quantizer.sum_error_bound(count) * quantizer.max_weight / weight_sum
     assert np.all(np.abs(mean - expected) <= bound)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(3, 12),
+    dim=st.integers(1, 30),
+    levels=st.sampled_from([2, 255, 2**12, 2**20]),
+    clip=st.floats(0.1, 50.0),
+    seed=st.integers(0, 2**32 - 1),
+    drop=st.integers(0, 2),
+)
+def test_dequantized_protocol_sum_is_within_the_quantization_bound(
+    n: int, dim: int, levels: int, clip: float, seed: int, drop: int
+) -> None:
+    quantizer = Quantizer(clip_range=clip, levels=levels, max_clients=n)
+    threshold = max(2, min(n - 1, n - drop))
+    session = make_session(n, dimension=dim, bits=quantizer.bits, threshold=threshold)
+    rng = np.random.default_rng(seed)
+    xs = {cid: rng.uniform(-1.5 * clip, 1.5 * clip, dim) for cid in session.client_ids}
+    inputs = {cid: quantizer.quantize(x) for cid, x in xs.items()}
+    dropped = session.client_ids[:drop]
+    report = run_in_memory(session, inputs, dropouts=DropoutPattern.of(masked_input=dropped))
+    survivors = report.result.survivors
+    assert len(survivors) == n - drop
+    estimate = quantizer.dequantize_sum(report.result.total, len(survivors))
+    exact = sum(np.clip(xs[c], -clip, clip) for c in survivors)
+    assert np.all(np.abs(estimate - exact) <= quantizer.sum_error_bound(len(survivors)) + 1e-9)
