@@ -507,7 +507,9 @@ def _print_table(out: dict[str, Any]) -> None:
         theirs["client_total_median_s"] if theirs else None,
     )
     for stage, a in ours["server_stage_s"].items():
-        b = theirs["server_stage_s"].get(stage, 0.0) if theirs else None
+        # Flower's server work of the first stage is its graph setup.
+        flower_stage = "setup" if stage == "advertise" else stage
+        b = theirs["server_stage_s"].get(flower_stage, 0.0) if theirs else None
         row(f"server {stage}", a, b)
     row("server total", ours["server_total_s"], theirs["server_total_s"] if theirs else None)
     row(
