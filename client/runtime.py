@@ -66,12 +66,21 @@ class ClientRuntime:
             return self._train(client_id, msg)
         if msg.kind == "evaluate":
             return self._evaluate(client_id, msg)
+        if msg.kind.startswith("secagg."):
+            from .secagg_stages import handle_secagg
+
+            return handle_secagg(client_id, msg, state, self._train_update)
         raise MessageError(f"unknown message kind {msg.kind!r}")
 
     def _global(self, msg: Envelope) -> torch.Tensor:
         return msg.tensor("model", numel=self.model.size)
 
     def _train(self, client_id: int, msg: Envelope) -> Envelope:
+        reply, delta = self._train_update(client_id, msg)
+        return Envelope("train", msg.round, reply, {"delta": delta})
+
+    def _train_update(self, client_id: int, msg: Envelope) -> tuple[dict[str, Any], torch.Tensor]:
+        """Train on the client's data; the reply fields and the (clipped) update."""
         hp = parse_training(msg)
         seed = msg.get("seed", int)
         global_vector = self._global(msg)
@@ -107,7 +116,7 @@ class ClientRuntime:
         if weighting not in ("examples", "uniform"):
             raise MessageError(f"train message: weighting = {weighting!r}: examples or uniform")
         reply["weight"] = 1.0 if weighting == "uniform" else float(result.num_examples)
-        return Envelope("train", msg.round, reply, {"delta": delta})
+        return reply, delta
 
     def _evaluate(self, client_id: int, msg: Envelope) -> Envelope:
         vector = self._global(msg)

@@ -8,6 +8,7 @@ average, take a server-optimizer step, evaluate, record, checkpoint.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -164,15 +165,23 @@ class RoundEngine:
                 log.warning("round %d: client %d dropped: %s", round_num, cid, reason)
         else:
             record.dropped = len(cohort)
+        released = None
         if self.privacy is not None:
-            # Every DP round is released (noise alone when nobody arrived), so the
-            # ledger's rounds stay contiguous and the accounting matches the sampling.
-            update, metrics = self.privacy.release(round_num, agg, self.model.size, len(cohort))
+            # Central DP releases every round (noise alone when nobody arrived), so the
+            # accounting matches the sampling; distributed DP has nothing to release
+            # when secure aggregation aborted.
+            released = self.privacy.release(round_num, agg, self.model.size, len(cohort))
+        if released is not None:
+            update, metrics = released
             record.extra.update(metrics)
             self.weights = self.optimizer.step(self.weights, update.to(self.weights.device))
             record.applied = True
-            record.train_loss = None if agg is None else agg.loss
-        elif agg is not None and record.cohort_aggregated >= self.cfg.server.min_clients:
+            record.train_loss = None if agg is None or math.isnan(agg.loss) else agg.loss
+        elif (
+            self.privacy is None
+            and agg is not None
+            and record.cohort_aggregated >= self.cfg.server.min_clients
+        ):
             update = agg.mean.to(self.weights.device)
             self.weights = self.optimizer.step(self.weights, update)
             record.applied = True
