@@ -96,6 +96,6 @@ def simulate(
     summary["out"] = str(Path(cfg.out))
     engine.model.save(engine.weights, str(store.path / "model.safetensors"), {"task": task.name})
     if privacy is not None:
-        write_privacy_report(store.path)
+        write_privacy_report(store.path, privacy.config)
     store.write_summary(summary)
     return summary
