@@ -101,8 +101,10 @@ def _verification(verification: Mapping[str, Any] | None) -> str:
     if not verification:
         return "<p>Ledger not verified in this report.</p>"
     css = "ok" if verification["ok"] else "bad"
-    verdict = "verified" if verification["ok"] else "FAILED verification"
-    return f'<p class="{css}">Ledger {verdict}: {escape(str(verification["message"]))}</p>'
+    if verification["ok"]:
+        # The verifier's message already reads "ledger verified: ...".
+        return f'<p class="{css}">{escape(str(verification["message"]).capitalize())}</p>'
+    return f'<p class="{css}">Ledger FAILED verification: {escape(str(verification["message"]))}</p>'
 
 
 def _assumptions(assumptions: Mapping[str, list[str]]) -> str:
