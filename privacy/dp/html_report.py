@@ -104,7 +104,8 @@ def _verification(verification: Mapping[str, Any] | None) -> str:
     if verification["ok"]:
         # The verifier's message already reads "ledger verified: ...".
         return f'<p class="{css}">{escape(str(verification["message"]).capitalize())}</p>'
-    return f'<p class="{css}">Ledger FAILED verification: {escape(str(verification["message"]))}</p>'
+    message = escape(str(verification["message"]))
+    return f'<p class="{css}">Ledger FAILED verification: {message}</p>'
 
 
 def _assumptions(assumptions: Mapping[str, list[str]]) -> str:
