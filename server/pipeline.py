@@ -34,9 +34,18 @@ def max_cohort(cfg: RunConfig, num_clients: int) -> int:
 
 
 def make_privacy_pipeline(
-    cfg: RunConfig, task: Task, ledger_path: Path
+    cfg: RunConfig,
+    task: Task,
+    ledger_path: Path,
 ) -> tuple[CentralDP | None, UpdateChannel]:
     mechanism = cfg.dp.mechanism
+    if cfg.secagg.enabled and cfg.secagg.threat == "malicious":
+        # The protocol supports it (privacy/secagg: signed adverts, consistency round),
+        # but the round engine has no registry of enrolled client identity keys yet.
+        raise ValueError(
+            "secagg.threat = 'malicious' needs each client's enrolled Ed25519 identity key; "
+            "the round engine runs semi_honest until identity enrolment is wired in"
+        )
     if not cfg.secagg.enabled:
         privacy = CentralDP(cfg, task.num_clients, ledger_path) if mechanism == "central" else None
         return privacy, PlainChannel()
