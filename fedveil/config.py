@@ -85,6 +85,12 @@ class ClientConfig:
     momentum: float = spec(0.0, lo=0.0, hi=0.999, help="local SGD momentum")
     weight_decay: float = spec(0.0, lo=0.0, hi=1.0, help="local L2 weight decay")
     prox_mu: float = spec(0.0, lo=0.0, hi=100.0, help="FedProx proximal term mu")
+    dp_sgd_noise: float = spec(
+        0.0, lo=0.0, hi=100.0, help="sample-level DP-SGD (Opacus) noise multiplier; 0: off"
+    )
+    dp_sgd_clip: float = spec(
+        1.0, lo=0.0, lo_open=True, hi=1e4, help="DP-SGD per-example gradient clip norm"
+    )
 
 
 @dataclass
@@ -310,6 +316,11 @@ def _check_cross_fields(cfg: RunConfig) -> None:
         raise ConfigError(f"server.min_clients = {cfg.server.min_clients}: must be <= {n}")
     if cfg.client.local_epochs == 0 and cfg.client.local_steps == 0:
         raise ConfigError("client.local_epochs = 0 and client.local_steps = 0: set one of them")
+    if cfg.client.dp_sgd_noise > 0 and (cfg.client.prox_mu > 0 or cfg.client.local_steps > 0):
+        raise ConfigError(
+            "client.dp_sgd_noise > 0: DP-SGD trains whole Poisson-sampled epochs; "
+            "it cannot be combined with client.prox_mu or client.local_steps"
+        )
     if cfg.eval.federated_every > 0 and cfg.eval.client_holdout == 0:
         raise ConfigError(
             "eval.federated_every > 0 needs eval.client_holdout > 0 "

@@ -221,3 +221,13 @@ def test_resume_after_a_crash_between_ledger_entry_and_checkpoint(tmp_path):
     assert summary["rounds"] == 4
     assert verify(run).returncode == 0
     assert torch.isfinite(model(config(tmp_path, **dp))["0.weight"]).all()
+
+
+def test_local_dp_sgd_is_accounted_per_client(tmp_path):
+    cfg = config(tmp_path, **{"client.dp_sgd_noise": 1.0, "client.dp_sgd_clip": 1.0})
+    summary = simulate(cfg)
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    worst = [json.loads(line)["dp_sgd_epsilon_max"] for line in lines]
+    assert worst == sorted(worst) and worst[0] > 0  # composes over rounds, never shrinks
+    assert summary["dp_sgd_epsilon_max"] == worst[-1]
+    assert torch.isfinite(model(cfg)["0.weight"]).all()
