@@ -91,7 +91,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     progress = RoundProgress(cfg.server.rounds, disable=args.quiet)
     try:
-        summary = simulate(cfg, on_round=progress.update, resume=args.resume)
+        summary = simulate(
+            cfg, on_round=progress.update, on_clients=progress.clients, resume=args.resume
+        )
     finally:
         progress.close()
     acc = summary.get("test_accuracy")

@@ -123,6 +123,34 @@ class EvalConfig:
 
 
 @dataclass
+class SimulationConfig:
+    """How the in-process engine runs clients, and how available simulated clients are."""
+
+    workers: int = spec(
+        0, lo=0, hi=1024, help="worker processes; 0: one per CPU core (1 on a GPU); 1: in-process"
+    )
+    dropout: float = spec(
+        0.0, lo=0.0, hi=0.99, help="median chance that a client drops at each protocol stage"
+    )
+    dropout_spread: float = spec(
+        0.0, lo=0.0, hi=10.0, help="spread (log-odds s.d.) of per-client dropout probabilities"
+    )
+    dropout_stages: str = spec(
+        "", help="per-stage dropout overrides, e.g. 'train=0.1,evaluate=0'; others use dropout"
+    )
+    latency_median: float = spec(
+        0.0, lo=0.0, hi=86_400.0, help="median simulated reply latency in s; 0: no latency model"
+    )
+    latency_sigma: float = spec(
+        0.5, lo=0.0, hi=10.0, help="log-normal sigma of latency per client and stage"
+    )
+    latency_client_sigma: float = spec(
+        0.5, lo=0.0, hi=10.0, help="log-normal sigma of each client's persistent slowness"
+    )
+    plots: bool = spec(True, help="save PNG plots of the run in the run directory")
+
+
+@dataclass
 class RunConfig:
     seed: int = spec(0, lo=0, hi=2**63 - 1, help="seed for data, model init, sampling")
     transport: str = spec(
@@ -135,6 +163,7 @@ class RunConfig:
     client: ClientConfig = field(default_factory=ClientConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    simulation: SimulationConfig = field(default_factory=SimulationConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -157,6 +186,7 @@ SECTIONS = {
     "client": ClientConfig,
     "server": ServerConfig,
     "eval": EvalConfig,
+    "simulation": SimulationConfig,
 }
 
 
@@ -260,6 +290,13 @@ def _check_cross_fields(cfg: RunConfig) -> None:
             "eval.federated_every > 0 needs eval.client_holdout > 0 "
             "(the share of each client's data kept for local evaluation)"
         )
+    if cfg.simulation.dropout_stages:
+        from fedveil.simulations.availability import parse_stage_dropout
+
+        try:
+            parse_stage_dropout(cfg.simulation.dropout_stages)
+        except ValueError as exc:
+            raise ConfigError(f"simulation.dropout_stages: {exc}") from None
     task = cfg.model.task
     if task is None:
         from .models import MODELS

@@ -16,6 +16,9 @@ from fedveil.server.rounds import RoundEngine, RoundRecord
 from fedveil.server.runstore import RunStore
 from fedveil.tasks import Task, make_task
 
+from .availability import DROPPED, LATE, AvailabilityModel, AvailabilityTransport
+from .plots import PLOTS
+
 log = logging.getLogger("fedveil.simulate")
 
 
@@ -43,26 +46,61 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+class TaskFactory:
+    """Picklable: rebuilds a config's task (in spawned workers and Flower's Ray workers)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+
+    def __call__(self) -> Task:
+        return make_task(self.cfg)
+
+
+def resolve_workers(cfg: RunConfig, device: torch.device) -> int:
+    from .inprocess import auto_workers
+
+    return cfg.simulation.workers or auto_workers(device)
+
+
+class _QuietSimulatedDrops(logging.Filter):
+    """Per-client warnings for simulated dropouts would flood the log; the round's count stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(
+            isinstance(a, str) and a.startswith((DROPPED, LATE, "gone since"))
+            for a in record.args or ()
+        )
+
+
 def simulate(
     cfg: RunConfig,
     *,
     on_round: Callable[[RoundRecord], None] | None = None,
+    on_clients: Callable[[int, int], None] | None = None,
     resume: bool = False,
 ) -> dict[str, Any]:
-    """Run `cfg` on its transport; write the run directory; return the summary."""
+    """Run `cfg` on its transport; write the run directory; return the summary.
+
+    `on_round(record)` follows rounds, `on_clients(done, total)` the clients within one
+    (in-process engine only).
+    """
     start = time.perf_counter()
     device = resolve_device(cfg.device)
     task = make_task(cfg)  # loads the data: missing files fail here, before training
     store = RunStore(cfg.out)
     if not resume:
-        for stale in ("metrics.jsonl", "summary.json", "model.safetensors"):
+        for stale in ("metrics.jsonl", "summary.json", "model.safetensors", *PLOTS):
             (store.path / stale).unlink(missing_ok=True)
         if store.checkpoint_path.exists():
             store.checkpoint_path.unlink()
     store.write_config(to_toml(cfg))
     write_partition_report(store, task)
 
+    availability = AvailabilityModel.from_config(cfg)
+
     def build_engine(transport: Any) -> RoundEngine:
+        if availability is not None:
+            transport = AvailabilityTransport(transport, availability)
         engine = RoundEngine(cfg, task, transport, store=store, device=device, on_round=on_round)
         state = store.load_checkpoint() if resume else None
         if state is not None:
@@ -71,19 +109,49 @@ def simulate(
             log.info("resuming %s after round %d", store.path, engine.round)
         return engine
 
-    if cfg.transport == "inprocess":
-        from .inprocess import InProcessTransport
+    quiet = _QuietSimulatedDrops()
+    server_log = logging.getLogger("fedveil.server")
+    if availability is not None:
+        server_log.addFilter(quiet)
+    try:
+        if cfg.transport == "inprocess":
+            from .inprocess import InProcessTransport, keep_data_on
 
-        engine = build_engine(InProcessTransport(task, device))
-        engine.run()
-    else:
-        from .flower_runner import run_on_flower
+            workers = resolve_workers(cfg, device)
+            keep_data_on(task, device)
+            with InProcessTransport(
+                task,
+                device,
+                workers=workers,
+                task_factory=TaskFactory(cfg),
+                on_progress=on_clients,
+            ) as transport:
+                engine = build_engine(transport)
+                engine.run()
+        else:
+            from .flower_runner import run_on_flower
 
-        engine = run_on_flower(cfg, task.num_clients, build_engine)["engine"]
+            workers = None
+            engine = run_on_flower(cfg, task.num_clients, build_engine)["engine"]
+    finally:
+        server_log.removeFilter(quiet)
     wall = time.perf_counter() - start
     summary = engine.summary(wall)
     summary["device"] = str(device)
     summary["out"] = str(Path(cfg.out))
+    if workers is not None:
+        summary["workers"] = workers
     engine.model.save(engine.weights, str(store.path / "model.safetensors"), {"task": task.name})
+    if cfg.simulation.plots:
+        summary["plots"] = _plots(store.path)
     store.write_summary(summary)
     return summary
+
+
+def _plots(run_dir: Path) -> list[str]:
+    try:
+        from .plots import save_plots
+    except ImportError:  # matplotlib is in the simulation extra, not the lean core
+        log.warning("matplotlib is not installed: no plots (pip install 'fedveil[simulation]')")
+        return []
+    return [p.name for p in save_plots(run_dir)]
