@@ -122,9 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommands() -> list:
     """Each further command lives in its own module and registers itself here."""
+    from .bench_cli import add_bench
     from .data_cli import add_data
 
-    return [add_data]
+    return [add_data, add_bench]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,98 @@
+"""Peak memory of a process tree (Linux /proc): a benchmark's process and all its descendants.
+
+RSS summed over the tree counts pages shared between processes (libraries,
+forked copy-on-write data) once per process, which overstates what forked
+workers cost; PSS splits shared pages between their users and sums to the
+real footprint. Both are sampled; both peaks are reported.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def descendants(root: int) -> list[int]:
+    """`root` and every live process below it."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # Fields after the command name (which may contain spaces) start past the last ')'.
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, ()))
+    return tree
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def pss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
+@dataclass
+class TreeMemory:
+    rss: int
+    pss: int
+    processes: int
+
+
+def tree_memory(root: int) -> TreeMemory:
+    pids = descendants(root)
+    return TreeMemory(sum(map(rss_bytes, pids)), sum(map(pss_bytes, pids)), len(pids))
+
+
+class PeakWatcher:
+    """Samples a process tree's memory in a background thread; keeps the peaks."""
+
+    def __init__(self, root: int, interval_s: float = 0.1) -> None:
+        self.root, self.interval_s = root, interval_s
+        self.peak_rss = self.peak_pss = self.max_processes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while True:
+            self.sample()
+            if self._stop.wait(self.interval_s):
+                return
+
+    def sample(self) -> None:
+        m = tree_memory(self.root)
+        self.peak_rss = max(self.peak_rss, m.rss)
+        self.peak_pss = max(self.peak_pss, m.pss)
+        self.max_processes = max(self.max_processes, m.processes)
+
+    def __enter__(self) -> PeakWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
