@@ -37,6 +37,12 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--examples", type=int, default=100, help="examples per client [100]")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every contender this many times, in turn; report medians [1]",
+    )
+    s.add_argument(
         "--population",
         type=_positive_list,
         metavar="N,N,...",
@@ -67,10 +73,10 @@ def cmd_bench_simulation(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     if args.population:
-        summary = bs.bench_population(w, args.population, workers=args.workers)
+        summary = bs.bench_population(w, args.population, workers=args.workers, repeat=args.repeat)
         print(bs.format_population(summary), file=sys.stderr if args.json else sys.stdout)
     else:
-        summary = bs.bench(w, peer=args.peer, workers=args.workers)
+        summary = bs.bench(w, peer=args.peer, workers=args.workers, repeat=args.repeat)
         print(bs.format_report(summary), file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(summary, sort_keys=True))

@@ -129,6 +129,13 @@ class SimulationConfig:
     workers: int = spec(
         0, lo=0, hi=1024, help="worker processes; 0: one per CPU core (1 on a GPU); 1: in-process"
     )
+    vmap_clients: int = spec(
+        32,
+        lo=1,
+        hi=4096,
+        help="train up to this many same-size clients at once (torch.func.vmap, small models); "
+        "1: one at a time, bit-identical to a deployed client",
+    )
     dropout: float = spec(
         0.0, lo=0.0, hi=0.99, help="median chance that a client drops at each protocol stage"
     )

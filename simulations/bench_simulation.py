@@ -146,20 +146,47 @@ def load_average() -> str:
         return "n/a"
 
 
-def bench(w: Workload, *, peer: str | None, workers: int = 0) -> dict[str, Any]:
-    """Bare loop, ours and (optionally) the peer on the same workload, in this order."""
+SUMMARY_KEYS = (
+    "round_s_median",
+    "first_round_s",
+    "startup_s",
+    "end_to_end_s",
+    "peak_rss_mb",
+    "peak_pss_mb",
+)
+
+
+def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One contender's repeated runs: the median of each figure, and every run kept."""
+    out = dict(runs[-1])
+    for key in SUMMARY_KEYS:
+        out[key] = statistics.median(r[key] for r in runs)
+    out["repeats"] = [{k: r[k] for k in SUMMARY_KEYS} for r in runs]
+    return out
+
+
+def bench(w: Workload, *, peer: str | None, workers: int = 0, repeat: int = 1) -> dict[str, Any]:
+    """Bare loop, ours (one lane, then all cores) and the peer, round-robin `repeat` times.
+
+    Running them in turn, repeatedly, spreads any other load on the machine over all
+    of them; each figure is the median over the repeats.
+    """
+    if repeat < 1:
+        raise ValueError(f"--repeat = {repeat}: must be >= 1")
     load_before = load_average()
-    results = {
-        "bare": measure("bare", w),
-        "ours_1": measure("ours_1", w),
-        "ours": measure("ours", w, workers),
-    }
+    roles = [("bare", 0), ("ours_1", 1), ("ours", workers)]
     if peer == "flower":
-        results["flower"] = measure("flower", w)
+        roles.append(("flower", 0))
+    runs: dict[str, list[dict[str, Any]]] = {role: [] for role, _ in roles}
+    for _ in range(repeat):
+        for role, n in roles:
+            runs[role].append(measure(role, w, n))
+    results = {role: combine(r) for role, r in runs.items()}
     ours, bare = results["ours"], results["bare"]
     summary: dict[str, Any] = {
         "workload": w.to_dict(),
         "cpu_cores": os.cpu_count(),
+        "repeat": repeat,
         "load_before": load_before,
         "load_after": load_average(),
         "results": results,
@@ -174,11 +201,17 @@ def bench(w: Workload, *, peer: str | None, workers: int = 0) -> dict[str, Any]:
     return summary
 
 
-def bench_population(w: Workload, populations: list[int], *, workers: int = 0) -> dict[str, Any]:
+def bench_population(
+    w: Workload, populations: list[int], *, workers: int = 0, repeat: int = 1
+) -> dict[str, Any]:
     """Ours at a fixed cohort size as the population grows: peak memory should stay flat."""
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in populations}
+    for _ in range(repeat):
+        for n in populations:
+            runs[n].append(measure("ours", replace(w, clients=n), workers))
     rows = []
     for n in populations:
-        r = measure("ours", replace(w, clients=n), workers)
+        r = combine(runs[n])
         rows.append({"clients": n, **{k: r[k] for k in _POP_KEYS}})
     peaks = [row["peak_pss_mb"] for row in rows]
     rss = [row["peak_rss_mb"] for row in rows]
@@ -200,7 +233,7 @@ def format_report(summary: dict[str, Any]) -> str:
         f"workload: {w['clients']} clients, {w['per_round']} per round, {w['rounds']} rounds, "
         f"{w['examples']} examples/client, MLP 784-128-10, batch {w['batch_size']}, 1 epoch",
         f"machine: {summary['cpu_cores']} cores, load average {summary['load_before']} before, "
-        f"{summary['load_after']} after",
+        f"{summary['load_after']} after; medians of {summary['repeat']} run(s) each",
         "",
         f"{'':8}{'round (median)':>16}{'first round':>13}{'start-up':>10}{'end to end':>12}"
         f"{'peak RSS':>11}{'peak PSS':>11}",

@@ -19,12 +19,11 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from fedveil.client.runtime import ClientRuntime
 from fedveil.envelope import Envelope
 from fedveil.server.transport import ClientFailure
 from fedveil.tasks import PartitionedData, Task
 
-from .lane import ClientLane
+from .lane import ClientLane, plan_units
 from .workers import WorkerPool, cpu_cores, keep_freed_memory
 
 log = logging.getLogger("fedveil.inprocess")
@@ -45,6 +44,7 @@ class InProcessTransport:
         device: torch.device | str = "cpu",
         *,
         workers: int = 1,
+        unit_size: int = 1,
         task_factory: Callable[[], Task] | None = None,
         on_progress: Progress | None = None,
     ) -> None:
@@ -54,12 +54,19 @@ class InProcessTransport:
         self.task = task
         self.device = torch.device(device)
         self.on_progress = on_progress
+        self.unit_size = unit_size
+        self._round: int | None = None
+        self._seen: set[int] = set()  # clients contacted earlier in this round
         self.pool: WorkerPool | None = None
         self.lane: ClientLane | None = None
         self._threads: int | None = None
         if workers > 1:
             self.pool = WorkerPool(
-                task, workers, device=str(self.device), task_factory=task_factory
+                task,
+                workers,
+                device=str(self.device),
+                unit_size=unit_size,
+                task_factory=task_factory,
             )
             # The workers own the cores. The server's share of a round (checking and
             # summing updates) is small, and intra-op threads here would only contend
@@ -67,7 +74,7 @@ class InProcessTransport:
             self._threads = torch.get_num_threads()
             torch.set_num_threads(1)
         else:
-            self.lane = ClientLane(ClientRuntime(task, self.device))
+            self.lane = ClientLane(task, self.device, unit_size=unit_size)
 
     @property
     def workers(self) -> int:
@@ -81,19 +88,25 @@ class InProcessTransport:
     ) -> dict[int, Envelope | ClientFailure]:
         # No wall-clock deadline here: simulated time is the availability model's business.
         items = sorted(requests.items())
+        rounds = {msg.round for _, msg in items}
+        if self._round not in rounds:
+            self._round = max(rounds, default=None)
+            self._seen = set()
+        units = plan_units(items, self.task.client_sizes, self._seen, self.unit_size)
+        self._seen.update(cid for cid, _ in items)
         total = len(items)
         progress = self.on_progress
         if progress is not None:
             progress(0, total)
         if self.pool is not None:
-            results = self.pool.run(items, None if progress is None else _bind(progress, total))
+            results = self.pool.run(units, None if progress is None else _bind(progress, total))
         else:
             assert self.lane is not None
             results = {}
-            for done, (cid, msg) in enumerate(items, 1):
-                results[cid] = self.lane.handle(cid, msg)
+            for unit in units:
+                results.update(self.lane.run_unit(unit))
                 if progress is not None:
-                    progress(done, total)
+                    progress(len(results), total)
         return {
             cid: ClientFailure(cid, r) if isinstance(r, str) else r for cid, r in results.items()
         }

@@ -123,6 +123,7 @@ def simulate(
                 task,
                 device,
                 workers=workers,
+                unit_size=cfg.simulation.vmap_clients,
                 task_factory=TaskFactory(cfg),
                 on_progress=on_clients,
             ) as transport:

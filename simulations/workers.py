@@ -40,11 +40,10 @@ from typing import Any
 
 import torch
 
-from fedveil.client.runtime import ClientRuntime
 from fedveil.envelope import Envelope
 from fedveil.tasks import Task
 
-from .lane import ClientLane
+from .lane import ClientLane, Unit
 from .shm import Arena, ArrayRef, Packer, take
 
 log = logging.getLogger("fedveil.workers")
@@ -87,6 +86,7 @@ class WorkerSetup:
     index: int
     threads: int
     device: str
+    unit_size: int
     request: tuple[int, int]
     replies: tuple[tuple[int, int], ...]
     inherited: bool
@@ -113,7 +113,7 @@ def _worker_main(conn: Connection, setup: WorkerSetup) -> None:
         keep_freed_memory()
         torch.set_num_threads(setup.threads)
         task = setup.task if setup.task is not None else setup.task_factory()  # type: ignore[misc]
-        lane = ClientLane(ClientRuntime(task, setup.device))
+        lane = ClientLane(task, setup.device, unit_size=setup.unit_size)
         request = Arena.attach(setup.request, setup.inherited)
         replies = [Arena.attach(r, setup.inherited) for r in setup.replies]
     except BaseException:
@@ -128,32 +128,37 @@ def _worker_main(conn: Connection, setup: WorkerSetup) -> None:
         msg = inbox.get()
         if msg[0] == "stop":
             return
-        _, chunk_id, exchange, slot, items = msg
+        _, chunk_id, exchange, slot, units = msg
         if exchange != cache_key:  # each distinct request array is copied once per exchange
             cache_key, cache = exchange, {}
         start = time.perf_counter()
         packer = Packer(replies[slot])
         results = []
-        for cid, kind, round_num, config, refs in items:
-            arrays = {}
-            for key, ref in refs.items():
-                if ref.offset not in cache:
-                    cache[ref.offset] = take(request, ref)
-                arrays[key] = cache[ref.offset]
-            reply = lane.handle(cid, Envelope(kind, round_num, config, arrays))
-            if isinstance(reply, str):
-                results.append((cid, reply))
-                continue
-            try:
-                packed = {k: packer.put(v) for k, v in reply.arrays.items()}
-            except (TypeError, ValueError) as exc:
-                results.append((cid, f"reply cannot be shared: {exc}"))
-                continue
-            results.append((cid, (reply.kind, reply.round, reply.config, packed)))
+        for unit in units:
+            envelopes = []
+            for cid, kind, round_num, config, refs in unit:
+                arrays = {}
+                for key, ref in refs.items():
+                    if ref.offset not in cache:
+                        cache[ref.offset] = take(request, ref)
+                    arrays[key] = cache[ref.offset]
+                envelopes.append((cid, Envelope(kind, round_num, config, arrays)))
+            for cid, reply in lane.run_unit(envelopes):
+                results.append((cid, _pack(packer, reply)))
         try:
             conn.send(("done", chunk_id, results, time.perf_counter() - start))
         except (BrokenPipeError, OSError):
             return
+
+
+def _pack(packer: Packer, reply: Envelope | str) -> tuple | str:
+    if isinstance(reply, str):
+        return reply
+    try:
+        packed = {k: packer.put(v) for k, v in reply.arrays.items()}
+    except (TypeError, ValueError) as exc:
+        return f"reply cannot be shared: {exc}"
+    return (reply.kind, reply.round, reply.config, packed)
 
 
 # -- server side ------------------------------------------------------------
@@ -177,11 +182,13 @@ class WorkerPool:
         *,
         device: str = "cpu",
         threads: int | None = None,
+        unit_size: int = 1,
         task_factory: Callable[[], Task] | None = None,
     ) -> None:
         if workers < 2:
             raise ValueError(f"simulation.workers = {workers}: a worker pool needs at least 2")
         self.task, self.device, self.task_factory = task, device, task_factory
+        self.unit_size = unit_size
         self.threads = threads or max(1, cpu_cores() // workers)
         # GNU OpenMP (torch's intra-op pool) and CUDA break in forked children.
         self.method = "fork" if self.threads == 1 and device == "cpu" else "spawn"
@@ -201,6 +208,7 @@ class WorkerPool:
         self._pinned: list[deque] = []
         self._free: deque = deque()
         self._cap = 1
+        self._queued = 0
         self._exchange = 0
         self._chunk = 0
         try:
@@ -218,6 +226,7 @@ class WorkerPool:
             index=index,
             threads=self.threads,
             device=self.device,
+            unit_size=self.unit_size,
             request=self.request.owner,
             replies=tuple(a.owner for a in replies),
             inherited=self.method == "fork",
@@ -247,32 +256,36 @@ class WorkerPool:
     # -- one exchange -------------------------------------------------------
     def run(
         self,
-        requests: Sequence[tuple[int, Envelope]],
+        units: Sequence[Unit],
         on_progress: Callable[[int], None] | None = None,
     ) -> dict[int, Envelope | str]:
-        """Every request's reply, or the reason it failed; `on_progress(done)` per chunk."""
+        """Every request's reply, or the reason it failed; `on_progress(done)` per chunk.
+
+        A unit (see lane.plan_units) is never split: one worker runs it.
+        """
         out: dict[int, Envelope | str] = {}
-        if not requests:
+        if not units:
             return out
-        rounds = {msg.round for _, msg in requests}
+        rounds = {msg.round for unit in units for _, msg in unit}
         if self._round not in rounds:
             self.owner.clear()
             self.lost.clear()
             self._round = max(rounds)
         self._exchange += 1
-        items = self._pack_requests(requests)
+        packed = self._pack_requests(units)
         self._pinned = [deque() for _ in self.workers]
         self._free = deque()
-        for item in items:
-            cid = item[0]
-            if cid in self.lost:
+        pending = 0
+        for unit in packed:
+            cid = unit[0][0]
+            if len(unit) == 1 and cid in self.lost:
                 out[cid] = "client state lost: its worker process died"
-            elif cid in self.owner:
-                self._pinned[self.owner[cid]].append(item)
-            else:
-                self._free.append(item)
-        pending = len(items) - len(out)
-        self._cap = max(1, min(MAX_CHUNK, -(-len(self._free) // (4 * self.size))))
+                continue
+            pending += len(unit)
+            owner = self.owner.get(cid) if len(unit) == 1 else None
+            (self._pinned[owner] if owner is not None else self._free).append(unit)
+        self._queued = pending  # clients not yet sent to a worker
+        self._cap = max(1, min(MAX_CHUNK, -(-pending // (4 * self.size))))
         for w in self.workers:
             for _ in range(DEPTH):
                 self._dispatch(w)
@@ -289,18 +302,21 @@ class WorkerPool:
                 on_progress(done)
         return out
 
-    def _pack_requests(self, requests: Sequence[tuple[int, Envelope]]) -> list[tuple]:
+    def _pack_requests(self, units: Sequence[Unit]) -> list[list[tuple]]:
         packer = Packer(self.request)
         refs: dict[int, ArrayRef] = {}  # id(array) -> where it is; shared arrays packed once
-        items = []
-        for cid, msg in sorted(requests, key=lambda r: r[0]):
-            msg_refs = {}
-            for key, value in msg.arrays.items():
-                if id(value) not in refs:
-                    refs[id(value)] = packer.put(value)
-                msg_refs[key] = refs[id(value)]
-            items.append((cid, msg.kind, msg.round, msg.config, msg_refs))
-        return items
+        packed = []
+        for unit in units:
+            items = []
+            for cid, msg in unit:
+                msg_refs = {}
+                for key, value in msg.arrays.items():
+                    if id(value) not in refs:
+                        refs[id(value)] = packer.put(value)
+                    msg_refs[key] = refs[id(value)]
+                items.append((cid, msg.kind, msg.round, msg.config, msg_refs))
+            packed.append(items)
+        return packed
 
     def _dispatch(self, w: _Worker) -> None:
         if not w.free_slots:
@@ -308,14 +324,21 @@ class WorkerPool:
         queue = self._pinned[w.index] or self._free
         if not queue:
             return
-        # Smaller chunks towards the end keep the workers finishing together.
-        size = max(1, min(self._cap, -(-len(queue) // (2 * self.size)), len(queue)))
-        chunk = [queue.popleft() for _ in range(size)]
-        for item in chunk:
-            self.owner[item[0]] = w.index
+        # Whole units, up to a chunk's worth of clients; smaller chunks towards the end
+        # keep the workers finishing together.
+        want = max(1, min(self._cap, -(-self._queued // (2 * self.size))))
+        chunk = [queue.popleft()]
+        size = len(chunk[0])
+        while queue and size + len(queue[0]) <= want:
+            size += len(queue[0])
+            chunk.append(queue.popleft())
+        self._queued -= size
+        cids = [item[0] for unit in chunk for item in unit]
+        for cid in cids:
+            self.owner[cid] = w.index
         slot = w.free_slots.pop()
         self._chunk += 1
-        w.in_flight[self._chunk] = (slot, [item[0] for item in chunk])
+        w.in_flight[self._chunk] = (slot, cids)
         # A dead worker is noticed when its pipe reports EOF.
         with contextlib.suppress(BrokenPipeError, OSError):
             w.conn.send(("run", self._chunk, self._exchange, slot, chunk))
@@ -344,8 +367,10 @@ class WorkerPool:
         log.warning("%s; restarting it; its clients this round count as dropped", reason)
         failed = [cid for _, cids in w.in_flight.values() for cid in cids]
         # Clients whose state it held cannot go on this round, like crashed devices.
-        failed += [item[0] for item in self._pinned[w.index]]
+        stranded = [item[0] for unit in self._pinned[w.index] for item in unit]
         self._pinned[w.index].clear()
+        self._queued -= len(stranded)
+        failed += stranded
         for cid in failed:
             out[cid] = reason
         self.lost.update(c for c, owner in self.owner.items() if owner == w.index)

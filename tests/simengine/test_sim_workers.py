@@ -93,10 +93,10 @@ def test_client_state_follows_the_client_within_a_round_and_not_beyond(monkeypat
         payload = torch.arange(1000, dtype=torch.float32)
         # 200 kB of config per message each way: more than a pipe buffer holds.
         msg = Envelope("stage", 1, {"blob": 200_000}, {"payload": payload})
-        first = pool.run([(c, msg) for c in range(12)])
-        second = pool.run([(c, msg) for c in range(12)])
+        first = pool.run([[(c, msg)] for c in range(12)])
+        second = pool.run([[(c, msg)] for c in range(12)])
         nxt = pool.run(
-            [(c, Envelope("stage", 2, {"blob": 10}, {"payload": payload})) for c in range(12)]
+            [[(c, Envelope("stage", 2, {"blob": 10}, {"payload": payload}))] for c in range(12)]
         )
     finally:
         pool.close()
@@ -151,7 +151,7 @@ def test_spawned_workers_with_several_threads_match_one_lane():
     pool = WorkerPool(task, 2, threads=2, task_factory=_TinyFactory(cfg))
     try:
         assert pool.method == "spawn"
-        got = pool.run([(c, _request(cfg, task)) for c in range(6)])
+        got = pool.run([[(c, _request(cfg, task))] for c in range(6)])
     finally:
         pool.close()
     for c in range(6):
