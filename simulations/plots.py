@@ -45,11 +45,13 @@ def epsilon_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 def _figure(title: str, ylabel: str) -> tuple[Any, Any]:
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(7, 4), dpi=100, layout="constrained")
+    fig = Figure(figsize=(8, 4), dpi=100, layout="constrained")
     ax = fig.add_subplot()
     ax.set_title(title)
     ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     return fig, ax
@@ -82,18 +84,20 @@ def _participation(rows: Sequence[dict[str, Any]]) -> Any | None:
         for r, d, s in zip(rows, dropouts, stragglers, strict=True)
     ]
     bottom = list(aggregated)
-    ax.bar(rounds, aggregated, width=1.0, color="tab:green", label="aggregated")
+    width = 0.8 if len(rounds) < 60 else 1.0
+    ax.bar(rounds, aggregated, width=width, color="tab:green", label="aggregated")
     for values, color, label in (
         (dropouts, "tab:red", "dropped out"),
         (stragglers, "tab:orange", "straggled past the deadline"),
         (other, "tab:gray", "failed otherwise"),
     ):
         if any(values):
-            ax.bar(rounds, values, width=1.0, bottom=bottom, color=color, label=label)
+            ax.bar(rounds, values, width=width, bottom=bottom, color=color, label=label)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     planned = [int(r.get("cohort_planned", 0)) for r in rows]
     ax.step(rounds, planned, where="mid", color="black", linewidth=1, label="sampled")
-    ax.legend()
+    ax.set_ylim(0, max([*planned, *bottom, 1]) * 1.08)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     return fig
 
 
