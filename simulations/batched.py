@@ -185,11 +185,8 @@ class BatchedTrainer:
             for e in self.trainable:
                 out = deltas[:, e.offset : e.offset + e.numel].view(count, *e.shape)
                 torch.sub(leaf_layout(leaves[e.name], e.name), view(e), out=out)
-        per_step = max(total_steps, 1)
-        return [
-            LocalResult(deltas[i], n, total_steps, float(loss_sum[i]) / per_step)
-            for i in range(count)
-        ]
+        losses = (loss_sum / max(total_steps, 1)).tolist()  # one device sync per unit
+        return [LocalResult(deltas[i], n, total_steps, losses[i]) for i in range(count)]
 
 
 def _sgd(

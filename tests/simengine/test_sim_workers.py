@@ -59,13 +59,17 @@ class _NoClients:
         return None
 
 
-def test_parent_threads_are_restored_when_the_pool_closes():
+def test_this_process_gives_its_threads_to_the_workers_only_during_an_exchange():
     before = torch.get_num_threads()
     task = tiny_task.make(tiny_config())
-    with InProcessTransport(task, workers=2) as transport:
+    seen = []
+    with InProcessTransport(
+        task, workers=2, on_progress=lambda d, t: seen.append(torch.get_num_threads())
+    ) as transport:
         assert transport.workers == 2
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == before
+        transport.exchange({c: _request(tiny_config(), task) for c in range(4)}, None)
+        assert torch.get_num_threads() == before
+    assert seen[1:] and set(seen[1:]) == {1}
 
 
 def _stateful_handle(self, client_id, msg, state):
