@@ -17,7 +17,7 @@ from fedveil.simulations.bench_workload import Workload, bench_task
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.lane import ClientLane, plan_units
 
-W = Workload(clients=24, per_round=20, rounds=3, examples=10, pool=300)
+W = Workload(clients=24, per_round=20, rounds=2, examples=10, pool=300)
 
 
 def config(**extra):
@@ -45,13 +45,11 @@ def run(workers: int, unit_size: int, **extra) -> torch.Tensor:
 
 def test_units_give_the_same_bits_whatever_the_workers():
     assert ClientLane(bench_task(W), unit_size=4).batcher is not None, "the MLP qualifies"
-    one = run(1, 4)
-    assert torch.equal(one, run(2, 4))
-    assert torch.equal(one, run(3, 4))
+    assert torch.equal(run(1, 4), run(3, 4))
 
 
 def test_units_train_like_one_client_at_a_time():
-    batched, single = run(2, 8), run(1, 1)
+    batched, single = run(1, 8), run(1, 1)
     torch.testing.assert_close(batched, single, rtol=1e-5, atol=1e-6)
 
 
