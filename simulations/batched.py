@@ -20,7 +20,6 @@ convolutions are slower there than one client at a time).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 import torch
@@ -31,8 +30,6 @@ from torch.nn import functional
 from fedveil.client.training import LocalResult, LocalTraining, LossFn, train_local
 from fedveil.params import FlatModel
 from fedveil.tasks import ClientData
-
-log = logging.getLogger("fedveil.batched")
 
 
 class BatchedTrainer:

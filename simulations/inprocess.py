@@ -1,11 +1,12 @@
 """The in-process engine: many clients on one machine, no per-client process, no serialization.
 
 With one worker (the default for a GPU, or `simulation.workers = 1`) clients
-run one after another in this process on one reusable model that stays on
-the device, and the global model tensor is handed to the client runtime as
-it is. With more workers, clients run in parallel in worker processes that
-split the CPU cores between them, and tensors travel through shared memory
-(simulations/workers.py).
+run in this process on one reusable model that stays on the device (and so
+does a built-in task's data), and the global model tensor is handed to the
+client runtime as it is. With more workers, clients run in parallel in worker
+processes that split the CPU cores between them, and tensors travel through
+shared memory (simulations/workers.py). Either way, same-size clients' local
+training runs a unit at a time (simulations/batched.py) when the model allows.
 
 Either way the round engine drives the same ClientRuntime through the same
 Transport interface as deployment, so secure aggregation and DP apply
@@ -14,19 +15,16 @@ unchanged, and a client's result depends only on (seed, round, client).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
 from fedveil.envelope import Envelope
 from fedveil.server.transport import ClientFailure
-from fedveil.tasks import PartitionedData, Task
+from fedveil.tasks import Task
 
 from .lane import ClientLane, plan_units
 from .workers import WorkerPool, cpu_cores, keep_freed_memory
-
-log = logging.getLogger("fedveil.inprocess")
 
 # on_progress(done, total): clients finished so far in the current exchange.
 Progress = Callable[[int, int], None]
@@ -130,22 +128,3 @@ class InProcessTransport:
 
 def _bind(progress: Progress, total: int) -> Callable[[int], None]:
     return lambda done: progress(done, total)
-
-
-def keep_data_on(task: Task, device: torch.device | str) -> bool:
-    """Move a built-in task's whole training set to a GPU once, when it fits comfortably.
-
-    Each client's examples are then gathered on the device: no host-to-device copy
-    per client. Returns whether the data moved.
-    """
-    device = torch.device(device)
-    data = task.client_data
-    if device.type != "cuda" or not isinstance(data, PartitionedData):
-        return False
-    need = data.x.nbytes + data.y.nbytes
-    free, _ = torch.cuda.mem_get_info(device)
-    if need > free // 4:
-        log.info("training set (%d MB) left in host memory: too large for the GPU", need >> 20)
-        return False
-    data.x, data.y = data.x.to(device), data.y.to(device)
-    return True

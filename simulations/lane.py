@@ -24,7 +24,7 @@ from fedveil.client.runtime import TRAIN_FIELDS, ClientRuntime, client_generator
 from fedveil.client.training import LocalResult, LocalTraining, LossFn, train_local
 from fedveil.envelope import Envelope
 from fedveil.params import FlatModel
-from fedveil.tasks import ClientData, Task
+from fedveil.tasks import ClientData, PartitionedData, Task
 
 from .batched import BatchedTrainer
 
@@ -96,6 +96,7 @@ class ClientLane:
         self, task: Task, device: torch.device | str = "cpu", *, unit_size: int = 1
     ) -> None:
         self.task = task
+        keep_data_on(task, device)
         self._fetched: dict[int, ClientData] = {}  # data loaded for a unit, used once
         # The runtime reads client data through the lane, so a unit's data is loaded once.
         self.runtime = ClientRuntime(dataclasses.replace(task, client_data=self._data), device)
@@ -180,3 +181,24 @@ class ClientLane:
         if done is not None and done.num_examples == int(x.shape[0]):
             return done
         return train_local(model, global_vector, x, y, hp, loss_fn, generator)
+
+
+def keep_data_on(task: Task, device: torch.device | str) -> bool:
+    """Move a built-in task's whole training set to a GPU once, when it fits comfortably.
+
+    Each client's examples are then gathered on the device: no host-to-device copy
+    per client. Returns whether the data moved.
+    """
+    device = torch.device(device)
+    data = task.client_data
+    if device.type != "cuda" or not isinstance(data, PartitionedData):
+        return False
+    if data.x.device == device:
+        return True
+    need = data.x.nbytes + data.y.nbytes
+    free, _ = torch.cuda.mem_get_info(device)
+    if need > free // 4:
+        log.info("training set (%d MB) stays in host memory: too large for the GPU", need >> 20)
+        return False
+    data.x, data.y = data.x.to(device), data.y.to(device)
+    return True

@@ -115,10 +115,9 @@ def simulate(
         server_log.addFilter(quiet)
     try:
         if cfg.transport == "inprocess":
-            from .inprocess import InProcessTransport, keep_data_on
+            from .inprocess import InProcessTransport
 
             workers = resolve_workers(cfg, device)
-            keep_data_on(task, device)
             with InProcessTransport(
                 task,
                 device,
