@@ -9,7 +9,6 @@ memory does not grow with the population.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +18,8 @@ from torch.nn import functional
 
 from fedveil.models import build_model
 from fedveil.tasks import ClientData, Task
+
+from .memwatch import RoundClock
 
 INPUT_SHAPE = (1, 28, 28)
 CLASSES = 10
@@ -151,11 +152,10 @@ def run_bare(w: Workload) -> dict[str, Any]:
     params = list(model.parameters())
     global_params = [p.detach().clone() for p in params]
     rng = np.random.default_rng(w.seed)
-    round_s: list[float] = []
     losses: list[float] = []
-    first_round = time.time()
+    clock = RoundClock()
+    clock.mark()
     for round_num in range(1, w.rounds + 1):
-        start = time.perf_counter()
         sums = [torch.zeros_like(p) for p in params]
         loss_sum = 0.0
         for cid in sample_cohort(rng, w):
@@ -172,6 +172,6 @@ def run_bare(w: Workload) -> dict[str, Any]:
             total = w.per_round * w.examples
             for g, s in zip(global_params, sums, strict=True):
                 g.add_(s, alpha=1.0 / total)
-        round_s.append(time.perf_counter() - start)
+        clock.mark()
         losses.append(loss_sum / w.per_round)
-    return {"round_s": round_s, "first_round_at": first_round, "train_loss": losses}
+    return {**clock.result(), "train_loss": losses}

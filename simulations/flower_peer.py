@@ -9,15 +9,14 @@ the first round and after every round.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
-import time
 from typing import Any
 
 import torch
 
 from .bench_workload import SyntheticPool, Workload, local_epoch, mlp
+from .memwatch import RoundClock
 
 _POOL: dict[Workload, SyntheticPool] = {}  # one generated pool per Ray worker process
 
@@ -28,7 +27,7 @@ def _pool(w: Workload) -> SyntheticPool:
     return _POOL[w]
 
 
-def make_apps(w: Workload, stamps: list[float], losses: list[float]) -> tuple[Any, Any]:
+def make_apps(w: Workload, clock: RoundClock, losses: list[float]) -> tuple[Any, Any]:
     from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
     from flwr.server import Grid
@@ -67,7 +66,7 @@ def make_apps(w: Workload, stamps: list[float], losses: list[float]) -> tuple[An
         )
 
         def timer(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-            stamps.append(time.time())
+            clock.mark()
             return None
 
         result = strategy.start(
@@ -90,9 +89,9 @@ def run_flower(w: Workload, num_cpus_per_client: float = 1.0) -> dict[str, Any]:
     from flwr.simulation import run_simulation
 
     logging.getLogger("flwr").setLevel(logging.ERROR)
-    stamps: list[float] = []
+    clock = RoundClock()
     losses: list[float] = []
-    server_app, client_app = make_apps(w, stamps, losses)
+    server_app, client_app = make_apps(w, clock, losses)
     run_simulation(
         server_app=server_app,
         client_app=client_app,
@@ -102,7 +101,6 @@ def run_flower(w: Workload, num_cpus_per_client: float = 1.0) -> dict[str, Any]:
             "init_args": {"log_to_driver": False, "logging_level": "error"},
         },
     )
-    if len(stamps) != w.rounds + 1:
-        raise RuntimeError(f"Flower ran {max(len(stamps) - 1, 0)} of {w.rounds} rounds")
-    round_s = [b - a for a, b in itertools.pairwise(stamps)]
-    return {"round_s": round_s, "first_round_at": stamps[0], "train_loss": losses}
+    if len(clock.at) != w.rounds + 1:
+        raise RuntimeError(f"Flower ran {max(len(clock.at) - 1, 0)} of {w.rounds} rounds")
+    return {**clock.result(), "train_loss": losses}

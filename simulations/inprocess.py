@@ -57,6 +57,7 @@ class InProcessTransport:
         self._seen: set[int] = set()  # clients contacted earlier in this round
         self.pool: WorkerPool | None = None
         self.lane: ClientLane | None = None
+        self._threads: int | None = None
         if workers > 1:
             self.pool = WorkerPool(
                 task,
@@ -65,6 +66,12 @@ class InProcessTransport:
                 unit_size=unit_size,
                 task_factory=task_factory,
             )
+            # The workers own the cores. This process's share of a round (copying,
+            # checking and summing updates, evaluating) is small, and intra-op threads
+            # here would contend with the workers: OpenMP's spinning barriers make
+            # that cost far more than it saves once anything else loads the machine.
+            self._threads = torch.get_num_threads()
+            torch.set_num_threads(1)
         else:
             self.lane = ClientLane(task, self.device, unit_size=unit_size)
 
@@ -91,16 +98,7 @@ class InProcessTransport:
         if progress is not None:
             progress(0, total)
         if self.pool is not None:
-            # While the workers run, they own the cores: intra-op threads here (copying
-            # replies out) would only contend with them, and OpenMP's spinning barriers
-            # make that costly. Between exchanges (aggregation, evaluation) this process
-            # has all its threads back.
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
-                results = self.pool.run(units, None if progress is None else _bind(progress, total))
-            finally:
-                torch.set_num_threads(threads)
+            results = self.pool.run(units, None if progress is None else _bind(progress, total))
         else:
             assert self.lane is not None
             results = {}
@@ -116,6 +114,9 @@ class InProcessTransport:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+        if self._threads is not None:
+            torch.set_num_threads(self._threads)
+            self._threads = None
         if self.lane is not None:
             self.lane.states.clear()
 

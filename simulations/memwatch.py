@@ -11,6 +11,7 @@ and the sampler does not steal the CPU from what it measures.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import threading
@@ -109,3 +110,46 @@ class PeakWatcher:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a live process has used."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU time used by `root` and its live descendants (Ray's workers, our workers)."""
+    return sum(map(cpu_seconds, descendants(root)))
+
+
+class RoundClock:
+    """Round boundaries in wall time and in CPU time of this process tree.
+
+    CPU time per round is what a round costs whatever else loads the machine;
+    wall time is what a user waits.
+    """
+
+    def __init__(self) -> None:
+        self.at: list[float] = []
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def mark(self) -> None:
+        self.at.append(time.time())
+        self.wall.append(time.perf_counter())
+        self.cpu.append(tree_cpu_seconds(os.getpid()))
+
+    def result(self) -> dict[str, object]:
+        return {
+            "round_s": [b - a for a, b in itertools.pairwise(self.wall)],
+            "round_cpu_s": [b - a for a, b in itertools.pairwise(self.cpu)],
+            "first_round_at": self.at[0],
+        }
