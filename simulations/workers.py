@@ -7,11 +7,12 @@ global model) once per exchange into a request arena; a worker packs its
 replies (updates) into one of two reply arenas of its own, alternating per
 chunk, and the server copies them out. Pipes carry only small descriptors.
 
-Scheduling is dynamic (a worker gets the next chunk of clients when it is
+Scheduling is dynamic (a worker gets the next chunk of units when it is
 ready) but sticky within a round: a client's later messages go to the worker
-that holds its state. Any worker gives a client the same result, because a
-client's computation depends only on (seed, round, client) and every worker
-runs with the same number of threads.
+that holds its state. Any worker gives a client the same result: its
+computation depends only on (seed, round, client) and on its unit, which the
+server plans from the requests alone (lane.plan_units), and every worker runs
+with the same number of threads.
 
 Workers are forked when they run one torch thread each (fast start, the
 task's data shared copy-on-write). More threads per worker, or CUDA, need
