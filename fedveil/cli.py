@@ -104,7 +104,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     progress = RoundProgress(cfg.server.rounds, disable=args.quiet)
     try:
-        summary = simulate(cfg, on_round=progress.update, resume=args.resume)
+        summary = simulate(
+            cfg, on_round=progress.update, on_clients=progress.clients, resume=args.resume
+        )
     finally:
         progress.close()
     if summary.get("stopped_reason"):
@@ -135,10 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommands() -> list:
     """Each further command lives in its own module and registers itself here."""
+    from .bench_cli import add_bench
     from .data_cli import add_data
     from .privacy_cli import add_privacy
 
-    return [add_data, add_privacy]
+    return [add_data, add_privacy, add_bench]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -211,6 +211,10 @@ class RoundEngine:
             )
         self.round = round_num
         self._evaluate(record)
+        # A transport may add facts about the round only it knows (e.g. simulated dropouts).
+        report = getattr(self.transport, "round_report", None)
+        if report is not None:
+            record.extra.update(report(round_num))
         record.duration_s = time.perf_counter() - start
         self.history.append(record)
         if self.store is not None:
