@@ -81,8 +81,8 @@ class ClientConfig:
     local_epochs: int = spec(1, lo=0, hi=1000, help="local epochs (0 when local_steps is set)")
     local_steps: int = spec(0, lo=0, hi=1_000_000, help="local SGD steps; 0 means use epochs")
     batch_size: int = spec(32, lo=1, hi=65_536, help="local batch size")
-    lr: float = spec(0.03, lo=0.0, lo_open=True, hi=100.0, help="local learning rate")
-    momentum: float = spec(0.9, lo=0.0, hi=0.999, help="local SGD momentum")
+    lr: float = spec(0.05, lo=0.0, lo_open=True, hi=100.0, help="local learning rate")
+    momentum: float = spec(0.5, lo=0.0, hi=0.999, help="local SGD momentum")
     weight_decay: float = spec(0.0, lo=0.0, hi=1.0, help="local L2 weight decay")
     prox_mu: float = spec(0.0, lo=0.0, hi=100.0, help="FedProx proximal term mu")
     dp_sgd_noise: float = spec(
@@ -95,7 +95,7 @@ class ClientConfig:
 
 @dataclass
 class ServerConfig:
-    rounds: int = spec(50, lo=1, hi=1_000_000, help="number of rounds")
+    rounds: int = spec(60, lo=1, hi=1_000_000, help="number of rounds")
     sampling: str = spec(
         "fixed",
         choices=("fixed", "poisson"),
