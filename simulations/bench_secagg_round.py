@@ -374,9 +374,17 @@ def run_ours(
     channel = RecordingChannel(inner)
     counter = Traffic()
     started = time.perf_counter()
+    # Process CPU time at each round's end: in-process, every client runs here, so this is
+    # the round's whole compute, robust to a busy machine (under Flower it misses the workers).
+    cpu_marks = [time.process_time()]
 
     def build(base: Transport) -> RoundEngine:
-        return RoundEngine(cfg, task, CountingTransport(base, counter), channel=channel)
+        def mark(_record: Any) -> None:
+            cpu_marks.append(time.process_time())
+
+        return RoundEngine(
+            cfg, task, CountingTransport(base, counter), channel=channel, on_round=mark
+        )
 
     if transport == "inprocess":
         from .inprocess import InProcessTransport
@@ -385,6 +393,7 @@ def run_ours(
         # The in-process transport owns its runtime; ours differs only in who raises.
         base.runtime = DroppingRuntime(task, w.dropped, drop_kinds(w, secagg))
         engine = build(base)
+        cpu_marks[0] = time.process_time()
         engine.run()
     else:
         from .flower_runner import run_on_flower
@@ -399,6 +408,7 @@ def run_ours(
         "secagg": secagg,
         "transport": transport,
         "round_s": durations,
+        "round_cpu_s": list(np.diff(cpu_marks)) if transport == "inprocess" else None,
         "wall_s": wall,
         "survivors": [r.cohort_aggregated for r in engine.history],
         "applied": [r.applied for r in engine.history],
@@ -416,6 +426,11 @@ def run_ours(
 def steady(runs: Sequence[dict[str, Any]]) -> float | None:
     """Median of the steady rounds (2..R) of every run."""
     return median([s for run in runs for s in run["round_s"][1:]])
+
+
+def steady_cpu(runs: Sequence[dict[str, Any]]) -> float | None:
+    """Median process CPU seconds of the steady rounds (in-process runs only)."""
+    return median([s for run in runs if run.get("round_cpu_s") for s in run["round_cpu_s"][1:]])
 
 
 def expected_contributors(w: Workload, secagg: bool) -> list[int]:
@@ -577,6 +592,8 @@ def bench(
         summary[fw] = {
             "plain_round_s": plain,
             "secagg_round_s": secure,
+            "plain_round_cpu_s": steady_cpu(runs[f"{fw}_plain"]),
+            "secagg_round_cpu_s": steady_cpu(runs[f"{fw}_secagg"]),
             "overhead_s": None if plain is None or secure is None else secure - plain,
             "bytes_up_per_client": last["bytes_up_per_client"],
             "bytes_down_per_client": last["bytes_down_per_client"],
@@ -669,6 +686,11 @@ def format_report(out: dict[str, Any]) -> str:
             shown = ", ".join(f"{k} {v:.2f}" for k, v in parts.items() if v is not None)
             lines.append(f"  {fw} {mode} exchanges (s): {shown}; outside exchanges {rest:.2f}")
     f = out["round"]["fedveil"]
+    if f["secagg_round_cpu_s"] is not None:
+        lines.append(
+            f"  fedveil round CPU (all clients + server, this process): plain "
+            f"{_fmt_s(f['plain_round_cpu_s'])}, secagg {_fmt_s(f['secagg_round_cpu_s'])}"
+        )
     if "floor_round_s" in f:
         lines.append(
             f"  fedveil plain + {EXTRA_EXCHANGES} empty exchanges: {_fmt_s(f['floor_round_s'])} "

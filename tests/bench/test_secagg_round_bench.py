@@ -66,6 +66,7 @@ def test_inprocess_bench_aggregates_correctly_and_counts_bytes():
     assert r["bytes_up_per_client"] > r["plain_bytes_up_per_client"] > 4 * TINY.num_params
     assert r["bytes_down_per_client"] > r["plain_bytes_down_per_client"] > 4 * TINY.num_params
     assert r["floor_round_s"] is not None and out["ratio"] is None  # no peer, no ratio
+    assert r["secagg_round_cpu_s"] is not None  # in-process: every client runs here
     assert out["compute"]["fedveil"]["sum_exact"] and out["compute_ratio"] is None
     assert out["masking_over_prg"] > 0
 
