@@ -52,6 +52,10 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     s.set_defaults(func=cmd_bench_simulation)
 
+    from fedveil.simulations.bench_secagg_round import add_secagg_bench
+
+    add_secagg_bench(bsub)
+
 
 def cmd_bench_simulation(args: argparse.Namespace) -> int:
     from fedveil.simulations import bench_simulation as bs
