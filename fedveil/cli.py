@@ -121,8 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _subcommands() -> list:
     """Each further command lives in its own module and registers itself here."""
     from .data_cli import add_data
+    from .deploy_cli import add_certs, add_client, add_clients, add_run, add_server
 
-    return [add_data]
+    return [add_data, add_server, add_client, add_run, add_clients, add_certs]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
