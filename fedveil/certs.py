@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -187,7 +188,7 @@ def load_client_public_key(text: str) -> ec.EllipticCurvePublicKey:
     """Parse an OpenSSH EC public key as `fedveil clients enroll` accepts it."""
     try:
         key = serialization.load_ssh_public_key(text.strip().encode())
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
         raise CertError(f"public_key: not an OpenSSH public key ({exc})") from None
     if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name not in (
         "secp256r1",
