@@ -11,7 +11,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from flwr.app import Context, Error, Message
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 
 from fedveil.envelope import MessageError
@@ -33,6 +35,36 @@ def client_id_of(context: Context) -> int:
     raise RuntimeError("node config has neither 'client-id' nor 'partition-id'")
 
 
+STATE_CONFIG = "fedveil.state"
+STATE_ARRAYS = "fedveil.arrays"
+
+
+def load_state(context: Context) -> dict[str, Any]:
+    """The runtime's state between messages (e.g. secure-aggregation keys of this round).
+
+    Flower keeps a node's `context.state` between messages of a run, and it can
+    hold only records, so the state is a flat dict of config values and arrays.
+    """
+    state: dict[str, Any] = {}
+    if STATE_CONFIG in context.state.config_records:
+        state.update(context.state.config_records[STATE_CONFIG])
+    if STATE_ARRAYS in context.state.array_records:
+        state.update({k: a.numpy() for k, a in context.state.array_records[STATE_ARRAYS].items()})
+    return state
+
+
+def save_state(context: Context, state: dict[str, Any]) -> None:
+    arrays = {k: v for k, v in state.items() if isinstance(v, (np.ndarray, torch.Tensor))}
+    config = {k: v for k, v in state.items() if k not in arrays}
+    context.state.config_records[STATE_CONFIG] = ConfigRecord(config)
+    context.state.array_records[STATE_ARRAYS] = ArrayRecord(
+        {
+            k: Array(np.ascontiguousarray(v.cpu().numpy() if isinstance(v, torch.Tensor) else v))
+            for k, v in arrays.items()
+        }
+    )
+
+
 def make_client_app(runtime_factory: Callable[[], ClientRuntime]) -> ClientApp:
     """A ClientApp; `runtime_factory` runs once per process (loads data, builds the model)."""
     app = ClientApp()
@@ -43,10 +75,11 @@ def make_client_app(runtime_factory: Callable[[], ClientRuntime]) -> ClientApp:
             cache["runtime"] = runtime_factory()
         runtime = cache["runtime"]
         cid = client_id_of(context)
-        state: dict[str, Any] = {}
+        state = load_state(context)
         try:
             request = from_content(msg.content)
             reply = runtime.handle(cid, request, state)
+            save_state(context, state)
         except MessageError as exc:
             log.warning("client %d: bad message from server dropped: %s", cid, exc)
             return Message(Error(BAD_MESSAGE, str(exc)), reply_to=msg)

@@ -7,6 +7,7 @@ are thin adapters around it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -84,12 +85,29 @@ class ClientRuntime:
             self.task.loss_fn,
             client_generator(seed, msg.round, client_id),
         )
-        return Envelope(
-            "train",
-            msg.round,
-            {"num_examples": result.num_examples, "loss": result.loss, "steps": result.steps},
-            {"delta": result.delta},
-        )
+        reply: dict[str, Any] = {
+            "num_examples": result.num_examples,
+            "loss": result.loss,
+            "steps": result.steps,
+        }
+        delta = result.delta
+        clip = float(msg.config.get("clip_norm", 0.0) or 0.0)
+        if clip < 0 or not math.isfinite(clip):
+            raise MessageError(f"train message: clip_norm = {clip}: must be a finite number >= 0")
+        if clip > 0:
+            # User-level DP: the update's L2 norm is bounded by C on the client,
+            # because the server may only ever see the sum.
+            norm = float(torch.linalg.vector_norm(delta))
+            if msg.config.get("clip_indicator", False):
+                reply["unclipped"] = int(norm <= clip)
+            if norm > clip:
+                # A hair under C, so float32 rounding can never push the norm above it.
+                delta = delta * (clip / norm * (1 - 2**-20))
+        weighting = msg.config.get("weighting", "examples")
+        if weighting not in ("examples", "uniform"):
+            raise MessageError(f"train message: weighting = {weighting!r}: examples or uniform")
+        reply["weight"] = 1.0 if weighting == "uniform" else float(result.num_examples)
+        return Envelope("train", msg.round, reply, {"delta": delta})
 
     def _evaluate(self, client_id: int, msg: Envelope) -> Envelope:
         vector = self._global(msg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -32,6 +33,11 @@ SIMULATE_FLAGS: list[tuple[str, str, type, str]] = [
     ("--lr", "client.lr", float, "local learning rate"),
     ("--momentum", "client.momentum", float, "local SGD momentum"),
     ("--prox-mu", "client.prox_mu", float, "FedProx mu"),
+    ("--dp", "dp.mechanism", str, "differential privacy: none, central or distributed"),
+    ("--clip", "dp.clip", float, "L2 clip norm of a client update"),
+    ("--noise-multiplier", "dp.noise_multiplier", float, "noise std / clip; 0: from --epsilon"),
+    ("--epsilon", "dp.epsilon", float, "privacy budget epsilon"),
+    ("--delta", "dp.delta", float, "privacy budget delta"),
     ("--seed", "seed", int, "seed for data split, model init and sampling"),
     ("--transport", "transport", str, "inprocess or flower"),
     ("--device", "device", str, "auto, cpu or cuda"),
@@ -94,6 +100,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         summary = simulate(cfg, on_round=progress.update, resume=args.resume)
     finally:
         progress.close()
+    if summary.get("stopped_reason"):
+        print(f"fedveil: {summary['stopped_reason']}", file=sys.stderr)
     acc = summary.get("test_accuracy")
     print(
         f"done: {summary['rounds']} rounds, test accuracy "
@@ -122,8 +130,9 @@ def _subcommands() -> list:
     """Each further command lives in its own module and registers itself here."""
     from .data_cli import add_data
     from .deploy_cli import add_certs, add_client, add_clients, add_run, add_server
+    from .privacy_cli import add_privacy
 
-    return [add_data, add_server, add_client, add_run, add_clients, add_certs]
+    return [add_data, add_privacy, add_server, add_client, add_run, add_clients, add_certs]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,6 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"fedveil: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `fedveil data report | head`
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+        return 0
     except KeyboardInterrupt:
         print("fedveil: interrupted", file=sys.stderr)
         return 130

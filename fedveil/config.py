@@ -123,6 +123,34 @@ class EvalConfig:
 
 
 @dataclass
+class DpSection:
+    mechanism: str = spec(
+        "none",
+        choices=("none", "central", "distributed"),
+        help="none; central (server adds Gaussian noise to the sum); distributed "
+        "(clients add Skellam noise shares under secure aggregation)",
+    )
+    clip: float = spec(1.0, lo=0.0, lo_open=True, hi=1e6, help="L2 clip norm C of a client update")
+    noise_multiplier: float = spec(
+        0.0, lo=0.0, hi=1e4, help="noise std / C; 0 means calibrate it from epsilon"
+    )
+    epsilon: float = spec(0.0, lo=0.0, hi=1e4, help="privacy budget epsilon (required with DP)")
+    delta: float = spec(1e-5, lo=0.0, lo_open=True, hi=0.1, help="privacy budget delta")
+    neighbouring: str = spec(
+        "auto",
+        choices=("auto", "add_remove", "replace_one"),
+        help="neighbouring relation; auto: add_remove for Poisson, replace_one for fixed",
+    )
+    accountant: str = spec(
+        "auto", choices=("auto", "pld", "prv", "rdp", "dpa_rdp"), help="privacy accountant"
+    )
+    adaptive_clip: bool = spec(False, help="adapt C toward a quantile of update norms")
+    target_quantile: float = spec(0.5, lo=0.0, hi=1.0, help="adaptive clipping target quantile")
+    clip_lr: float = spec(0.2, lo=0.0, lo_open=True, hi=10.0, help="adaptive clipping step")
+    modulus_bits: int = spec(20, lo=8, hi=22, help="distributed DP: bits of the integer modulus")
+
+
+@dataclass
 class RunConfig:
     seed: int = spec(0, lo=0, hi=2**63 - 1, help="seed for data, model init, sampling")
     transport: str = spec(
@@ -135,6 +163,7 @@ class RunConfig:
     client: ClientConfig = field(default_factory=ClientConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    dp: DpSection = field(default_factory=DpSection)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -157,6 +186,7 @@ SECTIONS = {
     "client": ClientConfig,
     "server": ServerConfig,
     "eval": EvalConfig,
+    "dp": DpSection,
 }
 
 
@@ -259,6 +289,20 @@ def _check_cross_fields(cfg: RunConfig) -> None:
         raise ConfigError(
             "eval.federated_every > 0 needs eval.client_holdout > 0 "
             "(the share of each client's data kept for local evaluation)"
+        )
+    dp = cfg.dp
+    if dp.mechanism != "none" and dp.epsilon == 0:
+        raise ConfigError(
+            f"dp.mechanism = {dp.mechanism!r} needs a budget: set dp.epsilon > 0 (e.g. --epsilon 8)"
+        )
+    if (
+        dp.neighbouring == "add_remove"
+        and cfg.server.sampling == "fixed"
+        and dp.mechanism != "none"
+    ):
+        raise ConfigError(
+            "dp.neighbouring = 'add_remove' with server.sampling = 'fixed': no accountant bounds "
+            "this pair; use Poisson sampling or replace_one"
         )
     task = cfg.model.task
     if task is None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from .config import load_config
@@ -38,11 +37,9 @@ def add_data(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    from fedveil.simulations.datasets import download_fashion_mnist
+    from fedveil.simulations.fashion_mnist import download_fashion_mnist
 
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    dest = Path(args.dest) if args.dest else cache / "fedveil" / "fashion-mnist"
-    download_fashion_mnist(dest)
+    dest = download_fashion_mnist(Path(args.dest) if args.dest else None)
     print(f"Fashion-MNIST saved in {dest}")
     return 0
 

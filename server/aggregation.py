@@ -8,6 +8,7 @@ engine averages whatever sum the channel hands back.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -27,8 +28,10 @@ class Aggregate:
     total: torch.Tensor  # sum over contributors of weight_k * delta_k
     weight: float  # sum of weight_k
     contributors: list[int]
-    loss: float  # example-weighted mean training loss
+    loss: float  # weighted mean training loss
     dropped: dict[int, str] = field(default_factory=dict)
+    # Sums of small per-client counters (e.g. "unclipped" for adaptive clipping).
+    extras: dict[str, float] = field(default_factory=dict)
 
     @property
     def mean(self) -> torch.Tensor:
@@ -47,10 +50,20 @@ class UpdateChannel(Protocol):
         ...
 
 
-def check_train_reply(
-    reply: Envelope, round_num: int, model_size: int
-) -> tuple[torch.Tensor, int, float]:
-    """(delta, examples, loss) from a train reply, or MessageError naming the check."""
+# Per-client counters a train reply may carry, each summed over the cohort.
+COUNTERS = ("unclipped",)
+
+
+@dataclass
+class TrainReply:
+    delta: torch.Tensor
+    weight: float
+    loss: float
+    counters: dict[str, float]
+
+
+def check_train_reply(reply: Envelope, round_num: int, model_size: int) -> TrainReply:
+    """The checked contents of a train reply, or MessageError naming the check."""
     if reply.kind != "train":
         raise MessageError(f"expected a train reply, got {reply.kind!r}")
     if reply.round != round_num:
@@ -59,8 +72,20 @@ def check_train_reply(
     if not 0 < n <= MAX_EXAMPLES:
         raise MessageError(f"num_examples = {n}: must be in [1, {MAX_EXAMPLES}]")
     loss = float(reply.get("loss", (int, float)))
+    if not math.isfinite(loss):
+        raise MessageError(f"loss = {loss}: must be finite")
+    weight = float(reply.get("weight", (int, float))) if "weight" in reply.config else float(n)
+    if not 0 < weight <= MAX_EXAMPLES:
+        raise MessageError(f"weight = {weight}: must be in (0, {MAX_EXAMPLES}]")
+    counters: dict[str, float] = {}
+    for key in COUNTERS:
+        if key in reply.config:
+            value = float(reply.get(key, (int, float)))
+            if value not in (0.0, 1.0):
+                raise MessageError(f"{key} = {value}: must be 0 or 1")
+            counters[key] = value
     delta = reply.tensor("delta", numel=model_size)
-    return delta, n, loss
+    return TrainReply(delta, weight, loss, counters)
 
 
 class PlainChannel:
@@ -81,6 +106,7 @@ class PlainChannel:
         total: torch.Tensor | None = None
         weight = 0.0
         loss_sum = 0.0
+        extras: dict[str, float] = {}
         contributors: list[int] = []
         dropped: dict[int, str] = {}
         for cid in sorted(requests):
@@ -89,18 +115,20 @@ class PlainChannel:
                 dropped[cid] = reply.reason
                 continue
             try:
-                delta, n, loss = check_train_reply(reply, round_num, model_size)
+                r = check_train_reply(reply, round_num, model_size)
             except MessageError as exc:
                 dropped[cid] = str(exc)
                 continue
-            delta = delta.to(torch.float32)
-            total = delta * n if total is None else total.add_(delta.to(total.device), alpha=n)
-            weight += n
-            loss_sum += loss * n
+            w = r.weight
+            total = r.delta * w if total is None else total.add_(r.delta.to(total.device), alpha=w)
+            weight += w
+            loss_sum += r.loss * w
+            for key, value in r.counters.items():
+                extras[key] = extras.get(key, 0.0) + value
             contributors.append(cid)
         if self.on_drop:
             for cid, reason in dropped.items():
                 self.on_drop(cid, reason)
         if total is None:
             return None
-        return Aggregate(total, weight, contributors, loss_sum / weight, dropped)
+        return Aggregate(total, weight, contributors, loss_sum / weight, dropped, extras)

@@ -24,6 +24,7 @@ from fedveil.tasks import Task
 
 from .aggregation import PlainChannel, UpdateChannel
 from .optimizers import make_optimizer
+from .privacy_stage import CentralDP
 from .runstore import RunStore
 from .sampling import CohortSampler
 from .transport import ClientFailure, Transport
@@ -70,8 +71,11 @@ class RoundEngine:
         channel: UpdateChannel | None = None,
         device: torch.device | str = "cpu",
         on_round: Callable[[RoundRecord], None] | None = None,
+        privacy: CentralDP | None = None,
     ) -> None:
         self.cfg, self.task, self.transport, self.store = cfg, task, transport, store
+        self.privacy = privacy
+        self.stopped_reason: str | None = None
         self.channel = channel or PlainChannel()
         self.on_round = on_round
         self.model = FlatModel(initial_model(task, cfg.seed), device)
@@ -119,6 +123,15 @@ class RoundEngine:
         self.optimizer.load_state_dict({k: v.to(device) for k, v in state["optimizer"].items()})
         self.sampler.restore(state["sampler"])
         self.eval_rng.bit_generator.state = state["eval_rng"]
+        if self.privacy is not None and self.privacy.last_round > self.round:
+            # Crashed between the ledger entry and the checkpoint: that release was
+            # made (and is charged); its update is lost. Never run the round twice.
+            log.warning(
+                "ledger has round %d, checkpoint round %d: the lost round stays charged",
+                self.privacy.last_round,
+                self.round,
+            )
+            self.round = self.privacy.last_round
 
     # -- one round --------------------------------------------------------
     def train_request(self, round_num: int) -> Envelope:
@@ -133,6 +146,8 @@ class RoundEngine:
             "weight_decay": c.weight_decay,
             "prox_mu": c.prox_mu,
         }
+        if self.privacy is not None:
+            config.update(self.privacy.client_config())
         return Envelope("train", round_num, config, {"model": self.weights})
 
     def run_round(self) -> RoundRecord:
@@ -153,7 +168,15 @@ class RoundEngine:
                 log.warning("round %d: client %d dropped: %s", round_num, cid, reason)
         else:
             record.dropped = len(cohort)
-        if agg is not None and record.cohort_aggregated >= self.cfg.server.min_clients:
+        if self.privacy is not None:
+            # Every DP round is released (noise alone when nobody arrived), so the
+            # ledger's rounds stay contiguous and the accounting matches the sampling.
+            update, metrics = self.privacy.release(round_num, agg, self.model.size, len(cohort))
+            record.extra.update(metrics)
+            self.weights = self.optimizer.step(self.weights, update.to(self.weights.device))
+            record.applied = True
+            record.train_loss = None if agg is None else agg.loss
+        elif agg is not None and record.cohort_aggregated >= self.cfg.server.min_clients:
             update = agg.mean.to(self.weights.device)
             self.weights = self.optimizer.step(self.weights, update)
             record.applied = True
@@ -218,6 +241,15 @@ class RoundEngine:
     def run(self) -> dict[str, Any]:
         start = time.perf_counter()
         while self.round < self.cfg.server.rounds:
+            if self.privacy is not None:
+                allowed, eps = self.privacy.admits_next_round()
+                if not allowed:
+                    self.stopped_reason = (
+                        f"privacy budget: round {self.round + 1} would bring epsilon to "
+                        f"{eps:.4g} > budget {self.privacy.config.budget_epsilon:g}; stopped"
+                    )
+                    log.warning(self.stopped_reason)
+                    break
             self.run_round()
         return self.summary(time.perf_counter() - start)
 
@@ -237,4 +269,19 @@ class RoundEngine:
             "dropped_total": sum(r.dropped for r in self.history),
             "wall_s": round(wall_s, 3),
             "model_parameters": self.model.size,
+            "stopped_reason": self.stopped_reason,
+            **self._privacy_summary(),
+        }
+
+    def _privacy_summary(self) -> dict[str, Any]:
+        if self.privacy is None:
+            return {"dp": "none"}
+        c = self.privacy.config
+        return {
+            "dp": c.mechanism,
+            "epsilon": self.privacy.epsilon(),
+            "delta": c.delta,
+            "budget_epsilon": c.budget_epsilon,
+            "noise_multiplier": c.noise_multiplier,
+            "sampling_rate": c.sampling_rate,
         }

@@ -6,6 +6,8 @@ Layout:
   model.safetensors    the final global model
   summary.json         the run's summary
   checkpoint/          the last completed round (atomic replace), for resume
+  privacy/ledger.jsonl every privacy release, hash-chained (DP runs)
+  privacy/report.json  and report.html: what the run spent
 """
 
 from __future__ import annotations
@@ -47,6 +49,18 @@ class RunStore:
     @property
     def metrics_path(self) -> Path:
         return self.path / "metrics.jsonl"
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.path / "privacy" / "ledger.jsonl"
+
+    def clear(self) -> None:
+        """Start a new run here: remove the files of a previous run (and only those)."""
+        for name in ("metrics.jsonl", "summary.json", "model.safetensors", "partition.json"):
+            (self.path / name).unlink(missing_ok=True)
+        for sub in ("checkpoint", "privacy"):
+            for f in (self.path / sub).glob("*") if (self.path / sub).is_dir() else []:
+                f.unlink()
 
     @property
     def checkpoint_path(self) -> Path:

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 
 from fedveil.config import RunConfig, to_toml
+from fedveil.server.privacy_report import write_privacy_report
+from fedveil.server.privacy_stage import CentralDP
 from fedveil.server.rounds import RoundEngine, RoundRecord
 from fedveil.server.runstore import RunStore
 from fedveil.tasks import Task, make_task
@@ -55,15 +57,18 @@ def simulate(
     task = make_task(cfg)  # loads the data: missing files fail here, before training
     store = RunStore(cfg.out)
     if not resume:
-        for stale in ("metrics.jsonl", "summary.json", "model.safetensors"):
-            (store.path / stale).unlink(missing_ok=True)
-        if store.checkpoint_path.exists():
-            store.checkpoint_path.unlink()
+        store.clear()
     store.write_config(to_toml(cfg))
     write_partition_report(store, task)
 
+    privacy = None
+    if cfg.dp.mechanism == "central":
+        privacy = CentralDP(cfg, task.num_clients, store.ledger_path)
+
     def build_engine(transport: Any) -> RoundEngine:
-        engine = RoundEngine(cfg, task, transport, store=store, device=device, on_round=on_round)
+        engine = RoundEngine(
+            cfg, task, transport, store=store, device=device, on_round=on_round, privacy=privacy
+        )
         state = store.load_checkpoint() if resume else None
         if state is not None:
             engine.restore(state)
@@ -85,5 +90,7 @@ def simulate(
     summary["device"] = str(device)
     summary["out"] = str(Path(cfg.out))
     engine.model.save(engine.weights, str(store.path / "model.safetensors"), {"task": task.name})
+    if privacy is not None:
+        write_privacy_report(store.path)
     store.write_summary(summary)
     return summary

@@ -1,1 +1,63 @@
-"""Differential privacy: clipping, mechanisms, accountants, budget, ledger, reports."""
+"""Differential privacy: clipping, mechanisms, accountants, budget, ledger, reports.
+
+Pure logic, no transport: nothing here imports Flower or FastAPI or knows the run
+directory layout; files are passed in as paths or file objects.
+"""
+
+from .accounting import compute_epsilon
+from .adaptive_clipping import (
+    clip_indicator,
+    next_clip_norm,
+    noised_count,
+    total_noise_multiplier,
+    update_noise_multiplier,
+)
+from .budget import BudgetExceededError, PrivacyBudget, entry_fields, event_from_entry
+from .calibration import calibrate_noise_multiplier
+from .central import add_gaussian_noise
+from .clipping import clip_l2, l2_norm
+from .config import DpConfig
+from .dpsgd import DpSgdSession, make_private_dp_sgd
+from .events import PrivacyEvent, group_events
+from .html_report import render_html
+from .ledger import GENESIS_HASH, Ledger, LedgerCorruptError, canonical_json, entry_hash
+from .report import build_report
+from .rng import secure_generator
+from .skellam import SkellamEncoder, SkellamParams
+from .verify import VerifyResult, verify_ledger
+from .vocabulary import supported_accountants
+
+__all__ = [
+    "GENESIS_HASH",
+    "BudgetExceededError",
+    "DpConfig",
+    "DpSgdSession",
+    "Ledger",
+    "LedgerCorruptError",
+    "PrivacyBudget",
+    "PrivacyEvent",
+    "SkellamEncoder",
+    "SkellamParams",
+    "VerifyResult",
+    "add_gaussian_noise",
+    "build_report",
+    "calibrate_noise_multiplier",
+    "canonical_json",
+    "clip_indicator",
+    "clip_l2",
+    "compute_epsilon",
+    "entry_fields",
+    "entry_hash",
+    "event_from_entry",
+    "group_events",
+    "l2_norm",
+    "make_private_dp_sgd",
+    "next_clip_norm",
+    "noised_count",
+    "render_html",
+    "secure_generator",
+    "supported_accountants",
+    "total_noise_multiplier",
+    "update_noise_multiplier",
+    "verify_ledger",
+]

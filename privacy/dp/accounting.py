@@ -1,0 +1,190 @@
+"""Accountant facade over Opacus (RDP, PRV) and Google dp-accounting (PLD, RDP).
+
+No privacy math lives here: events are grouped into constant-parameter blocks
+and handed to the libraries, which recompute epsilon from (q, z, T) each time.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from .events import PrivacyEvent, group_events
+from .vocabulary import (
+    ACCOUNTANTS,
+    FIXED,
+    PLD,
+    PRV,
+    RDP,
+    REPLACE_ONE,
+    supported_accountants,
+)
+
+# Opacus and dp-accounting are imported lazily: edge clients import this package for
+# clipping and encoding with neither installed (they are server/simulation extras).
+
+# PLD discretisation: pessimistic rounding keeps the result an upper bound; 1e-4
+# stays within ~0.1% of the exact value at ~0.05-1.3 s per evaluation.
+PLD_DISCRETIZATION = 1e-4
+
+
+def _dpa_relation(neighbouring: str) -> Any:
+    import dp_accounting
+
+    return {
+        "add_remove": dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+        "replace_one": dp_accounting.NeighboringRelation.REPLACE_ONE,
+    }[neighbouring]
+
+
+def compute_epsilon(events: Iterable[PrivacyEvent], delta: float, accountant: str) -> float:
+    """Epsilon at `delta` of the composition of `events` (an upper bound; inf if unbounded)."""
+    if not 0 < delta < 1:
+        raise ValueError(f"delta={delta!r} is invalid; allowed: (0, 1)")
+    grouped = group_events(events)
+    if not grouped:
+        return 0.0
+    relations = {(e.sampling, e.neighbouring) for e in grouped}
+    if len(relations) != 1:
+        raise ValueError(f"events mix sampling/neighbouring pairs {sorted(relations)}; "
+                         "one run has one sampling scheme and one neighbouring relation")
+    (sampling, neighbouring), = relations
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(f"accountant={accountant!r} is invalid; allowed: {ACCOUNTANTS}")
+    if accountant not in supported_accountants(sampling, neighbouring):
+        allowed = supported_accountants(sampling, neighbouring)
+        raise ValueError(
+            f"accountant={accountant!r} does not model sampling={sampling!r} with "
+            f"neighbouring={neighbouring!r}; allowed: {allowed}"
+        )
+    return _cached_epsilon(grouped, float(delta), accountant)
+
+
+@lru_cache(maxsize=512)
+def _cached_epsilon(grouped: tuple[PrivacyEvent, ...], delta: float, accountant: str) -> float:
+    # The budget check before a round and the ledger entry after it ask for the same
+    # composition; caching makes the second call free.
+    if accountant == RDP:
+        return _opacus_rdp_epsilon(grouped, delta)
+    if accountant == PRV:
+        return _opacus_prv_epsilon(grouped, delta)
+    if accountant == PLD:
+        return _pld_epsilon(grouped, delta)
+    return _dpa_rdp_epsilon(grouped, delta)
+
+
+def _opacus_rdp_epsilon(grouped: tuple[PrivacyEvent, ...], delta: float) -> float:
+    # Same computation as Opacus' RDPAccountant.get_privacy_spent (RDP adds up over
+    # steps and blocks), but with the per-step curve of each (q, z) cached: a run
+    # whose z varies per round (dropouts) would otherwise redo every block each round.
+    from opacus.accountants.analysis import rdp as opacus_rdp
+
+    rdp = sum(event.steps * _opacus_rdp_curve(event.sampling_rate, event.noise_multiplier)
+              for event in grouped)
+    with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
+        # "Optimal order is the largest alpha" only means the bound could be tighter.
+        warnings.simplefilter("ignore", UserWarning)
+        epsilon, _ = opacus_rdp.get_privacy_spent(orders=_opacus_orders(), rdp=rdp, delta=delta)
+    return _finite_or_inf(epsilon)
+
+
+@lru_cache(maxsize=4096)
+def _opacus_rdp_curve(sampling_rate: float, noise_multiplier: float) -> np.ndarray:
+    from opacus.accountants.analysis import rdp as opacus_rdp
+
+    return np.asarray(opacus_rdp.compute_rdp(q=sampling_rate, noise_multiplier=noise_multiplier,
+                                             steps=1, orders=_opacus_orders()))
+
+
+def _opacus_orders() -> list[float]:
+    from opacus.accountants import RDPAccountant
+
+    return list(RDPAccountant.DEFAULT_ALPHAS)
+
+
+def _opacus_prv_epsilon(grouped: tuple[PrivacyEvent, ...], delta: float) -> float:
+    from opacus.accountants import PRVAccountant
+
+    account = PRVAccountant()
+    # Opacus' history is exactly a list of (noise_multiplier, sample_rate, steps) blocks.
+    account.history = [(e.noise_multiplier, e.sampling_rate, e.steps) for e in grouped]
+    with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _finite_or_inf(account.get_epsilon(delta=delta))
+
+
+def _pld_epsilon(grouped: tuple[PrivacyEvent, ...], delta: float) -> float:
+    # The PLD of each constant-parameter block is cached: when z varies per round
+    # (distributed DP with dropouts) only the block that grew is rebuilt (~1 s), and
+    # composing the cached blocks is a few FFTs.
+    total = None
+    for event in grouped:
+        block = _pld_block(event)
+        total = block if total is None else total.compose(block)
+    assert total is not None
+    return _finite_or_inf(total.get_epsilon_for_delta(delta))
+
+
+@lru_cache(maxsize=64)
+def _pld_block(event: PrivacyEvent) -> Any:
+    from dp_accounting.pld import privacy_loss_distribution
+
+    # The same constructions dp-accounting's PLDAccountant uses for (Poisson-sampled)
+    # Gaussian events. Its PLD measures sensitivity per record: under REPLACE_ONE it
+    # shifts the two outputs by +-1 (distance 2C), so z is passed unchanged.
+    relation = _dpa_relation(event.neighbouring)
+    if event.sampling_rate >= 1.0:
+        return privacy_loss_distribution.from_gaussian_mechanism(
+            standard_deviation=event.noise_multiplier / math.sqrt(event.steps),
+            value_discretization_interval=PLD_DISCRETIZATION,
+            neighboring_relation=relation,
+        )
+    return privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=event.noise_multiplier,
+        value_discretization_interval=PLD_DISCRETIZATION,
+        sampling_prob=event.sampling_rate,
+        neighboring_relation=relation,
+    ).self_compose(event.steps)
+
+
+def _dpa_rdp_epsilon(grouped: tuple[PrivacyEvent, ...], delta: float) -> float:
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    relation = _dpa_relation(grouped[0].neighbouring)
+    account = rdp_privacy_accountant.RdpAccountant(neighboring_relation=relation)
+    for event in grouped:
+        z = event.noise_multiplier
+        if event.neighbouring == REPLACE_ONE:
+            # dp-accounting's RDP (sampling without replacement, Wang et al. 2019)
+            # takes z relative to the distance between neighbouring outputs, which
+            # for replace-one of C-clipped contributions is 2C: halve z.
+            z = z / 2
+        account.compose(_dpa_event(event, z))
+    return _finite_or_inf(account.get_epsilon(delta))
+
+
+def _dpa_event(event: PrivacyEvent, z: float) -> Any:
+    import dp_accounting
+
+    gaussian = dp_accounting.GaussianDpEvent(z)
+    if event.sampling == FIXED:
+        sampled: Any = dp_accounting.SampledWithoutReplacementDpEvent(
+            source_dataset_size=event.population_size,
+            sample_size=event.sample_size,
+            event=gaussian,
+        )
+    elif event.sampling_rate >= 1.0:
+        sampled = gaussian
+    else:
+        sampled = dp_accounting.PoissonSampledDpEvent(event.sampling_rate, gaussian)
+    return dp_accounting.SelfComposedDpEvent(sampled, event.steps)
+
+
+def _finite_or_inf(value: float) -> float:
+    value = float(value)
+    return value if math.isfinite(value) else math.inf

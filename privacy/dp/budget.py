@@ -1,0 +1,154 @@
+"""Privacy budget: accountant state, pre-round checks and ledger-backed recording."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .accounting import compute_epsilon
+from .config import DpConfig
+from .events import PrivacyEvent
+from .ledger import Ledger
+
+
+class BudgetExceededError(RuntimeError):
+    """Recording this release would push cumulative epsilon above the budget."""
+
+
+class PrivacyBudget:
+    """The run's privacy history; epsilon is always recomputed from all events.
+
+    Typical round: `event = config.round_event()`; `if budget.would_exceed(event):
+    stop`; run the round; `budget.record_release(ledger, ...)` (fsync'd); release.
+    """
+
+    def __init__(self, config: DpConfig, history: Iterable[PrivacyEvent] = ()) -> None:
+        self.config = config
+        self._history: list[PrivacyEvent] = list(history)
+
+    @classmethod
+    def from_ledger(cls, config: DpConfig, entries: Iterable[Mapping[str, Any]]) -> PrivacyBudget:
+        """Rebuild the accountant state after a restart, checking the run's invariants."""
+        budget = cls(config)
+        for entry in entries:
+            _check_entry_matches_config(entry, config)
+            budget._history.append(event_from_entry(entry))
+        return budget
+
+    @property
+    def history(self) -> tuple[PrivacyEvent, ...]:
+        return tuple(self._history)
+
+    @property
+    def accountant(self) -> str:
+        return self.config.accountant_name
+
+    def spent(self) -> float:
+        """Cumulative epsilon at the config's delta (0 before any release)."""
+        return compute_epsilon(self._history, self.config.delta, self.accountant)
+
+    def epsilon_after(self, event: PrivacyEvent) -> float:
+        return compute_epsilon([*self._history, event], self.config.delta, self.accountant)
+
+    def would_exceed(self, event: PrivacyEvent) -> bool:
+        """Call BEFORE the round: would releasing `event` push epsilon over budget?"""
+        return self.epsilon_after(event) > self.config.budget_epsilon
+
+    def remaining(self) -> float:
+        return max(0.0, self.config.budget_epsilon - self.spent())
+
+    def record_release(
+        self,
+        ledger: Ledger,
+        *,
+        round_number: int,
+        event: PrivacyEvent,
+        clip_norm: float,
+        cohort_planned: int,
+        cohort_aggregated: int,
+        extra: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Write the round's ledger entry (durably) and only then count the event.
+
+        Call after aggregation and BEFORE publishing the noised model: when this
+        returns the entry is on disk, so a crash can never leave a release that the
+        ledger does not show. Raises BudgetExceededError (nothing written) if the
+        release would overspend.
+        """
+        epsilon = self.epsilon_after(event)
+        if not epsilon <= self.config.budget_epsilon:
+            raise BudgetExceededError(
+                f"round {round_number}: epsilon would reach {epsilon:.6g} > budget "
+                f"{self.config.budget_epsilon:.6g}; do not release"
+            )
+        fields = entry_fields(self.config, round_number=round_number, event=event,
+                              clip_norm=clip_norm, cohort_planned=cohort_planned,
+                              cohort_aggregated=cohort_aggregated, epsilon=epsilon)
+        if extra:
+            fields.update({k: v for k, v in extra.items() if k not in fields})
+        entry = ledger.record(fields)
+        self._history.append(event)
+        return entry
+
+
+def entry_fields(
+    config: DpConfig,
+    *,
+    round_number: int,
+    event: PrivacyEvent,
+    clip_norm: float,
+    cohort_planned: int,
+    cohort_aggregated: int,
+    epsilon: float,
+) -> dict[str, Any]:
+    """The ledger fields of one release (the ledger adds timestamp and hashes)."""
+    return {
+        "round": round_number,
+        "mechanism": config.mechanism,
+        "noise_multiplier": event.noise_multiplier,
+        "clip_norm": float(clip_norm),
+        "sampling_rate": event.sampling_rate,
+        "sampling": event.sampling,
+        "neighbouring": event.neighbouring,
+        "privacy_unit": config.privacy_unit,
+        "population_size": event.population_size,
+        "steps": event.steps,
+        "cohort_planned": int(cohort_planned),
+        "cohort_aggregated": int(cohort_aggregated),
+        "delta": config.delta,
+        "epsilon": epsilon,
+        "accountant": config.accountant_name,
+        "budget_epsilon": config.budget_epsilon,
+    }
+
+
+def event_from_entry(entry: Mapping[str, Any]) -> PrivacyEvent:
+    """The privacy event a ledger entry records (what the accountant composes)."""
+    return PrivacyEvent(
+        noise_multiplier=float(entry["noise_multiplier"]),
+        sampling_rate=float(entry["sampling_rate"]),
+        steps=int(entry.get("steps", 1)),
+        sampling=entry["sampling"],
+        neighbouring=entry["neighbouring"],
+        population_size=entry.get("population_size"),
+    )
+
+
+def _check_entry_matches_config(entry: Mapping[str, Any], config: DpConfig) -> None:
+    # A restart must not silently change the rules the earlier rounds were spent under.
+    expected = {
+        "mechanism": config.mechanism,
+        "privacy_unit": config.privacy_unit,
+        "sampling": config.sampling,
+        "neighbouring": config.neighbouring,
+        "accountant": config.accountant_name,
+    }
+    for field, value in expected.items():
+        if entry.get(field) != value:
+            raise ValueError(f"ledger round {entry.get('round')}: {field}={entry.get(field)!r} "
+                             f"but the config says {value!r}")
+    for field in ("delta", "budget_epsilon"):
+        if not math.isclose(float(entry.get(field, math.nan)), getattr(config, field)):
+            raise ValueError(f"ledger round {entry.get('round')}: {field}={entry.get(field)!r} "
+                             f"but the config says {getattr(config, field)!r}")

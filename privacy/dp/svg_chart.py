@@ -1,0 +1,90 @@
+"""Minimal inline-SVG line charts (no JavaScript, no external assets)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from html import escape
+
+WIDTH, HEIGHT = 640, 260
+LEFT, RIGHT, TOP, BOTTOM = 64, 150, 34, 40
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    values: Sequence[float]
+    colour: str
+    dashed: bool = False
+
+
+def line_chart(title: str, xs: Sequence[float], series: Sequence[Series], y_label: str) -> str:
+    """An SVG element plotting each series against `xs` (rounds), with axes and legend."""
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    values = [v for s in series for v in s.values if math.isfinite(v)]
+    y_min = min([0.0, *values])
+    y_max = max([y_min, *values])
+    y_max = y_min + 1.0 if y_max <= y_min else y_min + (y_max - y_min) * 1.1
+    x_min, x_max = (min(xs), max(xs)) if xs else (0.0, 1.0)
+    x_span = (x_max - x_min) or 1.0
+
+    def px(x: float) -> float:
+        return LEFT + (x - x_min) / x_span * plot_w if len(xs) > 1 else LEFT + plot_w / 2
+
+    def py(y: float) -> float:
+        return TOP + plot_h - (y - y_min) / (y_max - y_min) * plot_h
+
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" '
+        f'role="img" aria-label="{escape(title)}">',
+        f"<title>{escape(title)}</title>",
+        f'<text x="{LEFT}" y="20" class="chart-title">{escape(title)}</text>',
+        f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 6}" class="axis-label" '
+        'text-anchor="middle">round</text>',
+        f'<text x="14" y="{TOP + plot_h / 2}" class="axis-label" text-anchor="middle" '
+        f'transform="rotate(-90 14 {TOP + plot_h / 2})">{escape(y_label)}</text>',
+    ]
+    for k in range(5):
+        y = y_min + (y_max - y_min) * k / 4
+        parts.append(f'<line x1="{LEFT - 4}" y1="{py(y):.1f}" x2="{LEFT + plot_w}" '
+                     f'y2="{py(y):.1f}" class="grid"/>')
+        parts.append(f'<text x="{LEFT - 6}" y="{py(y) + 4:.1f}" class="tick" '
+                     f'text-anchor="end">{_fmt(y)}</text>')
+    parts.append(f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{LEFT + plot_w}" '
+                 f'y2="{TOP + plot_h}" class="axis"/>')  # axes drawn over the grid
+    parts.append(f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + plot_h}" class="axis"/>')
+    for x in _x_ticks(xs):
+        parts.append(f'<text x="{px(x):.1f}" y="{TOP + plot_h + 16}" class="tick" '
+                     f'text-anchor="middle">{_fmt(x)}</text>')
+    for index, s in enumerate(series):
+        points = [(px(x), py(y)) for x, y in zip(xs, s.values, strict=True) if math.isfinite(y)]
+        dash = ' stroke-dasharray="6 4"' if s.dashed else ""
+        if len(points) > 1:
+            coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+            parts.append(f'<polyline points="{coords}" fill="none" stroke="{s.colour}" '
+                         f'stroke-width="2"{dash}/>')
+        for x, y in points if len(points) <= 60 else []:
+            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{s.colour}"/>')
+        legend_y = TOP + 14 + 18 * index
+        parts.append(f'<line x1="{WIDTH - RIGHT + 12}" y1="{legend_y - 4}" '
+                     f'x2="{WIDTH - RIGHT + 32}" y2="{legend_y - 4}" stroke="{s.colour}" '
+                     f'stroke-width="2"{dash}/>')
+        parts.append(f'<text x="{WIDTH - RIGHT + 36}" y="{legend_y}" class="legend">'
+                     f"{escape(s.label)}</text>")
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def _x_ticks(xs: Sequence[float]) -> list[float]:
+    if not xs:
+        return []
+    stride = max(1, math.ceil(len(xs) / 8))
+    ticks = list(xs[::stride])
+    if ticks[-1] != xs[-1]:
+        ticks.append(xs[-1])
+    return ticks
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3g}"

@@ -1,0 +1,215 @@
+"""SessionConfig: everything all parties of one secure-aggregation round must agree on.
+
+The cohort (sorted client ids) is part of the session: together with the graph seed it fixes
+the neighbour graph, and share x-coordinates are positions in it. The session digest (SHA-256
+of the canonical encoding) salts every derived key and is covered by every signature, so two
+parties holding different configs cannot interoperate by accident or by a server's design.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from . import randomness
+from .errors import SecAggProtocolError
+from .graph import NeighbourGraph
+from .params import ThreatMode, ThreatModel, find_parameters, validate_degree
+from .wire import Arrays, Bytes, Config, Int, Str, Vector, fail
+
+SESSION_ID_MIN, SESSION_ID_MAX = 8, 64
+GRAPH_SEED_BYTES = 32
+MAX_BITS = 62
+MAX_DIMENSION = 1 << 31
+_MAGIC = b"fvsa1"
+_HEADER = ">BIIIIIB"  # session-id length, bits, dimension, k, t, n, threat mode
+
+_FIELDS = {
+    "session_id": Bytes(SESSION_ID_MIN, SESSION_ID_MAX),
+    "modulus_bits": Int(1, MAX_BITS),
+    "dimension": Int(1, MAX_DIMENSION),
+    "neighbors": Int(2, 1 << 32),
+    "threshold": Int(2, 1 << 32),
+    "threat_mode": Str(tuple(m.value for m in ThreatMode)),
+    "graph_seed": Bytes(GRAPH_SEED_BYTES, GRAPH_SEED_BYTES),
+}
+
+
+@dataclass(frozen=True, eq=False)
+class SessionConfig:
+    """Round parameters. Build with `SessionConfig.create(...)` to get k and t from a threat
+    model; the constructor only checks structural validity."""
+
+    session_id: bytes
+    client_ids: tuple[int, ...]
+    modulus_bits: int
+    dimension: int
+    neighbors: int
+    threshold: int
+    threat_mode: ThreatMode
+    graph_seed: bytes
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "threat_mode", ThreatMode(self.threat_mode))
+        object.__setattr__(self, "client_ids", tuple(int(c) for c in self.client_ids))
+        ids = self.client_ids
+        if not SESSION_ID_MIN <= len(self.session_id) <= SESSION_ID_MAX:
+            raise ValueError(f"session_id must be {SESSION_ID_MIN}..{SESSION_ID_MAX} bytes")
+        if any(not 0 <= c < 2**64 for c in ids):
+            raise ValueError("client ids must be in [0, 2^64)")
+        if any(a >= b for a, b in itertools.pairwise(ids)):
+            raise ValueError("client_ids must be sorted and unique")
+        if not 1 <= self.modulus_bits <= MAX_BITS:
+            raise ValueError(f"modulus_bits must be in [1, {MAX_BITS}], got {self.modulus_bits}")
+        if not 1 <= self.dimension <= MAX_DIMENSION:
+            raise ValueError(f"dimension must be in [1, {MAX_DIMENSION}], got {self.dimension}")
+        validate_degree(len(ids), self.neighbors)
+        if not 2 <= self.threshold <= self.neighbors:
+            raise ValueError(f"threshold must be in [2, neighbors={self.neighbors}]")
+        if self.threat_mode is ThreatMode.MALICIOUS and 2 * self.threshold <= self.neighbors + 1:
+            # Below this even an honest-only neighbourhood can be split into both share kinds.
+            raise ValueError("malicious mode needs 2 * threshold > neighbors + 1")
+        if len(self.graph_seed) != GRAPH_SEED_BYTES:
+            raise ValueError(f"graph_seed must be {GRAPH_SEED_BYTES} bytes")
+
+    @classmethod
+    def create(
+        cls,
+        client_ids: Iterable[int],
+        *,
+        dimension: int,
+        modulus_bits: int,
+        threat: ThreatModel | None = None,
+        neighbors: int | None = None,
+        threshold: int | None = None,
+        session_id: bytes | None = None,
+        graph_seed: bytes | None = None,
+    ) -> SessionConfig:
+        """New session with k, t from the parameter finder and fresh random ids/seeds."""
+        threat = threat or ThreatModel()
+        ids = tuple(sorted(set(int(c) for c in client_ids)))
+        params = find_parameters(len(ids), threat, neighbors=neighbors, threshold=threshold)
+        return cls(
+            session_id=session_id or randomness.random_bytes(16),
+            client_ids=ids,
+            modulus_bits=modulus_bits,
+            dimension=dimension,
+            neighbors=params.neighbors,
+            threshold=params.threshold,
+            threat_mode=threat.mode,
+            graph_seed=graph_seed or randomness.random_bytes(GRAPH_SEED_BYTES),
+        )
+
+    # Derived views, computed once per instance.
+    @property
+    def n(self) -> int:
+        return len(self.client_ids)
+
+    @property
+    def malicious(self) -> bool:
+        return self.threat_mode is ThreatMode.MALICIOUS
+
+    @property
+    def dtype(self) -> type[np.unsignedinteger]:
+        return np.uint32 if self.modulus_bits <= 32 else np.uint64
+
+    @property
+    def modulus_mask(self) -> int:
+        return (1 << self.modulus_bits) - 1
+
+    @cached_property
+    def ids_array(self) -> np.ndarray:
+        return np.array(self.client_ids, dtype=np.uint64)
+
+    def _index(self, client_id: int) -> int | None:
+        """Position in the sorted cohort by binary search (no per-cohort dict to build)."""
+        if not 0 <= client_id < 2**64:
+            return None
+        ids = self.ids_array
+        i = int(np.searchsorted(ids, np.uint64(client_id)))
+        return i if i < len(ids) and int(ids[i]) == client_id else None
+
+    def contains(self, client_id: int) -> bool:
+        return self._index(client_id) is not None
+
+    def share_x(self, client_id: int) -> int:
+        """Public, non-zero Shamir x-coordinate of a holder: 1 + its cohort position."""
+        index = self._index(client_id)
+        if index is None:
+            raise KeyError(f"client {client_id} is not in the cohort")
+        return index + 1
+
+    @cached_property
+    def graph(self) -> NeighbourGraph:
+        return NeighbourGraph(self.ids_array, self.neighbors, self.graph_seed, self.session_id)
+
+    @cached_property
+    def digest(self) -> bytes:
+        return hashlib.sha256(self.to_bytes()).digest()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SessionConfig) and other.digest == self.digest
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    # Encodings.
+    def to_bytes(self) -> bytes:
+        """Canonical encoding (also what the digest covers and the client state stores)."""
+        header = struct.pack(
+            _HEADER,
+            len(self.session_id),
+            self.modulus_bits,
+            self.dimension,
+            self.neighbors,
+            self.threshold,
+            self.n,
+            list(ThreatMode).index(self.threat_mode),
+        )
+        ids = self.ids_array.astype(">u8").tobytes()
+        return b"".join([_MAGIC, header, self.session_id, self.graph_seed, ids])
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> SessionConfig:
+        try:
+            if not raw.startswith(_MAGIC):
+                raise ValueError("bad magic")
+            offset = len(_MAGIC)
+            sid_len, bits, dim, k, t, n, mode = struct.unpack_from(_HEADER, raw, offset)
+            offset += struct.calcsize(_HEADER)
+            session_id = raw[offset : offset + sid_len]
+            offset += sid_len
+            graph_seed = raw[offset : offset + GRAPH_SEED_BYTES]
+            offset += GRAPH_SEED_BYTES
+            ids = np.frombuffer(raw, dtype=">u8", count=n, offset=offset)
+            if offset + 8 * n != len(raw):
+                raise ValueError("trailing or missing bytes")
+            modes = list(ThreatMode)
+            return cls(session_id, tuple(ids.tolist()), bits, dim, k, t, modes[mode], graph_seed)
+        except (ValueError, IndexError, struct.error) as exc:
+            raise SecAggProtocolError(f"session: cannot decode ({exc})") from None
+
+    def to_wire(self) -> tuple[Config, Arrays]:
+        config: Config = {name: spec.encode(getattr(self, name)) for name, spec in _FIELDS.items()}
+        return config, {"client_ids": self.ids_array}
+
+    @classmethod
+    def from_wire(cls, config: Config, arrays: Arrays, path: str = "session") -> SessionConfig:
+        values = {}
+        for name, spec in _FIELDS.items():
+            if name not in config:
+                raise fail(f"{path}.{name}", "missing")
+            values[name] = spec.decode(f"{path}.{name}", config[name])
+        if "client_ids" not in arrays:
+            raise fail(f"{path}.client_ids", "missing")
+        ids = Vector(("uint64",)).decode(f"{path}.client_ids", arrays["client_ids"])
+        try:
+            return cls(client_ids=tuple(ids.tolist()), **values)
+        except ValueError as exc:
+            raise fail(path, str(exc)) from None

@@ -1,0 +1,167 @@
+"""run_in_memory: a whole round over in-memory dicts, for tests, benchmarks and examples.
+
+Every request and reply can go through `to_wire()` / `from_wire()` (as a transport would),
+client state can be round-tripped through `to_state()` / `from_state()` between stages, and
+clients fall silent according to a `DropoutPattern`. Hooks let tests tamper with traffic.
+Per-stage compute time (`clock`: wall time by default; pass `time.process_time` for CPU
+time on a busy machine) and wire bytes are recorded for every client and for the server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from .client import SecAggClient
+from .errors import SecAggError, SecAggProtocolError
+from .messages import CLIENT_MESSAGES, SERVER_MESSAGES, AdvertiseRequest, Message, Stage
+from .server import AggregateResult, Observer, SecAggServer
+from .session import SessionConfig
+from .wire import wire_size
+
+STAGES = tuple(Stage)
+Inputs = Mapping[int, np.ndarray] | Callable[[int], np.ndarray]
+TamperDown = Callable[[Stage, int, Message], Message | None]
+TamperUp = Callable[[Stage, int, Message], Iterable[Message]]
+
+
+@dataclass(frozen=True)
+class DropoutPattern:
+    """Clients that fall silent (for good) when the given stage's request reaches them."""
+
+    by_stage: Mapping[Stage, frozenset[int]] = field(default_factory=dict)
+
+    def silent_at(self, stage: Stage) -> frozenset[int]:
+        silent: set[int] = set()
+        for s in STAGES[: STAGES.index(stage) + 1]:
+            silent |= self.by_stage.get(s, frozenset())
+        return frozenset(silent)
+
+    @classmethod
+    def of(cls, **by_stage: Iterable[int]) -> DropoutPattern:
+        """E.g. DropoutPattern.of(masked_input=[3, 7], unmask=[9])."""
+        return cls({Stage(name): frozenset(ids) for name, ids in by_stage.items()})
+
+    @classmethod
+    def random(
+        cls,
+        client_ids: Iterable[int],
+        rate: float,
+        seed: int,
+        stages: Iterable[Stage] = (Stage.SHARE_KEYS, Stage.MASKED_INPUT, Stage.UNMASK),
+    ) -> DropoutPattern:
+        """round(rate · n) clients drop, spread evenly over `stages` (simulation only)."""
+        ids = sorted(client_ids)
+        rng = np.random.default_rng(seed)
+        chosen = rng.permutation(np.array(ids, dtype=np.uint64))[: round(rate * len(ids))]
+        stage_list = list(stages)
+        groups = np.array_split(chosen, len(stage_list))
+        return cls({s: frozenset(g.tolist()) for s, g in zip(stage_list, groups, strict=True)})
+
+
+@dataclass
+class RoundReport:
+    result: AggregateResult
+    client_seconds: dict[str, dict[int, float]]
+    server_seconds: dict[str, float]
+    bytes_down: dict[str, dict[int, int]]
+    bytes_up: dict[str, dict[int, int]]
+    client_errors: dict[int, str]
+    server_rejections: list[str]
+
+
+def run_in_memory(
+    session: SessionConfig,
+    inputs: Inputs,
+    *,
+    dropouts: DropoutPattern | None = None,
+    identity_keys: Mapping[int, Ed25519PrivateKey] | None = None,
+    via_wire: bool = True,
+    persist_state: bool = False,
+    observer: Observer | None = None,
+    tamper_down: TamperDown | None = None,
+    tamper_up: TamperUp | None = None,
+    server: SecAggServer | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> RoundReport:
+    """Run one round; raises SecAggAborted if it cannot complete. See module docstring."""
+    dropouts = dropouts or DropoutPattern()
+    identity_public = (
+        {cid: key.public_key() for cid, key in identity_keys.items()} if identity_keys else None
+    )
+    server = server or SecAggServer(
+        session, identity_public_keys=identity_public, observer=observer, clock=clock
+    )
+    clients: dict[int, SecAggClient] = {}
+    failed: dict[int, str] = {}
+    rejections: list[str] = []
+    client_seconds: dict[str, dict[int, float]] = {s.value: {} for s in STAGES}
+    bytes_down: dict[str, dict[int, int]] = {s.value: {} for s in STAGES}
+    bytes_up: dict[str, dict[int, int]] = {s.value: {} for s in STAGES}
+
+    def client_for(cid: int, request: Message) -> SecAggClient:
+        if isinstance(request, AdvertiseRequest):
+            key = identity_keys.get(cid) if identity_keys else None
+            return SecAggClient(
+                cid, request.session, identity_key=key, identity_public_keys=identity_public
+            )
+        client = clients[cid]
+        if persist_state:
+            key = identity_keys.get(cid) if identity_keys else None
+            client = SecAggClient.from_state(
+                client.to_state(), identity_key=key, identity_public_keys=identity_public
+            )
+        return client
+
+    requests = server.next_requests()
+    while requests is not None:
+        stage = next(iter(requests.values())).STAGE if requests else None
+        if stage is None:
+            break
+        silent = dropouts.silent_at(stage)
+        for cid, request in requests.items():
+            if cid in silent or cid in failed:
+                continue
+            outgoing = tamper_down(stage, cid, request) if tamper_down else request
+            if outgoing is None:
+                continue
+            if via_wire:
+                config, arrays = outgoing.to_wire()
+                bytes_down[stage.value][cid] = wire_size(config, arrays)
+                outgoing = SERVER_MESSAGES[stage].from_wire(config, arrays)
+            try:
+                client = client_for(cid, outgoing)
+                vector = None
+                if stage is Stage.MASKED_INPUT:
+                    vector = inputs(cid) if callable(inputs) else inputs[cid]
+                started = clock()
+                reply = client.respond(outgoing, vector)
+                client_seconds[stage.value][cid] = clock() - started
+                clients[cid] = client
+            except SecAggError as exc:
+                failed[cid] = str(exc)
+                continue
+            if via_wire:
+                config, arrays = reply.to_wire()
+                bytes_up[stage.value][cid] = wire_size(config, arrays)
+                reply = CLIENT_MESSAGES[stage].from_wire(config, arrays)
+            for message in tamper_up(stage, cid, reply) if tamper_up else (reply,):
+                try:
+                    server.receive(cid, message)
+                except SecAggProtocolError as exc:
+                    rejections.append(str(exc))
+        requests = server.next_requests()
+    result = server.finalize()
+    return RoundReport(
+        result=result,
+        client_seconds=client_seconds,
+        server_seconds=dict(server.stage_seconds),
+        bytes_down=bytes_down,
+        bytes_up=bytes_up,
+        client_errors=failed,
+        server_rejections=rejections,
+    )

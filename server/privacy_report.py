@@ -1,0 +1,47 @@
+"""Privacy reports of a run directory: report.json + report.html from the ledger."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fedveil.privacy.dp import build_report, render_html, verify_ledger
+
+from .runstore import atomic_write_bytes
+
+
+def ledger_path(run_dir: Path) -> Path:
+    return Path(run_dir) / "privacy" / "ledger.jsonl"
+
+
+def write_privacy_report(run_dir: str | Path) -> dict[str, Any]:
+    """Verify the ledger, then write privacy/report.json and privacy/report.html."""
+    run_dir = Path(run_dir)
+    path = ledger_path(run_dir)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no privacy ledger (was the run made with --dp?)")
+    verification = verify_ledger(path)
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    report = build_report(entries, verification=verification)
+    atomic_write_bytes(path.parent / "report.json", (json.dumps(report, indent=2) + "\n").encode())
+    atomic_write_bytes(path.parent / "report.html", render_html(report).encode())
+    return report
+
+
+def verify_run(run_dir: str | Path) -> tuple[bool, str]:
+    """Recompute the ledger independently; anchored to report.json's head hash when present."""
+    run_dir = Path(run_dir)
+    path = ledger_path(run_dir)
+    if not path.exists():
+        return False, f"{path}: no privacy ledger"
+    anchor = path.parent / "report.json"
+    kwargs: dict[str, Any] = {}
+    if anchor.exists():
+        report = json.loads(anchor.read_text())
+        kwargs = {
+            "expected_entries": report.get("ledger_entries"),
+            "expected_head_hash": report.get("ledger_head_hash"),
+        }
+    result = verify_ledger(path, **kwargs)
+    return bool(result.ok), str(result.message)
