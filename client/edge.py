@@ -65,6 +65,20 @@ class EdgeOptions:
                 raise ValueError(f"--{name} {p}: no such file")
 
 
+def warm_up() -> None:
+    """Run torch's training path once while the SuperNode connects.
+
+    The first optimizer step loads much of torch lazily; on a small device that is
+    seconds, which would otherwise land in the first round this device is sampled for.
+    """
+    import torch
+
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.zeros(2, 4)).sum().backward()
+    opt.step()
+
+
 class EdgeNode:
     def __init__(self, opts: EdgeOptions, edge: EdgeClient) -> None:
         opts.check()
@@ -230,6 +244,8 @@ class EdgeNode:
                             break
                     self._start_supernode()
                     started = time.monotonic()
+                    if self.tasks_done == 0 and self.proc is not None:
+                        warm_up()
                     if acquire_client is not None:
                         acquire_client.close()
                     acquire_client = self._runtime_client(None)

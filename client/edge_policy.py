@@ -5,8 +5,12 @@ The server's request is checked (and capped) before any training:
   a training request counts as secure-aggregated only if it says so
   (`secagg` = true in its config — the secure-aggregation stages set it, and
   the client-runtime stages that mask the update must then run).
+- max_clip_norm: refuse to send an update that is not clipped to L2 norm
+  <= this bound (`clip_norm` in the request, as central DP asks), so this
+  device's influence on any release is bounded whatever the server does.
 - min_dp_noise: refuse training requests whose local DP noise multiplier
-  (`dp_noise_multiplier` in the request) is below this level.
+  (`dp_noise_multiplier` in the request: distributed DP / DP-SGD, when
+  they reach the client runtime) is below this level.
 - max_local_epochs / max_local_steps: cap the work of one round.
 - max_train_seconds: cap one round's local training time; steps are capped
   from the measured time per step (a probe step before the first round).
@@ -29,13 +33,14 @@ class PolicyRefusal(MessageError):
 @dataclass(frozen=True)
 class LocalPolicy:
     require_secagg: bool = False
+    max_clip_norm: float = 0.0  # 0: no requirement
     min_dp_noise: float = 0.0
     max_local_epochs: int = 0  # 0: no cap
     max_local_steps: int = 0
     max_train_seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("min_dp_noise", "max_train_seconds"):
+        for name in ("min_dp_noise", "max_train_seconds", "max_clip_norm"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} = {v!r}: must be a finite number >= 0")
@@ -47,6 +52,8 @@ class LocalPolicy:
         parts = []
         if self.require_secagg:
             parts.append("secure aggregation required")
+        if self.max_clip_norm:
+            parts.append(f"updates clipped to <= {self.max_clip_norm:g}")
         if self.min_dp_noise:
             parts.append(f"local DP noise >= {self.min_dp_noise}")
         if self.max_local_epochs:
@@ -69,6 +76,14 @@ class LocalPolicy:
                 "local policy: this device requires secure aggregation; "
                 "the server asked for an update in the clear"
             )
+        if self.max_clip_norm > 0:
+            clip = config.get("clip_norm")
+            ok = isinstance(clip, (int, float)) and not isinstance(clip, bool)
+            if not ok or not 0 < clip <= self.max_clip_norm:
+                raise PolicyRefusal(
+                    f"local policy: this device sends only updates clipped to L2 norm <= "
+                    f"{self.max_clip_norm:g}; the server asked for clip_norm = {clip!r}"
+                )
         if self.min_dp_noise > 0:
             noise = config.get("dp_noise_multiplier")
             if (

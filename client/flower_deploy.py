@@ -254,6 +254,7 @@ def edge_from_node_config(node_config: Mapping[str, Any]) -> EdgeClient:
         raise ValueError("node config needs 'data-path' or 'task' (module:function)")
     policy = LocalPolicy(
         require_secagg=bool(node_config.get("require-secagg", False)),
+        max_clip_norm=float(node_config.get("max-clip-norm", 0.0)),
         min_dp_noise=float(node_config.get("min-dp-noise", 0.0)),
         max_local_epochs=int(node_config.get("max-local-epochs", 0)),
         max_local_steps=int(node_config.get("max-local-steps", 0)),

@@ -92,6 +92,12 @@ def add_client(sub: argparse._SubParsersAction) -> None:
         "--require-secagg", action="store_true", help="refuse rounds without secure aggregation"
     )
     g.add_argument(
+        "--max-clip-norm",
+        type=float,
+        default=0.0,
+        help="send only updates clipped to at most this L2 norm (DP rounds); refuse others",
+    )
+    g.add_argument(
         "--min-dp-noise", type=float, default=0.0, help="refuse rounds with less local DP noise"
     )
     g.add_argument(
@@ -133,6 +139,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         raise ValueError("give --data PATH (local data files) or --task module:function")
     policy = LocalPolicy(
         require_secagg=args.require_secagg,
+        max_clip_norm=args.max_clip_norm,
         min_dp_noise=args.min_dp_noise,
         max_local_epochs=args.max_local_epochs,
         max_local_steps=args.max_local_steps,

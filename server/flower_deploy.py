@@ -26,6 +26,8 @@ from flwr.serverapp import Grid, ServerApp
 from fedveil.config import RunConfig, load_config
 from fedveil.server.aggregation import PlainChannel, UpdateChannel
 from fedveil.server.deploy_transport import DeployTransport
+from fedveil.server.privacy_report import write_privacy_report
+from fedveil.server.privacy_stage import CentralDP
 from fedveil.server.rounds import RoundEngine, RoundRecord
 from fedveil.server.runstore import RunStore, atomic_write_bytes
 from fedveil.server.service.clients import ClientRegistry
@@ -42,10 +44,20 @@ def channel_for(cfg: RunConfig) -> UpdateChannel:
     """The UpdateChannel of a run: the one hook secure aggregation plugs into.
 
     Simulation and deployment must build the same channel from the same config
-    (that is what makes their models equal); when secure aggregation lands,
-    return its channel here for configs that enable it.
+    (that is what makes their models equal); when secure aggregation is wired
+    into the engine, return its channel here for configs that enable it.
     """
     return PlainChannel()
+
+
+def privacy_for(cfg: RunConfig, num_clients: int, store: RunStore) -> CentralDP | None:
+    """Central DP as `fedveil simulate` builds it; its accountant is rebuilt from the
+    run's ledger, so a resumed attempt continues the same privacy account."""
+    if cfg.dp.mechanism == "central":
+        return CentralDP(cfg, num_clients, store.ledger_path)
+    if cfg.dp.mechanism != "none":  # refused at submission; never run a DP run without DP
+        raise ValueError(f"dp.mechanism = {cfg.dp.mechanism!r}: not available in deployment")
+    return None
 
 
 @app.main()
@@ -131,8 +143,15 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
             record.duration_s,
         )
 
+    privacy = privacy_for(cfg, task.num_clients, store)
     engine = RoundEngine(
-        cfg, task, transport, store=store, channel=channel_for(cfg), on_round=on_round
+        cfg,
+        task,
+        transport,
+        store=store,
+        channel=channel_for(cfg),
+        on_round=on_round,
+        privacy=privacy,
     )
     transport.model_size = engine.model.size
     engine.annotators.append(lambda r: r.extra.update(clients_connected=len(transport.connected())))
@@ -151,9 +170,7 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
         )
     log.info("%d clients connected; training from round %d", have, engine.round + 1)
     rd.write_status(phase="training", round=engine.round, rounds=cfg.server.rounds, connected=have)
-    while engine.round < cfg.server.rounds:
-        engine.run_round()
-    summary = engine.summary(time.perf_counter() - start)
+    summary = engine.run()  # with DP: stops before a round the budget cannot pay for
     records = store.read_metrics()  # the whole run, not only this attempt
     summary.update(
         transport="deployment",
@@ -161,9 +178,12 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
         out=str(rd.path),
         rounds_applied=sum(bool(r.get("applied")) for r in records),
         dropped_total=sum(int(r.get("dropped") or 0) for r in records),
-        attempt_wall_s=summary.pop("wall_s"),
+        attempt_wall_s=time.perf_counter() - start,
     )
+    summary.pop("wall_s", None)
     save_model(engine, rd / "model.safetensors", {"task": task.name, "round": str(engine.round)})
+    if privacy is not None:
+        write_privacy_report(rd.path)
     store.write_summary(summary)
     rd.write_status(phase="completed", round=engine.round, rounds=cfg.server.rounds)
     log.info("run %s completed: %s", rd.run_id, summary)

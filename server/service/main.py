@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import signal
 import socket
 import ssl
 import threading
@@ -235,7 +236,8 @@ def serve(settings: ServerSettings) -> int:
         access_log=False,
         ssl_certfile=None if s.tls.insecure else str(s.tls.cert),
         ssl_keyfile=None if s.tls.insecure else str(s.tls.key),
-        timeout_graceful_shutdown=5,
+        # SuperNodes keep their connections open; do not wait long for them to close.
+        timeout_graceful_shutdown=2,
     )
     server = uvicorn.Server(config)
     log.warning(
@@ -247,6 +249,10 @@ def serve(settings: ServerSettings) -> int:
         fleet_port,
         s.state_dir,
     )
+    # uvicorn re-raises the stop signal once it has shut down, to the handler that was
+    # installed before it: make that a no-op, so a requested stop exits with status 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     try:
         server.run(sockets=sockets)
     finally:

@@ -4,7 +4,7 @@ Per-run figures come from each run's metrics.jsonl, read incrementally (only
 new lines are parsed on each scrape); service counters (requests refused,
 Fleet bytes) are kept in memory since start-up, as Prometheus expects of
 counters. Epsilon: a round record's `epsilon` field when DP writes one,
-else privacy/report.json's `epsilon` (and `budget`/`epsilon_budget`).
+else privacy/report.json's `epsilon` (and `budget_epsilon`).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def privacy_figures(run_dir: Path, fig: RunFigures) -> tuple[float | None, float
     """(epsilon spent, epsilon budget) of a run, when DP reported them."""
     report = read_json(run_dir / "privacy" / "report.json") or {}
     eps = fig.epsilon if fig.epsilon is not None else report.get("epsilon")
-    budget = report.get("budget", report.get("epsilon_budget"))
+    budget = report.get("budget_epsilon", report.get("budget", report.get("epsilon_budget")))
     if isinstance(budget, dict):
         budget = budget.get("epsilon")
     eps = float(eps) if isinstance(eps, (int, float)) and not isinstance(eps, bool) else None

@@ -118,6 +118,12 @@ def parse_submission(
             f"model.task = {cfg.model.task!r}: not allowed on this server "
             f"(runs.allowed_tasks in server.toml: {allowed})",
         )
+    if cfg.dp.mechanism == "distributed":
+        raise SubmissionError(
+            "dp.mechanism",
+            "dp.mechanism = 'distributed': needs secure aggregation, which deployments do not "
+            "run yet; use 'central' or 'none'",
+        )
     if deploy.wait_for_clients > cfg.data.num_clients:
         raise SubmissionError(
             "deploy.wait_for_clients",

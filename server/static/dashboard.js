@@ -153,7 +153,7 @@ async function renderDetail(runs) {
     { name: "connected", color: COLORS.grey, points: seq(rounds, "clients_connected") },
   ], { yMin: 0 });
   const eps = seq(rounds, "epsilon");
-  const budget = privacy && (privacy.budget ?? privacy.epsilon_budget);
+  const budget = privacy && (privacy.budget_epsilon ?? privacy.budget);
   if (!eps.length && privacy && Number.isFinite(privacy.epsilon)) eps.push([run.rounds_completed, privacy.epsilon]);
   const privSeries = [{ name: "epsilon", color: COLORS.violet, points: eps }];
   if (Number.isFinite(budget)) privSeries.push({ name: "budget", color: COLORS.red, points: [[0, budget]], kind: "hline" });

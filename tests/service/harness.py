@@ -180,6 +180,10 @@ allowed_tasks = ["deploy_task:make", "tiny_task:make"]
         )
 
     def connected(self) -> int:
+        for cid, proc in self.clients.items():  # fail fast instead of waiting for a dead client
+            if proc.poll() is not None:
+                log = (self.root / f"client-{cid}.log").read_text()[-2000:]
+                raise AssertionError(f"client {cid} exited with {proc.returncode}:\n{log}")
         return int(self.http.get("/cluster").json()["clients_connected"] or 0)
 
     # -- runs -------------------------------------------------------------------
@@ -263,7 +267,14 @@ def kill_marked(state: Path) -> list[int]:
 
 
 def run_toml(
-    *, rounds: int, clients: int, per_round: int, seed: int, name: str, extra: str = ""
+    *,
+    rounds: int,
+    clients: int,
+    per_round: int,
+    seed: int,
+    name: str,
+    extra: str = "",
+    tables: str = "",
 ) -> str:
     return f"""seed = {seed}
 [model]
@@ -282,6 +293,7 @@ per_round = {per_round}
 optimizer = "fedavgm"
 server_lr = 1.0
 {extra}
+{tables}
 [deploy]
 name = "{name}"
 wait_for_clients = {per_round}

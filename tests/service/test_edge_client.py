@@ -100,6 +100,12 @@ def test_policy_caps_and_refusals(tmp_path):
     with pytest.raises(PolicyRefusal, match="secure aggregation"):
         secagg.handle(1, run_config(), train_request())
     assert secagg.handle(1, run_config(), train_request(secagg=True)).config["steps"] > 0
+    clip = EdgeClient(data, 1, LocalPolicy(max_clip_norm=1.0))
+    for unbounded in (train_request(), train_request(clip_norm=5.0)):
+        with pytest.raises(PolicyRefusal, match="clipped"):
+            clip.handle(1, run_config(), unbounded)
+    bounded = clip.handle(1, run_config(), train_request(clip_norm=0.5))
+    assert float(torch.linalg.vector_norm(torch.as_tensor(bounded.arrays["delta"]))) <= 0.5
     dp = EdgeClient(data, 1, LocalPolicy(min_dp_noise=1.0))
     with pytest.raises(PolicyRefusal, match="noise"):
         dp.handle(1, run_config(), train_request(dp_noise_multiplier=0.5))

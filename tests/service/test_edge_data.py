@@ -107,3 +107,38 @@ def test_missing_pieces(tmp_path):
     with pytest.raises(DataError, match="negative label"):
         load_local_data(tmp_path / "n.npz")
     assert read_idx is not None
+
+
+def test_client_command_refuses_bad_arguments_before_starting(tmp_path):
+    import subprocess
+    import sys
+
+    def client(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "fedveil.cli", "client", "--server", "127.0.0.1:9", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+
+    help_text = subprocess.run(
+        [sys.executable, "-m", "fedveil.cli", "client", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    for flag in (
+        "--require-secagg",
+        "--max-clip-norm",
+        "--min-dp-noise",
+        "--max-local-epochs",
+        "--max-local-steps",
+        "--max-train-seconds",
+    ):
+        assert flag in help_text
+    r = client("--client-id", "0")
+    assert r.returncode == 2 and "--data PATH" in r.stderr
+    (tmp_path / "ok.csv").write_text("1,2,0\n3,4,1\n")
+    r = client("--client-id", "0", "--data", "ok.csv", "--insecure", "--key", "ok.csv")
+    assert r.returncode == 2 and "--key needs TLS" in r.stderr
