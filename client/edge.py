@@ -18,11 +18,11 @@ it cannot use is answered with an error and logged; the worker goes on.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import secrets
 import signal
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,7 +83,9 @@ class EdgeNode:
     def __init__(self, opts: EdgeOptions, edge: EdgeClient) -> None:
         opts.check()
         self.opts, self.edge = opts, edge
-        self.stop_event = threading.Event()
+        # Set by the signal handler. A plain attribute on purpose: a handler that takes a
+        # lock (threading.Event.set) can deadlock against the main thread holding it.
+        self.stopping = False
         self.proc: Any = None
         self.port = opts.runtime_port or free_port()
         self._secret = b""
@@ -219,13 +221,24 @@ class EdgeNode:
             client.close()
 
     # -- the loop ------------------------------------------------------------
+    def _request_stop(self, signum: int, frame: Any) -> None:
+        self.stopping = True
+
+    def _sleep(self, seconds: float) -> bool:
+        """Sleep in short steps; True as soon as a stop was requested."""
+        deadline = time.monotonic() + seconds
+        while not self.stopping and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(0.1, left))
+        return self.stopping
+
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop_event.set())
+            signal.signal(sig, self._request_stop)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: where is it?
         backoff, started = 1.0, 0.0
         acquire_client = None
         try:
-            while not self.stop_event.is_set():
+            while not self.stopping:
                 if not self._supernode_alive():
                     if self.proc is not None:
                         code = self.proc.poll()
@@ -240,7 +253,7 @@ class EdgeNode:
                             self.opts.state_dir / "supernode.log",
                         )
                         stop_group(self.proc, timeout=2)
-                        if self.stop_event.wait(backoff):
+                        if self._sleep(backoff):
                             break
                     self._start_supernode()
                     started = time.monotonic()
@@ -255,10 +268,10 @@ class EdgeNode:
                     got = self._acquire(acquire_client)
                 except httpx.HTTPError as exc:
                     log.debug("runtime API not ready: %s", exc)
-                    self.stop_event.wait(1.0)
+                    self._sleep(1.0)
                     continue
                 if got is None:
-                    self.stop_event.wait(self.opts.poll_s)
+                    self._sleep(self.opts.poll_s)
                     continue
                 self._run_task(got[0])
         finally:

@@ -35,7 +35,7 @@ from .gateway import FleetGateway
 from .metrics import RoundsCache, ServiceCounters
 from .runs import RunManager
 from .settings import ServerSettings, is_loopback
-from .superlink import LinkControl, SuperLinkProcess
+from .superlink import LinkControl, SuperLinkProcess, internal_tls
 
 log = logging.getLogger("fedveil.service")
 
@@ -64,7 +64,9 @@ class Service:
         self.registry = ClientRegistry(settings.state_dir)
         self.superlink = SuperLinkProcess(settings)
         self.link: Any = None
-        self.manager: RunManager = RunManager(settings, None)
+        self.manager: RunManager = RunManager(
+            settings, None, lambda path: self.rounds_cache.figures(path).rounds
+        )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._nodes: tuple[float, list[Any]] = (0.0, [])
@@ -217,7 +219,7 @@ def serve(settings: ServerSettings) -> int:
     log.info("admin token from %s", service.token.source)
     verify: ssl.SSLContext | bool = False
     if not s.tls.insecure:
-        verify = ssl.create_default_context(cafile=str(s.tls.ca))
+        verify = ssl.create_default_context(cafile=str(internal_tls(s.state_dir).ca))
     gateway = FleetGateway(
         f"{s.scheme}://{s.superlink_address}", verify, s.fleet.max_body_bytes, service.counters
     )

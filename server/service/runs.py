@@ -24,6 +24,7 @@ import re
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from fedveil.config import ConfigError, RunConfig, config_from_dict, to_toml
@@ -139,11 +140,20 @@ def client_facing_toml(cfg: RunConfig, run_id: str) -> str:
     return to_toml(dataclasses.replace(cfg, out=f"runs/{run_id}", data=data))
 
 
+def _count_rounds(run_dir: Path) -> int:
+    return len(RunDir(run_dir.parent.parent, run_dir.name).metrics())
+
+
 class RunManager:
-    def __init__(self, settings: ServerSettings, link: Any) -> None:
+    def __init__(self, settings: ServerSettings, link: Any, count_rounds: Any = None) -> None:
         self.settings = settings
         self.state_dir = settings.state_dir
         self.link = link
+        # rounds recorded in a run dir; the service passes its incremental reader
+        self.count_rounds = count_rounds or (
+            lambda path: len(RunDir(path.parent.parent, path.name).metrics())
+        )
+        self._final: set[str] = set()  # runs that can no longer change: skipped by reconcile
         self._lock = threading.RLock()
         (self.state_dir / "runs").mkdir(parents=True, exist_ok=True)
         self.flower_runs: dict[int, Any] = {}
@@ -173,7 +183,7 @@ class RunManager:
         rd = self.rundir(run_id)
         record = rd.record()
         status = rd.status()
-        rounds_done = len(rd.metrics())
+        rounds_done = self.count_rounds(rd.path)
         out = {
             "id": run_id,
             "name": record.get("name", ""),
@@ -284,17 +294,20 @@ class RunManager:
             record["error"] = error
         log.info("run %s %s%s", record["id"], status, f": {error}" if error else "")
 
+    def _open_runs(self) -> list[str]:
+        return [rid for rid in self.run_ids() if rid not in self._final]
+
     def _active_count(self) -> int:
         return sum(
             1
-            for rid in self.run_ids()
+            for rid in self._open_runs()
             if RunDir(self.state_dir, rid).record().get("status") == "running"
         )
 
     def _launch_queued(self) -> None:
         queued = [
             RunDir(self.state_dir, rid)
-            for rid in reversed(self.run_ids())  # oldest first
+            for rid in reversed(self._open_runs())  # oldest first
             if RunDir(self.state_dir, rid).record().get("status") == "queued"
         ]
         active = self._active_count()
@@ -314,8 +327,12 @@ class RunManager:
         with self._lock:
             self.flower_runs = self.link.runs()
             for rid in self.run_ids():
+                if rid in self._final:
+                    continue
                 rd = RunDir(self.state_dir, rid)
                 record = rd.record()
+                if record.get("status") in FINAL:
+                    self._final.add(rid)
                 if record.get("status") != "running" or not record.get("attempts"):
                     continue
                 attempt = record["attempts"][-1]

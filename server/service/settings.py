@@ -10,6 +10,7 @@ the file's directory, so a deployment folder can be moved as a whole.
   [fleet]      host, port, max_body_bytes           the Fleet API gateway for SuperNodes
   [superlink]  port                                 Flower's SuperLink, loopback only
   [tls]        cert, key, ca, insecure              one certificate for API and Fleet
+                                                    (the SuperLink gets its own, loopback only)
   [auth]       admin_token_file, client_auth        admin token, SuperNode authentication
   [runs]       max_active, max_attempts, allowed_tasks
 """
@@ -160,6 +161,8 @@ def settings_from_dict(
     if not tls.insecure:
         for key in ("cert", "key", "ca"):
             p = getattr(tls, key)
+            if p is None and key == "ca":
+                continue  # only for reference: the SuperLink has its own loopback CA
             if p is None:
                 raise ConfigError(
                     f"tls.{key} is required: TLS is on by default (make certificates with "

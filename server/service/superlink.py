@@ -12,6 +12,7 @@ run directory from FEDVEIL_STATE_DIR in its environment.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import logging
 import os
@@ -21,7 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
+
 from fedveil import __version__
+from fedveil.certs import TlsFiles, create_ca, create_server_cert
 from fedveil.client.flower_deploy import CLIENTAPP_REF, CONFIG_KEY, FAB_ID
 from fedveil.procs import child_env, flwr_command, spawn, stop_group, wait_port
 
@@ -69,6 +73,32 @@ def build_fab() -> bytes:
     return fab
 
 
+INTERNAL_HOSTS = ["127.0.0.1", "localhost"]
+
+
+def internal_tls(state_dir: Path) -> TlsFiles:
+    """The SuperLink's own certificate: loopback only, made (and renewed) here.
+
+    Flower needs TLS on the SuperLink for SuperNode authentication, but nothing
+    outside this machine talks to it (devices come through the gateway). So it gets
+    a private CA for 127.0.0.1 instead of the public certificate, which need not name
+    loopback addresses; the CA's key is deleted once it has signed.
+    """
+    d = state_dir / "tls-internal"
+    files = TlsFiles(d / "ca.pem", d / "server.pem", d / "server.key")
+    fresh = all(p.exists() for p in (files.ca, files.cert, files.key))
+    if fresh:
+        cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
+        left = cert.not_valid_after_utc - dt.datetime.now(dt.timezone.utc)
+        fresh = left > dt.timedelta(days=30)
+    if not fresh:
+        ca_pem, ca_key = create_ca(d, days=365, force=True)
+        create_server_cert(d, ca_pem, ca_key, INTERNAL_HOSTS, days=365, force=True)
+        ca_key.unlink()
+        log.info("made the SuperLink's loopback certificate in %s", d)
+    return files
+
+
 class SuperLinkProcess:
     """`flower-superlink` with its state in state_dir, TLS and SuperNode auth as configured."""
 
@@ -94,13 +124,14 @@ class SuperLinkProcess:
         if s.tls.insecure:
             args.append("--insecure")
         else:
+            tls = internal_tls(s.state_dir)
             args += [
                 "--ssl-certfile",
-                str(s.tls.cert),
+                str(tls.cert),
                 "--ssl-keyfile",
-                str(s.tls.key),
+                str(tls.key),
                 "--ssl-ca-certfile",
-                str(s.tls.ca),
+                str(tls.ca),
             ]
         if s.client_auth:
             args.append("--enable-supernode-auth")
@@ -192,7 +223,7 @@ class LinkControl:
     def __init__(self, settings: ServerSettings) -> None:
         from flwr.supercore.control.control_http_client import ControlHttpClient
 
-        ca = None if settings.tls.insecure else Path(settings.tls.ca).read_bytes()  # type: ignore[arg-type]
+        ca = None if settings.tls.insecure else internal_tls(settings.state_dir).ca.read_bytes()
         self._client = ControlHttpClient.from_server_address(
             server_address=settings.superlink_address,
             insecure=settings.tls.insecure,

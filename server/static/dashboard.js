@@ -148,9 +148,9 @@ async function renderDetail(runs) {
     { name: "test", color: COLORS.blue, points: seq(rounds, "test_loss") },
   ], {});
   drawChart(document.getElementById("chart-clients"), [
-    { name: "aggregated", color: COLORS.green, points: seq(rounds, "cohort_aggregated") },
-    { name: "dropped", color: COLORS.red, points: seq(rounds, "dropped"), kind: "bar" },
     { name: "connected", color: COLORS.grey, points: seq(rounds, "clients_connected") },
+    { name: "dropped", color: COLORS.red, points: seq(rounds, "dropped"), kind: "bar" },
+    { name: "aggregated", color: COLORS.green, points: seq(rounds, "cohort_aggregated") },
   ], { yMin: 0 });
   const eps = seq(rounds, "epsilon");
   const budget = privacy && (privacy.budget_epsilon ?? privacy.budget);
