@@ -18,7 +18,7 @@ from fedveil.evaluation import evaluate
 from fedveil.params import FlatModel
 from fedveil.tasks import Task
 
-from .training import LocalTraining, train_local
+from .training import DpSgdResult, LocalTraining, train_local, train_local_dp_sgd
 
 TRAIN_FIELDS = (
     ("local_epochs", int),
@@ -66,31 +66,59 @@ class ClientRuntime:
             return self._train(client_id, msg)
         if msg.kind == "evaluate":
             return self._evaluate(client_id, msg)
+        if msg.kind.startswith("secagg."):
+            from .secagg_stages import handle_secagg
+
+            return handle_secagg(client_id, msg, state, self._train_update)
         raise MessageError(f"unknown message kind {msg.kind!r}")
 
     def _global(self, msg: Envelope) -> torch.Tensor:
         return msg.tensor("model", numel=self.model.size)
 
     def _train(self, client_id: int, msg: Envelope) -> Envelope:
+        reply, delta = self._train_update(client_id, msg)
+        return Envelope("train", msg.round, reply, {"delta": delta})
+
+    def _train_update(self, client_id: int, msg: Envelope) -> tuple[dict[str, Any], torch.Tensor]:
+        """Train on the client's data; the reply fields and the (clipped) update."""
         hp = parse_training(msg)
         seed = msg.get("seed", int)
         global_vector = self._global(msg)
         data = self.task.client_data(client_id)
-        result = train_local(
-            self.model,
-            global_vector,
-            data.x,
-            data.y,
-            hp,
-            self.task.loss_fn,
-            client_generator(seed, msg.round, client_id),
-        )
+        dp_noise = float(msg.config.get("dp_sgd_noise", 0.0) or 0.0)
+        if dp_noise > 0:
+            clip = float(msg.get("dp_sgd_clip", (int, float)))
+            result = train_local_dp_sgd(
+                self.task.model_fn(),
+                global_vector,
+                data.x,
+                data.y,
+                hp,
+                self.task.loss_fn,
+                dp_noise,
+                clip,
+            )
+            delta_device = self.model.device
+        else:
+            result = train_local(
+                self.model,
+                global_vector,
+                data.x,
+                data.y,
+                hp,
+                self.task.loss_fn,
+                client_generator(seed, msg.round, client_id),
+            )
         reply: dict[str, Any] = {
             "num_examples": result.num_examples,
             "loss": result.loss,
             "steps": result.steps,
         }
         delta = result.delta
+        if isinstance(result, DpSgdResult):
+            delta = delta.to(delta_device)
+            reply["dp_sgd_steps"] = result.steps
+            reply["dp_sgd_rate"] = result.sample_rate
         clip = float(msg.config.get("clip_norm", 0.0) or 0.0)
         if clip < 0 or not math.isfinite(clip):
             raise MessageError(f"train message: clip_norm = {clip}: must be a finite number >= 0")
@@ -107,7 +135,7 @@ class ClientRuntime:
         if weighting not in ("examples", "uniform"):
             raise MessageError(f"train message: weighting = {weighting!r}: examples or uniform")
         reply["weight"] = 1.0 if weighting == "uniform" else float(result.num_examples)
-        return Envelope("train", msg.round, reply, {"delta": delta})
+        return reply, delta
 
     def _evaluate(self, client_id: int, msg: Envelope) -> Envelope:
         vector = self._global(msg)

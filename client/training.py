@@ -99,3 +99,57 @@ def _tensors_in_order(model: FlatModel) -> list[torch.Tensor]:
     tensors = dict(model.module.named_parameters())
     tensors.update(dict(model.module.named_buffers()))
     return [tensors[e.name] for e in model.entries]
+
+
+@dataclass
+class DpSgdResult(LocalResult):
+    noise_multiplier: float = 0.0
+    sample_rate: float = 0.0
+
+
+def train_local_dp_sgd(
+    module: torch.nn.Module,
+    global_vector: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    hp: LocalTraining,
+    loss_fn: LossFn,
+    noise_multiplier: float,
+    max_grad_norm: float,
+) -> DpSgdResult:
+    """Sample-level DP: Opacus DP-SGD with Poisson batches at rate batch_size / n.
+
+    A fresh module per call (Opacus hooks stay off the shared model); the
+    noise comes from a generator seeded by the OS CSPRNG.
+    """
+    from fedveil.privacy.dp import make_private_dp_sgd
+
+    n = int(x.shape[0])
+    model = FlatModel(module)
+    model.set(global_vector.cpu())
+    rate = min(1.0, hp.batch_size / n)
+    opt = torch.optim.SGD(
+        module.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay
+    )
+    session = make_private_dp_sgd(
+        module,
+        opt,
+        torch.utils.data.TensorDataset(x.cpu(), y.cpu()),
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=max_grad_norm,
+        sample_rate=rate,
+    )
+    session.module.train()
+    loss_sum, batches = 0.0, 0
+    for _ in range(max(1, hp.local_epochs)):
+        for xb, yb in session.data_loader:
+            if len(yb) == 0:
+                continue  # Poisson sampling can draw an empty batch
+            session.optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(session.module(xb), yb)
+            loss.backward()
+            session.optimizer.step()
+            loss_sum += float(loss)
+            batches += 1
+    delta = model.flat.detach() - global_vector.cpu()
+    return DpSgdResult(delta, n, session.steps, loss_sum / max(batches, 1), noise_multiplier, rate)

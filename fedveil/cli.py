@@ -74,6 +74,13 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
         help="override any config key, e.g. --set client.momentum=0.9",
     )
     p.add_argument(
+        "--secagg",
+        action="store_const",
+        const=True,
+        dest="secagg.enabled",
+        help="secure aggregation: the server learns only the sum [secagg.enabled]",
+    )
+    p.add_argument(
         "--resume", action="store_true", help="continue the run in --out from its checkpoint"
     )
     p.add_argument(
@@ -85,7 +92,7 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     overrides = _parse_set(args.set)
-    for _, key, _, _ in SIMULATE_FLAGS:
+    for key in [k for _, k, _, _ in SIMULATE_FLAGS] + ["secagg.enabled"]:
         value = getattr(args, key)
         if value is not None:
             overrides[key] = value

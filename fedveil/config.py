@@ -85,6 +85,12 @@ class ClientConfig:
     momentum: float = spec(0.0, lo=0.0, hi=0.999, help="local SGD momentum")
     weight_decay: float = spec(0.0, lo=0.0, hi=1.0, help="local L2 weight decay")
     prox_mu: float = spec(0.0, lo=0.0, hi=100.0, help="FedProx proximal term mu")
+    dp_sgd_noise: float = spec(
+        0.0, lo=0.0, hi=100.0, help="sample-level DP-SGD (Opacus) noise multiplier; 0: off"
+    )
+    dp_sgd_clip: float = spec(
+        1.0, lo=0.0, lo_open=True, hi=1e4, help="DP-SGD per-example gradient clip norm"
+    )
 
 
 @dataclass
@@ -120,6 +126,29 @@ class EvalConfig:
         0.0, lo=0.0, hi=0.9, help="share of each client's data kept for federated evaluation"
     )
     batch_size: int = spec(1024, lo=1, hi=1_000_000, help="evaluation batch size")
+
+
+@dataclass
+class SecAggSection:
+    enabled: bool = spec(False, help="secure aggregation: the server learns only the sum")
+    threat: str = spec(
+        "semi_honest", choices=("semi_honest", "malicious"), help="threat model of the server"
+    )
+    adversarial_rate: float = spec(
+        0.05, lo=0.0, hi=0.5, help="tolerated fraction of corrupt clients (derives k, t)"
+    )
+    dropout_rate: float = spec(
+        0.1, lo=0.0, hi=0.8, help="expected fraction of clients that drop (derives k, t)"
+    )
+    neighbors: int = spec(0, lo=0, hi=100_000, help="neighbours per client; 0: derived")
+    threshold: int = spec(0, lo=0, hi=100_000, help="Shamir threshold t; 0: derived")
+    clip_range: float = spec(
+        1.0, lo=0.0, lo_open=True, hi=1e6, help="update values are clipped to [-r, r]"
+    )
+    levels: int = spec(2**20, lo=2, hi=2**40, help="quantization levels over [-r, r]")
+    max_weight: int = spec(
+        0, lo=0, hi=10_000_000, help="cap on a client's weight (examples); 0: largest client"
+    )
 
 
 @dataclass
@@ -163,6 +192,7 @@ class RunConfig:
     client: ClientConfig = field(default_factory=ClientConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    secagg: SecAggSection = field(default_factory=SecAggSection)
     dp: DpSection = field(default_factory=DpSection)
 
     def to_dict(self) -> dict[str, Any]:
@@ -186,6 +216,7 @@ SECTIONS = {
     "client": ClientConfig,
     "server": ServerConfig,
     "eval": EvalConfig,
+    "secagg": SecAggSection,
     "dp": DpSection,
 }
 
@@ -285,6 +316,11 @@ def _check_cross_fields(cfg: RunConfig) -> None:
         raise ConfigError(f"server.min_clients = {cfg.server.min_clients}: must be <= {n}")
     if cfg.client.local_epochs == 0 and cfg.client.local_steps == 0:
         raise ConfigError("client.local_epochs = 0 and client.local_steps = 0: set one of them")
+    if cfg.client.dp_sgd_noise > 0 and (cfg.client.prox_mu > 0 or cfg.client.local_steps > 0):
+        raise ConfigError(
+            "client.dp_sgd_noise > 0: DP-SGD trains whole Poisson-sampled epochs; "
+            "it cannot be combined with client.prox_mu or client.local_steps"
+        )
     if cfg.eval.federated_every > 0 and cfg.eval.client_holdout == 0:
         raise ConfigError(
             "eval.federated_every > 0 needs eval.client_holdout > 0 "
@@ -304,6 +340,13 @@ def _check_cross_fields(cfg: RunConfig) -> None:
             "dp.neighbouring = 'add_remove' with server.sampling = 'fixed': no accountant bounds "
             "this pair; use Poisson sampling or replace_one"
         )
+    if dp.mechanism == "distributed" and not cfg.secagg.enabled:
+        raise ConfigError(
+            "dp.mechanism = 'distributed' needs secure aggregation (secagg.enabled = true, "
+            "--secagg): the noise shares only protect a sum the server cannot see"
+        )
+    if dp.mechanism == "distributed" and dp.adaptive_clip:
+        raise ConfigError("dp.adaptive_clip is not supported with dp.mechanism = 'distributed'")
     task = cfg.model.task
     if task is None:
         from .models import MODELS

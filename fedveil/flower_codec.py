@@ -15,7 +15,15 @@ from .envelope import Envelope, MessageError
 # one of Flower's categories with the kind as the action.
 CATEGORY = {"hello": "query", "evaluate": "evaluate"}
 # Every kind a ClientApp answers; protocols that add kinds extend this list.
-KINDS = ["hello", "train", "evaluate"]
+KINDS = [
+    "hello",
+    "train",
+    "evaluate",
+    *(
+        f"secagg.{stage}"
+        for stage in ("advertise", "share_keys", "masked_input", "consistency", "unmask")
+    ),
+]
 
 
 def message_type(kind: str) -> str:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedveil.privacy.dp import build_report, render_html, verify_ledger
+from fedveil.privacy.dp import DpConfig, build_report, render_html, verify_ledger
 
 from .runstore import atomic_write_bytes
 
@@ -15,15 +15,23 @@ def ledger_path(run_dir: Path) -> Path:
     return Path(run_dir) / "privacy" / "ledger.jsonl"
 
 
-def write_privacy_report(run_dir: str | Path) -> dict[str, Any]:
-    """Verify the ledger, then write privacy/report.json and privacy/report.html."""
+def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) -> dict[str, Any]:
+    """Verify the ledger, then write privacy/report.json and privacy/report.html.
+
+    `config` lets a run that stopped before its first release (budget too small
+    for even one round) still get a report saying so.
+    """
     run_dir = Path(run_dir)
     path = ledger_path(run_dir)
-    if not path.exists():
+    if not path.exists() and config is None:
         raise FileNotFoundError(f"{path}: no privacy ledger (was the run made with --dp?)")
-    verification = verify_ledger(path)
-    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    report = build_report(entries, verification=verification)
+    entries: list[dict[str, Any]] = []
+    verification = None
+    if path.exists():
+        verification = verify_ledger(path)
+        entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    report = build_report(entries, config=config, verification=verification)
     atomic_write_bytes(path.parent / "report.json", (json.dumps(report, indent=2) + "\n").encode())
     atomic_write_bytes(path.parent / "report.html", render_html(report).encode())
     return report

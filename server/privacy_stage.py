@@ -20,6 +20,7 @@ from fedveil.privacy.dp import (
     DpConfig,
     Ledger,
     PrivacyBudget,
+    SkellamParams,
     add_gaussian_noise,
     calibrate_noise_multiplier,
     next_clip_norm,
@@ -102,7 +103,9 @@ class CentralDP:
 
     @property
     def last_round(self) -> int:
-        return self.ledger.last_round
+        """The training round of the last release (ledger rounds count releases)."""
+        entries = self.ledger.entries
+        return int(entries[-1].get("training_round", entries[-1]["round"])) if entries else 0
 
     def epsilon(self) -> float:
         return self.budget.spent()
@@ -138,9 +141,10 @@ class CentralDP:
                 self.config.clip_learning_rate,
             )
             extra["next_clip_norm"] = next_clip
+        extra["training_round"] = round_num
         entry = self.budget.record_release(
             self.ledger,
-            round_number=round_num,
+            round_number=self.ledger.last_round + 1,
             event=self.config.round_event(),
             clip_norm=self.clip,
             cohort_planned=planned,
@@ -155,3 +159,52 @@ class CentralDP:
         self.clip = next_clip
         # Divide by the expected cohort, never by the number that arrived (not private).
         return torch.from_numpy(noised) / self.expected_cohort, metrics
+
+
+class DistributedDP(CentralDP):
+    """Clients add the noise (Skellam shares under secure aggregation); the server only
+    accounts: the event of a round uses the noise of the clients that actually survived."""
+
+    params: SkellamParams | None = None
+
+    def bind(self, params: SkellamParams) -> None:
+        self.params = params
+
+    def _event_for(self, survivors: int) -> Any:
+        assert self.params is not None
+        z = self.params.noise_multiplier_for(
+            max(survivors, self.params.min_clients), self.config.neighbouring
+        )
+        return self.config.round_event(z)
+
+    def admits_next_round(self) -> tuple[bool, float]:
+        # Worst case before the round: only the fewest decodable survivors' noise.
+        assert self.params is not None
+        eps = self.budget.epsilon_after(self._event_for(self.params.min_clients))
+        return eps <= self.config.budget_epsilon, eps
+
+    def client_config(self) -> dict[str, Any]:
+        return {"clip_norm": self.config.clip_norm, "weighting": "uniform"}
+
+    def release(
+        self, round_num: int, agg: Aggregate | None, model_size: int, planned: int
+    ) -> tuple[torch.Tensor, dict[str, Any]] | None:
+        if agg is None:
+            return None  # aborted: the server holds nothing, so nothing is released
+        survivors = len(agg.contributors)
+        event = self._event_for(survivors)
+        entry = self.budget.record_release(
+            self.ledger,
+            round_number=self.ledger.last_round + 1,
+            event=event,
+            clip_norm=self.config.clip_norm,
+            cohort_planned=planned,
+            cohort_aggregated=survivors,
+            extra={"training_round": round_num},
+        )
+        metrics = {
+            "epsilon": entry["epsilon"],
+            "clip_norm": self.config.clip_norm,
+            "noise_multiplier": event.noise_multiplier,
+        }
+        return agg.total.detach().cpu() / self.expected_cohort, metrics

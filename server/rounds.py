@@ -8,6 +8,7 @@ average, take a server-optimizer step, evaluate, record, checkpoint.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -23,6 +24,7 @@ from fedveil.params import FlatModel
 from fedveil.tasks import Task
 
 from .aggregation import PlainChannel, UpdateChannel
+from .dpsgd_accounting import ClientDpSgdAccountant
 from .optimizers import make_optimizer
 from .privacy_stage import CentralDP
 from .runstore import RunStore
@@ -98,6 +100,15 @@ class RoundEngine:
         self.sampler = CohortSampler(
             task.num_clients, s.sampling, s.per_round, cfg.poisson_rate, cfg.seed
         )
+        self.dp_sgd: ClientDpSgdAccountant | None = None
+        if cfg.client.dp_sgd_noise > 0 and task.client_sizes is not None:
+            self.dp_sgd = ClientDpSgdAccountant(
+                cfg.client.dp_sgd_noise,
+                cfg.client.batch_size,
+                max(1, cfg.client.local_epochs),
+                task.client_sizes,
+                cfg.dp.delta,
+            )
         self.eval_rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xE7A1]))
         self.round = 0
         self.history: list[RoundRecord] = []
@@ -146,6 +157,8 @@ class RoundEngine:
             "weight_decay": c.weight_decay,
             "prox_mu": c.prox_mu,
         }
+        if c.dp_sgd_noise > 0:
+            config.update({"dp_sgd_noise": c.dp_sgd_noise, "dp_sgd_clip": c.dp_sgd_clip})
         if self.privacy is not None:
             config.update(self.privacy.client_config())
         return Envelope("train", round_num, config, {"model": self.weights})
@@ -166,17 +179,27 @@ class RoundEngine:
             record.cohort_aggregated = len(agg.contributors)
             for cid, reason in agg.dropped.items():
                 log.warning("round %d: client %d dropped: %s", round_num, cid, reason)
+            if self.dp_sgd is not None:
+                record.extra["dp_sgd_epsilon_max"] = self.dp_sgd.record_round(agg.contributors)
         else:
             record.dropped = len(cohort)
+        released = None
         if self.privacy is not None:
-            # Every DP round is released (noise alone when nobody arrived), so the
-            # ledger's rounds stay contiguous and the accounting matches the sampling.
-            update, metrics = self.privacy.release(round_num, agg, self.model.size, len(cohort))
+            # Central DP releases every round (noise alone when nobody arrived), so the
+            # accounting matches the sampling; distributed DP has nothing to release
+            # when secure aggregation aborted.
+            released = self.privacy.release(round_num, agg, self.model.size, len(cohort))
+        if released is not None:
+            update, metrics = released
             record.extra.update(metrics)
             self.weights = self.optimizer.step(self.weights, update.to(self.weights.device))
             record.applied = True
-            record.train_loss = None if agg is None else agg.loss
-        elif agg is not None and record.cohort_aggregated >= self.cfg.server.min_clients:
+            record.train_loss = None if agg is None or math.isnan(agg.loss) else agg.loss
+        elif (
+            self.privacy is None
+            and agg is not None
+            and record.cohort_aggregated >= self.cfg.server.min_clients
+        ):
             update = agg.mean.to(self.weights.device)
             self.weights = self.optimizer.step(self.weights, update)
             record.applied = True
@@ -271,6 +294,7 @@ class RoundEngine:
             "model_parameters": self.model.size,
             "stopped_reason": self.stopped_reason,
             **self._privacy_summary(),
+            **({"dp_sgd_epsilon_max": self.dp_sgd.worst} if self.dp_sgd else {}),
         }
 
     def _privacy_summary(self) -> dict[str, Any]:

@@ -100,9 +100,15 @@ def default_download_dir() -> Path:
 
 
 def search_dirs(data_dir: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Candidate directories in search order (existing or not)."""
+    """Candidate directories in search order (existing or not).
+
+    An explicit `data_dir` is the only place looked at: a user who names a
+    directory means that one, and silently reading another copy would hide a typo.
+    """
+    if data_dir is not None:
+        return [Path(data_dir), Path(data_dir) / "fashion-mnist"]
     dirs: list[Path] = []
-    for base in (data_dir, os.environ.get("FEDVEIL_DATA") or None):
+    for base in (os.environ.get("FEDVEIL_DATA") or None,):
         if base is not None:
             dirs += [Path(base), Path(base) / "fashion-mnist"]
     dirs.append(default_download_dir())

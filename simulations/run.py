@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from fedveil.config import RunConfig, to_toml
+from fedveil.server.pipeline import make_privacy_pipeline
 from fedveil.server.privacy_report import write_privacy_report
-from fedveil.server.privacy_stage import CentralDP
 from fedveil.server.rounds import RoundEngine, RoundRecord
 from fedveil.server.runstore import RunStore
 from fedveil.tasks import Task, make_task
@@ -61,13 +61,18 @@ def simulate(
     store.write_config(to_toml(cfg))
     write_partition_report(store, task)
 
-    privacy = None
-    if cfg.dp.mechanism == "central":
-        privacy = CentralDP(cfg, task.num_clients, store.ledger_path)
+    privacy, channel = make_privacy_pipeline(cfg, task, store.ledger_path)
 
     def build_engine(transport: Any) -> RoundEngine:
         engine = RoundEngine(
-            cfg, task, transport, store=store, device=device, on_round=on_round, privacy=privacy
+            cfg,
+            task,
+            transport,
+            store=store,
+            device=device,
+            on_round=on_round,
+            privacy=privacy,
+            channel=channel,
         )
         state = store.load_checkpoint() if resume else None
         if state is not None:
@@ -91,6 +96,6 @@ def simulate(
     summary["out"] = str(Path(cfg.out))
     engine.model.save(engine.weights, str(store.path / "model.safetensors"), {"task": task.name})
     if privacy is not None:
-        write_privacy_report(store.path)
+        write_privacy_report(store.path, privacy.config)
     store.write_summary(summary)
     return summary

@@ -51,9 +51,11 @@ def compute_epsilon(events: Iterable[PrivacyEvent], delta: float, accountant: st
         return 0.0
     relations = {(e.sampling, e.neighbouring) for e in grouped}
     if len(relations) != 1:
-        raise ValueError(f"events mix sampling/neighbouring pairs {sorted(relations)}; "
-                         "one run has one sampling scheme and one neighbouring relation")
-    (sampling, neighbouring), = relations
+        raise ValueError(
+            f"events mix sampling/neighbouring pairs {sorted(relations)}; "
+            "one run has one sampling scheme and one neighbouring relation"
+        )
+    ((sampling, neighbouring),) = relations
     if accountant not in ACCOUNTANTS:
         raise ValueError(f"accountant={accountant!r} is invalid; allowed: {ACCOUNTANTS}")
     if accountant not in supported_accountants(sampling, neighbouring):
@@ -84,8 +86,10 @@ def _opacus_rdp_epsilon(grouped: tuple[PrivacyEvent, ...], delta: float) -> floa
     # whose z varies per round (dropouts) would otherwise redo every block each round.
     from opacus.accountants.analysis import rdp as opacus_rdp
 
-    rdp = sum(event.steps * _opacus_rdp_curve(event.sampling_rate, event.noise_multiplier)
-              for event in grouped)
+    rdp = sum(
+        event.steps * _opacus_rdp_curve(event.sampling_rate, event.noise_multiplier)
+        for event in grouped
+    )
     with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
         # "Optimal order is the largest alpha" only means the bound could be tighter.
         warnings.simplefilter("ignore", UserWarning)
@@ -97,8 +101,11 @@ def _opacus_rdp_epsilon(grouped: tuple[PrivacyEvent, ...], delta: float) -> floa
 def _opacus_rdp_curve(sampling_rate: float, noise_multiplier: float) -> np.ndarray:
     from opacus.accountants.analysis import rdp as opacus_rdp
 
-    return np.asarray(opacus_rdp.compute_rdp(q=sampling_rate, noise_multiplier=noise_multiplier,
-                                             steps=1, orders=_opacus_orders()))
+    return np.asarray(
+        opacus_rdp.compute_rdp(
+            q=sampling_rate, noise_multiplier=noise_multiplier, steps=1, orders=_opacus_orders()
+        )
+    )
 
 
 def _opacus_orders() -> list[float]:

@@ -47,10 +47,16 @@ _NOT_PROTECTED = [
 ]
 
 
-def assumptions_for(mechanism: str, privacy_unit: str, neighbouring: str, sampling: str,
-                    epsilon: float, delta: float) -> dict[str, list[str]]:
+def assumptions_for(
+    mechanism: str,
+    privacy_unit: str,
+    neighbouring: str,
+    sampling: str,
+    epsilon: float,
+    delta: float,
+) -> dict[str, list[str]]:
     """Who is trusted with what, what is protected and what is not."""
-    relation = ("adding or removing" if neighbouring == "add_remove" else "replacing")
+    relation = "adding or removing" if neighbouring == "add_remove" else "replacing"
     protected = [
         f"Whether any single {privacy_unit} took part, and what their data was: every "
         f"released model together is ({epsilon:.4g}, {delta:.3g})-differentially private "

@@ -82,9 +82,15 @@ class PrivacyBudget:
                 f"round {round_number}: epsilon would reach {epsilon:.6g} > budget "
                 f"{self.config.budget_epsilon:.6g}; do not release"
             )
-        fields = entry_fields(self.config, round_number=round_number, event=event,
-                              clip_norm=clip_norm, cohort_planned=cohort_planned,
-                              cohort_aggregated=cohort_aggregated, epsilon=epsilon)
+        fields = entry_fields(
+            self.config,
+            round_number=round_number,
+            event=event,
+            clip_norm=clip_norm,
+            cohort_planned=cohort_planned,
+            cohort_aggregated=cohort_aggregated,
+            epsilon=epsilon,
+        )
         if extra:
             fields.update({k: v for k, v in extra.items() if k not in fields})
         entry = ledger.record(fields)
@@ -146,9 +152,13 @@ def _check_entry_matches_config(entry: Mapping[str, Any], config: DpConfig) -> N
     }
     for field, value in expected.items():
         if entry.get(field) != value:
-            raise ValueError(f"ledger round {entry.get('round')}: {field}={entry.get(field)!r} "
-                             f"but the config says {value!r}")
+            raise ValueError(
+                f"ledger round {entry.get('round')}: {field}={entry.get(field)!r} "
+                f"but the config says {value!r}"
+            )
     for field in ("delta", "budget_epsilon"):
         if not math.isclose(float(entry.get(field, math.nan)), getattr(config, field)):
-            raise ValueError(f"ledger round {entry.get('round')}: {field}={entry.get(field)!r} "
-                             f"but the config says {getattr(config, field)!r}")
+            raise ValueError(
+                f"ledger round {entry.get('round')}: {field}={entry.get(field)!r} "
+                f"but the config says {getattr(config, field)!r}"
+            )

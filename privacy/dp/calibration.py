@@ -40,8 +40,9 @@ def calibrate_noise_multiplier(
         accountant = default_accountant(mechanism, sampling, neighbouring)
 
     def epsilon(z: float) -> float:
-        event = PrivacyEvent(z, sampling_rate, rounds * steps_per_round, sampling,
-                             neighbouring, population_size)
+        event = PrivacyEvent(
+            z, sampling_rate, rounds * steps_per_round, sampling, neighbouring, population_size
+        )
         return compute_epsilon([event], delta, accountant)
 
     low, high = 0.25, 1.0
@@ -55,8 +56,7 @@ def calibrate_noise_multiplier(
         low, high = low / 2, low
     # epsilon(z) is continuous and decreasing: Brent's method needs ~6 evaluations
     # where plain bisection needs ~12 (each can cost a second with PLD).
-    root = optimize.brentq(lambda z: epsilon(z) - target_epsilon, low, high,
-                           rtol=rel_tol / 4)
+    root = optimize.brentq(lambda z: epsilon(z) - target_epsilon, low, high, rtol=rel_tol / 4)
     z = min(high, root * (1 + rel_tol / 2))
     while epsilon(z) > target_epsilon:  # land on the safe side of the target
         z = min(high, z * (1 + rel_tol / 2))

@@ -118,92 +118,189 @@ class DpConfig:
     # --------------------------------------------------------------- validation
     def _validate_vocabulary(self) -> None:
         _check(self.mechanism in MECHANISMS, "mechanism", self.mechanism, MECHANISMS)
-        _check(self.privacy_unit in PRIVACY_UNITS, "privacy_unit", self.privacy_unit,
-               PRIVACY_UNITS)
+        _check(self.privacy_unit in PRIVACY_UNITS, "privacy_unit", self.privacy_unit, PRIVACY_UNITS)
         _check(self.sampling in SAMPLING_SCHEMES, "sampling", self.sampling, SAMPLING_SCHEMES)
-        _check(self.neighbouring in NEIGHBOURING_RELATIONS, "neighbouring", self.neighbouring,
-               NEIGHBOURING_RELATIONS)
+        _check(
+            self.neighbouring in NEIGHBOURING_RELATIONS,
+            "neighbouring",
+            self.neighbouring,
+            NEIGHBOURING_RELATIONS,
+        )
         # DP-SGD clips per example; the federated mechanisms clip per client update.
         expected_unit = EXAMPLE if self.mechanism == DP_SGD else USER
-        _check(self.privacy_unit == expected_unit, "privacy_unit", self.privacy_unit,
-               f"{expected_unit!r} for mechanism {self.mechanism!r}")
-        _check(self.accountant in (AUTO, *ACCOUNTANTS), "accountant", self.accountant,
-               (AUTO, *ACCOUNTANTS))
+        _check(
+            self.privacy_unit == expected_unit,
+            "privacy_unit",
+            self.privacy_unit,
+            f"{expected_unit!r} for mechanism {self.mechanism!r}",
+        )
+        _check(
+            self.accountant in (AUTO, *ACCOUNTANTS),
+            "accountant",
+            self.accountant,
+            (AUTO, *ACCOUNTANTS),
+        )
         supported = supported_accountants(self.sampling, self.neighbouring)
         # Opacus and dp-accounting cannot bound fixed-size sampling under add/remove
         # (the population size itself changes); replace-one is the honest relation.
-        _check(bool(supported), "neighbouring", self.neighbouring,
-               f"{REPLACE_ONE!r} for sampling {FIXED!r}" if self.sampling == FIXED
-               else NEIGHBOURING_RELATIONS)
+        _check(
+            bool(supported),
+            "neighbouring",
+            self.neighbouring,
+            f"{REPLACE_ONE!r} for sampling {FIXED!r}"
+            if self.sampling == FIXED
+            else NEIGHBOURING_RELATIONS,
+        )
         if self.accountant != AUTO:
-            _check(self.accountant in supported, "accountant", self.accountant,
-                   f"{supported} for sampling={self.sampling!r}, "
-                   f"neighbouring={self.neighbouring!r}")
+            _check(
+                self.accountant in supported,
+                "accountant",
+                self.accountant,
+                f"{supported} for sampling={self.sampling!r}, neighbouring={self.neighbouring!r}",
+            )
 
     def _validate_numbers(self) -> None:
-        _check(_positive(self.noise_multiplier), "noise_multiplier", self.noise_multiplier,
-               "a finite number > 0")
+        _check(
+            _positive(self.noise_multiplier),
+            "noise_multiplier",
+            self.noise_multiplier,
+            "a finite number > 0",
+        )
         _check(_positive(self.clip_norm), "clip_norm", self.clip_norm, "a finite number > 0")
-        _check(_is_number(self.sampling_rate) and 0 < self.sampling_rate <= 1, "sampling_rate",
-               self.sampling_rate, "(0, 1]")
+        _check(
+            _is_number(self.sampling_rate) and 0 < self.sampling_rate <= 1,
+            "sampling_rate",
+            self.sampling_rate,
+            "(0, 1]",
+        )
         _check(_is_int(self.rounds) and self.rounds >= 1, "rounds", self.rounds, "an integer >= 1")
         _check(_is_number(self.delta) and 0 < self.delta < 1, "delta", self.delta, "(0, 1)")
-        _check(_positive(self.budget_epsilon), "budget_epsilon", self.budget_epsilon,
-               "a finite number > 0")
-        _check(_is_int(self.steps_per_round) and self.steps_per_round >= 1, "steps_per_round",
-               self.steps_per_round, "an integer >= 1")
-        _check(self.mechanism == DP_SGD or self.steps_per_round == 1, "steps_per_round",
-               self.steps_per_round, f"1 for mechanism {self.mechanism!r}")
-        _check(_is_int(self.modulus_bits) and 8 <= self.modulus_bits <= 22, "modulus_bits",
-               self.modulus_bits, "an integer in [8, 22] (float32 headroom)")
+        _check(
+            _positive(self.budget_epsilon),
+            "budget_epsilon",
+            self.budget_epsilon,
+            "a finite number > 0",
+        )
+        _check(
+            _is_int(self.steps_per_round) and self.steps_per_round >= 1,
+            "steps_per_round",
+            self.steps_per_round,
+            "an integer >= 1",
+        )
+        _check(
+            self.mechanism == DP_SGD or self.steps_per_round == 1,
+            "steps_per_round",
+            self.steps_per_round,
+            f"1 for mechanism {self.mechanism!r}",
+        )
+        _check(
+            _is_int(self.modulus_bits) and 8 <= self.modulus_bits <= 22,
+            "modulus_bits",
+            self.modulus_bits,
+            "an integer in [8, 22] (float32 headroom)",
+        )
         if self.population_size is not None:
-            _check(_is_int(self.population_size) and self.population_size >= 1,
-                   "population_size", self.population_size, "an integer >= 1")
+            _check(
+                _is_int(self.population_size) and self.population_size >= 1,
+                "population_size",
+                self.population_size,
+                "an integer >= 1",
+            )
             # delta must be small against 1/N, or "release one record" is within delta.
-            _check(self.delta < 1 / self.population_size, "delta", self.delta,
-                   f"(0, 1/population_size) = (0, {1 / self.population_size:.3g})")
+            _check(
+                self.delta < 1 / self.population_size,
+                "delta",
+                self.delta,
+                f"(0, 1/population_size) = (0, {1 / self.population_size:.3g})",
+            )
         if self.cohort_size is not None:
-            _check(_is_int(self.cohort_size) and self.cohort_size >= 1, "cohort_size",
-                   self.cohort_size, "an integer >= 1")
+            _check(
+                _is_int(self.cohort_size) and self.cohort_size >= 1,
+                "cohort_size",
+                self.cohort_size,
+                "an integer >= 1",
+            )
         if self.mechanism == DISTRIBUTED_SKELLAM and self.cohort_size is not None:
-            _check(2**self.modulus_bits >= 2 * self.cohort_size, "modulus_bits",
-                   self.modulus_bits, f">= log2(2 * cohort_size) = "
-                   f"{math.log2(2 * self.cohort_size):.1f}")
+            _check(
+                2**self.modulus_bits >= 2 * self.cohort_size,
+                "modulus_bits",
+                self.modulus_bits,
+                f">= log2(2 * cohort_size) = {math.log2(2 * self.cohort_size):.1f}",
+            )
 
     def _validate_sampling(self) -> None:
         if self.sampling != FIXED:
             return
-        _check(self.population_size is not None, "population_size", self.population_size,
-               "an integer >= 1 (required for fixed-size sampling)")
-        _check(self.cohort_size is not None, "cohort_size", self.cohort_size,
-               "an integer >= 1 (required for fixed-size sampling)")
+        _check(
+            self.population_size is not None,
+            "population_size",
+            self.population_size,
+            "an integer >= 1 (required for fixed-size sampling)",
+        )
+        _check(
+            self.cohort_size is not None,
+            "cohort_size",
+            self.cohort_size,
+            "an integer >= 1 (required for fixed-size sampling)",
+        )
         assert self.population_size is not None and self.cohort_size is not None
-        _check(self.cohort_size <= self.population_size, "cohort_size", self.cohort_size,
-               f"[1, population_size={self.population_size}]")
+        _check(
+            self.cohort_size <= self.population_size,
+            "cohort_size",
+            self.cohort_size,
+            f"[1, population_size={self.population_size}]",
+        )
         expected = self.cohort_size / self.population_size
-        _check(math.isclose(self.sampling_rate, expected, rel_tol=1e-9), "sampling_rate",
-               self.sampling_rate, f"cohort_size / population_size = {expected!r}")
+        _check(
+            math.isclose(self.sampling_rate, expected, rel_tol=1e-9),
+            "sampling_rate",
+            self.sampling_rate,
+            f"cohort_size / population_size = {expected!r}",
+        )
 
     def _validate_adaptive(self) -> None:
         if not self.adaptive_clipping:
             return
-        _check(self.mechanism == CENTRAL_GAUSSIAN, "adaptive_clipping", self.adaptive_clipping,
-               f"False unless mechanism is {CENTRAL_GAUSSIAN!r}")
-        _check(_is_number(self.target_quantile) and 0 < self.target_quantile < 1,
-               "target_quantile", self.target_quantile, "(0, 1)")
-        _check(_positive(self.clip_learning_rate), "clip_learning_rate",
-               self.clip_learning_rate, "a finite number > 0")
+        _check(
+            self.mechanism == CENTRAL_GAUSSIAN,
+            "adaptive_clipping",
+            self.adaptive_clipping,
+            f"False unless mechanism is {CENTRAL_GAUSSIAN!r}",
+        )
+        _check(
+            _is_number(self.target_quantile) and 0 < self.target_quantile < 1,
+            "target_quantile",
+            self.target_quantile,
+            "(0, 1)",
+        )
+        _check(
+            _positive(self.clip_learning_rate),
+            "clip_learning_rate",
+            self.clip_learning_rate,
+            "a finite number > 0",
+        )
         if self.clip_count_stddev is None:
-            _check(self.cohort_size is not None, "cohort_size", self.cohort_size,
-                   "an integer >= 1 (adaptive clipping sets sigma_b = cohort_size / 20)")
+            _check(
+                self.cohort_size is not None,
+                "cohort_size",
+                self.cohort_size,
+                "an integer >= 1 (adaptive clipping sets sigma_b = cohort_size / 20)",
+            )
         else:
-            _check(_positive(self.clip_count_stddev), "clip_count_stddev",
-                   self.clip_count_stddev, "a finite number > 0")
+            _check(
+                _positive(self.clip_count_stddev),
+                "clip_count_stddev",
+                self.clip_count_stddev,
+                "a finite number > 0",
+            )
         # The count release consumes part of the privacy: z_total < sigma_b is needed
         # for the update noise multiplier to exist (Andrew et al. 2021, Thm 1).
-        _check(self.noise_multiplier < self.count_stddev, "noise_multiplier",
-               self.noise_multiplier,
-               f"(0, clip_count_stddev={self.count_stddev!r}) with adaptive clipping")
+        _check(
+            self.noise_multiplier < self.count_stddev,
+            "noise_multiplier",
+            self.noise_multiplier,
+            f"(0, clip_count_stddev={self.count_stddev!r}) with adaptive clipping",
+        )
 
 
 def _is_number(value: object) -> bool:

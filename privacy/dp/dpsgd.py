@@ -32,8 +32,9 @@ class DpSgdSession:
     def event(self) -> PrivacyEvent | None:
         if self.steps == 0:
             return None
-        return PrivacyEvent(self.noise_multiplier, self.sample_rate, self.steps, POISSON,
-                            ADD_REMOVE)
+        return PrivacyEvent(
+            self.noise_multiplier, self.sample_rate, self.steps, POISSON, ADD_REMOVE
+        )
 
     def epsilon(self, delta: float) -> float:
         """This client's example-level epsilon at `delta` for all steps so far."""
@@ -81,8 +82,16 @@ def make_private_dp_sgd(
         noise_generator=noise_generator,
         **make_private_kwargs,
     )
-    return DpSgdSession(module, optimizer, loader, engine, float(noise_multiplier),
-                        float(max_grad_norm), float(sample_rate), accountant)
+    return DpSgdSession(
+        module,
+        optimizer,
+        loader,
+        engine,
+        float(noise_multiplier),
+        float(max_grad_norm),
+        float(sample_rate),
+        accountant,
+    )
 
 
 def _seed(test_seed: int | None, stream: int) -> int:

@@ -35,30 +35,36 @@ class PrivacyEvent:
     def __post_init__(self) -> None:
         _require(
             math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0,
-            "noise_multiplier", self.noise_multiplier, "a finite number > 0",
+            "noise_multiplier",
+            self.noise_multiplier,
+            "a finite number > 0",
         )
+        _require(0 < self.sampling_rate <= 1, "sampling_rate", self.sampling_rate, "(0, 1]")
         _require(
-            0 < self.sampling_rate <= 1, "sampling_rate", self.sampling_rate, "(0, 1]"
-        )
-        _require(
-            isinstance(self.steps, int) and self.steps >= 1, "steps", self.steps,
+            isinstance(self.steps, int) and self.steps >= 1,
+            "steps",
+            self.steps,
             "an integer >= 1",
         )
         _require(self.sampling in SAMPLING_SCHEMES, "sampling", self.sampling, SAMPLING_SCHEMES)
         _require(
-            self.neighbouring in NEIGHBOURING_RELATIONS, "neighbouring", self.neighbouring,
+            self.neighbouring in NEIGHBOURING_RELATIONS,
+            "neighbouring",
+            self.neighbouring,
             NEIGHBOURING_RELATIONS,
         )
         if self.sampling == FIXED:
             _require(
                 isinstance(self.population_size, int) and self.population_size >= 1,
-                "population_size", self.population_size,
+                "population_size",
+                self.population_size,
                 "an integer >= 1 (required for fixed-size sampling)",
             )
             sample = self.sampling_rate * self.population_size
             _require(
                 abs(sample - round(sample)) < 1e-6 and round(sample) >= 1,
-                "sampling_rate", self.sampling_rate,
+                "sampling_rate",
+                self.sampling_rate,
                 f"k/{self.population_size} for an integer sample size k >= 1",
             )
 

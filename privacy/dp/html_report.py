@@ -24,10 +24,16 @@ svg .chart-title { font-size: 13px; font-weight: 600; fill: #222; }
 """
 
 _LABELS = {
-    "mechanism": "Mechanism", "privacy_unit": "Privacy unit", "neighbouring":
-    "Neighbouring relation", "sampling": "Sampling", "sampling_rate": "Sampling rate",
-    "accountant": "Accountant", "rounds": "Released rounds", "delta": "Delta",
-    "budget_epsilon": "Epsilon budget", "ledger_head_hash": "Ledger head hash",
+    "mechanism": "Mechanism",
+    "privacy_unit": "Privacy unit",
+    "neighbouring": "Neighbouring relation",
+    "sampling": "Sampling",
+    "sampling_rate": "Sampling rate",
+    "accountant": "Accountant",
+    "rounds": "Released rounds",
+    "delta": "Delta",
+    "budget_epsilon": "Epsilon budget",
+    "ledger_head_hash": "Ledger head hash",
 }
 
 
@@ -37,17 +43,26 @@ def render_html(report: Mapping[str, Any]) -> str:
     rounds = [float(r) for r in series["round"]]
     budget = float(report["budget_epsilon"])
     epsilon_chart = line_chart(
-        "Cumulative epsilon vs budget", rounds,
-        [Series("epsilon", series["epsilon"], "#1f6feb"),
-         Series("budget", [budget] * len(rounds), "#b42318", dashed=True)],
-        "epsilon")
-    clip_chart = line_chart("Clip norm per round", rounds,
-                            [Series("clip norm C", series["clip_norm"], "#8250df")], "C")
+        "Cumulative epsilon vs budget",
+        rounds,
+        [
+            Series("epsilon", series["epsilon"], "#1f6feb"),
+            Series("budget", [budget] * len(rounds), "#b42318", dashed=True),
+        ],
+        "epsilon",
+    )
+    clip_chart = line_chart(
+        "Clip norm per round", rounds, [Series("clip norm C", series["clip_norm"], "#8250df")], "C"
+    )
     participation_chart = line_chart(
-        "Participation per round", rounds,
-        [Series("planned", series["cohort_planned"], "#9a6700", dashed=True),
-         Series("aggregated", series["cohort_aggregated"], "#1a7f37")],
-        "clients")
+        "Participation per round",
+        rounds,
+        [
+            Series("planned", series["cohort_planned"], "#9a6700", dashed=True),
+            Series("aggregated", series["cohort_aggregated"], "#1a7f37"),
+        ],
+        "clients",
+    )
     body = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -55,14 +70,17 @@ def render_html(report: Mapping[str, Any]) -> str:
         f"<style>{_CSS}</style></head><body>",
         "<h1>Differential privacy report</h1>",
         f'<p class="headline">(&epsilon; = {report["epsilon"]:.4g}, &delta; = '
-        f'{report["delta"]:.3g}) for each {escape(str(report["privacy_unit"]))}, '
-        f'budget &epsilon; = {budget:.4g}.</p>',
+        f"{report['delta']:.3g}) for each {escape(str(report['privacy_unit']))}, "
+        f"budget &epsilon; = {budget:.4g}.</p>",
         _verification(report.get("verification")),
         "<h2>Parameters</h2>",
         _summary_table(report),
-        "<h2>Privacy spent</h2>", epsilon_chart,
-        "<h2>Clipping</h2>", clip_chart,
-        "<h2>Participation</h2>", participation_chart,
+        "<h2>Privacy spent</h2>",
+        epsilon_chart,
+        "<h2>Clipping</h2>",
+        clip_chart,
+        "<h2>Participation</h2>",
+        participation_chart,
         "<h2>Assumptions</h2>",
         _assumptions(report["assumptions"]),
         "</body></html>",
@@ -71,8 +89,11 @@ def render_html(report: Mapping[str, Any]) -> str:
 
 
 def _summary_table(report: Mapping[str, Any]) -> str:
-    rows = "".join(f"<tr><th>{escape(label)}</th><td>{escape(str(report[key]))}</td></tr>"
-                   for key, label in _LABELS.items() if key in report)
+    rows = "".join(
+        f"<tr><th>{escape(label)}</th><td>{escape(str(report[key]))}</td></tr>"
+        for key, label in _LABELS.items()
+        if key in report
+    )
     return f'<table class="summary">{rows}</table>'
 
 
@@ -80,13 +101,19 @@ def _verification(verification: Mapping[str, Any] | None) -> str:
     if not verification:
         return "<p>Ledger not verified in this report.</p>"
     css = "ok" if verification["ok"] else "bad"
-    verdict = "verified" if verification["ok"] else "FAILED verification"
-    return (f'<p class="{css}">Ledger {verdict}: {escape(str(verification["message"]))}</p>')
+    if verification["ok"]:
+        # The verifier's message already reads "ledger verified: ...".
+        return f'<p class="{css}">{escape(str(verification["message"]).capitalize())}</p>'
+    message = escape(str(verification["message"]))
+    return f'<p class="{css}">Ledger FAILED verification: {message}</p>'
 
 
 def _assumptions(assumptions: Mapping[str, list[str]]) -> str:
-    sections = [("Who is trusted with what", "trust"), ("What is protected", "protected"),
-                ("What is not protected", "not_protected")]
+    sections = [
+        ("Who is trusted with what", "trust"),
+        ("What is protected", "protected"),
+        ("What is not protected", "not_protected"),
+    ]
     html = []
     for title, key in sections:
         items = "".join(f"<li>{escape(text)}</li>" for text in assumptions.get(key, []))

@@ -51,8 +51,9 @@ class LedgerCorruptError(ValueError):
 
 def canonical_json(data: Mapping[str, Any]) -> str:
     """Sorted keys, no whitespace, ASCII only, no NaN: one byte string per value."""
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False)
+    return json.dumps(
+        data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
 
 
 def entry_hash(entry: Mapping[str, Any]) -> str:
@@ -84,7 +85,9 @@ def check_chain_link(entry: Mapping[str, Any], prev_hash: str, line: int) -> Non
     if entry.get("prev_hash") != prev_hash:
         raise LedgerCorruptError(
             f"prev_hash {entry.get('prev_hash')!r} does not match the previous entry's hash "
-            f"{prev_hash!r} (entries removed, inserted or reordered)", line)
+            f"{prev_hash!r} (entries removed, inserted or reordered)",
+            line,
+        )
     if entry.get("hash") != entry_hash(entry):
         raise LedgerCorruptError("hash does not match the entry's content (entry edited)", line)
 
@@ -138,8 +141,10 @@ class Ledger:
             raise ValueError(f"ledger entry lacks fields {missing}")
         expected_round = self.last_round + 1
         if entry["round"] != expected_round:
-            raise ValueError(f"ledger entry round={entry['round']!r}; expected {expected_round} "
-                             "(rounds are contiguous; retry a failed round under its number)")
+            raise ValueError(
+                f"ledger entry round={entry['round']!r}; expected {expected_round} "
+                "(rounds are contiguous; retry a failed round under its number)"
+            )
         if not (isinstance(entry["epsilon"], (int, float)) and math.isfinite(entry["epsilon"])):
             raise ValueError(f"ledger entry epsilon={entry['epsilon']!r} must be finite")
         entry["hash"] = entry_hash(entry)
@@ -156,8 +161,10 @@ class Ledger:
             fcntl.flock(fd, fcntl.LOCK_EX)
             size = os.fstat(fd).st_size
             if size != self._size:
-                raise LedgerCorruptError(f"ledger file is {size} bytes but this writer wrote "
-                                         f"{self._size}: another writer or an edit; reopen it")
+                raise LedgerCorruptError(
+                    f"ledger file is {size} bytes but this writer wrote "
+                    f"{self._size}: another writer or an edit; reopen it"
+                )
             written = 0
             while written < len(line):
                 written += os.write(fd, line[written:])
@@ -189,7 +196,9 @@ def _load_valid_chain(data: bytes) -> list[dict[str, Any]]:
     if tail:
         raise LedgerCorruptError(
             f"partial last line ({len(tail)} bytes after the last newline): an append was "
-            "interrupted; inspect it, then Ledger.discard_partial_tail(path)", len(entries) + 1)
+            "interrupted; inspect it, then Ledger.discard_partial_tail(path)",
+            len(entries) + 1,
+        )
     prev_hash = GENESIS_HASH
     for number, entry in enumerate(entries, start=1):
         check_chain_link(entry, prev_hash, number)

@@ -11,8 +11,14 @@ from .ledger import GENESIS_HASH
 from .verify import VerifyResult
 
 REPORT_SCHEMA = "fedveil.dp.report/1"
-_SERIES_FIELDS = ("round", "epsilon", "clip_norm", "noise_multiplier", "cohort_planned",
-                  "cohort_aggregated")
+_SERIES_FIELDS = (
+    "round",
+    "epsilon",
+    "clip_norm",
+    "noise_multiplier",
+    "cohort_planned",
+    "cohort_aggregated",
+)
 
 
 def build_report(
@@ -48,9 +54,14 @@ def build_report(
         "ledger_entries": len(entries),
         "ledger_head_hash": entries[-1]["hash"] if entries else GENESIS_HASH,
         "series": {name: [entry[name] for entry in entries] for name in _SERIES_FIELDS},
-        "assumptions": assumptions_for(last["mechanism"], last["privacy_unit"],
-                                       last["neighbouring"], last["sampling"], epsilon,
-                                       last["delta"]),
+        "assumptions": assumptions_for(
+            last["mechanism"],
+            last["privacy_unit"],
+            last["neighbouring"],
+            last["sampling"],
+            epsilon,
+            last["delta"],
+        ),
     }
     if verification is not None:
         report["verification"] = {

@@ -78,26 +78,42 @@ class SkellamParams:
     ) -> SkellamParams:
         """Choose the scale s (largest that avoids wrap-around) and the noise shares."""
         min_clients = num_clients if min_clients is None else min_clients
-        _validate(dim, clip_norm, noise_multiplier, num_clients, min_clients, bits, beta,
-                  wrap_sigmas)
+        _validate(
+            dim, clip_norm, noise_multiplier, num_clients, min_clients, bits, beta, wrap_sigmas
+        )
         padded = padded_dimension(dim)
         modulus = 1 << bits
         # Worst case: all client vectors aligned, so the rotated sum has coordinate
         # std n*B/sqrt(d); the noise adds n_max * mu_local. Solve for B, then for s.
         headroom = 1.0
         for _ in range(50):
-            spread = math.sqrt(num_clients**2 / padded
-                               + noise_multiplier**2 * num_clients / min_clients)
+            spread = math.sqrt(
+                num_clients**2 / padded + noise_multiplier**2 * num_clients / min_clients
+            )
             target_bound = headroom * modulus / (2 * wrap_sigmas * spread)
             scale = _scale_for_bound(target_bound, clip_norm, padded, beta)
             bound = rounded_norm_bound(scale * clip_norm, padded, beta)
             total_variance = _variance_for(noise_multiplier, bound, _l1_bound(bound, padded))
             local_variance = total_variance / min_clients
-            needed = 2 * wrap_sigmas * math.sqrt(
-                (num_clients * bound) ** 2 / padded + num_clients * local_variance)
+            needed = (
+                2
+                * wrap_sigmas
+                * math.sqrt((num_clients * bound) ** 2 / padded + num_clients * local_variance)
+            )
             if needed <= modulus:
-                return cls(dim, float(clip_norm), float(noise_multiplier), num_clients,
-                           min_clients, bits, scale, bound, local_variance, beta, wrap_sigmas)
+                return cls(
+                    dim,
+                    float(clip_norm),
+                    float(noise_multiplier),
+                    num_clients,
+                    min_clients,
+                    bits,
+                    scale,
+                    bound,
+                    local_variance,
+                    beta,
+                    wrap_sigmas,
+                )
             headroom *= 0.999 * modulus / needed
         raise ValueError("could not size the Skellam scale; increase bits")
 
@@ -108,8 +124,9 @@ class SkellamParams:
         `PrivacyEvent`). Fewer survivors means less noise, so account with this.
         """
         if neighbouring not in NEIGHBOURING_RELATIONS:
-            raise ValueError(f"neighbouring={neighbouring!r} is invalid; allowed: "
-                             f"{NEIGHBOURING_RELATIONS}")
+            raise ValueError(
+                f"neighbouring={neighbouring!r} is invalid; allowed: {NEIGHBOURING_RELATIONS}"
+            )
         if not isinstance(num_aggregated, int) or num_aggregated < 1:
             raise ValueError(f"num_aggregated={num_aggregated!r} is invalid; allowed: >= 1")
         total_variance = num_aggregated * self.local_variance
@@ -163,18 +180,23 @@ class SkellamEncoder:
         p = self.params
         if num_aggregated < p.min_clients:
             # Fewer noise shares than calibrated for: releasing would overspend privacy.
-            raise ValueError(f"num_aggregated={num_aggregated!r} is below min_clients="
-                             f"{p.min_clients}; the sum carries too little noise to release")
+            raise ValueError(
+                f"num_aggregated={num_aggregated!r} is below min_clients="
+                f"{p.min_clients}; the sum carries too little noise to release"
+            )
         if num_aggregated > p.num_clients:
-            raise ValueError(f"num_aggregated={num_aggregated!r} exceeds num_clients="
-                             f"{p.num_clients} the modulus was sized for")
+            raise ValueError(
+                f"num_aggregated={num_aggregated!r} exceeds num_clients="
+                f"{p.num_clients} the modulus was sized for"
+            )
         total = np.asarray(aggregate).astype(np.int64).reshape(-1)
         if total.shape[0] != p.padded_dim:
             raise ValueError(f"aggregate has length {total.shape[0]}, expected {p.padded_dim}")
         signed = np.mod(total, p.modulus)
         signed[signed >= p.modulus // 2] -= p.modulus
-        return unrotate(signed.astype(np.float64) / p.scale, self.rotation_seed,
-                        p.dim).astype(np.float32)
+        return unrotate(signed.astype(np.float64) / p.scale, self.rotation_seed, p.dim).astype(
+            np.float32
+        )
 
 
 def skellam_noise(variance: float, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -223,8 +245,7 @@ def _variance_for(noise_multiplier: float, d2: float, d1: float) -> float:
     return 1 / u
 
 
-def _scale_for_bound(target_bound: float, clip_norm: float, padded_dim: int,
-                     beta: float) -> float:
+def _scale_for_bound(target_bound: float, clip_norm: float, padded_dim: int, beta: float) -> float:
     # rounded_norm_bound is increasing in s: bisect for the largest s under target.
     if rounded_norm_bound(0.0, padded_dim, beta) >= target_bound:
         raise ValueError(
@@ -242,18 +263,38 @@ def _scale_for_bound(target_bound: float, clip_norm: float, padded_dim: int,
     return low
 
 
-def _validate(dim: int, clip_norm: float, noise_multiplier: float, num_clients: int,
-              min_clients: int, bits: int, beta: float, wrap_sigmas: float) -> None:
+def _validate(
+    dim: int,
+    clip_norm: float,
+    noise_multiplier: float,
+    num_clients: int,
+    min_clients: int,
+    bits: int,
+    beta: float,
+    wrap_sigmas: float,
+) -> None:
     checks = [
         (isinstance(dim, int) and dim >= 1, "dim", dim, "an integer >= 1"),
         (clip_norm > 0 and math.isfinite(clip_norm), "clip_norm", clip_norm, "> 0"),
-        (noise_multiplier > 0 and math.isfinite(noise_multiplier), "noise_multiplier",
-         noise_multiplier, "> 0"),
+        (
+            noise_multiplier > 0 and math.isfinite(noise_multiplier),
+            "noise_multiplier",
+            noise_multiplier,
+            "> 0",
+        ),
         (isinstance(num_clients, int) and num_clients >= 1, "num_clients", num_clients, ">= 1"),
-        (isinstance(min_clients, int) and 1 <= min_clients <= num_clients, "min_clients",
-         min_clients, f"[1, num_clients={num_clients}]"),
-        (isinstance(bits, int) and math.log2(max(num_clients, 2)) <= bits <= MAX_BITS, "bits",
-         bits, f"[log2(num_clients)={math.log2(max(num_clients, 2)):.1f}, {MAX_BITS}]"),
+        (
+            isinstance(min_clients, int) and 1 <= min_clients <= num_clients,
+            "min_clients",
+            min_clients,
+            f"[1, num_clients={num_clients}]",
+        ),
+        (
+            isinstance(bits, int) and math.log2(max(num_clients, 2)) <= bits <= MAX_BITS,
+            "bits",
+            bits,
+            f"[log2(num_clients)={math.log2(max(num_clients, 2)):.1f}, {MAX_BITS}]",
+        ),
         (0 < beta < 1, "beta", beta, "(0, 1)"),
         (wrap_sigmas > 0, "wrap_sigmas", wrap_sigmas, "> 0"),
     ]

@@ -47,31 +47,44 @@ def line_chart(title: str, xs: Sequence[float], series: Sequence[Series], y_labe
     ]
     for k in range(5):
         y = y_min + (y_max - y_min) * k / 4
-        parts.append(f'<line x1="{LEFT - 4}" y1="{py(y):.1f}" x2="{LEFT + plot_w}" '
-                     f'y2="{py(y):.1f}" class="grid"/>')
-        parts.append(f'<text x="{LEFT - 6}" y="{py(y) + 4:.1f}" class="tick" '
-                     f'text-anchor="end">{_fmt(y)}</text>')
-    parts.append(f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{LEFT + plot_w}" '
-                 f'y2="{TOP + plot_h}" class="axis"/>')  # axes drawn over the grid
+        parts.append(
+            f'<line x1="{LEFT - 4}" y1="{py(y):.1f}" x2="{LEFT + plot_w}" '
+            f'y2="{py(y):.1f}" class="grid"/>'
+        )
+        parts.append(
+            f'<text x="{LEFT - 6}" y="{py(y) + 4:.1f}" class="tick" '
+            f'text-anchor="end">{_fmt(y)}</text>'
+        )
+    parts.append(
+        f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{LEFT + plot_w}" '
+        f'y2="{TOP + plot_h}" class="axis"/>'
+    )  # axes drawn over the grid
     parts.append(f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + plot_h}" class="axis"/>')
     for x in _x_ticks(xs):
-        parts.append(f'<text x="{px(x):.1f}" y="{TOP + plot_h + 16}" class="tick" '
-                     f'text-anchor="middle">{_fmt(x)}</text>')
+        parts.append(
+            f'<text x="{px(x):.1f}" y="{TOP + plot_h + 16}" class="tick" '
+            f'text-anchor="middle">{_fmt(x)}</text>'
+        )
     for index, s in enumerate(series):
         points = [(px(x), py(y)) for x, y in zip(xs, s.values, strict=True) if math.isfinite(y)]
         dash = ' stroke-dasharray="6 4"' if s.dashed else ""
         if len(points) > 1:
             coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
-            parts.append(f'<polyline points="{coords}" fill="none" stroke="{s.colour}" '
-                         f'stroke-width="2"{dash}/>')
+            parts.append(
+                f'<polyline points="{coords}" fill="none" stroke="{s.colour}" '
+                f'stroke-width="2"{dash}/>'
+            )
         for x, y in points if len(points) <= 60 else []:
             parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{s.colour}"/>')
         legend_y = TOP + 14 + 18 * index
-        parts.append(f'<line x1="{WIDTH - RIGHT + 12}" y1="{legend_y - 4}" '
-                     f'x2="{WIDTH - RIGHT + 32}" y2="{legend_y - 4}" stroke="{s.colour}" '
-                     f'stroke-width="2"{dash}/>')
-        parts.append(f'<text x="{WIDTH - RIGHT + 36}" y="{legend_y}" class="legend">'
-                     f"{escape(s.label)}</text>")
+        parts.append(
+            f'<line x1="{WIDTH - RIGHT + 12}" y1="{legend_y - 4}" '
+            f'x2="{WIDTH - RIGHT + 32}" y2="{legend_y - 4}" stroke="{s.colour}" '
+            f'stroke-width="2"{dash}/>'
+        )
+        parts.append(
+            f'<text x="{WIDTH - RIGHT + 36}" y="{legend_y}" class="legend">{escape(s.label)}</text>'
+        )
     parts.append("</svg>")
     return "\n".join(parts)
 

@@ -26,14 +26,26 @@ from .ledger import (
     check_chain_link,
 )
 
-RUN_CONSTANT_FIELDS = ("mechanism", "privacy_unit", "sampling", "neighbouring", "delta",
-                       "accountant", "budget_epsilon")
-_NUMERIC_FIELDS = ("noise_multiplier", "clip_norm", "sampling_rate", "delta", "epsilon",
-                   "budget_epsilon")
+RUN_CONSTANT_FIELDS = (
+    "mechanism",
+    "privacy_unit",
+    "sampling",
+    "neighbouring",
+    "delta",
+    "accountant",
+    "budget_epsilon",
+)
+_NUMERIC_FIELDS = (
+    "noise_multiplier",
+    "clip_norm",
+    "sampling_rate",
+    "delta",
+    "epsilon",
+    "budget_epsilon",
+)
 _INTEGER_FIELDS = ("round", "cohort_planned", "cohort_aggregated")
 
-LedgerSource = (str | os.PathLike[str] | bytes | BinaryIO | TextIO
-                | Iterable[Mapping[str, Any]])
+LedgerSource = str | os.PathLike[str] | bytes | BinaryIO | TextIO | Iterable[Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -93,18 +105,36 @@ def verify_ledger(
                 _check_recomputed_epsilon(entry, line, state, accountant, rel_tol, abs_tol)
             state.passed = line
         if tail:
-            raise _Discrepancy(f"partial last line ({len(tail)} bytes without a newline): "
-                               "truncated file or interrupted append", len(items) + 1)
+            raise _Discrepancy(
+                f"partial last line ({len(tail)} bytes without a newline): "
+                "truncated file or interrupted append",
+                len(items) + 1,
+            )
         _check_anchors(entries, state, expected_entries, expected_head_hash)
     except _Discrepancy as found:
-        return VerifyResult(False, str(found), found.line, found.round, state.passed,
-                            state.recomputed, state.final_epsilon, state.prev_hash)
+        return VerifyResult(
+            False,
+            str(found),
+            found.line,
+            found.round,
+            state.passed,
+            state.recomputed,
+            state.final_epsilon,
+            state.prev_hash,
+        )
     if not entries:
         return VerifyResult(True, "empty ledger", entries=0)
-    return VerifyResult(True, f"ledger verified: {len(entries)} entries, epsilon "
-                        f"{state.final_epsilon:.6g} <= budget {entries[-1]['budget_epsilon']}",
-                        None, None, len(entries), state.recomputed, state.final_epsilon,
-                        state.prev_hash)
+    return VerifyResult(
+        True,
+        f"ledger verified: {len(entries)} entries, epsilon "
+        f"{state.final_epsilon:.6g} <= budget {entries[-1]['budget_epsilon']}",
+        None,
+        None,
+        len(entries),
+        state.recomputed,
+        state.final_epsilon,
+        state.prev_hash,
+    )
 
 
 class _State:
@@ -155,35 +185,52 @@ def _check_entry(entry: Mapping[str, Any], line: int, state: _State) -> None:
     for name in _INTEGER_FIELDS:
         value = entry[name]
         if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-            raise _Discrepancy(f"line {line}: {name}={value!r} is not an integer >= 0", line,
-                               round_number)
+            raise _Discrepancy(
+                f"line {line}: {name}={value!r} is not an integer >= 0", line, round_number
+            )
     for name in _NUMERIC_FIELDS:
         value = entry[name]
         if not (isinstance(value, (int, float)) and math.isfinite(value)):
-            raise _Discrepancy(f"line {line}: {name}={value!r} is not a finite number", line,
-                               round_number)
+            raise _Discrepancy(
+                f"line {line}: {name}={value!r} is not a finite number", line, round_number
+            )
     expected_round = line  # rounds start at 1 and are contiguous
     if round_number != expected_round:
-        raise _Discrepancy(f"line {line}: round {round_number} but expected {expected_round} "
-                           "(rounds must be contiguous and strictly increasing)", line,
-                           round_number)
+        raise _Discrepancy(
+            f"line {line}: round {round_number} but expected {expected_round} "
+            "(rounds must be contiguous and strictly increasing)",
+            line,
+            round_number,
+        )
     if state.first is None:
         state.first = entry
     for name in RUN_CONSTANT_FIELDS:
         if entry[name] != state.first[name]:
-            raise _Discrepancy(f"line {line}: {name} changed from {state.first[name]!r} to "
-                               f"{entry[name]!r} within one run", line, round_number)
+            raise _Discrepancy(
+                f"line {line}: {name} changed from {state.first[name]!r} to "
+                f"{entry[name]!r} within one run",
+                line,
+                round_number,
+            )
     if entry["epsilon"] < state.last_epsilon:
-        raise _Discrepancy(f"line {line}: epsilon decreased from {state.last_epsilon!r} to "
-                           f"{entry['epsilon']!r}", line, round_number)
+        raise _Discrepancy(
+            f"line {line}: epsilon decreased from {state.last_epsilon!r} to {entry['epsilon']!r}",
+            line,
+            round_number,
+        )
     if entry["epsilon"] > entry["budget_epsilon"]:
-        raise _Discrepancy(f"line {line}: epsilon {entry['epsilon']!r} exceeds the budget "
-                           f"{entry['budget_epsilon']!r}", line, round_number)
+        raise _Discrepancy(
+            f"line {line}: epsilon {entry['epsilon']!r} exceeds the budget "
+            f"{entry['budget_epsilon']!r}",
+            line,
+            round_number,
+        )
     try:
         state.events.append(event_from_entry(entry))
     except (ValueError, TypeError, KeyError) as error:
-        raise _Discrepancy(f"line {line}: invalid privacy event ({error})", line,
-                           round_number) from None
+        raise _Discrepancy(
+            f"line {line}: invalid privacy event ({error})", line, round_number
+        ) from None
     state.last_epsilon = entry["epsilon"]
     state.prev_hash = entry["hash"]
 
@@ -196,14 +243,21 @@ def _recompute_indices(count: int, max_checks: int) -> set[int]:
     return {round(k * step) for k in range(max_checks)} | {count - 1}
 
 
-def _check_recomputed_epsilon(entry: Mapping[str, Any], line: int, state: _State,
-                              accountant: str | None, rel_tol: float, abs_tol: float) -> None:
+def _check_recomputed_epsilon(
+    entry: Mapping[str, Any],
+    line: int,
+    state: _State,
+    accountant: str | None,
+    rel_tol: float,
+    abs_tol: float,
+) -> None:
     name = accountant or entry["accountant"]
     try:
         recomputed = compute_epsilon(state.events, entry["delta"], name)
     except ValueError as error:
-        raise _Discrepancy(f"line {line}: cannot recompute epsilon ({error})", line,
-                           entry["round"]) from None
+        raise _Discrepancy(
+            f"line {line}: cannot recompute epsilon ({error})", line, entry["round"]
+        ) from None
     stored = float(entry["epsilon"])
     tolerance = max(abs_tol, rel_tol * recomputed)
     if accountant is None or accountant == entry["accountant"]:
@@ -213,21 +267,38 @@ def _check_recomputed_epsilon(entry: Mapping[str, Any], line: int, state: _State
         bad = stored < recomputed - tolerance  # stored must stay an upper bound
         relation = "is below"
     if bad:
-        raise _Discrepancy(f"line {line}: recorded epsilon {stored!r} {relation} the "
-                           f"recomputed {recomputed!r} ({name})", line, entry["round"])
+        raise _Discrepancy(
+            f"line {line}: recorded epsilon {stored!r} {relation} the "
+            f"recomputed {recomputed!r} ({name})",
+            line,
+            entry["round"],
+        )
     if recomputed > entry["budget_epsilon"] + tolerance:
-        raise _Discrepancy(f"line {line}: recomputed epsilon {recomputed!r} exceeds the budget "
-                           f"{entry['budget_epsilon']!r}", line, entry["round"])
+        raise _Discrepancy(
+            f"line {line}: recomputed epsilon {recomputed!r} exceeds the budget "
+            f"{entry['budget_epsilon']!r}",
+            line,
+            entry["round"],
+        )
     state.recomputed += 1
     state.final_epsilon = recomputed
 
 
-def _check_anchors(entries: list[Mapping[str, Any]], state: _State, expected_entries: int | None,
-                   expected_head_hash: str | None) -> None:
+def _check_anchors(
+    entries: list[Mapping[str, Any]],
+    state: _State,
+    expected_entries: int | None,
+    expected_head_hash: str | None,
+) -> None:
     if expected_entries is not None and len(entries) != expected_entries:
-        raise _Discrepancy(f"ledger has {len(entries)} entries but {expected_entries} were "
-                           "expected (truncated or extended)", min(len(entries),
-                                                                    expected_entries) + 1)
+        raise _Discrepancy(
+            f"ledger has {len(entries)} entries but {expected_entries} were "
+            "expected (truncated or extended)",
+            min(len(entries), expected_entries) + 1,
+        )
     if expected_head_hash is not None and state.prev_hash != expected_head_hash:
-        raise _Discrepancy(f"ledger head hash {state.prev_hash} differs from the expected "
-                           f"{expected_head_hash} (truncated or extended)", len(entries))
+        raise _Discrepancy(
+            f"ledger head hash {state.prev_hash} differs from the expected "
+            f"{expected_head_hash} (truncated or extended)",
+            len(entries),
+        )

@@ -41,8 +41,12 @@ def test_not_found_message_says_how_to_get_it(isolated):
     assert "apt-get install dataset-fashion-mnist" in msg
     assert "fedveil data download fashion-mnist" in msg
     assert "FEDVEIL_DATA" in msg
+    # an explicit directory is the only place looked at
+    assert str(empty) in msg and str(isolated / "system") not in msg
+    with pytest.raises(DatasetNotFoundError) as info:
+        load_dataset("fashion-mnist")
+    msg = str(info.value)
     for searched in [
-        empty,
         isolated / "env-data",
         isolated / "cache" / "fedveil" / "fashion-mnist",
         isolated / "system",

@@ -6,16 +6,29 @@ from fedveil.privacy.dp import BudgetExceededError, DpConfig, Ledger, PrivacyBud
 
 
 def config(**overrides):
-    values = dict(mechanism="central_gaussian", noise_multiplier=1.0, clip_norm=1.0,
-                  sampling_rate=0.05, rounds=50, delta=1e-5, budget_epsilon=2.0,
-                  accountant="rdp")
+    values = dict(
+        mechanism="central_gaussian",
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        sampling_rate=0.05,
+        rounds=50,
+        delta=1e-5,
+        budget_epsilon=2.0,
+        accountant="rdp",
+    )
     values.update(overrides)
     return DpConfig(**values)
 
 
 def release(budget, ledger, round_number, event, aggregated=10):
-    return budget.record_release(ledger, round_number=round_number, event=event, clip_norm=1.0,
-                                 cohort_planned=10, cohort_aggregated=aggregated)
+    return budget.record_release(
+        ledger,
+        round_number=round_number,
+        event=event,
+        clip_norm=1.0,
+        cohort_planned=10,
+        cohort_aggregated=aggregated,
+    )
 
 
 def test_would_exceed_is_decided_before_the_round(tmp_path):
@@ -48,8 +61,9 @@ def test_restart_rebuilds_the_accountant_state_from_the_ledger(tmp_path):
         PrivacyBudget.from_ledger(config(accountant="prv"), Ledger(path).entries)
 
 
-@settings(max_examples=20, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     q=st.floats(0.005, 0.5),
     z=st.floats(0.5, 3.0),
@@ -57,8 +71,9 @@ def test_restart_rebuilds_the_accountant_state_from_the_ledger(tmp_path):
     dropout_noise=st.lists(st.floats(0.7, 1.0), min_size=1, max_size=5),
     rounds=st.integers(1, 40),
 )
-def test_budget_check_never_records_epsilon_above_budget(tmp_path_factory, q, z, budget_epsilon,
-                                                         dropout_noise, rounds):
+def test_budget_check_never_records_epsilon_above_budget(
+    tmp_path_factory, q, z, budget_epsilon, dropout_noise, rounds
+):
     cfg = config(noise_multiplier=z, sampling_rate=q, budget_epsilon=budget_epsilon)
     ledger = Ledger(tmp_path_factory.mktemp("run") / "ledger.jsonl")
     budget = PrivacyBudget(cfg)

@@ -13,8 +13,9 @@ from fedveil.privacy.dp import add_gaussian_noise, clip_l2, l2_norm
 
 @settings(max_examples=100, deadline=None)
 @given(
-    arrays(np.float32, st.integers(1, 300),
-           elements=st.floats(-1e6, 1e6, allow_nan=False, width=32)),
+    arrays(
+        np.float32, st.integers(1, 300), elements=st.floats(-1e6, 1e6, allow_nan=False, width=32)
+    ),
     st.floats(1e-4, 1e4),
 )
 def test_every_clipped_update_has_norm_at_most_c(update, clip_norm):

@@ -11,8 +11,15 @@ def test_dp_sgd_wraps_opacus_and_accounts_per_client():
     model = torch.nn.Linear(6, 2)
     before = model.weight.detach().clone()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    session = make_private_dp_sgd(model, optimizer, data, noise_multiplier=1.1,
-                                  max_grad_norm=1.0, sample_rate=0.1, noise_seed=3)
+    session = make_private_dp_sgd(
+        model,
+        optimizer,
+        data,
+        noise_multiplier=1.1,
+        max_grad_norm=1.0,
+        sample_rate=0.1,
+        noise_seed=3,
+    )
     assert session.epsilon(1e-5) == 0.0
     loss_fn = torch.nn.CrossEntropyLoss()
     for features, labels in session.data_loader:

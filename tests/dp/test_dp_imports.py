@@ -10,6 +10,5 @@ def test_client_import_needs_neither_accounting_libraries_nor_transport():
         "heavy = ['dp_accounting', 'opacus', 'scipy', 'torch', 'flwr', 'fastapi']\n"
         "print(','.join(m for m in heavy if m in sys.modules))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

@@ -16,10 +16,25 @@ def test_entries_form_a_hash_chain_from_genesis(make_ledger):
     assert [entry["round"] for entry in entries] == [1, 2, 3, 4]
     lines = path.read_bytes().split(b"\n")
     assert lines[-1] == b"" and len(lines) == 5  # one terminated line per entry
-    required = {"round", "mechanism", "noise_multiplier", "clip_norm", "sampling_rate",
-                "sampling", "neighbouring", "privacy_unit", "cohort_planned",
-                "cohort_aggregated", "delta", "epsilon", "accountant", "budget_epsilon",
-                "timestamp", "prev_hash", "hash"}
+    required = {
+        "round",
+        "mechanism",
+        "noise_multiplier",
+        "clip_norm",
+        "sampling_rate",
+        "sampling",
+        "neighbouring",
+        "privacy_unit",
+        "cohort_planned",
+        "cohort_aggregated",
+        "delta",
+        "epsilon",
+        "accountant",
+        "budget_epsilon",
+        "timestamp",
+        "prev_hash",
+        "hash",
+    }
     assert required <= set(json.loads(lines[0]))
 
 

@@ -10,9 +10,13 @@ def test_report_json_has_the_guarantee_and_per_round_series(make_ledger):
     report = build_report(entries, verification=verify_ledger(path))
     assert report["epsilon"] == entries[-1]["epsilon"] == budget.spent()
     assert report["delta"] == cfg.delta and report["budget_epsilon"] == cfg.budget_epsilon
-    for key, value in [("mechanism", "central_gaussian"), ("sampling", "poisson"),
-                       ("privacy_unit", "user"), ("neighbouring", "add_remove"),
-                       ("accountant", "rdp")]:
+    for key, value in [
+        ("mechanism", "central_gaussian"),
+        ("sampling", "poisson"),
+        ("privacy_unit", "user"),
+        ("neighbouring", "add_remove"),
+        ("accountant", "rdp"),
+    ]:
         assert report[key] == value
     assert report["series"]["round"] == [1, 2, 3, 4, 5]
     assert len(report["series"]["cohort_aggregated"]) == 5
@@ -26,8 +30,7 @@ def test_html_is_self_contained_with_charts_and_assumptions(make_ledger):
     html = render_html(build_report(Ledger(path).entries, verification=verify_ledger(path)))
     assert html.startswith("<!DOCTYPE html>")
     assert html.count("<svg") == 3
-    for title in ("Cumulative epsilon vs budget", "Clip norm per round",
-                  "Participation per round"):
+    for title in ("Cumulative epsilon vs budget", "Clip norm per round", "Participation per round"):
         assert title in html
     assert "<polyline" in html and "stroke-dasharray" in html  # series and budget line
     assert "trusts" in html.lower() or "trusted" in html.lower()
@@ -38,8 +41,15 @@ def test_html_is_self_contained_with_charts_and_assumptions(make_ledger):
 
 
 def test_report_before_any_release_uses_the_config():
-    cfg = DpConfig(mechanism="distributed_skellam", noise_multiplier=1.0, clip_norm=1.0,
-                   sampling_rate=0.1, rounds=10, delta=1e-6, budget_epsilon=4.0)
+    cfg = DpConfig(
+        mechanism="distributed_skellam",
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        sampling_rate=0.1,
+        rounds=10,
+        delta=1e-6,
+        budget_epsilon=4.0,
+    )
     report = build_report([], config=cfg)
     assert report["epsilon"] == 0.0 and report["accountant"] == "rdp"
     html = render_html(report)

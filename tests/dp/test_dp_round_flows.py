@@ -21,9 +21,18 @@ from fedveil.privacy.dp import (
 
 
 def test_central_dp_with_adaptive_clipping(tmp_path):
-    cfg = DpConfig(mechanism="central_gaussian", noise_multiplier=1.0, clip_norm=0.1,
-                   sampling_rate=0.01, rounds=30, delta=1e-5, budget_epsilon=3.0,
-                   cohort_size=40, adaptive_clipping=True, accountant="rdp")
+    cfg = DpConfig(
+        mechanism="central_gaussian",
+        noise_multiplier=1.0,
+        clip_norm=0.1,
+        sampling_rate=0.01,
+        rounds=30,
+        delta=1e-5,
+        budget_epsilon=3.0,
+        cohort_size=40,
+        adaptive_clipping=True,
+        accountant="rdp",
+    )
     rng = np.random.default_rng(3)
     ledger, budget = Ledger(tmp_path / "ledger.jsonl"), PrivacyBudget(cfg)
     clip, dim = cfg.clip_norm, 50
@@ -36,11 +45,18 @@ def test_central_dp_with_adaptive_clipping(tmp_path):
         count = sum(clip_indicator(u, clip) for u in updates)  # secure sum too
         noised = add_gaussian_noise(total, cfg.update_noise_multiplier, clip, rng=rng)
         noisy_count = noised_count(count, cfg.count_stddev, rng=rng)
-        following = next_clip_norm(clip, noisy_count, cfg.cohort_size, cfg.target_quantile,
-                                   cfg.clip_learning_rate)
-        budget.record_release(ledger, round_number=number, event=event, clip_norm=clip,
-                              cohort_planned=cfg.cohort_size, cohort_aggregated=len(updates),
-                              extra={"next_clip_norm": following})
+        following = next_clip_norm(
+            clip, noisy_count, cfg.cohort_size, cfg.target_quantile, cfg.clip_learning_rate
+        )
+        budget.record_release(
+            ledger,
+            round_number=number,
+            event=event,
+            clip_norm=clip,
+            cohort_planned=cfg.cohort_size,
+            cohort_aggregated=len(updates),
+            extra={"next_clip_norm": following},
+        )
         _model_delta = noised / cfg.cohort_size  # released only after the entry is durable
         clip = following
         if number == 10:  # simulate a restart: state comes back from the ledger alone
@@ -57,13 +73,25 @@ def test_central_dp_with_adaptive_clipping(tmp_path):
 
 
 def test_distributed_dp_accounts_for_the_survivors(tmp_path):
-    cfg = DpConfig(mechanism="distributed_skellam", noise_multiplier=1.0, clip_norm=1.0,
-                   sampling_rate=0.02, rounds=5, delta=1e-5, budget_epsilon=5.0,
-                   cohort_size=12, modulus_bits=20)
-    params = SkellamParams.calibrate(dim=200, clip_norm=cfg.clip_norm,
-                                     noise_multiplier=cfg.noise_multiplier,
-                                     num_clients=cfg.cohort_size, min_clients=8,
-                                     bits=cfg.modulus_bits)
+    cfg = DpConfig(
+        mechanism="distributed_skellam",
+        noise_multiplier=1.0,
+        clip_norm=1.0,
+        sampling_rate=0.02,
+        rounds=5,
+        delta=1e-5,
+        budget_epsilon=5.0,
+        cohort_size=12,
+        modulus_bits=20,
+    )
+    params = SkellamParams.calibrate(
+        dim=200,
+        clip_norm=cfg.clip_norm,
+        noise_multiplier=cfg.noise_multiplier,
+        num_clients=cfg.cohort_size,
+        min_clients=8,
+        bits=cfg.modulus_bits,
+    )
     ledger, budget = Ledger(tmp_path / "ledger.jsonl"), PrivacyBudget(cfg)
     rng = np.random.default_rng(4)
     for number in range(1, cfg.rounds + 1):
@@ -72,13 +100,19 @@ def test_distributed_dp_accounts_for_the_survivors(tmp_path):
         assert not budget.would_exceed(worst)
         encoder = SkellamEncoder(params, rotation_seed=1000 + number, rng=rng)
         survivors = [rng.normal(size=200) for _ in range(8 + number % 5)]
-        modular_sum = np.mod(sum(encoder.encode(u).astype(np.int64) for u in survivors),
-                             params.modulus)
+        modular_sum = np.mod(
+            sum(encoder.encode(u).astype(np.int64) for u in survivors), params.modulus
+        )
         decoded = encoder.decode(modular_sum, len(survivors))
         event = cfg.round_event(params.noise_multiplier_for(len(survivors)))
-        budget.record_release(ledger, round_number=number, event=event,
-                              clip_norm=cfg.clip_norm, cohort_planned=cfg.cohort_size,
-                              cohort_aggregated=len(survivors))
+        budget.record_release(
+            ledger,
+            round_number=number,
+            event=event,
+            clip_norm=cfg.clip_norm,
+            cohort_planned=cfg.cohort_size,
+            cohort_aggregated=len(survivors),
+        )
         assert decoded.shape == (200,)
     entries = Ledger(ledger.path).entries
     assert len({entry["noise_multiplier"] for entry in entries}) > 1

@@ -30,14 +30,16 @@ def test_hadamard_rotation_is_orthonormal_and_invertible():
     assert rotated.shape == (64,)
     assert np.linalg.norm(rotated) == pytest.approx(np.linalg.norm(x))
     np.testing.assert_allclose(unrotate(rotated, 9, 37), x, atol=1e-12)
-    np.testing.assert_allclose(walsh_hadamard(walsh_hadamard(np.arange(8.0))), np.arange(8.0),
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        walsh_hadamard(walsh_hadamard(np.arange(8.0))), np.arange(8.0), atol=1e-12
+    )
 
 
 def test_decoded_sum_matches_clipped_sum_within_the_expected_noise():
     dim, clients = 3000, 20
-    params = SkellamParams.calibrate(dim=dim, clip_norm=1.0, noise_multiplier=0.8,
-                                     num_clients=clients, bits=18)
+    params = SkellamParams.calibrate(
+        dim=dim, clip_norm=1.0, noise_multiplier=0.8, num_clients=clients, bits=18
+    )
     rng = np.random.default_rng(1)
     updates = [rng.normal(size=dim) * scale for scale in rng.uniform(0.005, 0.1, clients)]
     decoded, unreduced = run_round(params, updates)
@@ -54,8 +56,9 @@ def test_decoded_sum_matches_clipped_sum_within_the_expected_noise():
 
 def test_no_wrap_even_when_all_clients_send_the_same_spiky_update():
     dim, clients = 1000, 50
-    params = SkellamParams.calibrate(dim=dim, clip_norm=0.5, noise_multiplier=1.0,
-                                     num_clients=clients, bits=16)
+    params = SkellamParams.calibrate(
+        dim=dim, clip_norm=0.5, noise_multiplier=1.0, num_clients=clients, bits=16
+    )
     spike = np.zeros(dim)
     spike[3] = 10.0  # clipped to norm 0.5, all mass on one coordinate before rotation
     decoded, unreduced = run_round(params, [spike] * clients)
@@ -64,31 +67,36 @@ def test_no_wrap_even_when_all_clients_send_the_same_spiky_update():
 
 
 def test_gaussian_equivalent_dominates_the_skellam_rdp_at_every_order():
-    params = SkellamParams.calibrate(dim=500, clip_norm=1.0, noise_multiplier=1.2,
-                                     num_clients=10, min_clients=8, bits=20)
+    params = SkellamParams.calibrate(
+        dim=500, clip_norm=1.0, noise_multiplier=1.2, num_clients=10, min_clients=8, bits=20
+    )
     z = params.noise_multiplier_for(8)
     assert z == pytest.approx(1.2, rel=1e-9)
     mu = 8 * params.local_variance
     d2 = params.norm_bound
     d1 = min(math.sqrt(params.padded_dim) * d2, d2**2)
     for alpha in [1.5, 2, 8, 32, 256, 4096]:
-        skellam = alpha * d2**2 / (2 * mu) + min(((2 * alpha - 1) * d2**2 + 6 * d1) / (4 * mu**2),
-                                                 3 * d1 / (2 * mu))
+        skellam = alpha * d2**2 / (2 * mu) + min(
+            ((2 * alpha - 1) * d2**2 + 6 * d1) / (4 * mu**2), 3 * d1 / (2 * mu)
+        )
         assert alpha / (2 * z**2) >= skellam
     assert params.noise_multiplier_for(10) > z  # more survivors, more noise
     assert params.noise_multiplier_for(8, "replace_one") == pytest.approx(z, rel=1e-6)
 
 
 def test_decoding_refuses_too_few_noise_shares_and_params_are_validated():
-    params = SkellamParams.calibrate(dim=16, clip_norm=1.0, noise_multiplier=1.0,
-                                     num_clients=10, min_clients=6, bits=16)
+    params = SkellamParams.calibrate(
+        dim=16, clip_norm=1.0, noise_multiplier=1.0, num_clients=10, min_clients=6, bits=16
+    )
     encoder = SkellamEncoder(params, rotation_seed=1)
     with pytest.raises(ValueError, match="min_clients"):
         encoder.decode(np.zeros(16, np.uint32), 5)
     with pytest.raises(ValueError, match="bits"):
-        SkellamParams.calibrate(dim=16, clip_norm=1.0, noise_multiplier=1.0, num_clients=10,
-                                bits=24)
+        SkellamParams.calibrate(
+            dim=16, clip_norm=1.0, noise_multiplier=1.0, num_clients=10, bits=24
+        )
     with pytest.raises(ValueError, match="modulus too small"):
-        SkellamParams.calibrate(dim=2**16, clip_norm=1.0, noise_multiplier=1.0,
-                                num_clients=1000, bits=10)
+        SkellamParams.calibrate(
+            dim=2**16, clip_norm=1.0, noise_multiplier=1.0, num_clients=1000, bits=10
+        )
     assert SkellamParams.from_dict(params.to_dict()) == params

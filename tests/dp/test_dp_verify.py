@@ -8,8 +8,13 @@ from fedveil.privacy.dp import Ledger, canonical_json, entry_hash, verify_ledger
 
 def test_clean_ledger_verifies_from_path_bytes_stream_and_entries(make_ledger):
     path, _, budget = make_ledger(rounds=6)
-    for source in (path, str(path), path.read_bytes(), io.BytesIO(path.read_bytes()),
-                   Ledger(path).entries):
+    for source in (
+        path,
+        str(path),
+        path.read_bytes(),
+        io.BytesIO(path.read_bytes()),
+        Ledger(path).entries,
+    ):
         result = verify_ledger(source)
         assert result.ok, result.message
         assert result.entries == 6 and result.epsilon_recomputed == 6

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
 from fedveil.privacy.secagg import randomness
 
 

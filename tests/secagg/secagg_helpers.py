@@ -6,6 +6,7 @@ import hashlib
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from fedveil.privacy.secagg import SessionConfig, ThreatMode
 
 

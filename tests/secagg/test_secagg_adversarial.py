@@ -6,6 +6,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from secagg_helpers import identity_keys, make_session, plain_sum, random_inputs
+
 from fedveil.privacy.secagg import (
     AdvertiseKeys,
     DropoutPattern,
@@ -27,7 +29,6 @@ from fedveil.privacy.secagg import (
     shamir,
 )
 from fedveil.privacy.secagg.simulate import RoundReport
-from secagg_helpers import identity_keys, make_session, plain_sum, random_inputs
 
 
 def _assert_exact(

@@ -7,6 +7,10 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from secagg_helpers import identity_keys, make_session, random_inputs
+
 from fedveil.privacy.secagg import (
     ClientStage,
     SecAggAborted,
@@ -20,9 +24,6 @@ from fedveil.privacy.secagg import (
     UnmaskShares,
 )
 from fedveil.privacy.secagg.wire import encode_members
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from secagg_helpers import identity_keys, make_session, random_inputs
 
 
 def _drive_to_unmask(

@@ -8,9 +8,10 @@ import re
 
 import numpy as np
 import pytest
+from secagg_helpers import make_session
+
 from fedveil.privacy.secagg import SecAggClient, randomness
 from fedveil.simulations import bench_secagg
-from secagg_helpers import make_session
 
 SOURCES = pathlib.Path(randomness.__file__).parent
 

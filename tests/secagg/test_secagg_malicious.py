@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from secagg_helpers import identity_keys, make_session, random_inputs
+
 from fedveil.privacy.secagg import (
     ConsistencyRequest,
     Message,
@@ -19,7 +21,6 @@ from fedveil.privacy.secagg import (
     run_in_memory,
 )
 from fedveil.privacy.secagg.wire import encode_members
-from secagg_helpers import identity_keys, make_session, random_inputs
 
 
 def test_equivocating_about_a_survivor_never_yields_both_share_kinds() -> None:

@@ -6,6 +6,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from secagg_helpers import identity_keys, make_session, random_inputs
+
 from fedveil.privacy.secagg import (
     AdvertiseRequest,
     Message,
@@ -17,9 +21,6 @@ from fedveil.privacy.secagg import (
     run_in_memory,
 )
 from fedveil.privacy.secagg.messages import ALL_MESSAGES
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from secagg_helpers import identity_keys, make_session, random_inputs
 
 
 def _capture_one_of_each() -> dict[type[Message], Message]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fedveil.privacy.secagg import ThreatMode, ThreatModel, find_parameters
 from fedveil.privacy.secagg.params import _harary_range
 

@@ -10,6 +10,9 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+from scipy.stats import chisquare
+from secagg_helpers import make_session, plain_sum
+
 from fedveil.privacy.secagg import (
     DropoutPattern,
     Message,
@@ -21,8 +24,6 @@ from fedveil.privacy.secagg import (
     shamir,
 )
 from fedveil.privacy.secagg.masking import MaskApplier
-from scipy.stats import chisquare
-from secagg_helpers import make_session, plain_sum
 
 P_MIN = 1e-3
 

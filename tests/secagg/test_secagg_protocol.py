@@ -6,6 +6,10 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from secagg_helpers import identity_keys, make_session, plain_sum, random_inputs
+
 from fedveil.privacy.secagg import (
     DropoutPattern,
     Quantizer,
@@ -16,9 +20,6 @@ from fedveil.privacy.secagg import (
     ThreatModel,
     run_in_memory,
 )
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
-from secagg_helpers import identity_keys, make_session, plain_sum, random_inputs
 
 
 def expected_survivors(session: SessionConfig, dropouts: DropoutPattern) -> frozenset[int] | None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fedveil.privacy.secagg import Quantizer, pack, unpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from fedveil.privacy.secagg import Quantizer, pack, unpack
 
 
 def test_bits_leave_room_for_the_whole_cohort() -> None:

@@ -6,9 +6,10 @@ import random
 import time
 
 import pytest
-from fedveil.privacy.secagg import shamir
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from fedveil.privacy.secagg import shamir
 
 
 def _is_probable_prime(n: int) -> bool:

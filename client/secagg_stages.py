@@ -1,0 +1,103 @@
+"""The client's half of secure aggregation, over Envelopes.
+
+The first stage ("secagg.advertise") carries the training request: the client
+trains, encodes its update into Z_(2^b) (quantized with its weight, or Skellam
+distributed-DP noise shares), keeps that vector and its protocol state in the
+runtime's state dict, and answers with its public keys. Later stages restore
+the SecAggClient from that state; the masked vector leaves the client only
+masked.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedveil.envelope import Envelope, MessageError
+from fedveil.privacy.dp import SkellamEncoder, SkellamParams
+from fedveil.privacy.secagg import Quantizer, SecAggClient, SecAggError, decode_message
+
+SA = "sa."  # protocol fields inside an Envelope
+ENC = "enc."  # encoding parameters (advertise stage only)
+STATE = "sa.state."
+INPUT = "sa.input"
+STAGES = ("advertise", "share_keys", "masked_input", "consistency", "unmask")
+KINDS = [f"secagg.{stage}" for stage in STAGES]
+
+# Extra coordinates carried masked with the update, each scaled into [0, r].
+LOSS_CAP = 16.0
+
+
+def protocol_part(msg: Envelope) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    config = {k[len(SA) :]: v for k, v in msg.config.items() if k.startswith(SA)}
+    arrays = {k[len(SA) :]: np.asarray(v) for k, v in msg.arrays.items() if k.startswith(SA)}
+    return config, arrays
+
+
+def wrap(kind: str, round_num: int, message: Any) -> Envelope:
+    config, arrays = message.to_wire()
+    return Envelope(
+        kind,
+        round_num,
+        {SA + k: v for k, v in config.items()},
+        {SA + k: v for k, v in arrays.items()},
+    )
+
+
+def encode_update(msg: Envelope, reply: dict[str, Any], delta: torch.Tensor) -> np.ndarray:
+    """The client's integer input vector for this round's encoding."""
+    kind = msg.get(ENC + "kind", str)
+    vector = delta.detach().cpu().numpy().astype(np.float64)
+    if kind == "quantized":
+        q = Quantizer(
+            clip_range=float(msg.get(ENC + "clip_range", (int, float))),
+            levels=msg.get(ENC + "levels", int),
+            max_clients=msg.get(ENC + "max_clients", int),
+            max_weight=msg.get(ENC + "max_weight", int),
+        )
+        r = q.clip_range
+        loss = min(max(float(reply["loss"]), 0.0), LOSS_CAP)
+        extras = [r * loss / LOSS_CAP, r * float(reply.get("unclipped", 0))]
+        weight = min(round(reply["weight"]), q.max_weight)
+        return q.encode_weighted(np.concatenate([vector, extras]), weight)
+    if kind == "skellam":
+        params = SkellamParams.from_dict(json.loads(msg.get(ENC + "params", str)))
+        seed = msg.get(ENC + "rotation_seed", int)
+        return SkellamEncoder(params, seed).encode(vector)
+    raise MessageError(f"{msg.kind} message: unknown encoding {kind!r}")
+
+
+def handle_secagg(
+    client_id: int,
+    msg: Envelope,
+    state: dict[str, Any],
+    train: Callable[[int, Envelope], tuple[dict[str, Any], torch.Tensor]],
+) -> Envelope:
+    stage = msg.kind.removeprefix("secagg.")
+    config, arrays = protocol_part(msg)
+    try:
+        request = decode_message(config, arrays)
+        if stage == "advertise":
+            for key in [k for k in state if k.startswith(SA)]:
+                del state[key]  # a new round: nothing of the last one survives
+            reply, delta = train(client_id, msg)
+            state[INPUT] = encode_update(msg, reply, delta)
+            client = SecAggClient(client_id, request.session)
+        else:
+            saved = {k[len(STATE) :]: v for k, v in state.items() if k.startswith(STATE)}
+            if not saved:
+                raise MessageError(f"{msg.kind}: no secure-aggregation session in progress")
+            client = SecAggClient.from_state(saved)
+        vector = state.get(INPUT) if stage == "masked_input" else None
+        answer = client.respond(request, vector=vector)
+    except SecAggError as exc:
+        raise MessageError(f"{msg.kind}: {exc}") from None
+    for key, value in client.to_state().items():
+        state[STATE + key] = value
+    if stage == "masked_input":
+        state.pop(INPUT, None)  # the plain vector is not kept once it has left masked
+    return wrap(msg.kind, msg.round, answer)
