@@ -139,9 +139,19 @@ def _subcommands() -> list:
     """Each further command lives in its own module and registers itself here."""
     from .bench_cli import add_bench
     from .data_cli import add_data
+    from .deploy_cli import add_certs, add_client, add_clients, add_run, add_server
     from .privacy_cli import add_privacy
 
-    return [add_data, add_privacy, add_bench]
+    return [
+        add_data,
+        add_privacy,
+        add_bench,
+        add_server,
+        add_client,
+        add_run,
+        add_clients,
+        add_certs,
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -112,6 +112,10 @@ class RoundEngine:
         self.eval_rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xE7A1]))
         self.round = 0
         self.history: list[RoundRecord] = []
+        # Facts from the parts around the engine (clients connected in a deployment,
+        # epsilon spent under DP) go into the round's record before it is stored, so
+        # they are part of the same durable line as the round itself.
+        self.annotators: list[Callable[[RoundRecord], None]] = []
 
     # -- checkpoint -------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -216,6 +220,8 @@ class RoundEngine:
         if report is not None:
             record.extra.update(report(round_num))
         record.duration_s = time.perf_counter() - start
+        for annotate in self.annotators:
+            annotate(record)
         self.history.append(record)
         if self.store is not None:
             self.store.append_metrics(record.to_json())

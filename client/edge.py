@@ -1,0 +1,285 @@
+"""`fedveil client`: one device of a federation — a Flower SuperNode plus fedveil's worker.
+
+Two processes. `flower-supernode` (a child that dies with this one) talks to
+the coordinator's Fleet API over TLS, authenticated with the device's key,
+and queues each request as a task on its loopback Runtime API (process
+isolation). This process is the worker: it claims those tasks (HMAC-signed
+with a secret made at each start, so no other local process can), answers
+each with EdgeClient and pushes the reply. Data and model stay loaded between
+rounds, and the code that runs is the fedveil installed here — never code
+from the server (a run of any other Flower app is refused).
+
+Reconnection: the SuperNode retries an unreachable or restarting coordinator
+with exponential backoff (Flower's, up to 20 s between tries). If the
+SuperNode exits — the key was revoked, TLS failed, it crashed — this process
+restarts it with its own backoff (1 s doubling to max_backoff_s). A request
+it cannot use is answered with an error and logged; the worker goes on.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import secrets
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from fedveil.procs import child_env, flwr_command, free_port, spawn, stop_group, wait_port
+
+from .flower_deploy import CLIENTAPP_REF, FAB_ID, EdgeClient, answer
+
+log = logging.getLogger("fedveil.edge")
+
+ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
+
+
+@dataclass
+class EdgeOptions:
+    server: str  # the coordinator's Fleet API, host:port
+    client_id: int
+    state_dir: Path
+    ca: Path | None = None
+    key: Path | None = None
+    insecure: bool = False
+    runtime_port: int = 0  # 0: any free loopback port
+    max_backoff_s: float = 60.0
+    poll_s: float = 0.25
+
+    def check(self) -> None:
+        host, sep, port = self.server.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"--server {self.server!r}: expected HOST:PORT")
+        if self.insecure and self.key is not None:
+            raise ValueError(
+                "--key needs TLS: SuperNode authentication is not possible with --insecure"
+            )
+        for name in ("ca", "key"):
+            p = getattr(self, name)
+            if p is not None and not Path(p).is_file():
+                raise ValueError(f"--{name} {p}: no such file")
+
+
+def warm_up() -> None:
+    """Run torch's training path once while the SuperNode connects.
+
+    The first optimizer step loads much of torch lazily; on a small device that is
+    seconds, which would otherwise land in the first round this device is sampled for.
+    """
+    import torch
+
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.zeros(2, 4)).sum().backward()
+    opt.step()
+
+
+class EdgeNode:
+    def __init__(self, opts: EdgeOptions, edge: EdgeClient) -> None:
+        opts.check()
+        self.opts, self.edge = opts, edge
+        # Set by the signal handler. A plain attribute on purpose: a handler that takes a
+        # lock (threading.Event.set) can deadlock against the main thread holding it.
+        self.stopping = False
+        self.proc: Any = None
+        self.port = opts.runtime_port or free_port()
+        self._secret = b""
+        self._log_file: Any = None
+        self.tasks_done = 0
+
+    # -- the SuperNode -------------------------------------------------------
+    def _supernode_argv(self, secret_file: Path) -> list[str]:
+        o = self.opts
+        args = [
+            "--superlink",
+            o.server,
+            "--isolation",
+            "process",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--node-config",
+            f"client-id={o.client_id}",
+            "--superexec-auth-secret-file",
+            str(secret_file),
+        ]
+        if o.insecure:
+            args.append("--insecure")
+        elif o.ca is not None:
+            args += ["--root-certificates", str(o.ca)]
+        if o.key is not None:
+            args += ["--auth-supernode-private-key", str(o.key)]
+        return flwr_command("flower-supernode", args)
+
+    def _start_supernode(self) -> None:
+        o = self.opts
+        o.state_dir.mkdir(parents=True, exist_ok=True)
+        self._secret = secrets.token_bytes(32)
+        secret_file = o.state_dir / "runtime.secret"
+        fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(self._secret)
+        if self._log_file is None:
+            self._log_file = (o.state_dir / "supernode.log").open("ab")
+        env = child_env({"FLWR_HOME": str(o.state_dir / "flwr")})
+        self.proc = spawn(self._supernode_argv(secret_file), env=env, log=self._log_file)
+        log.info(
+            "client %d: SuperNode started (pid %d) for %s%s",
+            o.client_id,
+            self.proc.pid,
+            o.server,
+            "" if o.insecure else " over TLS",
+        )
+
+    def _supernode_alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    # -- the worker ----------------------------------------------------------
+    def _runtime_client(self, token: str | None) -> Any:
+        from flwr.supercore.interceptors import (
+            RuntimeTokenHttpInterceptor,
+            RuntimeVersionHttpInterceptor,
+            SuperExecAuthHttpInterceptor,
+        )
+        from flwr.supercore.runtime import RuntimeHttpClient
+
+        interceptors: list[Any] = [RuntimeVersionHttpInterceptor(component_name="fedveil-client")]
+        if token is None:
+            interceptors.append(
+                SuperExecAuthHttpInterceptor(
+                    master_secret=self._secret, protected_methods={ACQUIRE}
+                )
+            )
+        else:
+            interceptors.append(RuntimeTokenHttpInterceptor(token))
+        return RuntimeHttpClient.from_server_address(
+            server_address=f"127.0.0.1:{self.port}",
+            insecure=True,  # loopback only; claims are HMAC-signed, tasks token-bound
+            root_certificates=None,
+            interceptors=interceptors,
+        )
+
+    def _acquire(self, client: Any) -> tuple[str, Any] | None:
+        from flwr.proto.runtime_pb2 import AcquireTaskRequest
+        from flwr.supercore.constant import TaskType
+
+        res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
+        if res.HasField("task") and res.token:
+            return res.token, res.task
+        return None
+
+    def _run_task(self, token: str) -> None:
+        from flwr.app import Error, Message
+        from flwr.common.config import get_fab_config
+        from flwr.common.constant import SubStatus
+        from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest
+        from flwr.supercore.heartbeat import HeartbeatSender
+        from flwr.supernode.runtime.run_clientapp import (
+            pull_task_input,
+            push_message,
+            push_task_output,
+        )
+
+        client = self._runtime_client(token)
+
+        def heartbeat() -> bool:
+            try:
+                return bool(client.SendTaskHeartbeat(SendTaskHeartbeatRequest()).success)
+            except httpx.HTTPError:
+                return False
+
+        beat = HeartbeatSender(heartbeat)
+        beat.start()
+        context = None
+        try:
+            message, context, run, fab = pull_task_input(client)
+            try:
+                components = get_fab_config(fab.content)["tool"]["flwr"]["app"]["components"]
+                ours = run.fab_id == FAB_ID and components.get("clientapp") == CLIENTAPP_REF
+            except Exception:
+                ours = False
+            if ours:
+                reply = answer(self.edge, message, context.run_id, context.run_config)
+            else:
+                log.warning("run %d is not a fedveil run (%s); refused", context.run_id, run.fab_id)
+                reply = Message(Error(4003, "this device only runs fedveil runs"), reply_to=message)
+            push_message(client, reply, context)
+            push_task_output(client, context, SubStatus.COMPLETED, "")
+            self.tasks_done += 1
+        except Exception as exc:  # the device keeps serving; the server sees no reply
+            log.warning("task abandoned: %s: %s", type(exc).__name__, exc)
+            push_task_output(client, context, SubStatus.FAILED, f"{type(exc).__name__}: {exc}")
+        finally:
+            if beat.is_running:
+                beat.stop()
+            client.close()
+
+    # -- the loop ------------------------------------------------------------
+    def _request_stop(self, signum: int, frame: Any) -> None:
+        self.stopping = True
+
+    def _sleep(self, seconds: float) -> bool:
+        """Sleep in short steps; True as soon as a stop was requested."""
+        deadline = time.monotonic() + seconds
+        while not self.stopping and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(0.1, left))
+        return self.stopping
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._request_stop)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: where is it?
+        backoff, started = 1.0, 0.0
+        acquire_client = None
+        try:
+            while not self.stopping:
+                if not self._supernode_alive():
+                    if self.proc is not None:
+                        code = self.proc.poll()
+                        up = time.monotonic() - started
+                        backoff = 1.0 if up > 60 else min(backoff * 2, self.opts.max_backoff_s)
+                        log.warning(
+                            "SuperNode exited (code %s) after %.0f s; restarting in %.0f s "
+                            "(a revoked or unknown key, a TLS error or a crash: see %s)",
+                            code,
+                            up,
+                            backoff,
+                            self.opts.state_dir / "supernode.log",
+                        )
+                        stop_group(self.proc, timeout=2)
+                        if self._sleep(backoff):
+                            break
+                    self._start_supernode()
+                    started = time.monotonic()
+                    if self.tasks_done == 0 and self.proc is not None:
+                        warm_up()
+                    if acquire_client is not None:
+                        acquire_client.close()
+                    acquire_client = self._runtime_client(None)
+                    wait_port("127.0.0.1", self.port, 30.0, self.proc)
+                    continue
+                try:
+                    got = self._acquire(acquire_client)
+                except httpx.HTTPError as exc:
+                    log.debug("runtime API not ready: %s", exc)
+                    self._sleep(1.0)
+                    continue
+                if got is None:
+                    self._sleep(self.opts.poll_s)
+                    continue
+                self._run_task(got[0])
+        finally:
+            if acquire_client is not None:
+                acquire_client.close()
+            if self.proc is not None:
+                stop_group(self.proc, timeout=10)
+            if self._log_file is not None:
+                self._log_file.close()
+            log.info("client %d stopped after %d tasks", self.opts.client_id, self.tasks_done)
+        return 0

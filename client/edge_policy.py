@@ -1,0 +1,126 @@
+"""What a device will do, whatever the server asks: set on the device, never by the server.
+
+The server's request is checked (and capped) before any training:
+- require_secagg: refuse to send an update that the server could read alone;
+  a training request counts as secure-aggregated only if it says so
+  (`secagg` = true in its config — the secure-aggregation stages set it, and
+  the client-runtime stages that mask the update must then run).
+- max_clip_norm: refuse to send an update that is not clipped to L2 norm
+  <= this bound (`clip_norm` in the request, as central DP asks), so this
+  device's influence on any release is bounded whatever the server does.
+- min_dp_noise: refuse training requests whose local DP noise multiplier
+  (`dp_noise_multiplier` in the request: distributed DP / DP-SGD, when
+  they reach the client runtime) is below this level.
+- max_local_epochs / max_local_steps: cap the work of one round.
+- max_train_seconds: cap one round's local training time; steps are capped
+  from the measured time per step (a probe step before the first round).
+A refusal is a MessageError: the device answers with an error, the server
+drops it from that round, and the device stays connected for the next one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fedveil.envelope import Envelope, MessageError
+
+
+class PolicyRefusal(MessageError):
+    """The request is against this device's local policy."""
+
+
+@dataclass(frozen=True)
+class LocalPolicy:
+    require_secagg: bool = False
+    max_clip_norm: float = 0.0  # 0: no requirement
+    min_dp_noise: float = 0.0
+    max_local_epochs: int = 0  # 0: no cap
+    max_local_steps: int = 0
+    max_train_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("min_dp_noise", "max_train_seconds", "max_clip_norm"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} = {v!r}: must be a finite number >= 0")
+        for name in ("max_local_epochs", "max_local_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} = {getattr(self, name)}: must be >= 0")
+
+    def describe(self) -> str:
+        parts = []
+        if self.require_secagg:
+            parts.append("secure aggregation required")
+        if self.max_clip_norm:
+            parts.append(f"updates clipped to <= {self.max_clip_norm:g}")
+        if self.min_dp_noise:
+            parts.append(f"local DP noise >= {self.min_dp_noise}")
+        if self.max_local_epochs:
+            parts.append(f"<= {self.max_local_epochs} local epochs")
+        if self.max_local_steps:
+            parts.append(f"<= {self.max_local_steps} local steps")
+        if self.max_train_seconds:
+            parts.append(f"<= {self.max_train_seconds:g} s of training")
+        return ", ".join(parts) or "none"
+
+    def apply(
+        self, request: Envelope, num_examples: int, seconds_per_step: float | None
+    ) -> tuple[Envelope, bool]:
+        """The request as this device will run it, and whether it was capped."""
+        if request.kind != "train":
+            return request, False
+        config = dict(request.config)
+        if self.require_secagg and config.get("secagg") is not True:
+            raise PolicyRefusal(
+                "local policy: this device requires secure aggregation; "
+                "the server asked for an update in the clear"
+            )
+        if self.max_clip_norm > 0:
+            clip = config.get("clip_norm")
+            ok = isinstance(clip, (int, float)) and not isinstance(clip, bool)
+            if not ok or not 0 < clip <= self.max_clip_norm:
+                raise PolicyRefusal(
+                    f"local policy: this device sends only updates clipped to L2 norm <= "
+                    f"{self.max_clip_norm:g}; the server asked for clip_norm = {clip!r}"
+                )
+        if self.min_dp_noise > 0:
+            noise = config.get("dp_noise_multiplier")
+            if (
+                not isinstance(noise, (int, float))
+                or isinstance(noise, bool)
+                or noise < self.min_dp_noise
+            ):
+                raise PolicyRefusal(
+                    f"local policy: local DP noise multiplier {noise!r} is below this "
+                    f"device's minimum {self.min_dp_noise}"
+                )
+        steps = _planned_steps(config, num_examples)
+        if steps is None:
+            return request, False  # malformed: the runtime rejects it with the field name
+        cap = steps
+        per_epoch = max(1, -(-num_examples // max(1, int(config["batch_size"]))))
+        if self.max_local_epochs:
+            cap = min(cap, self.max_local_epochs * per_epoch)
+        if self.max_local_steps:
+            cap = min(cap, self.max_local_steps)
+        if self.max_train_seconds and seconds_per_step:
+            cap = min(cap, max(1, int(self.max_train_seconds / seconds_per_step)))
+        if cap >= steps:
+            return request, False
+        config["local_steps"] = int(cap)
+        return Envelope(request.kind, request.round, config, request.arrays), True
+
+
+def _planned_steps(config: dict, num_examples: int) -> int | None:
+    try:
+        steps, epochs, batch = (
+            int(config[k]) for k in ("local_steps", "local_epochs", "batch_size")
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    if batch < 1:
+        return None
+    if steps > 0:
+        return steps
+    return epochs * max(1, -(-num_examples // batch))

@@ -1,0 +1,278 @@
+"""The deployed client: what a device answers to a fedveil run, and the ClientApp around it.
+
+`EdgeClient` turns one request Envelope into a reply for this device, with its
+own data (or task) and its own policy. The device decides what code runs: it
+never imports a module named by the server (a run whose task differs from the
+device's own is refused), builds built-in models by registry name only, and
+checks every request before training. Anything wrong with a request becomes
+an error reply and a clear log line; nothing a server sends crashes a device.
+
+`fedveil client` (edge.py) calls EdgeClient from its own long-lived worker, so
+data and model are loaded once per process. `app` is the same logic as a
+Flower ClientApp, for Flower's own subprocess isolation (node config keys:
+client-id, data-path or task, and the policy keys of LocalPolicy with dashes).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from flwr.app import Context, Error, Message
+from flwr.clientapp import ClientApp
+
+from fedveil.config import ConfigError, RunConfig, config_from_dict
+from fedveil.envelope import Envelope, MessageError
+from fedveil.flower_codec import KINDS, from_content, message_type, to_content
+from fedveil.models import MODELS, build_model
+from fedveil.tasks import ClientData, Task, load_task_function
+
+from .edge_data import load_local_data, with_holdout
+from .edge_policy import LocalPolicy
+from .runtime import ClientRuntime
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+log = logging.getLogger("fedveil.edge")
+
+# The contract with the coordinator's FAB (server/service/superlink.py builds it).
+CONFIG_KEY = "fedveil-config"  # the run's client-facing config (TOML) in Flower's run config
+FAB_ID = "fedveil/fedveil-service"
+CLIENTAPP_REF = "fedveil.client.flower_deploy:app"
+BAD_MESSAGE = 4001
+CLIENT_FAILURE = 4002
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """Local data files; the model is the run's built-in model (optionally pinned)."""
+
+    data: ClientData
+    model: str | None = None  # refuse runs of another built-in model
+
+
+@dataclass(frozen=True)
+class TaskSource:
+    """A user task `module:function` installed on the device (data and model from it)."""
+
+    ref: str
+
+
+class EdgeClient:
+    def __init__(
+        self,
+        source: DataSource | TaskSource,
+        client_id: int,
+        policy: LocalPolicy | None = None,
+        device: str = "cpu",
+    ) -> None:
+        if client_id < 0:
+            raise ValueError(f"client id {client_id}: must be >= 0")
+        self.source, self.client_id = source, client_id
+        self.policy = policy or LocalPolicy()
+        self.device = device
+        self._run_id: int | None = None
+        self._runtime: ClientRuntime | None = None
+        self._num_examples = 0
+        self._round = -1
+        self._state: dict[str, Any] = {}
+        self.seconds_per_step: float | None = None
+
+    # -- per run -------------------------------------------------------------
+    def _run_config(self, run_config: Mapping[str, Any]) -> RunConfig:
+        text = run_config.get(CONFIG_KEY)
+        if not isinstance(text, str) or not text:
+            raise MessageError(f"run config lacks {CONFIG_KEY!r}: not a fedveil run")
+        try:
+            return config_from_dict(tomllib.loads(text))
+        except (tomllib.TOMLDecodeError, ConfigError) as exc:
+            raise MessageError(f"the run's config is invalid: {exc}") from None
+
+    def _task(self, cfg: RunConfig, request: Envelope) -> Task:
+        if isinstance(self.source, TaskSource):
+            if cfg.model.task != self.source.ref:
+                raise MessageError(
+                    f"this device runs task {self.source.ref!r}; the run wants "
+                    f"{cfg.model.task or cfg.model.name!r}"
+                )
+            task = load_task_function(self.source.ref)(cfg)
+            if not isinstance(task, Task):
+                raise MessageError(f"task {self.source.ref!r} did not return a fedveil Task")
+            return task
+        data = self.source.data
+        name = cfg.model.name
+        if self.source.model is not None and name != self.source.model:
+            raise MessageError(
+                f"this device trains model {self.source.model!r}; the run wants {name!r}"
+            )
+        if name not in MODELS:
+            raise MessageError(f"model {name!r} is not a built-in model on this device")
+        num_classes = request.get("run_num_classes", int)
+        shape = tuple(request.get("run_input_shape", list))
+        if shape != tuple(data.x.shape[1:]):
+            raise MessageError(
+                f"the run's inputs have shape {shape}; this device's data has "
+                f"{tuple(data.x.shape[1:])}"
+            )
+        if int(data.y.max()) >= num_classes:
+            raise MessageError(
+                f"this device's labels go up to {int(data.y.max())}; "
+                f"the run has {num_classes} classes"
+            )
+        local = with_holdout(data, cfg.eval.client_holdout)
+        build_model(name, shape, num_classes)  # fails here, with the model's own message
+        return Task(
+            name=f"local/{name}",
+            input_shape=shape,
+            num_classes=num_classes,
+            num_clients=cfg.data.num_clients,
+            model_fn=lambda: build_model(name, shape, num_classes),
+            client_data=lambda cid: local,
+        )
+
+    def _runtime_for(
+        self, run_id: int, run_config: Mapping[str, Any], request: Envelope
+    ) -> ClientRuntime:
+        if self._runtime is not None and self._run_id == run_id:
+            return self._runtime
+        cfg = self._run_config(run_config)
+        try:
+            task = self._task(cfg, request)
+            runtime = ClientRuntime(task, self.device)
+            self._num_examples = len(task.client_data(self.client_id))
+        except MessageError:
+            raise
+        except Exception as exc:  # the device's task or data cannot serve this run
+            raise MessageError(f"cannot set up this run: {type(exc).__name__}: {exc}") from None
+        self._runtime, self._run_id = runtime, run_id
+        self._round, self._state = -1, {}
+        log.info(
+            "run %d: %s, %d parameters, %d local examples",
+            run_id,
+            task.name,
+            runtime.model.size,
+            self._num_examples,
+        )
+        return runtime
+
+    # -- per message ---------------------------------------------------------
+    def handle(self, run_id: int, run_config: Mapping[str, Any], request: Envelope) -> Envelope:
+        runtime = self._runtime_for(run_id, run_config, request)
+        if request.round != self._round:
+            # Protocol state never outlives its round (as in the in-process engine).
+            self._round, self._state = request.round, {}
+        if (
+            request.kind == "train"
+            and self.policy.max_train_seconds
+            and self.seconds_per_step is None
+        ):
+            self.seconds_per_step = self._probe_step(runtime)
+        request, capped = self.policy.apply(request, self._num_examples, self.seconds_per_step)
+        start = time.perf_counter()
+        reply = runtime.handle(self.client_id, request, self._state)
+        if request.kind == "train":
+            elapsed = time.perf_counter() - start
+            steps = reply.config.get("steps")
+            if isinstance(steps, int) and steps > 0:
+                self.seconds_per_step = elapsed / steps
+            if capped:
+                reply.config["capped"] = True
+            log.info(
+                "run %d round %d: trained %s steps on %d examples in %.2f s, loss %.4f%s",
+                run_id,
+                request.round,
+                steps,
+                self._num_examples,
+                elapsed,
+                float(reply.config.get("loss", float("nan"))),
+                " (capped by local policy)" if capped else "",
+            )
+        return reply
+
+    def _probe_step(self, runtime: ClientRuntime) -> float:
+        """Seconds for one forward/backward pass on one batch (no update kept)."""
+        data = runtime.task.client_data(self.client_id)
+        xb, yb = data.x[:32].to(runtime.model.device), data.y[:32].to(runtime.model.device)
+        module = runtime.model.module
+        module.train()
+        start = time.perf_counter()
+        loss = runtime.task.loss_fn(module(xb), yb)
+        loss.backward()
+        module.zero_grad(set_to_none=True)
+        return max(time.perf_counter() - start, 1e-6)
+
+
+def answer(
+    edge: EdgeClient, msg: Message, context_run_id: int, run_config: Mapping[str, Any]
+) -> Message:
+    """The reply Message to a request Message: a result or an error, never an exception."""
+    try:
+        request = from_content(msg.content)
+    except Exception as exc:
+        log.warning("run %d: bad message from the server dropped: %s", context_run_id, exc)
+        return Message(Error(BAD_MESSAGE, f"bad message: {exc}"), reply_to=msg)
+    try:
+        reply = edge.handle(context_run_id, run_config, request)
+    except MessageError as exc:
+        log.warning(
+            "run %d round %d: %s request refused: %s",
+            context_run_id,
+            request.round,
+            request.kind,
+            exc,
+        )
+        return Message(Error(BAD_MESSAGE, str(exc)), reply_to=msg)
+    except Exception as exc:
+        log.exception("run %d round %d: %s failed", context_run_id, request.round, request.kind)
+        return Message(Error(CLIENT_FAILURE, f"{type(exc).__name__}: {exc}"), reply_to=msg)
+    return Message(to_content(reply), reply_to=msg)
+
+
+# -- Flower ClientApp (for Flower's own process isolation) ---------------------
+def edge_from_node_config(node_config: Mapping[str, Any]) -> EdgeClient:
+    """An EdgeClient from a SuperNode's --node-config (see module doc)."""
+    try:
+        cid = int(node_config["client-id"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("node config needs an integer 'client-id'") from None
+    if "task" in node_config and ":" in str(node_config["task"]):
+        source: DataSource | TaskSource = TaskSource(str(node_config["task"]))
+    elif "data-path" in node_config:
+        model = node_config.get("task")
+        source = DataSource(
+            load_local_data(str(node_config["data-path"])), str(model) if model else None
+        )
+    else:
+        raise ValueError("node config needs 'data-path' or 'task' (module:function)")
+    policy = LocalPolicy(
+        require_secagg=bool(node_config.get("require-secagg", False)),
+        max_clip_norm=float(node_config.get("max-clip-norm", 0.0)),
+        min_dp_noise=float(node_config.get("min-dp-noise", 0.0)),
+        max_local_epochs=int(node_config.get("max-local-epochs", 0)),
+        max_local_steps=int(node_config.get("max-local-steps", 0)),
+        max_train_seconds=float(node_config.get("max-train-seconds", 0.0)),
+    )
+    return EdgeClient(source, cid, policy, "cuda" if torch.cuda.is_available() else "cpu")
+
+
+app = ClientApp()
+_edges: dict[str, EdgeClient] = {}
+
+
+def _handle(msg: Message, context: Context) -> Message:
+    if "edge" not in _edges:
+        _edges["edge"] = edge_from_node_config(context.node_config)
+    return answer(_edges["edge"], msg, context.run_id, context.run_config)
+
+
+for _kind in KINDS:
+    _category, _action = message_type(_kind).split(".")
+    getattr(app, _category)(_action)(_handle)

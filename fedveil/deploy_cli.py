@@ -1,0 +1,391 @@
+"""Deployment commands: `fedveil server`, `fedveil client`, `fedveil run`, `fedveil clients`,
+`fedveil certs`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from .api_client import ApiCallError, ApiClient, add_api_args
+from .config import ConfigError
+
+
+def _service_logging(state_dir: Path | None, name: str) -> None:
+    """INFO for fedveil's own loggers (the service narrates runs), secrets never among them."""
+    logger = logging.getLogger("fedveil")
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.setLevel(logging.INFO)
+    if state_dir is not None:
+        (state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        fh = logging.FileHandler(state_dir / "logs" / f"{name}.log")
+        fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(fh)
+
+
+# -- fedveil server ----------------------------------------------------------------
+def add_server(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "server",
+        help="run the coordinator (SuperLink, Fleet API, HTTP API, dashboard)",
+        description="Start the coordinator as a long-running service: Flower's SuperLink "
+        "(state on disk), the Fleet API gateway for devices, and the HTTP API with the "
+        "dashboard. TLS is on by default (see `fedveil certs`). SIGTERM stops it; runs resume "
+        "from their last completed round at the next start.",
+    )
+    p.add_argument("--config", required=True, help="server.toml")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no TLS and no SuperNode authentication (warns; trusted test networks only)",
+    )
+    p.set_defaults(func=cmd_server)
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    from fedveil.server.service.main import serve
+    from fedveil.server.service.settings import load_settings
+
+    settings = load_settings(args.config, insecure=args.insecure)
+    _service_logging(settings.state_dir, "service")
+    return serve(settings)
+
+
+# -- fedveil client ----------------------------------------------------------------
+def add_client(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "client",
+        help="run this device as a client (a SuperNode with fedveil's client)",
+        description="Join a coordinator's federation as client --client-id: a Flower SuperNode "
+        "plus fedveil's worker, training on local data (--data: .npz, .csv or IDX files) with "
+        "the run's built-in model, or on a task installed here (--task module:function). "
+        "Reconnects with backoff; the local policy flags bind whatever the server asks.",
+    )
+    p.add_argument("--server", required=True, help="the coordinator's Fleet API, HOST:PORT")
+    p.add_argument(
+        "--client-id", type=int, required=True, help="this device's id (from enrollment)"
+    )
+    p.add_argument(
+        "--data", help="local data: .npz, .csv, or IDX files (a directory or the images file)"
+    )
+    p.add_argument(
+        "--task",
+        help="NAME: train only this built-in model (logreg, mlp, cnn) on --data; "
+        "module:function: a task installed on this device (its own data and model)",
+    )
+    p.add_argument("--ca", help="CA certificate to verify the coordinator (default: system CAs)")
+    p.add_argument("--key", help="this device's private key for SuperNode authentication")
+    p.add_argument("--insecure", action="store_true", help="no TLS (warns; test networks only)")
+    p.add_argument(
+        "--state-dir", default=None, help="where the client keeps its files [~/.fedveil/client]"
+    )
+    g = p.add_argument_group("local policy (the server cannot override it)")
+    g.add_argument(
+        "--require-secagg", action="store_true", help="refuse rounds without secure aggregation"
+    )
+    g.add_argument(
+        "--max-clip-norm",
+        type=float,
+        default=0.0,
+        help="send only updates clipped to at most this L2 norm (DP rounds); refuse others",
+    )
+    g.add_argument(
+        "--min-dp-noise", type=float, default=0.0, help="refuse rounds with less local DP noise"
+    )
+    g.add_argument(
+        "--max-local-epochs", type=int, default=0, help="cap local epochs per round (0: none)"
+    )
+    g.add_argument(
+        "--max-local-steps", type=int, default=0, help="cap local steps per round (0: none)"
+    )
+    g.add_argument(
+        "--max-train-seconds", type=float, default=0.0, help="cap training time per round"
+    )
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to train")
+    p.set_defaults(func=cmd_client)
+
+
+def cmd_client(args: argparse.Namespace) -> int:
+    from fedveil.client.edge import EdgeNode, EdgeOptions
+    from fedveil.client.edge_data import load_local_data
+    from fedveil.client.edge_policy import LocalPolicy
+    from fedveil.client.flower_deploy import DataSource, EdgeClient, TaskSource
+
+    if args.client_id < 0:
+        raise ValueError(f"--client-id {args.client_id}: must be >= 0")
+    task = args.task
+    if task and ":" in task:
+        if args.data:
+            raise ValueError("--task module:function brings its own data; drop --data")
+        from fedveil.tasks import load_task_function
+
+        load_task_function(task)  # fail now if it does not import
+        source: DataSource | TaskSource = TaskSource(task)
+    elif args.data:
+        from fedveil.models import MODELS
+
+        if task and task not in MODELS:
+            raise ValueError(f"--task {task!r}: not a built-in model ({', '.join(sorted(MODELS))})")
+        source = DataSource(load_local_data(args.data), task)
+    else:
+        raise ValueError("give --data PATH (local data files) or --task module:function")
+    policy = LocalPolicy(
+        require_secagg=args.require_secagg,
+        max_clip_norm=args.max_clip_norm,
+        min_dp_noise=args.min_dp_noise,
+        max_local_epochs=args.max_local_epochs,
+        max_local_steps=args.max_local_steps,
+        max_train_seconds=args.max_train_seconds,
+    )
+    state = Path(args.state_dir or Path.home() / ".fedveil" / "client").expanduser()
+    _service_logging(None, "client")
+    log = logging.getLogger("fedveil.edge")
+    if args.insecure:
+        log.warning("--insecure: no TLS to the coordinator; for trusted test networks only")
+    opts = EdgeOptions(
+        server=args.server,
+        client_id=args.client_id,
+        state_dir=state,
+        ca=Path(args.ca) if args.ca else None,
+        key=Path(args.key) if args.key else None,
+        insecure=args.insecure,
+    )
+    edge = EdgeClient(source, args.client_id, policy, args.device)
+    n = len(source.data) if isinstance(source, DataSource) else "task"
+    log.info("client %d: data %s, local policy: %s", args.client_id, n, policy.describe())
+    return EdgeNode(opts, edge).run()
+
+
+# -- fedveil run -------------------------------------------------------------------
+def add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="submit, list, follow and stop runs on a coordinator")
+    rsub = p.add_subparsers(dest="run_command", required=True, metavar="ACTION")
+    s = rsub.add_parser(
+        "submit", help="submit a run config (TOML, with an optional [deploy] table)"
+    )
+    s.add_argument("file", help="run.toml")
+    s.add_argument("--wait", action="store_true", help="follow the run until it ends")
+    s.set_defaults(func=cmd_run_submit)
+    ls = rsub.add_parser("list", help="all runs")
+    ls.set_defaults(func=cmd_run_list)
+    st = rsub.add_parser("status", help="one run")
+    st.add_argument("run_id")
+    st.add_argument("--wait", action="store_true", help="follow the run until it ends")
+    st.set_defaults(func=cmd_run_status)
+    sp = rsub.add_parser("stop", help="stop a run")
+    sp.add_argument("run_id")
+    sp.set_defaults(func=cmd_run_stop)
+    m = rsub.add_parser("model", help="download a run's global model (safetensors)")
+    m.add_argument("run_id")
+    m.add_argument("-o", "--out", required=True, help="file to write")
+    m.set_defaults(func=cmd_run_model)
+    for q in (s, ls, st, sp, m):
+        add_api_args(q)
+        q.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _api_call(fn):  # noqa: ANN001, ANN202 - decorator for CLI handlers
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            return fn(args, ApiClient.from_args(args))
+        except ApiCallError as exc:
+            where = f" (field {exc.field})" if exc.field else ""
+            print(f"fedveil: {exc.detail}{where} [HTTP {exc.status}]", file=sys.stderr)
+            return 1
+
+    return wrapped
+
+
+def _line(run: dict) -> str:
+    done, total = run.get("rounds_completed", 0), run.get("rounds", 0)
+    extra = f" ({run['phase']})" if run.get("phase") else ""
+    err = f" error: {run['error']}" if run.get("error") else ""
+    return (
+        f"{run['id']}  {run['status']:<9} {done}/{total} rounds{extra}  {run.get('name', '')}{err}"
+    )
+
+
+def _follow(api: ApiClient, run_id: str, as_json: bool) -> int:
+    last = None
+    while True:
+        run = api.json("GET", f"/runs/{run_id}")
+        line = _line(run)
+        if line != last and not as_json:
+            print(line, file=sys.stderr)
+            last = line
+        if run["status"] in ("completed", "failed", "stopped"):
+            if as_json:
+                print(json.dumps(run))
+            return 0 if run["status"] == "completed" else 1
+        time.sleep(2)
+
+
+@_api_call
+def cmd_run_submit(args: argparse.Namespace, api: ApiClient) -> int:
+    path = Path(args.file)
+    try:
+        body = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    _, raw = api.request("POST", "/runs", body, "application/toml", admin=True)
+    run = json.loads(raw)
+    print(json.dumps(run) if args.json else f"submitted run {run['id']}")
+    if args.wait:
+        return _follow(api, run["id"], args.json)
+    return 0
+
+
+@_api_call
+def cmd_run_list(args: argparse.Namespace, api: ApiClient) -> int:
+    runs = api.json("GET", "/runs")
+    if args.json:
+        print(json.dumps(runs))
+    for run in [] if args.json else runs:
+        print(_line(run))
+    return 0
+
+
+@_api_call
+def cmd_run_status(args: argparse.Namespace, api: ApiClient) -> int:
+    if args.wait:
+        return _follow(api, args.run_id, args.json)
+    run = api.json("GET", f"/runs/{args.run_id}")
+    print(json.dumps(run, indent=None if args.json else 2))
+    return 0
+
+
+@_api_call
+def cmd_run_stop(args: argparse.Namespace, api: ApiClient) -> int:
+    run = api.json("POST", f"/runs/{args.run_id}/stop", admin=True)
+    print(json.dumps(run) if args.json else _line(run))
+    return 0
+
+
+@_api_call
+def cmd_run_model(args: argparse.Namespace, api: ApiClient) -> int:
+    _, raw = api.request("GET", f"/runs/{args.run_id}/model", admin=True)
+    Path(args.out).write_bytes(raw)
+    print(f"wrote {len(raw)} bytes to {args.out}", file=sys.stderr)
+    return 0
+
+
+# -- fedveil clients ---------------------------------------------------------------
+def add_clients(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("clients", help="enroll, revoke and list client keys (SuperNode auth)")
+    csub = p.add_subparsers(dest="clients_command", required=True, metavar="ACTION")
+    kg = csub.add_parser("keygen", help="make a key pair for a device (run it on the device)")
+    kg.add_argument("--name", required=True, help="key name, e.g. client-3")
+    kg.add_argument("--out", default=".", help="directory for NAME.key and NAME.pub")
+    kg.add_argument("--force", action="store_true", help="replace existing files")
+    kg.set_defaults(func=cmd_clients_keygen)
+    en = csub.add_parser("enroll", help="allow a device's public key as client --id")
+    en.add_argument("public_key", help="NAME.pub (OpenSSH ECDSA public key)")
+    en.add_argument("--id", dest="client_id", type=int, required=True, help="the client's id")
+    en.add_argument("--name", help="a label for listings")
+    en.set_defaults(func=cmd_clients_enroll)
+    rv = csub.add_parser(
+        "revoke", help="revoke a client's key: the coordinator refuses it from now on"
+    )
+    rv.add_argument("client_id", type=int)
+    rv.set_defaults(func=cmd_clients_revoke)
+    ls = csub.add_parser("list", help="enrolled clients")
+    ls.set_defaults(func=cmd_clients_list)
+    for q in (en, rv, ls):
+        add_api_args(q)
+        q.add_argument("--json", action="store_true", help="print JSON")
+
+
+def cmd_clients_keygen(args: argparse.Namespace) -> int:
+    from .certs import create_client_key
+
+    key, pub = create_client_key(Path(args.out), args.name, force=args.force)
+    print(f"private key {key} (stays on the device), public key {pub} (enroll it)")
+    return 0
+
+
+@_api_call
+def cmd_clients_enroll(args: argparse.Namespace, api: ApiClient) -> int:
+    try:
+        text = Path(args.public_key).read_text()
+    except FileNotFoundError:
+        raise ValueError(f"{args.public_key}: no such file") from None
+    payload = {"client_id": args.client_id, "public_key": text, "name": args.name}
+    r = api.json("POST", "/clients", payload, admin=True)
+    print(
+        json.dumps(r)
+        if args.json
+        else f"enrolled client {r['client_id']} ({r['name']}, key {r['fingerprint']})"
+    )
+    return 0
+
+
+@_api_call
+def cmd_clients_revoke(args: argparse.Namespace, api: ApiClient) -> int:
+    r = api.json("DELETE", f"/clients/{args.client_id}", admin=True)
+    print(json.dumps(r) if args.json else f"revoked client {r['client_id']} ({r['name']})")
+    return 0
+
+
+@_api_call
+def cmd_clients_list(args: argparse.Namespace, api: ApiClient) -> int:
+    rows = api.json("GET", "/clients", admin=True)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    for r in rows:
+        state = "revoked" if r.get("revoked_at") else ("online" if r["online"] else "offline")
+        print(f"{r['client_id']:>6}  {state:<8} {r['fingerprint']}  {r['name']}")
+    return 0
+
+
+# -- fedveil certs -----------------------------------------------------------------
+def add_certs(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "certs",
+        help="make a CA, a server certificate and client keys for a test deployment",
+        description="Write ca.pem/ca.key, server.pem/server.key (for --host names and IPs) "
+        "and, with --clients N, SuperNode keys clients/client-<i>.key|.pub, all with "
+        "`cryptography`. Private keys are mode 600. For production, use your own PKI.",
+    )
+    p.add_argument("--out", default="certs", help="directory [certs]")
+    p.add_argument(
+        "--host",
+        action="append",
+        default=None,
+        help="DNS name or IP the server is reached at (repeatable) [localhost, 127.0.0.1, ::1]",
+    )
+    p.add_argument("--clients", type=int, default=0, help="also make N client key pairs")
+    p.add_argument("--days", type=int, default=365, help="validity [365]")
+    p.add_argument("--force", action="store_true", help="replace existing files")
+    p.set_defaults(func=cmd_certs)
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from .certs import DEFAULT_HOSTS, CertError, create_test_deployment
+
+    if not 0 <= args.clients <= 10_000:
+        raise ConfigError(f"--clients {args.clients}: must be in [0, 10000]")
+    if not 1 <= args.days <= 3650:
+        raise ConfigError(f"--days {args.days}: must be in [1, 3650]")
+    try:
+        files = create_test_deployment(
+            Path(args.out),
+            args.host or list(DEFAULT_HOSTS),
+            args.clients,
+            days=args.days,
+            force=args.force,
+        )
+    except CertError as exc:
+        raise ValueError(str(exc)) from None
+    for name, path in files.items():
+        mode = oct(os.stat(path).st_mode & 0o777)
+        print(f"{name:>16}  {path}  ({mode})")
+    return 0

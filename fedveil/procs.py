@@ -1,0 +1,112 @@
+"""Child processes of `fedveil server` and `fedveil client` (Flower's SuperLink / SuperNode).
+
+Shared by both entry points, stdlib only:
+- Flower's commands run with *this* interpreter, so a SuperLink started from a
+  virtualenv serves the fedveil installed in it, wherever PATH points;
+- the children die with their parent, even on SIGKILL (Linux PR_SET_PDEATHSIG),
+  so a killed coordinator never leaves a SuperLink holding its port and state;
+- Flower's own helpers (flower-superexec, flwr-serverapp) are found on PATH by
+  the SuperLink, so this interpreter's bin directory goes first on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+# Console scripts of flwr 1.41, as `module:function`.
+FLWR_ENTRY_POINTS = {
+    "flower-superlink": "flwr.superlink.cli:flower_superlink",
+    "flower-supernode": "flwr.supernode.cli:flower_supernode",
+    "flower-superexec": "flwr.supercore.cli:flower_superexec",
+}
+
+
+def flwr_command(name: str, args: Sequence[str]) -> list[str]:
+    """argv that runs Flower's `name` command in this interpreter."""
+    module, func = FLWR_ENTRY_POINTS[name].split(":")
+    code = f"import sys; sys.argv[0] = {name!r}; from {module} import {func}; sys.exit({func}())"
+    return [sys.executable, "-c", code, *args]
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")])
+    # Flower's update check would try the network at every start.
+    env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    env.update(extra or {})
+    return env
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the child outlives a SIGKILLed parent; SIGTERM still stops it
+    os.setpgid(0, 0)  # own process group: signals to it reach Flower's helpers too
+
+
+def spawn(
+    argv: list[str], *, env: dict[str, str], log: IO[bytes] | None, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a child that dies with this process (see module doc)."""
+    return subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=log if log is not None else subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+    )
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> int | None:
+    """SIGTERM the child's process group, then SIGKILL what is left after `timeout`."""
+    if proc.poll() is not None:
+        _kill_group(proc.pid, signal.SIGKILL)  # stragglers of an exited leader
+        return proc.returncode
+    _kill_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+    _kill_group(proc.pid, signal.SIGKILL)
+    return proc.returncode
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen[bytes] | None) -> bool:
+    """True once something accepts TCP connections on host:port."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

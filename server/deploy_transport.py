@@ -1,0 +1,208 @@
+"""The Transport over Flower's deployment Grid (SuperLink), where clients come and go.
+
+Differences from the simulation-side FlowerTransport, all because devices are
+real: the node <-> client map is refreshed every round (a device that
+reconnects, or joins late, is asked who it is without blocking the round);
+with SuperNode authentication the map comes from the enrollment registry and
+a node claiming another client's id is refused; a round waits on replies by
+polling at `poll_s` instead of Flower's fixed 3 s, and gives up on a client
+as soon as its node goes offline rather than at the deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+from fedveil.envelope import Envelope, MessageError
+from fedveil.flower_codec import from_content, message_type, to_content
+
+from .transport import ClientFailure
+
+log = logging.getLogger("fedveil.deploy")
+
+HELLO_RETRY_S = 30.0
+
+
+class DeployTransport:
+    def __init__(
+        self,
+        grid: Grid,
+        *,
+        num_clients: int,
+        model_size: int,
+        setup: Mapping[str, Any] | None = None,
+        enrolled: Mapping[int, int] | None = None,
+        poll_s: float = 0.2,
+        liveness_s: float = 1.0,
+    ) -> None:
+        """`enrolled` maps node id -> client id (SuperNode auth on); None trusts hellos."""
+        self.grid = grid
+        self.num_clients = num_clients
+        self.model_size = model_size
+        self.setup = dict(setup or {})
+        self.enrolled = None if enrolled is None else dict(enrolled)
+        self.poll_s, self.liveness_s = poll_s, liveness_s
+        self.node_of: dict[int, int] = {}  # client id -> node id
+        self._hello_pending: dict[str, int] = {}  # message id -> node id
+        self._hello_sent: dict[int, float] = {}  # node id -> when
+        self.on_change: Callable[[int], None] | None = None
+
+    # -- who is there ------------------------------------------------------
+    def client_ids(self) -> Sequence[int]:
+        # The whole population can be sampled; a client that is not connected
+        # when sampled is a dropout of that round, as on a real fleet.
+        return range(self.num_clients)
+
+    def connected(self) -> list[int]:
+        return sorted(self.node_of)
+
+    def refresh(self) -> int:
+        """Update the map without blocking: collect hello replies, greet new nodes."""
+        online = set(self.grid.get_node_ids())
+        for cid, node in list(self.node_of.items()):
+            if node not in online:
+                log.info("client %d (node %d) went offline", cid, node)
+                del self.node_of[cid]
+        if self._hello_pending:
+            replies = self.grid.pull_messages(list(self._hello_pending))
+            for reply in replies:
+                node = self._hello_pending.pop(reply.metadata.reply_to_message_id, None)
+                if node is not None:
+                    self._accept_hello(node, reply)
+        known = set(self.node_of.values()) | set(self._hello_pending.values())
+        now = time.monotonic()
+        fresh = [
+            n
+            for n in sorted(online - known)
+            if now - self._hello_sent.get(n, -HELLO_RETRY_S) >= HELLO_RETRY_S
+        ]
+        if fresh:
+            hello = self._with_setup(Envelope("hello", 0))
+            messages = [Message(to_content(hello), n, message_type("hello")) for n in fresh]
+            for node, msg_id in zip(fresh, self.grid.push_messages(messages), strict=True):
+                self._hello_sent[node] = now
+                if msg_id:
+                    self._hello_pending[msg_id] = node
+        if self.on_change is not None:
+            self.on_change(len(self.node_of))
+        return len(self.node_of)
+
+    def _accept_hello(self, node: int, reply: Message) -> None:
+        if reply.has_error():
+            log.warning("node %d: hello refused: %s", node, reply.error.reason)
+            return
+        try:
+            env = from_content(reply.content)
+            cid = env.get("client_id", int)
+            size = env.get("size", int)
+        except MessageError as exc:
+            log.warning("node %d: bad hello reply dropped: %s", node, exc)
+            return
+        if not 0 <= cid < self.num_clients:
+            log.warning("node %d: client id %d outside [0, %d)", node, cid, self.num_clients)
+            return
+        if self.enrolled is not None and self.enrolled.get(node) != cid:
+            log.warning(
+                "node %d claims client id %d but is enrolled as %s; refused",
+                node,
+                cid,
+                self.enrolled.get(node),
+            )
+            return
+        if size != self.model_size:
+            log.warning(
+                "client %d (node %d): its model has %d values, this run's has %d; refused",
+                cid,
+                node,
+                size,
+                self.model_size,
+            )
+            return
+        old = self.node_of.get(cid)
+        if old is not None and old != node:
+            log.info("client %d moved from node %d to node %d", cid, old, node)
+        self.node_of[cid] = node
+        log.info("client %d is node %d", cid, node)
+
+    def wait_for(self, count: int, timeout_s: float) -> int:
+        """Block until `count` clients are connected (or the timeout); returns how many are."""
+        deadline = time.monotonic() + timeout_s
+        n = self.refresh()
+        while n < count and time.monotonic() < deadline:
+            time.sleep(self.poll_s)
+            n = self.refresh()
+        return n
+
+    # -- one exchange ------------------------------------------------------
+    def _with_setup(self, env: Envelope) -> Envelope:
+        config = dict(env.config)
+        config.update(self.setup)
+        return Envelope(env.kind, env.round, config, env.arrays)
+
+    def exchange(
+        self, requests: Mapping[int, Envelope], timeout_s: float | None
+    ) -> dict[int, Envelope | ClientFailure]:
+        self.refresh()
+        out: dict[int, Envelope | ClientFailure] = {}
+        targets: list[tuple[int, int]] = []
+        messages: list[Message] = []
+        for cid in sorted(requests):
+            node = self.node_of.get(cid)
+            if node is None:
+                out[cid] = ClientFailure(cid, "not connected")
+                continue
+            env = self._with_setup(requests[cid])
+            targets.append((cid, node))
+            messages.append(
+                Message(to_content(env), node, message_type(env.kind), group_id=str(env.round))
+            )
+        pending: dict[str, tuple[int, int]] = {}
+        if messages:
+            for target, msg_id in zip(targets, self.grid.push_messages(messages), strict=True):
+                if msg_id:
+                    pending[msg_id] = target
+                else:
+                    out[target[0]] = ClientFailure(target[0], "message could not be sent")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        last_liveness = time.monotonic()
+        while pending:
+            for reply in self.grid.pull_messages(list(pending)):
+                target = pending.pop(reply.metadata.reply_to_message_id, None)
+                if target is not None:
+                    out[target[0]] = self._reply(target, reply)
+            if not pending or (deadline is not None and time.monotonic() >= deadline):
+                break
+            if time.monotonic() - last_liveness >= self.liveness_s:
+                last_liveness = time.monotonic()
+                online = set(self.grid.get_node_ids())
+                for msg_id, (cid, node) in list(pending.items()):
+                    if node not in online:
+                        del pending[msg_id]
+                        self.node_of.pop(cid, None)
+                        out[cid] = ClientFailure(cid, "went offline during the round")
+            time.sleep(self.poll_s)
+        for cid, _ in pending.values():
+            out[cid] = ClientFailure(cid, "no reply before the deadline")
+        return out
+
+    def _reply(self, target: tuple[int, int], reply: Message) -> Envelope | ClientFailure:
+        cid, node = target
+        if reply.has_error():  # the client's own error, or the SuperLink's for a lost node
+            return ClientFailure(cid, f"error reply: {reply.error.reason}")
+        if reply.metadata.src_node_id != node:
+            return ClientFailure(cid, f"reply came from node {reply.metadata.src_node_id}")
+        try:
+            return from_content(reply.content)
+        except MessageError as exc:
+            return ClientFailure(cid, f"bad reply: {exc}")
+        except Exception as exc:  # a reply Flower could decode but we cannot: never fatal
+            return ClientFailure(cid, f"bad reply: {type(exc).__name__}: {exc}")
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,190 @@
+"""The deployed ServerApp: fedveil's round engine over the SuperLink's Grid.
+
+`flwr-serverapp` loads `app` from here for every Flower run the service
+starts. Its only run config is the fedveil run id; everything else comes from
+the run directory under FEDVEIL_STATE_DIR (inherited from `fedveil server`):
+the resolved config, the deploy settings and, after a crash, the checkpoint.
+
+Resume: a run directory holds the last completed round atomically (RunStore).
+A new Flower run for the same fedveil run restores it, drops metric lines of
+rounds that were never checkpointed, and goes on from the next round — the
+sampler RNG, server optimizer and weights are exactly those of the completed
+round, so no round is applied twice and the result equals an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedveil.config import RunConfig, load_config
+from fedveil.server.aggregation import PlainChannel, UpdateChannel
+from fedveil.server.deploy_transport import DeployTransport
+from fedveil.server.privacy_report import write_privacy_report
+from fedveil.server.privacy_stage import CentralDP
+from fedveil.server.rounds import RoundEngine, RoundRecord
+from fedveil.server.runstore import RunStore, atomic_write_bytes
+from fedveil.server.service.clients import ClientRegistry
+from fedveil.server.service.rundir import RunDir
+from fedveil.server.service.superlink import RUN_ID_KEY, STATE_ENV
+from fedveil.tasks import make_task
+
+log = logging.getLogger("fedveil.serverapp")
+
+app = ServerApp()
+
+
+def channel_for(cfg: RunConfig) -> UpdateChannel:
+    """The UpdateChannel of a run: the one hook secure aggregation plugs into.
+
+    Simulation and deployment must build the same channel from the same config
+    (that is what makes their models equal); when secure aggregation is wired
+    into the engine, return its channel here for configs that enable it.
+    """
+    return PlainChannel()
+
+
+def privacy_for(cfg: RunConfig, num_clients: int, store: RunStore) -> CentralDP | None:
+    """Central DP as `fedveil simulate` builds it; its accountant is rebuilt from the
+    run's ledger, so a resumed attempt continues the same privacy account."""
+    if cfg.dp.mechanism == "central":
+        return CentralDP(cfg, num_clients, store.ledger_path)
+    if cfg.dp.mechanism != "none":  # refused at submission; never run a DP run without DP
+        raise ValueError(f"dp.mechanism = {cfg.dp.mechanism!r}: not available in deployment")
+    return None
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    run_id = str(context.run_config.get(RUN_ID_KEY, ""))
+    state_dir = os.environ.get(STATE_ENV)
+    if not state_dir:
+        raise RuntimeError(f"{STATE_ENV} is not set: start runs through `fedveil server`")
+    run_deployed(grid, Path(state_dir), run_id, flower_run_id=context.run_id)
+
+
+def _log_to(path: Path) -> logging.Handler:
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("fedveil")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    return handler
+
+
+def save_model(engine: RoundEngine, path: Path, metadata: dict[str, str]) -> None:
+    from safetensors.torch import save
+
+    tensors = engine.model.named_tensors(engine.weights.detach().cpu())
+    atomic_write_bytes(path, save(tensors, metadata=metadata))
+
+
+def run_deployed(grid: Grid, state_dir: Path, run_id: str, *, flower_run_id: int) -> dict[str, Any]:
+    rd = RunDir(state_dir, run_id)
+    if not rd.exists():
+        raise RuntimeError(f"run {run_id!r}: no run directory under {state_dir}")
+    handler = _log_to(rd / "server.log")
+    try:
+        with rd.lock(timeout=120.0):
+            rd.write_status(phase="starting", flower_run_id=flower_run_id, error=None)
+            try:
+                return _run(grid, state_dir, rd, flower_run_id)
+            except Exception as exc:
+                log.exception("run %s failed", run_id)
+                rd.write_status(phase="failed", error=f"{type(exc).__name__}: {exc}")
+                raise
+    finally:
+        logging.getLogger("fedveil").removeHandler(handler)
+        handler.close()
+
+
+def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[str, Any]:
+    start = time.perf_counter()
+    cfg = load_config(rd / "config.toml")
+    deploy = rd.deploy()
+    task = make_task(cfg)
+    store = RunStore(rd.path)
+    registry = ClientRegistry(state_dir)
+    enrolled = registry.node_map() if registry.path.exists() else None
+    transport = DeployTransport(
+        grid,
+        num_clients=task.num_clients,
+        model_size=0,  # set below, once the engine has flattened the model (before any hello)
+        enrolled=enrolled,
+        setup={
+            "run_num_classes": int(task.num_classes),
+            "run_input_shape": [int(d) for d in task.input_shape],
+        },
+    )
+
+    def on_round(record: RoundRecord) -> None:
+        # After the engine's checkpoint: the published model is always a checkpointed one.
+        save_model(
+            engine, rd / "model.safetensors", {"task": task.name, "round": str(record.round)}
+        )
+        rd.write_status(
+            phase="training",
+            round=record.round,
+            rounds=cfg.server.rounds,
+            connected=len(transport.connected()),
+        )
+        log.info(
+            "round %d: %d/%d aggregated, %d dropped, %.2f s",
+            record.round,
+            record.cohort_aggregated,
+            record.cohort_planned,
+            record.dropped,
+            record.duration_s,
+        )
+
+    privacy = privacy_for(cfg, task.num_clients, store)
+    engine = RoundEngine(
+        cfg,
+        task,
+        transport,
+        store=store,
+        channel=channel_for(cfg),
+        on_round=on_round,
+        privacy=privacy,
+    )
+    transport.model_size = engine.model.size
+    engine.annotators.append(lambda r: r.extra.update(clients_connected=len(transport.connected())))
+    state = store.load_checkpoint()
+    if state is not None:
+        engine.restore(state)
+        store.truncate_metrics(engine.round)
+        log.info("resuming after round %d of %d", engine.round, cfg.server.rounds)
+    want = deploy.wait_for_clients or cfg.server.min_clients
+    rd.write_status(phase="waiting_for_clients", round=engine.round, rounds=cfg.server.rounds)
+    have = transport.wait_for(want, deploy.wait_timeout_s)
+    if have < want:
+        raise RuntimeError(
+            f"only {have} of the {want} clients needed (deploy.wait_for_clients) connected "
+            f"within {deploy.wait_timeout_s:.0f} s"
+        )
+    log.info("%d clients connected; training from round %d", have, engine.round + 1)
+    rd.write_status(phase="training", round=engine.round, rounds=cfg.server.rounds, connected=have)
+    summary = engine.run()  # with DP: stops before a round the budget cannot pay for
+    records = store.read_metrics()  # the whole run, not only this attempt
+    summary.update(
+        transport="deployment",
+        flower_run_id=flower_run_id,
+        out=str(rd.path),
+        rounds_applied=sum(bool(r.get("applied")) for r in records),
+        dropped_total=sum(int(r.get("dropped") or 0) for r in records),
+        attempt_wall_s=time.perf_counter() - start,
+    )
+    summary.pop("wall_s", None)
+    save_model(engine, rd / "model.safetensors", {"task": task.name, "round": str(engine.round)})
+    if privacy is not None:
+        write_privacy_report(rd.path)
+    store.write_summary(summary)
+    rd.write_status(phase="completed", round=engine.round, rounds=cfg.server.rounds)
+    log.info("run %s completed: %s", rd.run_id, summary)
+    return summary

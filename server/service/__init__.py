@@ -1,0 +1,1 @@
+"""The coordinator as a long-running service: SuperLink, Fleet gateway, HTTP API, runs."""

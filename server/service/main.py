@@ -1,0 +1,263 @@
+"""`fedveil server`: everything the coordinator needs, started with one command.
+
+One process serves two ports with one uvicorn server (TLS on both): the HTTP
+API and dashboard (api.port) and the Fleet gateway for SuperNodes
+(fleet.port); requests are routed by the port they arrived on. Its child is
+Flower's SuperLink on loopback (state in state_dir/superlink.db), whose
+SuperExec starts one `flwr-serverapp` process per Flower run. A supervisor
+thread follows runs (runs.py) and restarts the SuperLink if it dies.
+
+SIGTERM/SIGINT: stop accepting requests, stop the SuperLink (and with it any
+ServerApp), exit 0. Active runs stay active on disk and resume from their last
+checkpoint at the next start — after SIGKILL too, since the SuperLink child
+dies with this process (procs.py) and every round is checkpointed atomically.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import socket
+import ssl
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from fedveil.config import ConfigError
+
+from .api import create_api
+from .auth import load_admin_token
+from .clients import ClientRegistry
+from .gateway import FleetGateway
+from .metrics import RoundsCache, ServiceCounters
+from .runs import RunManager
+from .settings import ServerSettings, is_loopback
+from .superlink import LinkControl, SuperLinkProcess, internal_tls
+
+log = logging.getLogger("fedveil.service")
+
+
+def lock_state_dir(state_dir: Path) -> int:
+    """One coordinator per state dir (the lock goes with the process, even on SIGKILL)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / "server.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(f"state_dir {state_dir}: another fedveil server is using it") from None
+    return fd
+
+
+class Service:
+    """The coordinator's moving parts and their lifecycle (used by the API handlers)."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self._state_lock = lock_state_dir(settings.state_dir)
+        self.counters = ServiceCounters()
+        self.rounds_cache = RoundsCache()
+        self.token = load_admin_token(settings)
+        self.registry = ClientRegistry(settings.state_dir)
+        self.superlink = SuperLinkProcess(settings)
+        self.link: Any = None
+        self.manager: RunManager = RunManager(
+            settings, None, lambda path: self.rounds_cache.figures(path).rounds
+        )
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nodes: tuple[float, list[Any]] = (0.0, [])
+        self._nodes_lock = threading.Lock()
+
+    # -- lifecycle ------------------------------------------------------------
+    def start(self) -> None:
+        self.superlink.start()
+        self.link = LinkControl(self.settings)
+        self.manager.link = self.link
+        resumed = self.manager.resume_interrupted()
+        if resumed:
+            log.warning(
+                "resuming %d run(s) interrupted by the last shutdown: %s",
+                len(resumed),
+                ", ".join(resumed),
+            )
+        self._thread = threading.Thread(target=self._supervise, name="fedveil-runs", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self.link is not None:
+            self.link.close()  # no keep-alive connection holds up the SuperLink's shutdown
+        self.superlink.stop()
+        log.info("coordinator stopped")
+
+    def _supervise(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                if not self.superlink.alive():
+                    log.error("the SuperLink exited; restarting it and resuming active runs")
+                    self.superlink.stop()
+                    self.superlink.start()
+                    self.manager.resume_interrupted()
+                self.manager.reconcile()
+            except Exception:  # the supervisor must outlive any one bad pass
+                log.exception("run supervision pass failed; retrying")
+
+    # -- state for the API ----------------------------------------------------
+    def superlink_up(self) -> bool:
+        return self.superlink.alive()
+
+    def _node_list(self) -> list[Any] | None:
+        with self._nodes_lock:
+            when, nodes = self._nodes
+            if time.monotonic() - when < 2.0:
+                return nodes
+            try:
+                nodes = self.link.nodes() if self.link is not None else []
+            except Exception as exc:
+                log.debug("listing nodes: %s", exc)
+                return None
+            self._nodes = (time.monotonic(), nodes)
+            return nodes
+
+    def online_nodes(self) -> set[int]:
+        return {n.node_id for n in (self._node_list() or []) if n.status == "online"}
+
+    def clients_connected(self) -> int | None:
+        nodes = self._node_list()
+        return None if nodes is None else sum(n.status == "online" for n in nodes)
+
+    def readiness_problems(self) -> list[str]:
+        problems = []
+        if not self.superlink_up():
+            problems.append("SuperLink is not running")
+        elif self._node_list() is None:
+            problems.append("SuperLink Control API does not answer")
+        if self._thread is None or not self._thread.is_alive():
+            problems.append("run supervisor is not running")
+        elif time.time() - self.manager.last_reconcile > 30:
+            problems.append("run supervisor has not completed a pass in 30 s")
+        return problems
+
+
+class PortDispatch:
+    """One ASGI app per listening port (scope['server'] is the local address)."""
+
+    def __init__(self, apps: dict[int, Any], service: Service, gateway: FleetGateway) -> None:
+        self.apps, self.service, self.gateway = apps, service, gateway
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        port = (scope.get("server") or (None, None))[1]
+        app = self.apps.get(port)
+        if app is None:  # pragma: no cover - only our two sockets exist
+            return
+        await app(scope, receive, send)
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    # Blocking on purpose: nothing is served until the SuperLink is up,
+                    # and the SuperLink must be started from the main thread (procs.py).
+                    self.service.start()
+                except Exception as exc:
+                    log.error("start-up failed: %s", exc)
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.gateway.aclose()
+                self.service.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(512)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(settings: ServerSettings) -> int:
+    """Run the coordinator until SIGTERM/SIGINT; returns the exit code."""
+    import uvicorn
+
+    s = settings
+    if s.tls.insecure:
+        log.warning(
+            "--insecure: the Fleet API and the HTTP API run WITHOUT TLS, SuperNode "
+            "authentication is OFF and the admin token travels in the clear; for tests on "
+            "a trusted network only"
+        )
+        for name, listen in (("api", s.api), ("fleet", s.fleet)):
+            if not is_loopback(listen.host):
+                log.warning(
+                    "--insecure and %s.host = %s: reachable from the network", name, listen.host
+                )
+    elif not s.client_auth:
+        log.warning(
+            "auth.client_auth = false: any SuperNode that reaches the Fleet API may join runs"
+        )
+    service = Service(s)
+    log.info("admin token from %s", service.token.source)
+    verify: ssl.SSLContext | bool = False
+    if not s.tls.insecure:
+        verify = ssl.create_default_context(cafile=str(internal_tls(s.state_dir).ca))
+    gateway = FleetGateway(
+        f"{s.scheme}://{s.superlink_address}", verify, s.fleet.max_body_bytes, service.counters
+    )
+    sockets = [_bind(s.api.host, s.api.port), _bind(s.fleet.host, s.fleet.port)]
+    api_port, fleet_port = (sock.getsockname()[1] for sock in sockets)
+    dispatch = PortDispatch({api_port: create_api(service), fleet_port: gateway}, service, gateway)
+    from .api import BodyLimit
+
+    dispatch.apps[api_port] = BodyLimit(
+        dispatch.apps[api_port], s.api.max_body_bytes, service.counters
+    )
+    config = uvicorn.Config(
+        dispatch,
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        ssl_certfile=None if s.tls.insecure else str(s.tls.cert),
+        ssl_keyfile=None if s.tls.insecure else str(s.tls.key),
+        # SuperNodes keep their connections open; do not wait long for them to close.
+        timeout_graceful_shutdown=2,
+    )
+    server = uvicorn.Server(config)
+    log.warning(
+        "fedveil coordinator: API and dashboard on %s://%s:%d, Fleet API on %s:%d, state in %s",
+        s.scheme,
+        s.api.host,
+        api_port,
+        s.fleet.host,
+        fleet_port,
+        s.state_dir,
+    )
+    # uvicorn re-raises the stop signal once it has shut down, to the handler that was
+    # installed before it: make that a no-op, so a requested stop exits with status 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    try:
+        server.run(sockets=sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+    return 0 if server.started else 1

@@ -1,0 +1,268 @@
+"""Prometheus text for /metrics, and the per-run round figures the dashboard shows.
+
+Per-run figures come from each run's metrics.jsonl, read incrementally (only
+new lines are parsed on each scrape); service counters (requests refused,
+Fleet bytes) are kept in memory since start-up, as Prometheus expects of
+counters. Epsilon: a round record's `epsilon` field when DP writes one,
+else privacy/report.json's `epsilon` (and `budget_epsilon`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .rundir import read_json
+
+
+@dataclass
+class RunFigures:
+    offset: int = 0
+    rounds: int = 0
+    applied: int = 0
+    dropped: int = 0
+    aggregated: int = 0
+    duration_sum: float = 0.0
+    last_duration: float = 0.0
+    test_accuracy: float | None = None
+    test_loss: float | None = None
+    train_loss: float | None = None
+    epsilon: float | None = None
+
+
+@dataclass
+class ServiceCounters:
+    rejected: Counter[str] = field(default_factory=Counter)
+    fleet_requests: int = 0
+    fleet_rejected: Counter[str] = field(default_factory=Counter)
+    fleet_bytes_in: int = 0
+    fleet_bytes_out: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reject(self, reason: str) -> None:
+        with self.lock:
+            self.rejected[reason] += 1
+
+
+class RoundsCache:
+    def __init__(self) -> None:
+        self._figures: dict[Path, RunFigures] = {}
+        self._lock = threading.Lock()
+
+    def figures(self, run_dir: Path) -> RunFigures:
+        path = run_dir / "metrics.jsonl"
+        with self._lock:
+            fig = self._figures.setdefault(path, RunFigures())
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                return fig
+            if size < fig.offset:  # truncated on resume: start over
+                fig = self._figures[path] = RunFigures()
+            if size == fig.offset:
+                return fig
+            with path.open("rb") as f:
+                f.seek(fig.offset)
+                chunk = f.read(size - fig.offset)
+            end = chunk.rfind(b"\n") + 1  # a line being written stays for the next scrape
+            for line in chunk[:end].splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                _add(fig, rec)
+            fig.offset += end
+            return fig
+
+
+def _num(rec: dict[str, Any], key: str) -> float | None:
+    v = rec.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _add(fig: RunFigures, rec: dict[str, Any]) -> None:
+    fig.rounds += 1
+    fig.applied += bool(rec.get("applied"))
+    fig.dropped += int(rec.get("dropped") or 0)
+    fig.aggregated += int(rec.get("cohort_aggregated") or 0)
+    d = _num(rec, "duration_s") or 0.0
+    fig.duration_sum += d
+    fig.last_duration = d
+    for key in ("test_accuracy", "test_loss", "train_loss", "epsilon"):
+        v = _num(rec, key)
+        if v is not None:
+            setattr(fig, key, v)
+
+
+def privacy_figures(run_dir: Path, fig: RunFigures) -> tuple[float | None, float | None]:
+    """(epsilon spent, epsilon budget) of a run, when DP reported them."""
+    report = read_json(run_dir / "privacy" / "report.json") or {}
+    eps = fig.epsilon if fig.epsilon is not None else report.get("epsilon")
+    budget = report.get("budget_epsilon", report.get("budget", report.get("epsilon_budget")))
+    if isinstance(budget, dict):
+        budget = budget.get("epsilon")
+    eps = float(eps) if isinstance(eps, (int, float)) and not isinstance(eps, bool) else None
+    ok = isinstance(budget, (int, float)) and not isinstance(budget, bool)
+    return eps, float(budget) if ok else None
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render(
+    runs: list[dict[str, Any]],
+    run_dirs: dict[str, Path],
+    cache: RoundsCache,
+    counters: ServiceCounters,
+    clients_connected: int | None,
+    superlink_up: bool,
+) -> str:
+    lines: list[str] = []
+
+    def metric(
+        name: str, kind: str, help_: str, samples: list[tuple[dict[str, str], float]]
+    ) -> None:
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            lab = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+            lines.append(f"{name}{{{lab}}} {value:g}" if lab else f"{name} {value:g}")
+
+    metric(
+        "fedveil_superlink_up",
+        "gauge",
+        "1 if the SuperLink is running",
+        [({}, float(superlink_up))],
+    )
+    if clients_connected is not None:
+        metric(
+            "fedveil_clients_connected",
+            "gauge",
+            "SuperNodes online now",
+            [({}, float(clients_connected))],
+        )
+    by_status = Counter(r["status"] for r in runs)
+    metric(
+        "fedveil_runs",
+        "gauge",
+        "runs by status",
+        [
+            ({"status": s}, float(by_status.get(s, 0)))
+            for s in ("queued", "running", "completed", "failed", "stopped")
+        ],
+    )
+    per_run: dict[str, list[tuple[dict[str, str], float]]] = {
+        k: []
+        for k in (
+            "rounds",
+            "applied",
+            "dropped",
+            "aggregated",
+            "dur_sum",
+            "dur_last",
+            "acc",
+            "loss",
+            "eps",
+            "budget",
+            "sent",
+            "recv",
+        )
+    }
+    for r in runs:
+        rid = r["id"]
+        fig = cache.figures(run_dirs[rid])
+        lab = {"run": rid}
+        per_run["rounds"].append((lab, fig.rounds))
+        per_run["applied"].append((lab, fig.applied))
+        per_run["dropped"].append((lab, fig.dropped))
+        per_run["aggregated"].append((lab, fig.aggregated))
+        per_run["dur_sum"].append((lab, fig.duration_sum))
+        per_run["dur_last"].append((lab, fig.last_duration))
+        if fig.test_accuracy is not None:
+            per_run["acc"].append((lab, fig.test_accuracy))
+        if fig.test_loss is not None:
+            per_run["loss"].append((lab, fig.test_loss))
+        eps, budget = privacy_figures(run_dirs[rid], fig)
+        if eps is not None:
+            per_run["eps"].append((lab, eps))
+        if budget is not None:
+            per_run["budget"].append((lab, budget))
+        per_run["sent"].append((lab, float(r.get("bytes_sent") or 0)))
+        per_run["recv"].append((lab, float(r.get("bytes_received") or 0)))
+    metric("fedveil_rounds_completed_total", "counter", "rounds completed", per_run["rounds"])
+    metric(
+        "fedveil_rounds_applied_total",
+        "counter",
+        "rounds whose update was applied",
+        per_run["applied"],
+    )
+    metric(
+        "fedveil_client_dropouts_total",
+        "counter",
+        "sampled clients dropped from rounds",
+        per_run["dropped"],
+    )
+    metric(
+        "fedveil_client_updates_total",
+        "counter",
+        "client updates aggregated",
+        per_run["aggregated"],
+    )
+    metric("fedveil_round_duration_seconds_sum", "counter", "total round time", per_run["dur_sum"])
+    metric("fedveil_round_duration_seconds_count", "counter", "rounds timed", per_run["rounds"])
+    metric(
+        "fedveil_round_duration_seconds_last", "gauge", "last round's duration", per_run["dur_last"]
+    )
+    metric("fedveil_test_accuracy", "gauge", "last central test accuracy", per_run["acc"])
+    metric("fedveil_test_loss", "gauge", "last central test loss", per_run["loss"])
+    metric("fedveil_epsilon_spent", "gauge", "privacy spent (epsilon)", per_run["eps"])
+    metric("fedveil_epsilon_budget", "gauge", "privacy budget (epsilon)", per_run["budget"])
+    metric(
+        "fedveil_run_bytes_sent_total",
+        "counter",
+        "bytes the SuperLink sent for a run",
+        per_run["sent"],
+    )
+    metric(
+        "fedveil_run_bytes_received_total",
+        "counter",
+        "bytes the SuperLink received for a run",
+        per_run["recv"],
+    )
+    with counters.lock:
+        metric(
+            "fedveil_fleet_requests_total",
+            "counter",
+            "Fleet API requests forwarded",
+            [({}, counters.fleet_requests)],
+        )
+        metric(
+            "fedveil_fleet_bytes_received_total",
+            "counter",
+            "request bytes from SuperNodes",
+            [({}, counters.fleet_bytes_in)],
+        )
+        metric(
+            "fedveil_fleet_bytes_sent_total",
+            "counter",
+            "response bytes to SuperNodes",
+            [({}, counters.fleet_bytes_out)],
+        )
+        metric(
+            "fedveil_fleet_requests_rejected_total",
+            "counter",
+            "Fleet requests refused by the gateway",
+            [({"reason": k}, v) for k, v in sorted(counters.fleet_rejected.items())],
+        )
+        metric(
+            "fedveil_api_requests_rejected_total",
+            "counter",
+            "HTTP API requests refused",
+            [({"reason": k}, v) for k, v in sorted(counters.rejected.items())],
+        )
+    return "\n".join(lines) + "\n"

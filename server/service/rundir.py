@@ -1,0 +1,175 @@
+"""A service run's directory, shared by the HTTP service and the deployed ServerApp.
+
+  state_dir/runs/<run id>/
+    run.json          the service's record (status, attempts, stop requests)  [service writes]
+    request.toml      the run config as submitted
+    config.toml       the resolved run config
+    deploy.json       deployment settings of the run ([deploy] table)
+    status.json       what the ServerApp is doing (phase, round, error)       [ServerApp writes]
+    metrics.jsonl, checkpoint/, model.safetensors, summary.json   (RunStore layout)
+    server.log        the ServerApp's log
+    privacy/          DP ledger and reports, when DP is on
+
+Each file has one writer, and every write is atomic (temp file + rename), so a
+reader or a crash never sees half a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from fedveil.config import ConfigError
+from fedveil.server.runstore import atomic_write_bytes
+
+RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{2,63}$")
+ACTIVE = ("queued", "starting", "running")
+FINAL = ("completed", "failed", "stopped")
+
+
+def new_run_id() -> str:
+    """Sortable by creation time, unguessable enough to not collide: 20261121-095300-1a2b3c."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return default
+    except json.JSONDecodeError:
+        # Only possible if something else wrote the file; our writes are atomic.
+        return default
+
+
+def write_json(path: Path, value: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode())
+
+
+@dataclass
+class DeploySettings:
+    """The [deploy] table of a submitted run config."""
+
+    name: str = ""
+    wait_for_clients: int = 0  # 0: server.min_clients
+    wait_timeout_s: float = 600.0
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> DeploySettings:
+        if raw is None:
+            return cls()
+        if not isinstance(raw, dict):
+            raise ConfigError("[deploy] must be a table")
+        known = {"name", "wait_for_clients", "wait_timeout_s"}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown key deploy.{unknown[0]} in [deploy]; "
+                f"known keys: {', '.join(sorted(known))}"
+            )
+        out = cls()
+        if "name" in raw:
+            name = raw["name"]
+            if not isinstance(name, str) or len(name) > 100 or any(ord(c) < 32 for c in name):
+                raise ConfigError(
+                    f"deploy.name = {name!r}: must be a string of at most 100 characters"
+                )
+            out.name = name
+        if "wait_for_clients" in raw:
+            v = raw["wait_for_clients"]
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1_000_000:
+                raise ConfigError(
+                    f"deploy.wait_for_clients = {v!r}: must be an integer in [0, 1000000]"
+                )
+            out.wait_for_clients = v
+        if "wait_timeout_s" in raw:
+            v = raw["wait_timeout_s"]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 1 <= v <= 7 * 86400:
+                raise ConfigError(f"deploy.wait_timeout_s = {v!r}: must be a number in [1, 604800]")
+            out.wait_timeout_s = float(v)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class RunDir:
+    def __init__(self, state_dir: Path, run_id: str) -> None:
+        if not RUN_ID_RE.match(run_id):
+            raise ValueError(f"run id {run_id!r}: not a fedveil run id")
+        self.run_id = run_id
+        self.path = Path(state_dir) / "runs" / run_id
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    def exists(self) -> bool:
+        return (self.path / "run.json").exists()
+
+    # -- the service's record ------------------------------------------------
+    def record(self) -> dict[str, Any]:
+        return read_json(self.path / "run.json", {})
+
+    def write_record(self, record: dict[str, Any]) -> None:
+        write_json(self.path / "run.json", record)
+
+    # -- the ServerApp's status ------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        return read_json(self.path / "status.json", {})
+
+    def write_status(self, **fields: Any) -> None:
+        current = self.status()
+        current.update(fields, updated_at=time.time(), pid=os.getpid())
+        write_json(self.path / "status.json", current)
+
+    def deploy(self) -> DeploySettings:
+        return DeploySettings.from_dict(read_json(self.path / "deploy.json", {}))
+
+    def metrics(self) -> list[dict[str, Any]]:
+        out = []
+        try:
+            text = (self.path / "metrics.jsonl").read_text()
+        except FileNotFoundError:
+            return out
+        for line in text.splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a line being appended right now; the next read gets it
+        return out
+
+    @contextlib.contextmanager
+    def lock(self, timeout: float) -> Iterator[None]:
+        """Exclusive use of the run directory by one ServerApp process.
+
+        After a crash the kernel drops the old process's lock with the process, so
+        a resumed ServerApp waits here until the previous one is really gone and
+        can never apply a round on top of a still-running twin.
+        """
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"run {self.run_id}: another ServerApp still holds the run "
+                            f"directory after {timeout:.0f} s"
+                        ) from None
+                    time.sleep(0.2)
+            yield
+        finally:
+            os.close(fd)

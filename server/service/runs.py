@@ -1,0 +1,411 @@
+"""Runs of the service: submit, list, stop, and keep each one going across crashes.
+
+A run is a directory (rundir.py) plus one or more *attempts*, each a Flower
+run on the SuperLink executing fedveil's ServerApp. The service's record
+(run.json) is the truth about a run; the SuperLink's state is consulted to
+see how the current attempt is doing:
+
+- the attempt completed and the ServerApp wrote `completed`  -> completed
+- a stop was requested                                          -> stopped
+- the ServerApp reported an error (bad task, too few clients)   -> failed
+- the attempt died for another reason (its process was killed)  -> a new
+  attempt resumes from the run's last checkpoint, up to max_attempts
+On start-up, runs that were active when the previous service process died
+(SIGKILL, power loss) get a new attempt the same way; such interrupted
+attempts do not count against max_attempts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from fedveil.config import ConfigError, RunConfig, config_from_dict, to_toml
+
+from .rundir import (
+    ACTIVE,
+    FINAL,
+    RUN_ID_RE,
+    DeploySettings,
+    RunDir,
+    new_run_id,
+    read_json,
+    write_json,
+)
+from .settings import ServerSettings
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+log = logging.getLogger("fedveil.service")
+
+
+class SubmissionError(ValueError):
+    """A run config the service will not run: names the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class RunNotFound(KeyError):
+    pass
+
+
+class RunConflict(ValueError):
+    pass
+
+
+_FIELD_PATTERNS = (
+    re.compile(r"^unknown key ([\w.]+)"),
+    re.compile(r"^([a-z_]+(?:\.[a-z_]+)?) = "),
+    re.compile(r"^\[(\w+)\]"),
+    re.compile(r"^([a-z_]+\.[a-z_]+)[ :]"),
+)
+
+
+def field_of(message: str) -> str:
+    """The config key a ConfigError message is about (they start with it)."""
+    for pattern in _FIELD_PATTERNS:
+        m = pattern.match(message)
+        if m:
+            return m.group(1)
+    return "config"
+
+
+def parse_submission(
+    body: bytes, content_type: str, allowed_tasks: list[str]
+) -> tuple[RunConfig, DeploySettings, str]:
+    """(config, deploy settings, submitted text) or SubmissionError naming the field."""
+    if not body.strip():
+        raise SubmissionError("body", "empty request: send a run config as TOML or JSON")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SubmissionError("body", "the run config must be UTF-8 text") from None
+    if "json" in content_type:
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SubmissionError("body", f"not valid JSON ({exc})") from None
+    else:
+        try:
+            values = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise SubmissionError("body", f"not valid TOML ({exc})") from None
+    if not isinstance(values, dict):
+        raise SubmissionError("body", "the run config must be a table (TOML) or an object (JSON)")
+    try:
+        deploy = DeploySettings.from_dict(values.pop("deploy", None))
+        # The service decides where a run lives and what engine runs it.
+        values.pop("out", None)
+        values["transport"] = "flower"
+        cfg = config_from_dict(values)
+    except ConfigError as exc:
+        raise SubmissionError(field_of(str(exc)), str(exc)) from None
+    if cfg.model.task is not None and cfg.model.task not in allowed_tasks:
+        allowed = ", ".join(allowed_tasks) or "none (only built-in models)"
+        raise SubmissionError(
+            "model.task",
+            f"model.task = {cfg.model.task!r}: not allowed on this server "
+            f"(runs.allowed_tasks in server.toml: {allowed})",
+        )
+    if cfg.dp.mechanism == "distributed":
+        raise SubmissionError(
+            "dp.mechanism",
+            "dp.mechanism = 'distributed': needs secure aggregation, which deployments do not "
+            "run yet; use 'central' or 'none'",
+        )
+    if deploy.wait_for_clients > cfg.data.num_clients:
+        raise SubmissionError(
+            "deploy.wait_for_clients",
+            f"deploy.wait_for_clients = {deploy.wait_for_clients}: must be <= "
+            f"data.num_clients = {cfg.data.num_clients}",
+        )
+    return cfg, deploy, text
+
+
+def client_facing_toml(cfg: RunConfig, run_id: str) -> str:
+    """The run config as devices see it: no server paths."""
+    data = dataclasses.replace(cfg.data, data_dir=None)
+    return to_toml(dataclasses.replace(cfg, out=f"runs/{run_id}", data=data))
+
+
+def _count_rounds(run_dir: Path) -> int:
+    return len(RunDir(run_dir.parent.parent, run_dir.name).metrics())
+
+
+class RunManager:
+    def __init__(self, settings: ServerSettings, link: Any, count_rounds: Any = None) -> None:
+        self.settings = settings
+        self.state_dir = settings.state_dir
+        self.link = link
+        # rounds recorded in a run dir; the service passes its incremental reader
+        self.count_rounds = count_rounds or (
+            lambda path: len(RunDir(path.parent.parent, path.name).metrics())
+        )
+        self._final: set[str] = set()  # runs that can no longer change: skipped by reconcile
+        self._lock = threading.RLock()
+        (self.state_dir / "runs").mkdir(parents=True, exist_ok=True)
+        self.flower_runs: dict[int, Any] = {}
+        self.last_reconcile = 0.0
+
+    # -- queries -------------------------------------------------------------
+    def run_ids(self) -> list[str]:
+        runs = self.state_dir / "runs"
+        return sorted(
+            (
+                p.name
+                for p in runs.iterdir()
+                if RUN_ID_RE.match(p.name) and (p / "run.json").exists()
+            ),
+            reverse=True,
+        )
+
+    def rundir(self, run_id: str) -> RunDir:
+        if not RUN_ID_RE.match(run_id):
+            raise RunNotFound(run_id)
+        rd = RunDir(self.state_dir, run_id)
+        if not rd.exists():
+            raise RunNotFound(run_id)
+        return rd
+
+    def view(self, run_id: str) -> dict[str, Any]:
+        rd = self.rundir(run_id)
+        record = rd.record()
+        status = rd.status()
+        rounds_done = self.count_rounds(rd.path)
+        out = {
+            "id": run_id,
+            "name": record.get("name", ""),
+            "status": record.get("status"),
+            "created_at": record.get("created_at"),
+            "finished_at": record.get("finished_at"),
+            "rounds": record.get("rounds"),
+            "rounds_completed": rounds_done,
+            "phase": status.get("phase") if record.get("status") == "running" else None,
+            "clients_connected": status.get("connected"),
+            "error": record.get("error"),
+            "attempts": record.get("attempts", []),
+            "num_clients": record.get("num_clients"),
+            "per_round": record.get("per_round"),
+            "model": record.get("model"),
+        }
+        summary = read_json(rd / "summary.json")
+        if summary is not None and record.get("status") == "completed":
+            out["summary"] = summary
+        sent = recv = 0
+        for attempt in out["attempts"]:
+            fr = self.flower_runs.get(attempt.get("flower_run_id"))
+            sent += fr.bytes_sent if fr else attempt.get("bytes_sent", 0)
+            recv += fr.bytes_recv if fr else attempt.get("bytes_recv", 0)
+        out["bytes_sent"], out["bytes_received"] = sent, recv
+        return out
+
+    def list(self) -> list[dict[str, Any]]:
+        return [self.view(rid) for rid in self.run_ids()]
+
+    # -- submit / stop ---------------------------------------------------------
+    def submit(self, body: bytes, content_type: str) -> dict[str, Any]:
+        cfg, deploy, text = parse_submission(body, content_type, self.settings.allowed_tasks)
+        with self._lock:
+            run_id = new_run_id()
+            while (self.state_dir / "runs" / run_id).exists():
+                run_id = new_run_id()
+            rd = RunDir(self.state_dir, run_id)
+            rd.path.mkdir(parents=True)
+            cfg = dataclasses.replace(cfg, out=str(rd.path))
+            (rd / "request.toml").write_text(text)
+            (rd / "config.toml").write_text(to_toml(cfg))
+            write_json(rd / "deploy.json", deploy.to_dict())
+            rd.write_record(
+                {
+                    "id": run_id,
+                    "name": deploy.name,
+                    "status": "queued",
+                    "created_at": time.time(),
+                    "finished_at": None,
+                    "rounds": cfg.server.rounds,
+                    "num_clients": cfg.data.num_clients,
+                    "per_round": cfg.server.per_round,
+                    "model": cfg.model.task or cfg.model.name,
+                    "attempts": [],
+                    "stop_requested": False,
+                    "error": None,
+                }
+            )
+            log.info("run %s submitted (%s)", run_id, deploy.name or "unnamed")
+            self._launch_queued()
+        return self.view(run_id)
+
+    def stop(self, run_id: str) -> dict[str, Any]:
+        with self._lock:
+            rd = self.rundir(run_id)
+            record = rd.record()
+            if record["status"] in FINAL:
+                raise RunConflict(f"run {run_id} is already {record['status']}")
+            record["stop_requested"] = True
+            if record["status"] == "queued":
+                self._finish(record, "stopped")
+            elif record["attempts"]:
+                try:
+                    self.link.stop_run(record["attempts"][-1]["flower_run_id"])
+                except Exception as exc:  # the attempt may have just ended: reconcile decides
+                    log.warning("run %s: stopping its Flower run: %s", run_id, exc)
+            rd.write_record(record)
+            log.info("run %s: stop requested", run_id)
+        return self.view(run_id)
+
+    # -- attempts ---------------------------------------------------------------
+    def _launch(self, rd: RunDir, record: dict[str, Any], reason: str) -> None:
+        cfg_text = (rd / "config.toml").read_text()
+        cfg = config_from_dict(tomllib.loads(cfg_text))
+        flower_id = self.link.start_run(rd.run_id, client_facing_toml(cfg, rd.run_id))
+        record["attempts"].append(
+            {
+                "flower_run_id": flower_id,
+                "started_at": time.time(),
+                "ended_at": None,
+                "reason": reason,
+            }
+        )
+        record["status"] = "running"
+        log.info(
+            "run %s: attempt %d is Flower run %d (%s)",
+            rd.run_id,
+            len(record["attempts"]),
+            flower_id,
+            reason,
+        )
+
+    def _finish(self, record: dict[str, Any], status: str, error: str | None = None) -> None:
+        record["status"] = status
+        record["finished_at"] = time.time()
+        if error:
+            record["error"] = error
+        log.info("run %s %s%s", record["id"], status, f": {error}" if error else "")
+
+    def _open_runs(self) -> list[str]:
+        return [rid for rid in self.run_ids() if rid not in self._final]
+
+    def _active_count(self) -> int:
+        return sum(
+            1
+            for rid in self._open_runs()
+            if RunDir(self.state_dir, rid).record().get("status") == "running"
+        )
+
+    def _launch_queued(self) -> None:
+        queued = [
+            RunDir(self.state_dir, rid)
+            for rid in reversed(self._open_runs())  # oldest first
+            if RunDir(self.state_dir, rid).record().get("status") == "queued"
+        ]
+        active = self._active_count()
+        for rd in queued:
+            if active >= self.settings.max_active_runs:
+                return
+            record = rd.record()
+            try:
+                self._launch(rd, record, "submitted")
+            except Exception as exc:
+                self._finish(record, "failed", f"the SuperLink did not start the run: {exc}")
+            rd.write_record(record)
+            active += 1
+
+    def reconcile(self) -> None:
+        """Look at every active run once; start, resume or close attempts."""
+        with self._lock:
+            self.flower_runs = self.link.runs()
+            for rid in self.run_ids():
+                if rid in self._final:
+                    continue
+                rd = RunDir(self.state_dir, rid)
+                record = rd.record()
+                if record.get("status") in FINAL:
+                    self._final.add(rid)
+                if record.get("status") != "running" or not record.get("attempts"):
+                    continue
+                attempt = record["attempts"][-1]
+                fr = self.flower_runs.get(attempt["flower_run_id"])
+                if fr is not None and fr.status != "finished":
+                    continue
+                attempt["ended_at"] = time.time()
+                attempt["outcome"] = fr.sub_status if fr else "lost"
+                attempt["details"] = fr.details if fr else "the SuperLink does not know this run"
+                if fr is not None:
+                    attempt["bytes_sent"], attempt["bytes_recv"] = fr.bytes_sent, fr.bytes_recv
+                status = rd.status()
+                failures = sum(1 for a in record["attempts"] if a.get("outcome") == "failed")
+                if record.get("stop_requested"):
+                    self._finish(record, "stopped")
+                elif status.get("phase") == "completed" and (rd / "summary.json").exists():
+                    self._finish(record, "completed")
+                elif (
+                    status.get("phase") == "failed"
+                    and status.get("flower_run_id") == attempt["flower_run_id"]
+                ):
+                    self._finish(record, "failed", status.get("error"))
+                elif failures >= self.settings.max_attempts:
+                    self._finish(
+                        record,
+                        "failed",
+                        f"gave up after {failures} failed attempts: {attempt['details']}",
+                    )
+                else:
+                    log.warning(
+                        "run %s: attempt %d ended (%s: %s); resuming from the last checkpoint",
+                        rid,
+                        len(record["attempts"]),
+                        attempt["outcome"],
+                        attempt["details"],
+                    )
+                    try:
+                        self._launch(rd, record, "resume after a failed attempt")
+                    except Exception as exc:
+                        self._finish(record, "failed", f"could not resume: {exc}")
+                rd.write_record(record)
+            self._launch_queued()
+            self.last_reconcile = time.time()
+
+    def resume_interrupted(self) -> list[str]:
+        """After a restart: give every run that was active a new attempt (see module doc)."""
+        resumed = []
+        with self._lock:
+            self.flower_runs = self.link.runs()
+            for rid in self.run_ids():
+                rd = RunDir(self.state_dir, rid)
+                record = rd.record()
+                if record.get("status") not in ACTIVE or record.get("status") == "queued":
+                    continue
+                if record.get("attempts"):
+                    attempt = record["attempts"][-1]
+                    fr = self.flower_runs.get(attempt["flower_run_id"])
+                    if fr is not None and fr.status != "finished":
+                        try:  # its ServerApp died with the previous SuperLink
+                            self.link.stop_run(attempt["flower_run_id"])
+                        except Exception as exc:
+                            log.debug("stopping stale Flower run: %s", exc)
+                    if attempt.get("ended_at") is None:
+                        attempt["ended_at"] = time.time()
+                        attempt["outcome"] = "interrupted"
+                        attempt["details"] = "the service stopped or crashed during this attempt"
+                if record.get("stop_requested"):
+                    self._finish(record, "stopped")
+                else:
+                    try:
+                        self._launch(rd, record, "resume after a service restart")
+                        resumed.append(rid)
+                    except Exception as exc:
+                        self._finish(record, "failed", f"could not resume: {exc}")
+                rd.write_record(record)
+        return resumed

@@ -1,0 +1,420 @@
+"""The coordinator and its devices as real processes on loopback.
+
+One deployment (TLS, SuperNode authentication, admin token) with five
+clients serves the whole module, in order: a run whose model equals the
+simulation's; bad and unauthorized requests during a run; a client killed
+the coordinator SIGKILLed mid-run and restarted; a client killed mid-round
+plus a client sending garbage; revoking a client's key. The clients mix the ways a device
+brings data: the task itself (0, 1) and local .npz, .csv and IDX files (2-4).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import tomllib
+import torch
+from deploy_task import write_big_file, write_client_file
+from harness import SERVICE_TESTS, Deployment, run_toml, wait_for
+from harness import TOKEN as TOKEN_TEXT
+from safetensors.torch import load, load_file
+
+from fedveil.config import config_from_dict
+from fedveil.simulations.run import simulate
+
+pytestmark = [pytest.mark.flower, pytest.mark.slow]
+
+CLIENTS = 5
+DATA_FORMATS = {2: "npz", 3: "csv", 4: "idx"}
+
+# Privacy variants of the end-to-end run: extra config tables for the run and its
+# simulation twin. Secure aggregation joins as one more entry once the engine runs it.
+CENTRAL_DP = '[dp]\nmechanism = "central"\nepsilon = 50.0\nclip = 1.0\n'
+PRIVACY_VARIANTS = [pytest.param("", id="plain"), pytest.param(CENTRAL_DP, id="central-dp")]
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    root = tmp_path_factory.mktemp("deploy")
+    dep = Deployment(root, clients=CLIENTS + 2)
+    try:
+        dep.start_server()
+        for cid in range(CLIENTS + 2):
+            dep.enroll(cid)
+        for cid in range(CLIENTS):
+            start_honest_client(dep, cid)
+        wait_for(lambda: dep.connected() >= CLIENTS, 90, "five clients to connect")
+        yield dep
+    finally:
+        dep.close()
+
+
+def start_honest_client(dep: Deployment, cid: int) -> None:
+    if cid in DATA_FORMATS:
+        path = write_client_file(dep.root / "data", CLIENTS, cid, DATA_FORMATS[cid])
+        dep.start_client(cid, "--data", str(path), "--task", "mlp")
+    else:
+        dep.start_client(cid, "--task", "deploy_task:make")
+
+
+def simulated_model(toml: str, out) -> dict[str, torch.Tensor]:
+    values = tomllib.loads(toml)
+    values.pop("deploy")
+    values["out"] = str(out)
+    simulate(config_from_dict(values))
+    return load_file(f"{out}/model.safetensors")
+
+
+def downloaded_model(dep: Deployment, rid: str) -> dict[str, torch.Tensor]:
+    r = dep.http.get(f"/runs/{rid}/model", headers=dep.admin)
+    assert r.status_code == 200, r.text
+    return load(r.content)
+
+
+def assert_same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("privacy", PRIVACY_VARIANTS)
+def test_run_matches_the_simulation(deployment, tmp_path, privacy):
+    dep = deployment
+    rounds_n = 2 if privacy else 3  # DP adds accounting, not arithmetic: two rounds show it
+    toml = run_toml(
+        rounds=rounds_n, clients=CLIENTS, per_round=CLIENTS, seed=7, name="e2e", tables=privacy
+    )
+    start = time.monotonic()
+    rid = dep.submit(toml)
+    run = dep.wait_status(rid, "completed", timeout=150)
+    elapsed = time.monotonic() - start
+    rounds = dep.rounds(rid)
+    assert [r["round"] for r in rounds] == list(range(1, rounds_n + 1))
+    assert all(
+        r["applied"] and r["cohort_aggregated"] == CLIENTS and r["dropped"] == 0 for r in rounds
+    )
+    assert run["summary"]["rounds_applied"] == rounds_n
+    assert run["summary"]["test_accuracy"] > 0.4
+    simulated = simulated_model(toml, tmp_path / "sim")
+    deployed = downloaded_model(dep, rid)
+    if not privacy:
+        assert_same_model(deployed, simulated)
+    else:
+        check_central_dp(dep, rid, rounds, tmp_path / "sim", deployed, simulated)
+
+    metrics = dep.http.get("/metrics").text
+    assert f'fedveil_rounds_completed_total{{run="{rid}"}} {rounds_n}' in metrics
+    assert f'fedveil_client_updates_total{{run="{rid}"}} {CLIENTS * rounds_n}' in metrics
+    assert "fedveil_clients_connected 5" in metrics
+    assert f'fedveil_round_duration_seconds_count{{run="{rid}"}} {rounds_n}' in metrics
+    sent = [m for m in metrics.splitlines() if m.startswith("fedveil_fleet_bytes_sent_total")]
+    assert sent and float(sent[0].split()[-1]) > 10_000
+    spec = dep.http.get("/openapi.json").json()
+    for path in (
+        "/runs",
+        "/runs/{run_id}",
+        "/runs/{run_id}/rounds",
+        "/runs/{run_id}/model",
+        "/runs/{run_id}/privacy",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/clients",
+    ):
+        assert path in spec["paths"], path
+    kind = "central DP" if privacy else "plain"
+    print(f"\n[e2e {kind}] 5 clients, {rounds_n} rounds: {elapsed:.1f} s from submission")
+
+
+def check_central_dp(dep, rid, rounds, sim_dir, deployed, simulated) -> None:
+    """Central DP: the same accounting as the simulation, a verified ledger, fresh noise."""
+    sim_rounds = [json.loads(line) for line in (sim_dir / "metrics.jsonl").read_text().splitlines()]
+    for key in ("epsilon", "clip_norm", "noise_multiplier"):
+        assert [r[key] for r in rounds] == pytest.approx([r[key] for r in sim_rounds], rel=1e-12)
+    report = dep.http.get(f"/runs/{rid}/privacy").json()
+    assert report["verification"]["ok"] and report["ledger_entries"] == len(rounds)
+    assert report["epsilon"] == pytest.approx(rounds[-1]["epsilon"]) and report["epsilon"] <= 50
+    html = dep.http.get(f"/runs/{rid}/privacy", params={"format": "html"})
+    assert html.status_code == 200 and html.headers["content-type"].startswith("text/html")
+    assert "sandbox" in html.headers["content-security-policy"]
+    assert f'fedveil_epsilon_spent{{run="{rid}"}}' in dep.http.get("/metrics").text
+    # The noise is drawn fresh from the OS CSPRNG, so the models differ, by noise only.
+    assert any(not torch.equal(deployed[k], simulated[k]) for k in deployed)
+    assert all(bool(torch.isfinite(v).all()) for v in deployed.values())
+
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--ignore-certificate-errors",  # the test CA is not in Chromium's store; TLS: see test_certs
+    "--window-size=1280,1500",
+    "--virtual-time-budget=10000",
+]
+
+
+def chromium(dep: Deployment, tmp_path, *args: str) -> subprocess.CompletedProcess:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    profile = tmp_path / f"profile-{time.monotonic_ns()}"
+    url = f"https://127.0.0.1:{dep.api_port}/dashboard"
+    return subprocess.run(
+        [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+
+
+@pytest.mark.skipif(
+    not (shutil.which("chromium") or shutil.which("chromium-browser")),
+    reason="needs Chromium (apt-get install -y chromium)",
+)
+def test_dashboard_in_headless_chromium(deployment, tmp_path):
+    dep = deployment
+    assert (
+        dep.run(dep.http.get("/runs").json()[0]["id"])["rounds_completed"] >= 2
+    )  # from the test above
+    dom = chromium(dep, tmp_path, "--dump-dom").stdout
+    assert 'data-loaded="1"' in dom and "data-error" not in dom
+    points = dict(re.findall(r'id="chart-(\w+)"[^>]*data-points="(\d+)"', dom))
+    assert int(points["accuracy"]) >= 2 and int(points["loss"]) >= 4 and int(points["clients"]) >= 6
+    newest = dep.rounds(dep.http.get("/runs").json()[0]["id"])
+    with_eps = sum(r.get("epsilon") is not None for r in newest)  # DP runs chart epsilon
+    assert int(points["privacy"]) == with_eps
+    assert "5 clients connected" in dom and "completed" in dom
+    shot = tmp_path / "dashboard.png"
+    chromium(dep, tmp_path, f"--screenshot={shot}")
+    assert shot.stat().st_size > 20_000
+    from PIL import Image
+
+    image = Image.open(shot).convert("RGB")
+    blue = image.tobytes().count(bytes([0x25, 0x63, 0xEB]))  # the accuracy line's colour
+    assert blue > 200, f"only {blue} pixels of the chart colour in the screenshot"
+    shutil.copy(shot, dep.root / "dashboard.png")
+
+
+def test_bad_requests_leave_a_running_run_alone(deployment):
+    dep = deployment
+    (dep.root / "busy.toml").write_text(
+        run_toml(rounds=2, clients=CLIENTS, per_round=CLIENTS, seed=11, name="busy")
+    )
+    submitted = dep.cli("run", "submit", "busy.toml", "--json")  # as an operator would
+    assert submitted.returncode == 0, submitted.stderr
+    rid = json.loads(submitted.stdout)["id"]
+    dep.wait_rounds(rid, 1, timeout=90)
+    good = run_toml(rounds=2, clients=CLIENTS, per_round=3, seed=1, name="x")
+    toml = {"Content-Type": "application/toml"}
+
+    r = dep.http.post("/runs", content=good, headers=toml)
+    assert r.status_code == 401 and "Bearer" in r.headers["www-authenticate"]
+    r = dep.http.post(
+        "/runs", content=good, headers={**toml, "Authorization": "Bearer not-the-token-xxxxxxx"}
+    )
+    assert r.status_code == 403
+    assert dep.http.post(f"/runs/{rid}/stop").status_code == 401
+    assert dep.http.get(f"/runs/{rid}/model").status_code == 401
+    assert dep.http.get("/clients").status_code == 401
+
+    def rejected(body: str, field: str) -> None:
+        r = dep.http.post("/runs", content=body, headers={**dep.admin, **toml})
+        assert r.status_code == 422, r.text
+        assert r.json()["field"] == field, r.json()
+        if "." in field:
+            assert field in r.json()["detail"]
+
+    rejected(good.replace("rounds = 2", "rounds = 0"), "server.rounds")
+    rejected(good.replace("per_round = 3", "per_round = 30"), "server.per_round")
+    rejected(good.replace("lr = 0.1", "lr = -1"), "client.lr")
+    rejected(good + "\n[server2]\nx = 1\n", "server2")
+    rejected(good.replace("[client]", "[client]\nbogus = 1"), "client.bogus")
+    rejected(good.replace('task = "deploy_task:make"', 'task = "os:system"'), "model.task")
+    rejected(
+        good.replace("wait_for_clients = 3", "wait_for_clients = 99"), "deploy.wait_for_clients"
+    )
+    rejected("seed = [", "body")
+    r = dep.http.post("/runs", content=b"\xff\xfe", headers={**dep.admin, **toml})
+    assert r.status_code == 422 and r.json()["field"] == "body"
+    r = dep.http.post("/runs", content="x" * 70_000, headers={**dep.admin, **toml})
+    assert r.status_code == 413
+    r = dep.http.post(
+        "/clients", json={"client_id": 3, "public_key": "ssh-rsa AAAA"}, headers=dep.admin
+    )
+    assert r.status_code == 422 and r.json()["field"] == "public_key"
+    r = dep.http.post("/clients", json={"client_id": -1, "public_key": "x"}, headers=dep.admin)
+    assert r.status_code == 422 and r.json()["field"] == "client_id"
+    assert dep.http.get("/runs/20990101-000000-abcdef").status_code == 404
+    assert dep.http.get("/runs/..%2F..%2Fetc").status_code == 404
+    assert dep.http.get("/runs/no-such-run/rounds").status_code == 404
+    assert dep.http.post("/runs/no-such-run/stop", headers=dep.admin).status_code == 404
+
+    # The Fleet port: only the Fleet API, bounded bodies, garbage refused.
+    fleet = dep.http.base_url.copy_with(port=dep.fleet_port)
+    with dep.http.__class__(base_url=fleet, verify=str(dep.certs / "ca.pem")) as f:
+        assert f.post("/v1/control/list-runs", content=b"").status_code == 404
+        assert f.post("/v1/runtime/acquire-task", content=b"").status_code == 404
+        assert f.get("/v1/fleet/pull-messages").status_code == 404
+        r = f.post(
+            "/v1/fleet/push-messages",
+            content=os.urandom(512),
+            headers={"Content-Type": "application/protobuf"},
+        )
+        assert 400 <= r.status_code < 500
+        assert f.post("/v1/fleet/push-object", content=b"\0" * (8_388_608 + 1)).status_code == 413
+
+    run = dep.wait_status(rid, "completed", timeout=150)
+    rounds = dep.rounds(rid)
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert all(r["applied"] and r["cohort_aggregated"] == CLIENTS for r in rounds)
+    assert run["error"] is None and len(run["attempts"]) == 1
+    assert sum(r["status"] == "completed" for r in dep.http.get("/runs").json()) >= 2
+    listing = dep.cli("run", "list")
+    assert listing.returncode == 0 and f"{rid}  completed 2/2 rounds" in listing.stdout
+    (dep.root / "wrong.token").write_text("not-the-admin-token-at-all\n")
+    refused = dep.cli("run", "submit", "busy.toml", "--token-file", str(dep.root / "wrong.token"))
+    assert refused.returncode == 1 and "HTTP 403" in refused.stderr
+    metrics = dep.http.get("/metrics").text
+    assert 'fedveil_api_requests_rejected_total{reason="unauthorized"}' in metrics
+    assert 'fedveil_fleet_requests_rejected_total{reason="not_fleet"}' in metrics
+
+
+def test_coordinator_killed_mid_run_resumes_and_finishes(deployment, tmp_path):
+    dep = deployment
+    toml = run_toml(rounds=4, clients=CLIENTS, per_round=CLIENTS, seed=13, name="crash")
+    rid = dep.submit(toml)
+    dep.wait_rounds(rid, 2, timeout=120)
+    superlink_pid = int((dep.state / "superlink.pid").read_text())
+    dep.stop_server(signal.SIGKILL)
+    # The SuperLink dies with the coordinator, so its port and database are free again.
+    wait_for(
+        lambda: (
+            not os.path.exists(f"/proc/{superlink_pid}")
+            or Path(f"/proc/{superlink_pid}/stat").read_text().split()[2] == "Z"
+        ),
+        10,
+        "the SuperLink to die",
+    )
+    dep.start_server()
+    run = dep.wait_status(rid, "completed", timeout=240)
+    rounds = dep.rounds(rid)
+    assert [r["round"] for r in rounds] == [1, 2, 3, 4]  # none lost, none twice
+    assert all(r["applied"] and r["cohort_aggregated"] == CLIENTS for r in rounds)
+    assert [a.get("outcome") for a in run["attempts"]] == ["interrupted", "completed"]
+    assert run["summary"]["rounds_applied"] == 4
+    assert_same_model(downloaded_model(dep, rid), simulated_model(toml, tmp_path / "sim"))
+
+
+def test_dropout_and_garbage_do_not_stop_a_round(deployment):
+    dep = deployment
+    # Client 5 answers with garbage; client 6 has so much local data that its training
+    # is still running when it is SIGKILLed in round 1.
+    garbage = [
+        sys.executable,
+        str(SERVICE_TESTS / "garbage_client.py"),
+        dep.fleet,
+        "5",
+        str(dep.root / "client-5"),
+        str(dep.certs / "ca.pem"),
+        str(dep.certs / "clients" / "client-5.key"),
+    ]
+    dep.start_client(5, script=garbage)
+    slow = write_big_file(dep.root / "data" / "big.npz", 400_000)
+    dep.start_client(6, "--data", str(slow), "--task", "mlp")
+    wait_for(lambda: dep.connected() >= 7, 60, "clients 5 and 6 to connect")
+    toml = run_toml(
+        rounds=2,
+        clients=7,
+        per_round=7,
+        seed=5,
+        name="dropout",
+        extra="round_timeout = 10.0\nmin_clients = 3",
+    )
+    rid = dep.submit(toml)
+    received = dep.root / "client-6" / "supernode.log"
+    wait_for(lambda: "Receiving: train" in received.read_text(), 60, "client 6 to get round 1")
+    time.sleep(0.5)
+    dep.kill_client(6)  # SIGKILL in the middle of its local training
+    run = dep.wait_status(rid, "completed", timeout=90)
+    rounds = dep.rounds(rid)
+    assert [r["round"] for r in rounds] == [1, 2]
+    for r in rounds:  # both rounds go on with the five honest clients
+        assert r["applied"] and r["cohort_aggregated"] == 5 and r["dropped"] == 2, r
+    assert run["summary"]["dropped_total"] == 4
+    log = (dep.state / "runs" / rid / "server.log").read_text()
+    assert "client 5 dropped" in log and "NaN" in log
+    assert "client 6 dropped: no reply before the deadline" in log
+    dep.kill_client(5)
+
+
+def test_revoked_client_is_refused(deployment):
+    dep = deployment
+
+    def online(cid: int) -> bool:
+        rows = dep.http.get("/clients", headers=dep.admin).json()
+        return next(c for c in rows if c["client_id"] == cid)["online"]
+
+    assert online(1)
+    r = dep.http.delete("/clients/1", headers=dep.admin)
+    assert r.status_code == 200 and r.json()["revoked_at"]
+    # The SuperLink now refuses the key: the device's SuperNode is turned away and exits;
+    # the device keeps retrying with backoff, and keeps being refused.
+    wait_for(lambda: not online(1), 30, "client 1 to be refused")
+    wait_for(
+        lambda: "SuperNode exited" in (dep.root / "client-1.log").read_text(),
+        60,
+        "client 1 to notice",
+    )
+    assert dep.clients[1].poll() is None  # the device process itself stays up
+    rows = dep.http.get("/clients", headers=dep.admin).json()
+    assert next(c for c in rows if c["client_id"] == 1)["revoked_at"]
+    again = {"client_id": 0, "public_key": (dep.certs / "clients" / "client-0.pub").read_text()}
+    assert dep.http.post("/clients", json=again, headers=dep.admin).status_code == 409
+
+
+def test_stop_a_waiting_run_and_a_queued_one(deployment):
+    dep = deployment
+    # Needs seven clients (two are gone): it waits, and the next submission queues behind it.
+    waiting = dep.submit(run_toml(rounds=2, clients=7, per_round=7, seed=2, name="waits"))
+    queued = dep.submit(run_toml(rounds=2, clients=CLIENTS, per_round=3, seed=2, name="queued"))
+    wait_for(lambda: dep.run(waiting)["phase"] == "waiting_for_clients", 60, "the run to wait")
+    assert dep.run(queued)["status"] == "queued"
+    assert dep.http.post(f"/runs/{queued}/stop", headers=dep.admin).json()["status"] == "stopped"
+    r = dep.http.post(f"/runs/{waiting}/stop", headers=dep.admin)
+    assert r.status_code == 200
+    run = dep.wait_status(waiting, "stopped", timeout=60)
+    assert run["rounds_completed"] == 0 and run["attempts"][-1]["outcome"] == "stopped"
+    again = dep.http.post(f"/runs/{waiting}/stop", headers=dep.admin)
+    assert again.status_code == 409 and "already stopped" in again.json()["detail"]
+
+
+def test_sigterm_stops_devices_and_coordinator_cleanly(deployment):
+    dep = deployment
+    devices = list(dep.clients.items())
+    for _, proc in devices:
+        os.kill(proc.pid, signal.SIGTERM)
+    for cid, proc in devices:  # each leaves the federation and stops its SuperNode
+        assert proc.wait(30) == 0, cid
+        assert "stopped after" in (dep.root / f"client-{cid}.log").read_text()
+    dep.clients.clear()
+    superlink = int((dep.state / "superlink.pid").read_text())
+    proc = dep.server
+    dep.stop_server(signal.SIGTERM, timeout=30)
+    assert proc.returncode == 0
+    assert not Path(f"/proc/{superlink}").exists() or (
+        Path(f"/proc/{superlink}/stat").read_text().split()[2] == "Z"
+    )
+    assert "coordinator stopped" in (dep.root / "server.log").read_text()
+    assert TOKEN_TEXT not in (dep.root / "server.log").read_text()  # the secret never logged
+    assert TOKEN_TEXT not in (dep.state / "logs" / "superlink.log").read_text()

@@ -1,0 +1,165 @@
+"""A device's answers: the same update whatever the data source, local policy enforced,
+and no request — however wrong — raises out of the ClientApp."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from deploy_task import arrays, write_client_file
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedveil.client.edge_data import load_local_data
+from fedveil.client.edge_policy import LocalPolicy, PolicyRefusal
+from fedveil.client.flower_deploy import (
+    BAD_MESSAGE,
+    CONFIG_KEY,
+    DataSource,
+    EdgeClient,
+    TaskSource,
+    answer,
+)
+from fedveil.config import load_config
+from fedveil.envelope import Envelope, MessageError
+from fedveil.flower_codec import from_content, message_type, to_content
+from fedveil.models import build_model
+from fedveil.params import FlatModel
+from fedveil.server.service.runs import client_facing_toml
+
+N = 5
+SETUP = {"run_num_classes": 3, "run_input_shape": [8]}  # what DeployTransport adds
+
+
+@pytest.fixture(autouse=True)
+def task_identity():
+    # Flower stamps messages with the task they belong to; the worker sets it per task.
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 77, 0, 1
+
+
+def run_config(**extra):
+    overrides = {
+        "model.name": "mlp",
+        "model.task": "deploy_task:make",
+        "data.num_clients": N,
+        "server.per_round": N,
+    }
+    overrides.update(extra)
+    cfg = load_config(None, overrides)
+    return {CONFIG_KEY: client_facing_toml(cfg, "20260101-000000-abcdef")}
+
+
+def train_request(round_num=1, **config):
+    torch.manual_seed(0)  # the same global model in every request
+    model = FlatModel(build_model("mlp", (8,), 3))
+    base = {
+        "seed": 3,
+        "local_epochs": 1,
+        "local_steps": 0,
+        "batch_size": 16,
+        "lr": 0.1,
+        "momentum": 0.0,
+        "weight_decay": 0.0,
+        "prox_mu": 0.0,
+        "run_num_classes": 3,
+        "run_input_shape": [8],
+    }
+    base.update(config)
+    return Envelope("train", round_num, base, {"model": model.get()})
+
+
+def test_task_and_local_files_give_the_same_update(tmp_path):
+    by_task = EdgeClient(TaskSource("deploy_task:make"), 2)
+    by_file = EdgeClient(DataSource(load_local_data(write_client_file(tmp_path, N, 2, "csv"))), 2)
+    a = by_task.handle(1, run_config(), train_request())
+    b = by_file.handle(1, run_config(), train_request())
+    assert a.config["num_examples"] == b.config["num_examples"] == len(arrays(N)[0][2][1])
+    torch.testing.assert_close(
+        torch.as_tensor(a.arrays["delta"]), torch.as_tensor(b.arrays["delta"])
+    )
+    hello = by_file.handle(
+        1, run_config(), Envelope("hello", 0, {"run_num_classes": 3, "run_input_shape": [8]})
+    )
+    assert hello.config == {"client_id": 2, "size": FlatModel(build_model("mlp", (8,), 3)).size}
+
+
+def test_policy_caps_and_refusals(tmp_path):
+    data = DataSource(load_local_data(write_client_file(tmp_path, N, 1, "npz")))
+    capped = EdgeClient(data, 1, LocalPolicy(max_local_steps=2))
+    reply = capped.handle(1, run_config(), train_request())
+    assert reply.config["steps"] == 2 and reply.config["capped"] is True
+    epochs = EdgeClient(data, 1, LocalPolicy(max_local_epochs=1))
+    reply = epochs.handle(1, run_config(), train_request(local_epochs=5))
+    assert reply.config["steps"] == -(-len(data.data) // 16) and reply.config["capped"] is True
+
+    timed = EdgeClient(data, 1, LocalPolicy(max_train_seconds=0.5))
+    timed.seconds_per_step = 0.1  # as measured on an earlier round
+    assert timed.handle(1, run_config(), train_request(local_steps=50)).config["steps"] == 5
+
+    secagg = EdgeClient(data, 1, LocalPolicy(require_secagg=True))
+    with pytest.raises(PolicyRefusal, match="secure aggregation"):
+        secagg.handle(1, run_config(), train_request())
+    assert secagg.handle(1, run_config(), train_request(secagg=True)).config["steps"] > 0
+    clip = EdgeClient(data, 1, LocalPolicy(max_clip_norm=1.0))
+    for unbounded in (train_request(), train_request(clip_norm=5.0)):
+        with pytest.raises(PolicyRefusal, match="clipped"):
+            clip.handle(1, run_config(), unbounded)
+    bounded = clip.handle(1, run_config(), train_request(clip_norm=0.5))
+    assert float(torch.linalg.vector_norm(torch.as_tensor(bounded.arrays["delta"]))) <= 0.5
+    dp = EdgeClient(data, 1, LocalPolicy(min_dp_noise=1.0))
+    with pytest.raises(PolicyRefusal, match="noise"):
+        dp.handle(1, run_config(), train_request(dp_noise_multiplier=0.5))
+    # Evaluation is never refused by the training policy.
+    ev = Envelope(
+        "evaluate", 1, {"run_num_classes": 3, "run_input_shape": [8]}, train_request().arrays
+    )
+    assert secagg.handle(1, run_config(), ev).config["num_examples"] > 0
+
+
+def test_the_device_decides_what_it_runs(tmp_path):
+    task = EdgeClient(TaskSource("deploy_task:make"), 0)
+    with pytest.raises(MessageError, match="runs task 'deploy_task:make'"):
+        task.handle(1, run_config(**{"model.task": "tiny_task:make"}), train_request())
+    x, y = arrays(N)[0][0]
+    np.savez(tmp_path / "wide.npz", x=np.hstack([x, x]), y=y)
+    wide = EdgeClient(DataSource(load_local_data(tmp_path / "wide.npz")), 0)
+    with pytest.raises(MessageError, match=r"shape \(8,\).*\(16,\)"):
+        wide.handle(1, run_config(), train_request())
+    np.savez(tmp_path / "labels.npz", x=x, y=y + 5)
+    many = EdgeClient(DataSource(load_local_data(tmp_path / "labels.npz")), 0)
+    with pytest.raises(MessageError, match="3 classes"):
+        many.handle(1, run_config(), train_request())
+    pinned = EdgeClient(DataSource(load_local_data(tmp_path / "wide.npz"), model="logreg"), 0)
+    with pytest.raises(MessageError, match="trains model 'logreg'"):
+        pinned.handle(1, run_config(), train_request())
+    with pytest.raises(MessageError, match="not a fedveil run"):
+        task.handle(2, {}, train_request())
+    with pytest.raises(MessageError, match="invalid"):
+        task.handle(3, {CONFIG_KEY: "[server]\nrounds = -1\n"}, train_request())
+
+
+def request_message(content: RecordDict, kind: str = "train") -> Message:
+    return Message(content, 5, message_type(kind))
+
+
+def test_answer_never_raises(tmp_path):
+    edge = EdgeClient(TaskSource("deploy_task:make"), 0)
+    ok = answer(edge, request_message(to_content(train_request())), 1, run_config())
+    assert not ok.has_error() and from_content(ok.content).config["num_examples"] > 0
+    garbage = [
+        RecordDict({"junk": ConfigRecord({"a": 1})}),  # not a fedveil message at all
+        to_content(Envelope("train", 1, {"seed": 3})),  # fields missing
+        to_content(train_request(lr=-1.0)),  # out of range
+        to_content(Envelope("launch-missiles", 1, {})),  # unknown kind
+    ]
+    nan = train_request()
+    nan.arrays["model"] = torch.full_like(nan.arrays["model"], float("nan"))
+    short = train_request()
+    short.arrays["model"] = short.arrays["model"][:10]
+    garbage += [to_content(nan), to_content(short)]
+    for content in garbage:
+        reply = answer(edge, request_message(content), 1, run_config())
+        assert reply.has_error() and reply.error.code == BAD_MESSAGE, reply.error.reason
+    # and the device still trains afterwards
+    again = answer(edge, request_message(to_content(train_request(round_num=2))), 1, run_config())
+    assert not again.has_error()

@@ -1,0 +1,118 @@
+"""server.toml and submitted run configs: every refusal names the key at fault."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedveil.config import ConfigError
+from fedveil.server.service.runs import SubmissionError, client_facing_toml, parse_submission
+from fedveil.server.service.settings import settings_from_dict
+
+
+def tls_files(tmp_path):
+    for name in ("s.pem", "s.key", "ca.pem"):
+        (tmp_path / name).write_text("x")
+    return {"cert": "s.pem", "key": "s.key", "ca": "ca.pem"}
+
+
+def test_tls_is_required_unless_insecure_is_explicit(tmp_path):
+    with pytest.raises(ConfigError, match=r"tls\.cert is required.*--insecure"):
+        settings_from_dict({}, tmp_path)
+    s = settings_from_dict({}, tmp_path, insecure=True)
+    assert s.tls.insecure and not s.client_auth and s.scheme == "http"
+    s = settings_from_dict({"tls": tls_files(tmp_path), "state_dir": "st"}, tmp_path)
+    assert not s.tls.insecure and s.client_auth and s.tls.cert == tmp_path / "s.pem"
+    assert s.state_dir == tmp_path / "st" and s.superlink_address.startswith("127.0.0.1:")
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ({"api": {"port": "80"}}, "api.port"),
+        ({"api": {"port": 70000}}, "api.port"),
+        ({"fleet": {"max_body_bytes": 10}}, "fleet.max_body_bytes"),
+        ({"fleet": {"hots": "x"}}, "fleet.hots"),
+        ({"auth": {"client_auth": "yes"}}, "auth.client_auth"),
+        ({"runs": {"allowed_tasks": ["nocolon"]}}, "runs.allowed_tasks"),
+        ({"runs": {"max_active": 0}}, "runs.max_active"),
+        ({"statedir": "x"}, "statedir"),
+        ({"api": {"port": 9000}, "fleet": {"port": 9000}}, "api.port"),
+        ({"tls": {"cert": "missing.pem", "key": "s.key", "ca": "ca.pem"}}, "tls.cert"),
+    ],
+)
+def test_bad_server_settings_name_the_key(tmp_path, raw, key):
+    tls_files(tmp_path)
+    raw = {"tls": tls_files(tmp_path), **raw}
+    with pytest.raises(ConfigError) as err:
+        settings_from_dict(raw, tmp_path)
+    assert key in str(err.value)
+
+
+GOOD = """seed = 1
+[model]
+name = "mlp"
+[data]
+num_clients = 4
+[server]
+rounds = 2
+per_round = 2
+[deploy]
+name = "ok"
+wait_for_clients = 2
+"""
+
+
+def submit(text: str, allowed=("deploy_task:make",), content_type="application/toml"):
+    return parse_submission(text.encode(), content_type, list(allowed))
+
+
+def test_a_good_submission_and_what_devices_see(tmp_path):
+    cfg, deploy, _ = submit(
+        GOOD.replace("seed = 1", 'seed = 1\nout = "/etc"\ntransport = "inprocess"')
+    )
+    assert cfg.server.rounds == 2 and deploy.name == "ok" and deploy.wait_for_clients == 2
+    assert cfg.transport == "flower" and cfg.out == "runs/latest"  # the service decides both
+    as_json = {"seed": 1, "data": {"num_clients": 4}, "server": {"per_round": 2}, "deploy": {}}
+    cfg2, _, _ = submit(json.dumps(as_json), content_type="application/json")
+    assert cfg2.data.num_clients == 4
+    cfg3, _, _ = submit(GOOD.replace("num_clients = 4", 'num_clients = 4\ndata_dir = "/srv/data"'))
+    shown = client_facing_toml(cfg3, "20260101-000000-abcdef")
+    assert "/srv/data" not in shown and 'out = "runs/20260101-000000-abcdef"' in shown
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (("rounds = 2", "rounds = 0"), "server.rounds"),
+        (("rounds = 2", 'rounds = "two"'), "server.rounds"),
+        (("per_round = 2", "per_round = 9"), "server.per_round"),
+        (('name = "mlp"', 'name = "resnet"'), "model.name"),
+        (('name = "mlp"', 'name = "mlp"\ntask = "os:system"'), "model.task"),
+        (("[data]", "[data]\nfoo = 1"), "data.foo"),
+        (("seed = 1", "seed = -1"), "seed"),
+        (("seed = 1", "sede = 1"), "sede"),
+        (("wait_for_clients = 2", "wait_for_clients = 5"), "deploy.wait_for_clients"),
+        (("wait_for_clients = 2", "wait_for_clients = true"), "deploy.wait_for_clients"),
+        (('name = "ok"', "name = 3"), "deploy.name"),
+        (("[deploy]", "[deploy]\nretries = 3"), "deploy.retries"),
+        (("seed = 1", "seed = ["), "body"),
+    ],
+)
+def test_bad_submissions_name_the_field(edit, field):
+    with pytest.raises(SubmissionError) as err:
+        submit(GOOD.replace(*edit))
+    assert err.value.field == field, str(err.value)
+
+
+def test_empty_and_non_utf8_bodies():
+    for body in (b"", b"  \n", b"\xff\xfe\x00"):
+        with pytest.raises(SubmissionError) as err:
+            parse_submission(body, "application/toml", [])
+        assert err.value.field == "body"
+    with pytest.raises(SubmissionError, match="table"):
+        parse_submission(b"[1, 2]", "application/json", [])
+    with pytest.raises(SubmissionError) as err:
+        parse_submission(b'{"server": 3}', "application/json", [])
+    assert err.value.field == "server"
