@@ -218,6 +218,30 @@ class DroppingRuntime(ClientRuntime):
         return super().handle(client_id, msg, state)
 
 
+class DroppingTransport:
+    """In-process: the chosen clients fail at the chosen kinds, as a client that raises would."""
+
+    def __init__(self, base: Transport, dropped: frozenset[int], kinds: frozenset[str]) -> None:
+        self.base, self.dropped, self.kinds = base, dropped, kinds
+
+    def client_ids(self) -> Sequence[int]:
+        return self.base.client_ids()
+
+    def exchange(
+        self, requests: Mapping[int, Envelope], timeout_s: float | None
+    ) -> dict[int, Envelope | ClientFailure]:
+        failing = {c for c, m in requests.items() if c in self.dropped and m.kind in self.kinds}
+        out = self.base.exchange(
+            {c: m for c, m in requests.items() if c not in failing}, timeout_s
+        )
+        for c in failing:
+            out[c] = ClientFailure(c, f"{DROP_MARKER} client {c} drops at {requests[c].kind}")
+        return out
+
+    def close(self) -> None:
+        self.base.close()
+
+
 def drop_kinds(w: Workload, secagg: bool) -> frozenset[str]:
     return frozenset({DROP_STAGES[w.drop_stage][0] if secagg else "train"})
 
@@ -336,7 +360,7 @@ def run_config(w: Workload, secagg: bool, k: int, t: int, rounds: int, transport
             "device": "cpu",
             "data": {"num_clients": w.clients},
             # One SGD step over a client's few examples: training cost is negligible.
-            "client": {"local_epochs": 1, "batch_size": w.examples, "lr": LR},
+            "client": {"local_epochs": 1, "batch_size": w.examples, "lr": LR, "momentum": 0.0},
             "server": {"rounds": rounds, "per_round": w.clients, "min_clients": 1},
             "eval": {"central_every": 0, "federated_every": 0},
             "secagg": {
@@ -389,9 +413,7 @@ def run_ours(
     if transport == "inprocess":
         from .inprocess import InProcessTransport
 
-        base = InProcessTransport(task)
-        # The in-process transport owns its runtime; ours differs only in who raises.
-        base.runtime = DroppingRuntime(task, w.dropped, drop_kinds(w, secagg))
+        base = DroppingTransport(InProcessTransport(task), w.dropped, drop_kinds(w, secagg))
         engine = build(base)
         cpu_marks[0] = time.process_time()
         engine.run()
