@@ -532,6 +532,8 @@ def bench(
         raise ValueError(f"--clients {w.clients}: secure aggregation needs >= 2 clients")
     if not 0 <= w.dropout <= 0.5:
         raise ValueError(f"--dropout {w.dropout}: must be in [0, 0.5]")
+    if w.examples < 1 or w.dim < 2 * CLASSES:
+        raise ValueError(f"--examples {w.examples}, --dim {w.dim}: need >= 1 and >= {2 * CLASSES}")
     if w.drop_stage not in DROP_STAGES:
         raise ValueError(f"--drop-stage {w.drop_stage!r}: one of {', '.join(DROP_STAGES)}")
     if peer is not None and transport != "flower":
@@ -746,7 +748,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=int, help="Shamir threshold t [from the threat model]")
     p.add_argument("--peer", choices=["flower"], help="also run Flower's SecAgg+")
     p.add_argument("--rounds", type=int, default=3, help="rounds per run; round 1 excluded [3]")
-    p.add_argument("--repeat", type=int, default=1, help="runs per configuration, interleaved [1]")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per round configuration, interleaved, and compute runs per side (each side "
+        "keeps its cheapest) [1]",
+    )
     p.add_argument(
         "--drop-stage",
         choices=list(DROP_STAGES),
