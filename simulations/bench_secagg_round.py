@@ -17,7 +17,8 @@ clients sampled every round, the same neighbour count k and threshold t, the sam
 quantization (clip 8, 2^22 levels, max weight = the largest client), and the same clients
 (a fraction P, chosen like the compute benchmark's) raising at the same protocol stage
 (default: masked input, after they shared their keys, so the server must recover their
-masks). In plain rounds those clients raise on their training request.
+masks). In plain rounds those clients raise on their training request. (The compute part
+always drops its clients at masked input, the expensive recovery path.)
 
 Per-round time is the median of the steady rounds (rounds 2..R of every repeat; round 1 and
 start-up excluded). Bytes are payload bytes per surviving client per round (array data, raw
@@ -190,6 +191,10 @@ class Traffic:
             k: median([self.exchange_s[r][k] for r in rounds if k in self.exchange_s.get(r, {})])
             for k in sorted(kinds)
         }
+
+    def outside(self, round_s: Sequence[float]) -> list[float]:
+        """Per round (1..R), the time spent outside exchanges: the server's own work."""
+        return [t - sum(self.exchange_s.get(rnd, {}).values()) for rnd, t in enumerate(round_s, 1)]
 
     def per_client(self, rounds: Sequence[int]) -> dict[str, float | None]:
         """Median over surviving clients of their bytes per round, over the given rounds."""
@@ -436,6 +441,7 @@ def run_ours(
         "applied": [r.applied for r in engine.history],
         **counter.per_client(range(2, rounds + 1)),
         "exchange_s": counter.exchanges(range(2, rounds + 1)),
+        "outside_exchanges_s": counter.outside(durations),
         # Round 1's mean update, float64 (dropped before the JSON is written).
         "_mean": None if first is None else first.mean.double().numpy(),
         "_contributors": 0 if first is None else len(first.contributors),
@@ -445,9 +451,9 @@ def run_ours(
 # -- the benchmark ------------------------------------------------------------------------
 
 
-def steady(runs: Sequence[dict[str, Any]]) -> float | None:
+def steady(runs: Sequence[dict[str, Any]], key: str = "round_s") -> float | None:
     """Median of the steady rounds (2..R) of every run."""
-    return median([s for run in runs for s in run["round_s"][1:]])
+    return median([s for run in runs for s in run[key][1:]])
 
 
 def steady_cpu(runs: Sequence[dict[str, Any]]) -> float | None:
@@ -548,6 +554,8 @@ def bench(
         raise ValueError(f"--clients {w.clients}: secure aggregation needs >= 2 clients")
     if not 0 <= w.dropout <= 0.5:
         raise ValueError(f"--dropout {w.dropout}: must be in [0, 0.5]")
+    if w.examples < 1 or w.dim < 2 * CLASSES:
+        raise ValueError(f"--examples {w.examples}, --dim {w.dim}: need >= 1 and >= {2 * CLASSES}")
     if w.drop_stage not in DROP_STAGES:
         raise ValueError(f"--drop-stage {w.drop_stage!r}: one of {', '.join(DROP_STAGES)}")
     if peer is not None and transport != "flower":
@@ -624,6 +632,8 @@ def bench(
             # Where the secure round's time goes (last run): each exchange, and the rest.
             "secagg_exchange_s": last["exchange_s"],
             "plain_exchange_s": runs[f"{fw}_plain"][-1]["exchange_s"],
+            "secagg_outside_exchanges_s": steady(runs[f"{fw}_secagg"], "outside_exchanges_s"),
+            "plain_outside_exchanges_s": steady(runs[f"{fw}_plain"], "outside_exchanges_s"),
         }
     if floor:
         floor_s = steady(runs["fedveil_floor"])
@@ -704,9 +714,9 @@ def format_report(out: dict[str, Any]) -> str:
     for fw, s in out["round"].items():
         for mode in ("plain", "secagg"):
             parts = s[f"{mode}_exchange_s"]
-            rest = (s[f"{mode}_round_s"] or 0.0) - sum(v or 0.0 for v in parts.values())
             shown = ", ".join(f"{k} {v:.2f}" for k, v in parts.items() if v is not None)
-            lines.append(f"  {fw} {mode} exchanges (s): {shown}; outside exchanges {rest:.2f}")
+            rest = _fmt_s(s[f"{mode}_outside_exchanges_s"])
+            lines.append(f"  {fw} {mode} exchanges (s): {shown}; outside exchanges {rest}")
     f = out["round"]["fedveil"]
     if f["secagg_round_cpu_s"] is not None:
         lines.append(
@@ -760,7 +770,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=int, help="Shamir threshold t [from the threat model]")
     p.add_argument("--peer", choices=["flower"], help="also run Flower's SecAgg+")
     p.add_argument("--rounds", type=int, default=3, help="rounds per run; round 1 excluded [3]")
-    p.add_argument("--repeat", type=int, default=1, help="runs per configuration, interleaved [1]")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per round configuration, interleaved, and compute runs per side (each side "
+        "keeps its cheapest) [1]",
+    )
     p.add_argument(
         "--drop-stage",
         choices=list(DROP_STAGES),

@@ -285,6 +285,7 @@ def run_flower(w: Workload, secagg: bool, k: int, t: int, rounds: int) -> dict[s
         "wall_s": wall,
         **counter.per_client(range(2, rounds + 1)),
         "exchange_s": counter.exchanges(range(2, rounds + 1)),
+        "outside_exchanges_s": counter.outside(list(np.diff(stamps))),
         "_mean": first.get("mean"),
         "_contributors": first.get("results", 0),
     }
