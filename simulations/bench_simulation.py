@@ -54,7 +54,13 @@ def run_ours(w: Workload, workers: int) -> dict[str, Any]:
     )
     task = bench_task(w)
     workers = workers or auto_workers("cpu")
-    transport = InProcessTransport(task, "cpu", workers=workers, task_factory=BenchTaskFactory(w))
+    transport = InProcessTransport(
+        task,
+        "cpu",
+        workers=workers,
+        unit_size=cfg.simulation.vmap_clients,
+        task_factory=BenchTaskFactory(w),
+    )
     try:
         engine = RoundEngine(cfg, task, transport)
         losses = []
@@ -65,7 +71,12 @@ def run_ours(w: Workload, workers: int) -> dict[str, Any]:
             clock.mark()
     finally:
         transport.close()
-    return {**clock.result(), "train_loss": losses, "workers": workers}
+    return {
+        **clock.result(),
+        "train_loss": losses,
+        "workers": workers,
+        "vmap_clients": cfg.simulation.vmap_clients,
+    }
 
 
 def child_main(role: str, workload: dict[str, Any], workers: int) -> None:

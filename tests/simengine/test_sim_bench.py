@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from fedveil.simulations.bench_simulation import measure
+from fedveil.simulations.bench_simulation import measure, run_ours
 from fedveil.simulations.bench_workload import Workload
+from fedveil.simulations.lane import ClientLane
 
 
 def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -40,6 +41,16 @@ def test_bench_reports_ours_against_the_bare_loop():
     assert losses["ours"] == pytest.approx(losses["ours_1"], rel=1e-6)
     assert losses["ours"][0] == pytest.approx(losses["bare"][0], rel=0.05)
     assert "ours / bare loop" in proc.stderr
+
+
+def test_our_contender_trains_clients_in_units(monkeypatch):
+    trained: list[int] = []
+    real = ClientLane._train_unit
+    monkeypatch.setattr(
+        ClientLane, "_train_unit", lambda self, unit: trained.append(len(unit)) or real(self, unit)
+    )
+    result = run_ours(Workload(clients=40, per_round=40, rounds=1, examples=20, pool=200), 1)
+    assert result["vmap_clients"] == 32 and sum(trained) == 40 and max(trained) > 1
 
 
 def test_population_mode_reports_memory_growth():
