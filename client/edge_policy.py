@@ -1,16 +1,15 @@
 """What a device will do, whatever the server asks: set on the device, never by the server.
 
-The server's request is checked (and capped) before any training:
-- require_secagg: refuse to send an update that the server could read alone;
-  a training request counts as secure-aggregated only if it says so
-  (`secagg` = true in its config — the secure-aggregation stages set it, and
-  the client-runtime stages that mask the update must then run).
+Training is asked for by a `train` message (the update goes back in the
+clear) or by the first stage of secure aggregation, `secagg.advertise` (the
+update only ever leaves this device masked). Either is checked, and capped,
+before any training:
+- require_secagg: refuse `train`; train only under secure aggregation.
 - max_clip_norm: refuse to send an update that is not clipped to L2 norm
-  <= this bound (`clip_norm` in the request, as central DP asks), so this
+  <= this bound (`clip_norm` in the request, as DP rounds ask), so this
   device's influence on any release is bounded whatever the server does.
-- min_dp_noise: refuse training requests whose local DP noise multiplier
-  (`dp_noise_multiplier` in the request: distributed DP / DP-SGD, when
-  they reach the client runtime) is below this level.
+- min_dp_noise: refuse rounds whose local DP-SGD noise multiplier
+  (`dp_sgd_noise`, from the run's client.dp_sgd_noise) is below this level.
 - max_local_epochs / max_local_steps: cap the work of one round.
 - max_train_seconds: cap one round's local training time; steps are capped
   from the measured time per step (a probe step before the first round).
@@ -24,6 +23,8 @@ import math
 from dataclasses import dataclass
 
 from fedveil.envelope import Envelope, MessageError
+
+TRAINING_KINDS = ("train", "secagg.advertise")
 
 
 class PolicyRefusal(MessageError):
@@ -55,7 +56,7 @@ class LocalPolicy:
         if self.max_clip_norm:
             parts.append(f"updates clipped to <= {self.max_clip_norm:g}")
         if self.min_dp_noise:
-            parts.append(f"local DP noise >= {self.min_dp_noise}")
+            parts.append(f"DP-SGD noise >= {self.min_dp_noise}")
         if self.max_local_epochs:
             parts.append(f"<= {self.max_local_epochs} local epochs")
         if self.max_local_steps:
@@ -68,10 +69,10 @@ class LocalPolicy:
         self, request: Envelope, num_examples: int, seconds_per_step: float | None
     ) -> tuple[Envelope, bool]:
         """The request as this device will run it, and whether it was capped."""
-        if request.kind != "train":
+        if request.kind not in TRAINING_KINDS:
             return request, False
         config = dict(request.config)
-        if self.require_secagg and config.get("secagg") is not True:
+        if self.require_secagg and request.kind == "train":
             raise PolicyRefusal(
                 "local policy: this device requires secure aggregation; "
                 "the server asked for an update in the clear"
@@ -85,7 +86,7 @@ class LocalPolicy:
                     f"{self.max_clip_norm:g}; the server asked for clip_norm = {clip!r}"
                 )
         if self.min_dp_noise > 0:
-            noise = config.get("dp_noise_multiplier")
+            noise = config.get("dp_sgd_noise")
             if (
                 not isinstance(noise, (int, float))
                 or isinstance(noise, bool)
@@ -95,7 +96,7 @@ class LocalPolicy:
                     f"local policy: local DP noise multiplier {noise!r} is below this "
                     f"device's minimum {self.min_dp_noise}"
                 )
-        steps = _planned_steps(config, num_examples)
+        steps = planned_steps(request, num_examples)
         if steps is None:
             return request, False  # malformed: the runtime rejects it with the field name
         cap = steps
@@ -112,7 +113,9 @@ class LocalPolicy:
         return Envelope(request.kind, request.round, config, request.arrays), True
 
 
-def _planned_steps(config: dict, num_examples: int) -> int | None:
+def planned_steps(request: Envelope, num_examples: int) -> int | None:
+    """The local steps a training request asks for (None if its fields are malformed)."""
+    config = request.config
     try:
         steps, epochs, batch = (
             int(config[k]) for k in ("local_steps", "local_epochs", "batch_size")

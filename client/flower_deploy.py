@@ -33,7 +33,7 @@ from fedveil.models import MODELS, build_model
 from fedveil.tasks import ClientData, Task, load_task_function
 
 from .edge_data import load_local_data, with_holdout
-from .edge_policy import LocalPolicy
+from .edge_policy import TRAINING_KINDS, LocalPolicy, planned_steps
 from .runtime import ClientRuntime
 
 if sys.version_info >= (3, 11):
@@ -169,30 +169,27 @@ class EdgeClient:
         if request.round != self._round:
             # Protocol state never outlives its round (as in the in-process engine).
             self._round, self._state = request.round, {}
-        if (
-            request.kind == "train"
-            and self.policy.max_train_seconds
-            and self.seconds_per_step is None
-        ):
+        training = request.kind in TRAINING_KINDS
+        if training and self.policy.max_train_seconds and self.seconds_per_step is None:
             self.seconds_per_step = self._probe_step(runtime)
         request, capped = self.policy.apply(request, self._num_examples, self.seconds_per_step)
         start = time.perf_counter()
         reply = runtime.handle(self.client_id, request, self._state)
-        if request.kind == "train":
+        if training:
             elapsed = time.perf_counter() - start
-            steps = reply.config.get("steps")
-            if isinstance(steps, int) and steps > 0:
+            steps = planned_steps(request, self._num_examples)
+            if steps:
                 self.seconds_per_step = elapsed / steps
             if capped:
                 reply.config["capped"] = True
             log.info(
-                "run %d round %d: trained %s steps on %d examples in %.2f s, loss %.4f%s",
+                "run %d round %d: trained %s steps on %d examples in %.2f s%s%s",
                 run_id,
                 request.round,
                 steps,
                 self._num_examples,
                 elapsed,
-                float(reply.config.get("loss", float("nan"))),
+                "; the update leaves masked" if request.kind != "train" else "",
                 " (capped by local policy)" if capped else "",
             )
         return reply

@@ -23,11 +23,10 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedveil.config import RunConfig, load_config
-from fedveil.server.aggregation import PlainChannel, UpdateChannel
+from fedveil.config import load_config
 from fedveil.server.deploy_transport import DeployTransport
+from fedveil.server.pipeline import make_privacy_pipeline
 from fedveil.server.privacy_report import write_privacy_report
-from fedveil.server.privacy_stage import CentralDP
 from fedveil.server.rounds import RoundEngine, RoundRecord
 from fedveil.server.runstore import RunStore, atomic_write_bytes
 from fedveil.server.service.clients import ClientRegistry
@@ -38,26 +37,6 @@ from fedveil.tasks import make_task
 log = logging.getLogger("fedveil.serverapp")
 
 app = ServerApp()
-
-
-def channel_for(cfg: RunConfig) -> UpdateChannel:
-    """The UpdateChannel of a run: the one hook secure aggregation plugs into.
-
-    Simulation and deployment must build the same channel from the same config
-    (that is what makes their models equal); when secure aggregation is wired
-    into the engine, return its channel here for configs that enable it.
-    """
-    return PlainChannel()
-
-
-def privacy_for(cfg: RunConfig, num_clients: int, store: RunStore) -> CentralDP | None:
-    """Central DP as `fedveil simulate` builds it; its accountant is rebuilt from the
-    run's ledger, so a resumed attempt continues the same privacy account."""
-    if cfg.dp.mechanism == "central":
-        return CentralDP(cfg, num_clients, store.ledger_path)
-    if cfg.dp.mechanism != "none":  # refused at submission; never run a DP run without DP
-        raise ValueError(f"dp.mechanism = {cfg.dp.mechanism!r}: not available in deployment")
-    return None
 
 
 @app.main()
@@ -143,13 +122,15 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
             record.duration_s,
         )
 
-    privacy = privacy_for(cfg, task.num_clients, store)
+    # The same privacy pipeline as `fedveil simulate` (secure aggregation channel, central
+    # or distributed DP); its accountant is rebuilt from the run's ledger on every attempt.
+    privacy, channel = make_privacy_pipeline(cfg, task, store.ledger_path)
     engine = RoundEngine(
         cfg,
         task,
         transport,
         store=store,
-        channel=channel_for(cfg),
+        channel=channel,
         on_round=on_round,
         privacy=privacy,
     )
@@ -183,7 +164,7 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
     summary.pop("wall_s", None)
     save_model(engine, rd / "model.safetensors", {"task": task.name, "round": str(engine.round)})
     if privacy is not None:
-        write_privacy_report(rd.path)
+        write_privacy_report(rd.path, privacy.config)
     store.write_summary(summary)
     rd.write_status(phase="completed", round=engine.round, rounds=cfg.server.rounds)
     log.info("run %s completed: %s", rd.run_id, summary)

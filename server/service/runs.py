@@ -119,11 +119,11 @@ def parse_submission(
             f"model.task = {cfg.model.task!r}: not allowed on this server "
             f"(runs.allowed_tasks in server.toml: {allowed})",
         )
-    if cfg.dp.mechanism == "distributed":
+    if cfg.secagg.enabled and cfg.secagg.threat == "malicious":
         raise SubmissionError(
-            "dp.mechanism",
-            "dp.mechanism = 'distributed': needs secure aggregation, which deployments do not "
-            "run yet; use 'central' or 'none'",
+            "secagg.threat",
+            "secagg.threat = 'malicious': the round engine runs semi_honest until client "
+            "identity keys are enrolled for it",
         )
     if deploy.wait_for_clients > cfg.data.num_clients:
         raise SubmissionError(

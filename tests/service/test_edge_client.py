@@ -99,7 +99,13 @@ def test_policy_caps_and_refusals(tmp_path):
     secagg = EdgeClient(data, 1, LocalPolicy(require_secagg=True))
     with pytest.raises(PolicyRefusal, match="secure aggregation"):
         secagg.handle(1, run_config(), train_request())
-    assert secagg.handle(1, run_config(), train_request(secagg=True)).config["steps"] > 0
+    # Under secure aggregation, training rides on the first protocol stage: allowed,
+    # and capped like any training request.
+    plain = train_request(local_steps=40)
+    advertise = Envelope("secagg.advertise", 1, plain.config, plain.arrays)
+    both = LocalPolicy(require_secagg=True, max_local_steps=3)
+    masked, capped = both.apply(advertise, 100, None)
+    assert capped and masked.kind == "secagg.advertise" and masked.config["local_steps"] == 3
     clip = EdgeClient(data, 1, LocalPolicy(max_clip_norm=1.0))
     for unbounded in (train_request(), train_request(clip_norm=5.0)):
         with pytest.raises(PolicyRefusal, match="clipped"):
@@ -108,7 +114,7 @@ def test_policy_caps_and_refusals(tmp_path):
     assert float(torch.linalg.vector_norm(torch.as_tensor(bounded.arrays["delta"]))) <= 0.5
     dp = EdgeClient(data, 1, LocalPolicy(min_dp_noise=1.0))
     with pytest.raises(PolicyRefusal, match="noise"):
-        dp.handle(1, run_config(), train_request(dp_noise_multiplier=0.5))
+        dp.handle(1, run_config(), train_request(dp_sgd_noise=0.5, dp_sgd_clip=1.0))
     # Evaluation is never refused by the training policy.
     ev = Envelope(
         "evaluate", 1, {"run_num_classes": 3, "run_input_shape": [8]}, train_request().arrays
