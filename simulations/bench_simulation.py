@@ -138,7 +138,6 @@ def measure(role: str, w: Workload, workers: int = 0, timeout_s: float = 3600) -
         startup_s=result.pop("first_round_at") - t0,
         end_to_end_s=end_to_end,
         peak_rss_mb=watch.peak_rss / MB,
-        peak_pss_mb=watch.peak_pss / MB,
         processes=watch.max_processes,
     )
     return result
@@ -158,7 +157,7 @@ SUMMARY_KEYS = (
     "startup_s",
     "end_to_end_s",
     "peak_rss_mb",
-    "peak_pss_mb",
+    "end_pss_mb",
 )
 
 
@@ -221,18 +220,18 @@ def bench_population(
     for n in populations:
         r = combine(runs[n])
         rows.append({"clients": n, **{k: r[k] for k in _POP_KEYS}})
-    peaks = [row["peak_pss_mb"] for row in rows]
     rss = [row["peak_rss_mb"] for row in rows]
+    pss = [row["end_pss_mb"] for row in rows]
     return {
         "workload": w.to_dict(),
         "load_after": load_average(),
         "population": rows,
-        "memory_growth": max(peaks) / min(peaks),
-        "memory_growth_rss": max(rss) / min(rss),
+        "memory_growth": max(rss) / min(rss),  # peak RSS of the tree, largest / smallest
+        "memory_growth_pss": max(pss) / min(pss),
     }
 
 
-_POP_KEYS = ("round_s_median", "startup_s", "end_to_end_s", "peak_rss_mb", "peak_pss_mb")
+_POP_KEYS = ("round_s_median", "startup_s", "end_to_end_s", "peak_rss_mb", "end_pss_mb")
 
 
 def format_report(summary: dict[str, Any]) -> str:
@@ -244,13 +243,13 @@ def format_report(summary: dict[str, Any]) -> str:
         f"{summary['load_after']} after; medians of {summary['repeat']} run(s) each",
         "",
         f"{'':8}{'round (median)':>16}{'CPU/round':>11}{'first round':>13}{'start-up':>10}"
-        f"{'end to end':>12}{'peak RSS':>11}{'peak PSS':>11}",
+        f"{'end to end':>12}{'peak RSS':>11}{'PSS at end':>12}",
     ]
     for name, r in summary["results"].items():
         lines.append(
             f"{name:8}{r['round_s_median']:>14.3f} s{r['round_cpu_s_median']:>9.3f} s"
             f"{r['first_round_s']:>11.3f} s{r['startup_s']:>8.2f} s{r['end_to_end_s']:>10.2f} s"
-            f"{r['peak_rss_mb']:>8.0f} MB{r['peak_pss_mb']:>8.0f} MB"
+            f"{r['peak_rss_mb']:>8.0f} MB{r['end_pss_mb']:>9.0f} MB"
         )
     lines.append("")
     if "ratio" in summary:
@@ -271,16 +270,16 @@ def format_report(summary: dict[str, Any]) -> str:
 
 def format_population(summary: dict[str, Any]) -> str:
     lines = [
-        f"{'clients':>9}{'round (median)':>16}{'peak RSS':>11}{'peak PSS':>11}",
+        f"{'clients':>9}{'round (median)':>16}{'peak RSS':>11}{'PSS at end':>12}",
     ]
     for row in summary["population"]:
         lines.append(
             f"{row['clients']:>9}{row['round_s_median']:>14.3f} s"
-            f"{row['peak_rss_mb']:>8.0f} MB{row['peak_pss_mb']:>8.0f} MB"
+            f"{row['peak_rss_mb']:>8.0f} MB{row['end_pss_mb']:>9.0f} MB"
         )
     lines.append(
-        f"peak memory, largest / smallest population: {summary['memory_growth']:.3f} (PSS), "
-        f"{summary['memory_growth_rss']:.3f} (RSS)"
+        f"largest / smallest population: peak RSS {summary['memory_growth']:.3f}x, "
+        f"PSS at end {summary['memory_growth_pss']:.3f}x"
     )
     return "\n".join(lines)
 

@@ -3,20 +3,18 @@
 RSS summed over the tree counts pages shared between processes (libraries,
 forked copy-on-write data) once per process, which overstates what forked
 workers cost; PSS splits shared pages between their users and sums to the
-real footprint. RSS is cheap to read and sampled every interval; PSS costs
-tens of milliseconds per big process (the kernel walks its page tables), so
-it is read only when the RSS sum reaches a new peak, at most once a second,
-and the sampler does not steal the CPU from what it measures.
+real footprint. RSS is cheap to read and sampled every interval for the peak;
+PSS costs tens of milliseconds per big process (the kernel walks its page
+tables), so the benchmark's children read it once, at the end of their last
+round, when a run's memory is at its steady state (RoundClock).
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import threading
 import time
-from dataclasses import dataclass
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -62,26 +60,12 @@ def pss_bytes(pid: int) -> int:
     return 0
 
 
-@dataclass
-class TreeMemory:
-    rss: int
-    pss: int
-    processes: int
-
-
-def tree_memory(root: int) -> TreeMemory:
-    pids = descendants(root)
-    return TreeMemory(sum(map(rss_bytes, pids)), sum(map(pss_bytes, pids)), len(pids))
-
-
 class PeakWatcher:
-    """Samples a process tree's memory in a background thread; keeps the peaks."""
+    """Samples a process tree's RSS in a background thread; keeps the peak."""
 
-    def __init__(self, root: int, interval_s: float = 0.1, pss_every_s: float = 1.0) -> None:
-        self.root, self.interval_s, self.pss_every_s = root, interval_s, pss_every_s
-        self.peak_rss = self.peak_pss = self.max_processes = 0
-        self._pss_at = -math.inf
-        self._pss_owed = False
+    def __init__(self, root: int, interval_s: float = 0.1) -> None:
+        self.root, self.interval_s = root, interval_s
+        self.peak_rss = self.max_processes = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -93,15 +77,8 @@ class PeakWatcher:
 
     def sample(self) -> None:
         pids = descendants(self.root)
-        rss = sum(map(rss_bytes, pids))
+        self.peak_rss = max(self.peak_rss, sum(map(rss_bytes, pids)))
         self.max_processes = max(self.max_processes, len(pids))
-        if rss > self.peak_rss:
-            self.peak_rss = rss
-            self._pss_owed = True
-        now = time.monotonic()
-        if self._pss_owed and now - self._pss_at >= self.pss_every_s:
-            self.peak_pss = max(self.peak_pss, sum(map(pss_bytes, pids)))
-            self._pss_at, self._pss_owed = now, False
 
     def __enter__(self) -> PeakWatcher:
         self._thread.start()
@@ -148,7 +125,10 @@ class RoundClock:
         self.cpu.append(tree_cpu_seconds(os.getpid()))
 
     def result(self) -> dict[str, object]:
+        """Per-round wall and CPU time; the tree's PSS now (call after the last round)."""
+        pids = descendants(os.getpid())
         return {
+            "end_pss_mb": sum(map(pss_bytes, pids)) / (1 << 20),
             "round_s": [b - a for a, b in itertools.pairwise(self.wall)],
             "round_cpu_s": [b - a for a, b in itertools.pairwise(self.cpu)],
             "first_round_at": self.at[0],

@@ -325,6 +325,10 @@ class WorkerPool:
         queue = self._pinned[w.index] or self._free
         if not queue:
             return
+        if w.in_flight and queue is self._free and len(queue) <= self.size:
+            # The last units go to whichever worker is free first: a worker slowed down
+            # (by other load on its core, say) never holds one queued behind its own.
+            return
         # Whole units, up to a chunk's worth of clients; smaller chunks towards the end
         # keep the workers finishing together.
         want = max(1, min(self._cap, -(-self._queued // (2 * self.size))))
