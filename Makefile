@@ -11,7 +11,7 @@ TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.fedveil-installed
 FMNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: run test setup data lint bench clean
+.PHONY: run test setup data browser lint bench clean
 
 setup: $(STAMP)
 
@@ -30,10 +30,19 @@ data: $(STAMP)
 	  (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null); \
 	else $(VENV)/bin/fedveil data download fashion-mnist; fi
 
+# Headless Chromium for the dashboard and privacy-report browser tests (they skip without it).
+browser:
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then :; \
+	elif command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	   (apt-get update -qq && apt-get install -y -qq chromium >/dev/null 2>&1)) || \
+	  echo "chromium could not be installed: browser tests will be skipped"; \
+	else echo "no chromium: browser tests will be skipped (apt-get install chromium)"; fi
+
 run: data
 	$(VENV)/bin/fedveil simulate
 
-test: data
+test: data browser
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

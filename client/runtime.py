@@ -58,6 +58,9 @@ class ClientRuntime:
     def __init__(self, task: Task, device: torch.device | str = "cpu") -> None:
         self.task = task
         self.model = FlatModel(task.model_fn(), device)
+        # Local training; the in-process engine may hand back results it computed for
+        # several clients at once (same signature, same arithmetic).
+        self.trainer = train_local
 
     def handle(self, client_id: int, msg: Envelope, state: dict[str, Any]) -> Envelope:
         if msg.kind == "hello":
@@ -100,7 +103,7 @@ class ClientRuntime:
             )
             delta_device = self.model.device
         else:
-            result = train_local(
+            result = self.trainer(
                 self.model,
                 global_vector,
                 data.x,

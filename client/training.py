@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.optim.sgd import sgd as sgd_update
 
 from fedveil.params import FlatModel
 
@@ -61,7 +62,7 @@ def train_local(
     model.set(global_vector)
     x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
     params = [p for p in model.module.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
+    momentum_buffers: dict[int, torch.Tensor] = {}
     anchor = global_vector.to(device) if hp.prox_mu > 0 else None
     module = model.module
     module.train()
@@ -74,17 +75,46 @@ def train_local(
             if step >= total_steps:
                 break
             idx = order[start : start + hp.batch_size]
-            opt.zero_grad(set_to_none=True)
+            for p in params:
+                p.grad = None
             loss = loss_fn(module(x[idx]), y[idx])
             loss.backward()
             if anchor is not None:
                 # FedProx: gradient of (mu/2)||w - w_global||^2, added per parameter view.
                 _add_prox_gradient(model, anchor, hp.prox_mu)
-            opt.step()
+            _sgd_step(params, momentum_buffers, hp)
             loss_sum += loss.detach()
             step += 1
     delta = model.flat.detach() - global_vector.to(device)
     return LocalResult(delta, n, total_steps, float(loss_sum) / max(total_steps, 1))
+
+
+def _sgd_step(
+    params: list[torch.Tensor], momentum_buffers: dict[int, torch.Tensor], hp: LocalTraining
+) -> None:
+    """One step of torch.optim.SGD, through the functional form its `step` calls.
+
+    The same arithmetic (and the same defaults), without an Optimizer object:
+    constructing the first one in a process imports torch._dynamo, ~1 s of
+    start-up for every simulation worker and edge client.
+    """
+    live = [i for i, p in enumerate(params) if p.grad is not None]
+    buffers = [momentum_buffers.get(i) for i in live] if hp.momentum else []
+    with torch.no_grad():
+        sgd_update(
+            [params[i] for i in live],
+            [params[i].grad for i in live],  # type: ignore[misc]
+            buffers,
+            weight_decay=hp.weight_decay,
+            momentum=hp.momentum,
+            lr=hp.lr,
+            dampening=0.0,
+            nesterov=False,
+            maximize=False,
+        )
+    for i, buf in zip(live, buffers, strict=False):
+        if buf is not None:
+            momentum_buffers[i] = buf
 
 
 def _add_prox_gradient(model: FlatModel, anchor: torch.Tensor, mu: float) -> None:

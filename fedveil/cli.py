@@ -104,7 +104,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     progress = RoundProgress(cfg.server.rounds, disable=args.quiet)
     try:
-        summary = simulate(cfg, on_round=progress.update, resume=args.resume)
+        summary = simulate(
+            cfg, on_round=progress.update, on_clients=progress.clients, resume=args.resume
+        )
     finally:
         progress.close()
     if summary.get("stopped_reason"):
@@ -135,11 +137,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommands() -> list:
     """Each further command lives in its own module and registers itself here."""
+    from .bench_cli import add_bench
     from .data_cli import add_data
     from .deploy_cli import add_certs, add_client, add_clients, add_run, add_server
     from .privacy_cli import add_privacy
 
-    return [add_data, add_privacy, add_server, add_client, add_run, add_clients, add_certs]
+    return [
+        add_data,
+        add_privacy,
+        add_bench,
+        add_server,
+        add_client,
+        add_run,
+        add_clients,
+        add_certs,
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -82,7 +82,7 @@ class ClientConfig:
     local_steps: int = spec(0, lo=0, hi=1_000_000, help="local SGD steps; 0 means use epochs")
     batch_size: int = spec(32, lo=1, hi=65_536, help="local batch size")
     lr: float = spec(0.05, lo=0.0, lo_open=True, hi=100.0, help="local learning rate")
-    momentum: float = spec(0.0, lo=0.0, hi=0.999, help="local SGD momentum")
+    momentum: float = spec(0.5, lo=0.0, hi=0.999, help="local SGD momentum")
     weight_decay: float = spec(0.0, lo=0.0, hi=1.0, help="local L2 weight decay")
     prox_mu: float = spec(0.0, lo=0.0, hi=100.0, help="FedProx proximal term mu")
     dp_sgd_noise: float = spec(
@@ -95,7 +95,7 @@ class ClientConfig:
 
 @dataclass
 class ServerConfig:
-    rounds: int = spec(30, lo=1, hi=1_000_000, help="number of rounds")
+    rounds: int = spec(60, lo=1, hi=1_000_000, help="number of rounds")
     sampling: str = spec(
         "fixed",
         choices=("fixed", "poisson"),
@@ -180,6 +180,41 @@ class DpSection:
 
 
 @dataclass
+class SimulationConfig:
+    """How the in-process engine runs clients, and how available simulated clients are."""
+
+    workers: int = spec(
+        0, lo=0, hi=1024, help="worker processes; 0: one per CPU core (1 on a GPU); 1: in-process"
+    )
+    vmap_clients: int = spec(
+        32,
+        lo=1,
+        hi=4096,
+        help="train up to this many same-size clients at once (torch.func.vmap, small models); "
+        "1: one at a time, bit-identical to a deployed client",
+    )
+    dropout: float = spec(
+        0.0, lo=0.0, hi=0.99, help="median chance that a client drops at each protocol stage"
+    )
+    dropout_spread: float = spec(
+        0.0, lo=0.0, hi=10.0, help="spread (log-odds s.d.) of per-client dropout probabilities"
+    )
+    dropout_stages: str = spec(
+        "", help="per-stage dropout overrides, e.g. 'train=0.1,evaluate=0'; others use dropout"
+    )
+    latency_median: float = spec(
+        0.0, lo=0.0, hi=86_400.0, help="median simulated reply latency in s; 0: no latency model"
+    )
+    latency_sigma: float = spec(
+        0.5, lo=0.0, hi=10.0, help="log-normal sigma of latency per client and stage"
+    )
+    latency_client_sigma: float = spec(
+        0.5, lo=0.0, hi=10.0, help="log-normal sigma of each client's persistent slowness"
+    )
+    plots: bool = spec(True, help="save PNG plots of the run in the run directory")
+
+
+@dataclass
 class RunConfig:
     seed: int = spec(0, lo=0, hi=2**63 - 1, help="seed for data, model init, sampling")
     transport: str = spec(
@@ -194,6 +229,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     secagg: SecAggSection = field(default_factory=SecAggSection)
     dp: DpSection = field(default_factory=DpSection)
+    simulation: SimulationConfig = field(default_factory=SimulationConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -218,6 +254,7 @@ SECTIONS = {
     "eval": EvalConfig,
     "secagg": SecAggSection,
     "dp": DpSection,
+    "simulation": SimulationConfig,
 }
 
 
@@ -347,6 +384,13 @@ def _check_cross_fields(cfg: RunConfig) -> None:
         )
     if dp.mechanism == "distributed" and dp.adaptive_clip:
         raise ConfigError("dp.adaptive_clip is not supported with dp.mechanism = 'distributed'")
+    if cfg.simulation.dropout_stages:
+        from fedveil.simulations.availability import parse_stage_dropout
+
+        try:
+            parse_stage_dropout(cfg.simulation.dropout_stages)
+        except ValueError as exc:
+            raise ConfigError(f"simulation.dropout_stages: {exc}") from None
     task = cfg.model.task
     if task is None:
         from .models import MODELS

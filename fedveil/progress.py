@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from tqdm import tqdm
@@ -13,6 +14,17 @@ class RoundProgress:
         self.bar = tqdm(
             total=rounds, unit="round", file=sys.stderr, disable=disable, dynamic_ncols=True
         )
+        self.post: dict[str, str] = {}
+        self._shown = 0.0
+
+    def clients(self, done: int, total: int) -> None:
+        """Clients finished in the current exchange (redrawn at most 5 times a second)."""
+        now = time.monotonic()
+        if done < total and now - self._shown < 0.2:
+            return
+        self._shown = now
+        self.post["clients"] = f"{done}/{total}"
+        self.bar.set_postfix(self.post, refresh=True)
 
     def update(self, record: Any) -> None:
         post: dict[str, str] = {}
@@ -22,6 +34,7 @@ class RoundProgress:
             post["test_acc"] = f"{record.test_accuracy:.4f}"
         if record.dropped:
             post["dropped"] = str(record.dropped)
+        self.post = post
         self.bar.set_postfix(post, refresh=False)
         self.bar.n = record.round
         self.bar.refresh()

@@ -25,13 +25,17 @@ log = logging.getLogger("fedveil.flower")
 class FlowerTransport:
     """Maps fedveil's logical client ids to Flower node ids and back."""
 
-    def __init__(self, grid: Grid, *, expected_clients: int, wait_s: float = 120.0) -> None:
+    def __init__(self, grid: Grid, *, expected_clients: int, wait_s: float = 600.0) -> None:
         self.grid = grid
         self.node_of: dict[int, int] = {}
         self._discover(expected_clients, wait_s)
 
     def _discover(self, expected: int, wait_s: float) -> None:
-        """Ask every connected node which client it is (its partition or enrolled id)."""
+        """Ask every connected node which client it is (its partition or enrolled id).
+
+        The wait ends as soon as every node has answered; the long limit only matters
+        when Ray starts many virtual nodes on a loaded machine.
+        """
         deadline = time.monotonic() + wait_s
         node_ids: list[int] = []
         while time.monotonic() < deadline:

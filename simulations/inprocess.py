@@ -1,32 +1,83 @@
-"""The in-process transport: clients are function calls on one reusable model.
+"""The in-process engine: many clients on one machine, no per-client process, no serialization.
 
-No per-client process and no serialization: the global model tensor is handed
-to the client runtime as it is. A client's state between messages (e.g. its
-secure-aggregation keys) lives in a dict that is dropped when the round ends.
+With one worker (the default for a GPU, or `simulation.workers = 1`) clients
+run in this process on one reusable model that stays on the device (and so
+does a built-in task's data), and the global model tensor is handed to the
+client runtime as it is. With more workers, clients run in parallel in worker
+processes that split the CPU cores between them, and tensors travel through
+shared memory (simulations/workers.py). Either way, same-size clients' local
+training runs a unit at a time (simulations/batched.py) when the model allows.
+
+Either way the round engine drives the same ClientRuntime through the same
+Transport interface as deployment, so secure aggregation and DP apply
+unchanged, and a client's result depends only on (seed, round, client).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from fedveil.client.runtime import ClientRuntime
 from fedveil.envelope import Envelope
 from fedveil.server.transport import ClientFailure
 from fedveil.tasks import Task
 
-log = logging.getLogger("fedveil.inprocess")
+from .lane import ClientLane, plan_units
+from .workers import WorkerPool, cpu_cores, keep_freed_memory
+
+# on_progress(done, total): clients finished so far in the current exchange.
+Progress = Callable[[int, int], None]
+
+
+def auto_workers(device: torch.device | str) -> int:
+    """One worker per core on a CPU; one in-process lane keeping a GPU's model resident."""
+    return 1 if torch.device(device).type != "cpu" else cpu_cores()
 
 
 class InProcessTransport:
-    def __init__(self, task: Task, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        task: Task,
+        device: torch.device | str = "cpu",
+        *,
+        workers: int = 1,
+        unit_size: int = 1,
+        task_factory: Callable[[], Task] | None = None,
+        on_progress: Progress | None = None,
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"simulation.workers = {workers}: must be >= 1 once resolved")
+        keep_freed_memory()
         self.task = task
-        self.runtime = ClientRuntime(task, device)
-        self.states: dict[int, dict[str, Any]] = {}
-        self._round = 0
+        self.device = torch.device(device)
+        self.on_progress = on_progress
+        self.unit_size = unit_size
+        self._round: int | None = None
+        self._seen: set[int] = set()  # clients contacted earlier in this round
+        self.pool: WorkerPool | None = None
+        self.lane: ClientLane | None = None
+        self._threads: int | None = None
+        if workers > 1:
+            self.pool = WorkerPool(
+                task,
+                workers,
+                device=str(self.device),
+                unit_size=unit_size,
+                task_factory=task_factory,
+            )
+            # The workers own the cores. This process's share of a round (copying,
+            # checking and summing updates, evaluating) is small, and intra-op threads
+            # here would contend with the workers: OpenMP's spinning barriers make
+            # that cost far more than it saves once anything else loads the machine.
+            self._threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+        else:
+            self.lane = ClientLane(task, self.device, unit_size=unit_size)
+
+    @property
+    def workers(self) -> int:
+        return 1 if self.pool is None else self.pool.size
 
     def client_ids(self) -> Sequence[int]:
         return range(self.task.num_clients)
@@ -34,19 +85,47 @@ class InProcessTransport:
     def exchange(
         self, requests: Mapping[int, Envelope], timeout_s: float | None
     ) -> dict[int, Envelope | ClientFailure]:
-        replies: dict[int, Envelope | ClientFailure] = {}
-        for cid in sorted(requests):
-            msg = requests[cid]
-            if msg.round != self._round:
-                # Client state never outlives its round: memory stays bounded by the cohort.
-                self.states.clear()
-                self._round = msg.round
-            try:
-                replies[cid] = self.runtime.handle(cid, msg, self.states.setdefault(cid, {}))
-            except Exception as exc:  # a failing client is a dropped client, never a crash
-                log.debug("client %d failed", cid, exc_info=True)
-                replies[cid] = ClientFailure(cid, f"{type(exc).__name__}: {exc}")
-        return replies
+        # No wall-clock deadline here: simulated time is the availability model's business.
+        items = sorted(requests.items())
+        rounds = {msg.round for _, msg in items}
+        if self._round not in rounds:
+            self._round = max(rounds, default=None)
+            self._seen = set()
+        units = plan_units(items, self.task.client_sizes, self._seen, self.unit_size)
+        self._seen.update(cid for cid, _ in items)
+        total = len(items)
+        progress = self.on_progress
+        if progress is not None:
+            progress(0, total)
+        if self.pool is not None:
+            results = self.pool.run(units, None if progress is None else _bind(progress, total))
+        else:
+            assert self.lane is not None
+            results = {}
+            for unit in units:
+                results.update(self.lane.run_unit(unit))
+                if progress is not None:
+                    progress(len(results), total)
+        return {
+            cid: ClientFailure(cid, r) if isinstance(r, str) else r for cid, r in results.items()
+        }
 
     def close(self) -> None:
-        self.states.clear()
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        if self._threads is not None:
+            torch.set_num_threads(self._threads)
+            self._threads = None
+        if self.lane is not None:
+            self.lane.states.clear()
+
+    def __enter__(self) -> InProcessTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _bind(progress: Progress, total: int) -> Callable[[int], None]:
+    return lambda done: progress(done, total)

@@ -18,6 +18,9 @@ from fedveil.server.rounds import RoundEngine, RoundRecord
 from fedveil.server.runstore import RunStore
 from fedveil.tasks import Task, make_task
 
+from .availability import DROPPED, LATE, AvailabilityModel, AvailabilityTransport
+from .plots import PLOTS
+
 log = logging.getLogger("fedveil.simulate")
 
 
@@ -45,25 +48,61 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+class TaskFactory:
+    """Picklable: rebuilds a config's task (in spawned workers and Flower's Ray workers)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+
+    def __call__(self) -> Task:
+        return make_task(self.cfg)
+
+
+def resolve_workers(cfg: RunConfig, device: torch.device) -> int:
+    from .inprocess import auto_workers
+
+    return cfg.simulation.workers or auto_workers(device)
+
+
+class _QuietSimulatedDrops(logging.Filter):
+    """Per-client warnings for simulated dropouts would flood the log; the round's count stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(
+            isinstance(a, str) and a.startswith((DROPPED, LATE, "gone since"))
+            for a in record.args or ()
+        )
+
+
 def simulate(
     cfg: RunConfig,
     *,
     on_round: Callable[[RoundRecord], None] | None = None,
+    on_clients: Callable[[int, int], None] | None = None,
     resume: bool = False,
 ) -> dict[str, Any]:
-    """Run `cfg` on its transport; write the run directory; return the summary."""
+    """Run `cfg` on its transport; write the run directory; return the summary.
+
+    `on_round(record)` follows rounds, `on_clients(done, total)` the clients within one
+    (in-process engine only).
+    """
     start = time.perf_counter()
     device = resolve_device(cfg.device)
     task = make_task(cfg)  # loads the data: missing files fail here, before training
     store = RunStore(cfg.out)
     if not resume:
         store.clear()
+        for name in PLOTS:
+            (store.path / name).unlink(missing_ok=True)
     store.write_config(to_toml(cfg))
     write_partition_report(store, task)
 
     privacy, channel = make_privacy_pipeline(cfg, task, store.ledger_path)
+    availability = AvailabilityModel.from_config(cfg)
 
     def build_engine(transport: Any) -> RoundEngine:
+        if availability is not None:
+            transport = AvailabilityTransport(transport, availability)
         engine = RoundEngine(
             cfg,
             task,
@@ -81,21 +120,51 @@ def simulate(
             log.info("resuming %s after round %d", store.path, engine.round)
         return engine
 
-    if cfg.transport == "inprocess":
-        from .inprocess import InProcessTransport
+    quiet = _QuietSimulatedDrops()
+    server_log = logging.getLogger("fedveil.server")
+    if availability is not None:
+        server_log.addFilter(quiet)
+    try:
+        if cfg.transport == "inprocess":
+            from .inprocess import InProcessTransport
 
-        engine = build_engine(InProcessTransport(task, device))
-        engine.run()
-    else:
-        from .flower_runner import run_on_flower
+            workers = resolve_workers(cfg, device)
+            with InProcessTransport(
+                task,
+                device,
+                workers=workers,
+                unit_size=cfg.simulation.vmap_clients,
+                task_factory=TaskFactory(cfg),
+                on_progress=on_clients,
+            ) as transport:
+                engine = build_engine(transport)
+                engine.run()
+        else:
+            from .flower_runner import run_on_flower
 
-        engine = run_on_flower(cfg, task.num_clients, build_engine)["engine"]
+            workers = None
+            engine = run_on_flower(cfg, task.num_clients, build_engine)["engine"]
+    finally:
+        server_log.removeFilter(quiet)
     wall = time.perf_counter() - start
     summary = engine.summary(wall)
     summary["device"] = str(device)
     summary["out"] = str(Path(cfg.out))
+    if workers is not None:
+        summary["workers"] = workers
     engine.model.save(engine.weights, str(store.path / "model.safetensors"), {"task": task.name})
     if privacy is not None:
         write_privacy_report(store.path, privacy.config)
+    if cfg.simulation.plots:
+        summary["plots"] = _plots(store.path)
     store.write_summary(summary)
     return summary
+
+
+def _plots(run_dir: Path) -> list[str]:
+    try:
+        from .plots import save_plots
+    except ImportError:  # matplotlib is in the simulation extra, not the lean core
+        log.warning("matplotlib is not installed: no plots (pip install 'fedveil[simulation]')")
+        return []
+    return [p.name for p in save_plots(run_dir)]

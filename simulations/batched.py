@@ -1,0 +1,223 @@
+"""Several clients' local training at once: torch.func.vmap over a unit of same-size clients.
+
+For a small model most of a client's time goes to per-operation overhead
+(dispatch, autograd bookkeeping, tiny kernels), not arithmetic. Training a
+unit of clients as one batched computation pays that overhead once per unit.
+
+Each client's computation is the one `client.training.train_local` does: the
+same batch order (its own generator), the same SGD arithmetic (torch's
+single-tensor SGD, momentum, weight decay, FedProx), the same loss bookkeeping.
+Only the matrix products run batched, so results agree with one-at-a-time
+training to float rounding (~1e-7 relative), not bit for bit; a unit of the
+same clients always gives the same bits. `simulation.vmap_clients = 1` turns
+this off.
+
+A model qualifies when a probe on real data runs under vmap (no batch norm
+statistics or dropout: their state or randomness cannot be batched) and
+agrees with train_local, and, on a CPU, has no convolution (batched
+convolutions are slower there than one client at a time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+from torch.nn import functional
+
+from fedveil.client.training import LocalResult, LocalTraining, LossFn, train_local
+from fedveil.params import FlatModel
+from fedveil.tasks import ClientData
+
+
+class BatchedTrainer:
+    def __init__(self, model: FlatModel, loss_fn: LossFn) -> None:
+        self.model, self.loss_fn = model, loss_fn
+        module = model.module
+        named = dict(module.named_parameters())
+        named.update(dict(module.named_buffers()))
+        self.trainable = [e for e in model.entries if _requires_grad(named[e.name])]
+        self.fixed_entries = [e for e in model.entries if not _requires_grad(named[e.name])]
+
+        def forward(
+            params: dict[str, torch.Tensor], fixed: dict[str, torch.Tensor], x: torch.Tensor
+        ) -> torch.Tensor:
+            return functional_call(module, (params, fixed), (x,))
+
+        def loss_of(
+            params: dict[str, torch.Tensor],
+            fixed: dict[str, torch.Tensor],
+            x: torch.Tensor,
+            y: torch.Tensor,
+        ) -> torch.Tensor:
+            return loss_fn(forward(params, fixed, x), y)
+
+        # The forward pass is batched with vmap; gradients come from ordinary autograd
+        # through it (the gradient of the sum of the clients' losses is each client's
+        # own gradient). torch.func.grad would import torch._dynamo: seconds of start-up.
+        self._forward = vmap(forward, in_dims=(0, None, 0))
+        self._losses = vmap(loss_of, in_dims=(0, None, 0, 0))
+        # Cross-entropy under vmap runs a Python decomposition (and imports sympy); on
+        # the batch's logits it is one ordinary call, each client's mean taken after.
+        self._cross_entropy = loss_fn is functional.cross_entropy
+        self.usable = False
+
+    def probe(self, data: ClientData, why_not: list[str] | None = None) -> bool:
+        """Whether this model trains correctly under vmap (checked once, on real data)."""
+        self.usable = False
+        if self.model.device.type == "cpu" and any(
+            isinstance(m, nn.modules.conv._ConvNd) for m in self.model.module.modules()
+        ):
+            return _no(why_not, "convolutions are slower batched on a CPU")
+        n = min(len(data), 4)
+        if n < 1:
+            return _no(why_not, "the probe client has no examples")
+        x, y = data.x[:n], data.y[:n]
+        hp = LocalTraining(
+            local_epochs=0,
+            local_steps=2,
+            batch_size=max(1, n // 2),
+            lr=0.01,
+            momentum=0.5,
+            weight_decay=0.01,
+        )
+        start = self.model.get()
+        try:
+            got = self.train(start, [ClientData(x, y)] * 2, hp, [_gen(), _gen()])
+            want = train_local(self.model, start, x, y, hp, self.loss_fn, _gen())
+        except Exception as exc:  # any failure means: train these clients one at a time
+            return _no(why_not, f"{type(exc).__name__}: {exc}")
+        finally:
+            self.model.set(start)
+        scale = float(want.delta.abs().max()) + 1e-12
+        for result in got:
+            if not torch.allclose(result.delta, want.delta, rtol=1e-4, atol=1e-5 * scale):
+                return _no(why_not, "batched training disagrees with train_local")
+        self.usable = True
+        return True
+
+    def _loss(
+        self,
+        params: dict[str, torch.Tensor],
+        fixed: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+    ) -> torch.Tensor:
+        """Each client's loss on its batch: shape (clients,)."""
+        if not self._cross_entropy:
+            return self._losses(params, fixed, x, y)
+        logits = self._forward(params, fixed, x)
+        per_example = functional.cross_entropy(
+            logits.flatten(0, 1), y.flatten(0, 1), reduction="none"
+        )
+        return per_example.view(y.shape[0], -1).mean(dim=1)
+
+    def train(
+        self,
+        global_vector: torch.Tensor,
+        clients: Sequence[ClientData],
+        hp: LocalTraining,
+        generators: Sequence[torch.Generator],
+    ) -> list[LocalResult]:
+        """train_local for every client of a unit (all with the same number of examples)."""
+        count = len(clients)
+        n = len(clients[0])
+        if n == 0 or any(len(c) != n for c in clients):
+            raise ValueError("a unit's clients must have the same, non-zero number of examples")
+        device = self.model.device
+        base = global_vector.to(device)
+        xs = torch.stack([c.x for c in clients]).to(device)
+        ys = torch.stack([c.y for c in clients]).to(device)
+
+        def view(e: object) -> torch.Tensor:
+            return base[e.offset : e.offset + e.numel].view(e.shape)  # type: ignore[attr-defined]
+
+        # Matrices are kept transposed: the module then gets a transposed view, whose
+        # transpose (what F.linear multiplies by) is contiguous. Batched products with
+        # that layout run ~3x faster here; the SGD arithmetic is element-wise, so the
+        # layout changes nothing else.
+        flip = {e.name: len(e.shape) == 2 for e in self.trainable}
+
+        def leaf_layout(t: torch.Tensor, name: str) -> torch.Tensor:
+            return t.transpose(-1, -2) if flip[name] else t
+
+        leaves = {}
+        for e in self.trainable:
+            start = leaf_layout(view(e), e.name).contiguous()  # transpose once, then copy
+            leaves[e.name] = start.expand(count, *start.shape).clone().requires_grad_()
+        fixed = {e.name: view(e) for e in self.fixed_entries}
+        anchor = (
+            {e.name: leaf_layout(view(e), e.name) for e in self.trainable}
+            if hp.prox_mu > 0
+            else None
+        )
+        buffers: dict[str, torch.Tensor] = {}
+        rows = torch.arange(count, device=device)[:, None]
+        self.model.module.train()
+        total_steps = hp.steps_for(n)
+        loss_sum = torch.zeros(count, device=device)
+        step = 0
+        while step < total_steps:
+            orders = torch.stack([torch.randperm(n, generator=g) for g in generators]).to(device)
+            for start in range(0, n, hp.batch_size):
+                if step >= total_steps:
+                    break
+                idx = orders[:, start : start + hp.batch_size]
+                for p in leaves.values():
+                    p.grad = None
+                params = {name: leaf_layout(p, name) for name, p in leaves.items()}
+                loss = self._loss(params, fixed, xs[rows, idx], ys[rows, idx])
+                loss.sum().backward()
+                with torch.no_grad():
+                    for name, p in leaves.items():
+                        _sgd(p, p.grad, buffers, name, hp, anchor)
+                loss_sum += loss.detach()
+                step += 1
+        deltas = torch.empty(count, self.model.size, device=device)
+        with torch.no_grad():
+            for e in self.fixed_entries:
+                deltas[:, e.offset : e.offset + e.numel] = 0.0
+            for e in self.trainable:
+                out = deltas[:, e.offset : e.offset + e.numel].view(count, *e.shape)
+                torch.sub(leaf_layout(leaves[e.name], e.name), view(e), out=out)
+        losses = (loss_sum / max(total_steps, 1)).tolist()  # one device sync per unit
+        return [LocalResult(deltas[i], n, total_steps, losses[i]) for i in range(count)]
+
+
+def _sgd(
+    p: torch.Tensor,
+    grad: torch.Tensor,
+    buffers: dict[str, torch.Tensor],
+    name: str,
+    hp: LocalTraining,
+    anchor: dict[str, torch.Tensor] | None,
+) -> None:
+    """torch's single-tensor SGD step (and FedProx's gradient term), on a unit at once."""
+    if anchor is not None:
+        grad.add_(p - anchor[name], alpha=hp.prox_mu)
+    if hp.weight_decay != 0:
+        grad = grad.add(p, alpha=hp.weight_decay)
+    if hp.momentum != 0:
+        buf = buffers.get(name)
+        if buf is None:
+            buf = buffers[name] = grad.detach().clone()
+        else:
+            buf.mul_(hp.momentum).add_(grad, alpha=1.0)
+        grad = buf
+    p.add_(grad, alpha=-hp.lr)
+
+
+def _requires_grad(t: torch.Tensor) -> bool:
+    return isinstance(t, nn.Parameter) and t.requires_grad
+
+
+def _gen() -> torch.Generator:
+    return torch.Generator().manual_seed(0x5EED)
+
+
+def _no(why_not: list[str] | None, reason: str) -> bool:
+    if why_not is not None:
+        why_not.append(reason)
+    return False

@@ -1,0 +1,908 @@
+"""`fedveil bench secagg`: secure aggregation, protocol compute and whole rounds, ours vs Flower.
+
+One invocation measures, side by side on the same inputs:
+
+* protocol compute per client and on the server (`bench_secagg.compare`: fedveil's protocol and
+  a replay of Flower 1.41's SecAgg+ building blocks, no transport);
+* whole rounds over Flower's simulation transport (Ray), each framework with and without secure
+  aggregation: fedveil's ServerApp (`run_on_flower`, `secagg.enabled` true / false) and, with
+  `--peer flower`, Flower's legacy compat path (`DefaultWorkflow` + `FedAvg`, with and without
+  `SecAggPlusWorkflow`, clients wrapped in `secaggplus_mod`). The overhead of secure
+  aggregation is the secure round minus the plain round of the same framework; `ratio` is
+  Flower's overhead over ours.
+
+The workload is the same on both sides: N clients, a single linear layer with ~D parameters,
+a handful of random examples per client and one local SGD step (training is negligible), all
+clients sampled every round, the same neighbour count k and threshold t, the same
+quantization (clip 8, 2^22 levels, max weight = the largest client), and the same clients
+(a fraction P, chosen like the compute benchmark's) raising at the same protocol stage
+(default: masked input, after they shared their keys, so the server must recover their
+masks). In plain rounds those clients raise on their training request. (The compute part
+always drops its clients at masked input, the expensive recovery path.)
+
+Per-round time is the median of the steady rounds (rounds 2..R of every repeat; round 1 and
+start-up excluded). Bytes are payload bytes per surviving client per round (array data, raw
+bytes and strings, 8 per number, key names), counted on the messages each server sends and
+receives. Run: `python -m fedveil.simulations.bench_secagg_round --clients 100 --dim 100000
+--dropout 0.1 --peer flower`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedveil.client.runtime import ClientRuntime, client_generator
+from fedveil.client.training import LocalTraining, train_local
+from fedveil.config import RunConfig, config_from_dict
+from fedveil.envelope import Envelope
+from fedveil.params import FlatModel
+from fedveil.privacy.secagg.wire import wire_size
+from fedveil.server.aggregation import Aggregate, UpdateChannel
+from fedveil.server.pipeline import make_privacy_pipeline
+from fedveil.server.rounds import RoundEngine, initial_model
+from fedveil.server.transport import ClientFailure, Transport
+from fedveil.tasks import ClientData, Task
+
+from . import bench_secagg
+
+CLASSES = 10
+LR = 0.05
+CLIP_RANGE = bench_secagg.CLIP_RANGE  # Flower's SecAggPlusWorkflow defaults, on both sides
+LEVELS = bench_secagg.LEVELS
+ADVERSARIAL_RATE = bench_secagg.ADVERSARIAL_RATE
+# Our stage -> (our message kind, Flower's SecAgg+ stage name).
+DROP_STAGES = {
+    "advertise": ("secagg.advertise", "setup"),
+    "share_keys": ("secagg.share_keys", "share_keys"),
+    "masked_input": ("secagg.masked_input", "collect_masked_vectors"),
+    "unmask": ("secagg.unmask", "unmask"),
+}
+# Issue targets, printed next to the measurements (never asserted in tests).
+TARGETS = {"ratio": 10.0, "compute_ratio": 30.0, "masking_over_prg": 2.0}
+# Marks the benchmark's deliberate client failures, so their log lines can be filtered out.
+DROP_MARKER = "[bench dropout]"
+
+
+class ClientDropped(RuntimeError):
+    """Raised by a client the benchmark makes drop out."""
+
+
+# -- the workload -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What both frameworks train; picklable, so Ray workers rebuild the task from it."""
+
+    clients: int
+    dim: int
+    dropout: float
+    drop_stage: str = "masked_input"
+    examples: int = 8  # most examples a client holds (also the quantizer's max weight)
+    seed: int = 0
+
+    @property
+    def features(self) -> int:
+        # (features + 1) * CLASSES parameters: D exactly when CLASSES divides D.
+        return max(1, round(self.dim / CLASSES) - 1)
+
+    @property
+    def num_params(self) -> int:
+        return (self.features + 1) * CLASSES
+
+    @property
+    def dropped(self) -> frozenset[int]:
+        """The clients that fail: the compute benchmark's choice, as 0-based ids."""
+        ids = list(range(1, self.clients + 1))
+        return frozenset(c - 1 for c in bench_secagg.dropped_clients(ids, self.dropout, self.seed))
+
+    def client_size(self, cid: int) -> int:
+        return int(np.random.default_rng([self.seed, cid, 1]).integers(1, self.examples + 1))
+
+    def client_data(self, cid: int) -> ClientData:
+        if not 0 <= cid < self.clients:
+            raise IndexError(f"client id {cid} out of range [0, {self.clients})")
+        rng = np.random.default_rng([self.seed, cid, 2])
+        n = self.client_size(cid)
+        x = torch.from_numpy(rng.normal(size=(n, self.features)).astype(np.float32))
+        y = torch.from_numpy(rng.integers(0, CLASSES, size=n))
+        return ClientData(x, y)
+
+    def model(self) -> nn.Module:
+        return nn.Linear(self.features, CLASSES)
+
+    def task(self) -> Task:
+        return Task(
+            name=f"bench-linear-{self.num_params}",
+            input_shape=(self.features,),
+            num_classes=CLASSES,
+            num_clients=self.clients,
+            model_fn=self.model,
+            client_data=self.client_data,  # built on demand: memory stays flat in N
+            client_sizes=np.array([self.client_size(c) for c in range(self.clients)]),
+        )
+
+
+def graph_parameters(w: Workload, neighbors: int | None, threshold: int | None) -> tuple[int, int]:
+    """(k, t) for the cohort: given, or the parameter finder's (5 % adversarial, P dropout)."""
+    k, t = bench_secagg.graph_parameters(w.clients, w.dropout, neighbors, threshold)
+    if k < w.clients - 1 and k % 2:
+        # Both Harary rings (ours and Flower's) put k/2 neighbours on each side.
+        raise ValueError(f"--neighbors {k}: must be even (or clients - 1 for the complete graph)")
+    if not 2 <= t <= k:
+        raise ValueError(f"--threshold {t}: must be in [2, k={k}]")
+    return k, t
+
+
+# -- sizes and medians --------------------------------------------------------------------
+
+
+def payload_size(config: Mapping[str, Any], arrays: Mapping[str, Any]) -> int:
+    """`wire_size` of an Envelope's parts (tensors as their raw bytes)."""
+    as_numpy = {
+        k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
+        for k, v in arrays.items()
+    }
+    return wire_size(dict(config), as_numpy)
+
+
+def median(values: Sequence[float]) -> float | None:
+    return float(statistics.median(values)) if values else None
+
+
+@dataclass
+class Traffic:
+    """Payload bytes to and from each client and who failed, per round; the wall time of each
+    exchange (send to the cohort, collect its replies) by the kind of message it carried."""
+
+    down: dict[int, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
+    up: dict[int, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
+    failed: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
+    exchange_s: dict[int, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
+
+    def add(self, table: dict[int, dict[int, int]], rnd: int, cid: int, size: int) -> None:
+        table[rnd][cid] = table[rnd].get(cid, 0) + size
+
+    def timed(self, rnd: int, kind: str, seconds: float) -> None:
+        self.exchange_s[rnd][kind] = self.exchange_s[rnd].get(kind, 0.0) + seconds
+
+    def exchanges(self, rounds: Sequence[int]) -> dict[str, float | None]:
+        """Median over the given rounds of each kind of exchange's wall time."""
+        kinds = {k for rnd in rounds for k in self.exchange_s.get(rnd, {})}
+        return {
+            k: median([self.exchange_s[r][k] for r in rounds if k in self.exchange_s.get(r, {})])
+            for k in sorted(kinds)
+        }
+
+    def outside(self, round_s: Sequence[float]) -> list[float]:
+        """Per round (1..R), the time spent outside exchanges: the server's own work."""
+        return [t - sum(self.exchange_s.get(rnd, {}).values()) for rnd, t in enumerate(round_s, 1)]
+
+    def per_client(self, rounds: Sequence[int]) -> dict[str, float | None]:
+        """Median over surviving clients of their bytes per round, over the given rounds."""
+        ups, downs = [], []
+        for rnd in rounds:
+            for cid, size in self.down.get(rnd, {}).items():
+                if cid not in self.failed.get(rnd, set()):
+                    downs.append(size)
+                    ups.append(self.up.get(rnd, {}).get(cid, 0))
+        return {"bytes_up_per_client": median(ups), "bytes_down_per_client": median(downs)}
+
+
+# -- our side -------------------------------------------------------------------------------
+
+
+class DroppingRuntime(ClientRuntime):
+    """fedveil's client runtime, except that the chosen clients raise at the chosen kinds."""
+
+    def __init__(self, task: Task, dropped: frozenset[int], kinds: frozenset[str]) -> None:
+        super().__init__(task, "cpu")
+        self.dropped, self.kinds = dropped, kinds
+
+    def handle(self, client_id: int, msg: Envelope, state: dict[str, Any]) -> Envelope:
+        if client_id in self.dropped and msg.kind in self.kinds:
+            raise ClientDropped(f"{DROP_MARKER} client {client_id} drops at {msg.kind}")
+        return super().handle(client_id, msg, state)
+
+
+class DroppingTransport:
+    """In-process: the chosen clients fail at the chosen kinds, as a client that raises would."""
+
+    def __init__(self, base: Transport, dropped: frozenset[int], kinds: frozenset[str]) -> None:
+        self.base, self.dropped, self.kinds = base, dropped, kinds
+
+    def client_ids(self) -> Sequence[int]:
+        return self.base.client_ids()
+
+    def exchange(
+        self, requests: Mapping[int, Envelope], timeout_s: float | None
+    ) -> dict[int, Envelope | ClientFailure]:
+        failing = {c for c, m in requests.items() if c in self.dropped and m.kind in self.kinds}
+        out = self.base.exchange(
+            {c: m for c, m in requests.items() if c not in failing}, timeout_s
+        )
+        for c in failing:
+            out[c] = ClientFailure(c, f"{DROP_MARKER} client {c} drops at {requests[c].kind}")
+        return out
+
+    def close(self) -> None:
+        self.base.close()
+
+
+def drop_kinds(w: Workload, secagg: bool) -> frozenset[str]:
+    return frozenset({DROP_STAGES[w.drop_stage][0] if secagg else "train"})
+
+
+class DroppingRuntimeFactory:
+    """Picklable: builds the workload's task and a DroppingRuntime inside each Ray worker."""
+
+    def __init__(self, workload: Workload, secagg: bool) -> None:
+        self.workload, self.secagg = workload, secagg
+
+    def __call__(self) -> ClientRuntime:
+        w = self.workload
+        return DroppingRuntime(w.task(), w.dropped, drop_kinds(w, self.secagg))
+
+
+@contextlib.contextmanager
+def _client_runtime(factory: DroppingRuntimeFactory) -> Iterator[None]:
+    """Run `run_on_flower` with our runtime factory in its ClientApps.
+
+    `run_on_flower` builds the runtime from the config's task and has no hook for another
+    runtime; swapping its factory for the call keeps everything else (server app, client
+    app, backend config) exactly what `fedveil simulate --transport flower` runs.
+    """
+    from fedveil.simulations import flower_runner
+
+    original = flower_runner._RuntimeFactory
+    flower_runner._RuntimeFactory = lambda _cfg: factory  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        flower_runner._RuntimeFactory = original
+
+
+class CountingTransport:
+    """Counts payload bytes each way per client and round; notes failed clients."""
+
+    def __init__(self, inner: Transport, counter: Traffic) -> None:
+        self.inner, self.counter = inner, counter
+
+    def client_ids(self) -> Sequence[int]:
+        return self.inner.client_ids()
+
+    def exchange(
+        self, requests: Mapping[int, Envelope], timeout_s: float | None
+    ) -> dict[int, Envelope | ClientFailure]:
+        c = self.counter
+        for cid, env in requests.items():
+            c.add(c.down, env.round, cid, payload_size(env.config, env.arrays))
+        started = time.perf_counter()
+        replies = self.inner.exchange(requests, timeout_s)
+        if requests:
+            first = next(iter(requests.values()))
+            c.timed(first.round, first.kind, time.perf_counter() - started)
+        for cid, reply in replies.items():
+            rnd = requests[cid].round
+            if isinstance(reply, ClientFailure):
+                c.failed[rnd].add(cid)
+            else:
+                c.add(c.up, rnd, cid, payload_size(reply.config, reply.arrays))
+        return replies
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class RecordingChannel:
+    """Passes the collection through; keeps round 1's aggregate for the correctness check."""
+
+    def __init__(self, inner: UpdateChannel) -> None:
+        self.inner = inner
+        self.first: Aggregate | None = None
+
+    def collect(
+        self,
+        transport: Transport,
+        requests: dict[int, Envelope],
+        model_size: int,
+        timeout_s: float | None,
+    ) -> Aggregate | None:
+        agg = self.inner.collect(transport, requests, model_size, timeout_s)
+        if self.first is None and agg is not None:
+            self.first = agg
+        return agg
+
+
+class ExtraExchangesChannel:
+    """The plain channel after `extra` empty exchanges (hello) with the cohort: what a
+    secure round would cost if its protocol stages (three beyond the training exchange, as in
+    SecAgg+) cost nothing but the transport: the floor of any secure-aggregation overhead."""
+
+    def __init__(self, inner: UpdateChannel, extra: int) -> None:
+        self.inner, self.extra = inner, extra
+
+    def collect(
+        self,
+        transport: Transport,
+        requests: dict[int, Envelope],
+        model_size: int,
+        timeout_s: float | None,
+    ) -> Aggregate | None:
+        rnd = next(iter(requests.values())).round
+        for _ in range(self.extra):
+            transport.exchange({cid: Envelope("hello", rnd) for cid in requests}, timeout_s)
+        return self.inner.collect(transport, requests, model_size, timeout_s)
+
+
+# Exchanges a semi-honest round adds to the training exchange: share keys, masked input, unmask.
+EXTRA_EXCHANGES = 3
+
+
+def run_config(w: Workload, secagg: bool, k: int, t: int, rounds: int, transport: str) -> RunConfig:
+    return config_from_dict(
+        {
+            "seed": w.seed,
+            "transport": transport,
+            "device": "cpu",
+            "data": {"num_clients": w.clients},
+            # One SGD step over a client's few examples: training cost is negligible.
+            "client": {"local_epochs": 1, "batch_size": w.examples, "lr": LR, "momentum": 0.0},
+            "server": {"rounds": rounds, "per_round": w.clients, "min_clients": 1},
+            "eval": {"central_every": 0, "federated_every": 0},
+            "secagg": {
+                "enabled": secagg,
+                "adversarial_rate": ADVERSARIAL_RATE,
+                "dropout_rate": w.dropout,
+                "neighbors": k,
+                "threshold": t,
+                "clip_range": CLIP_RANGE,
+                "levels": LEVELS,
+                "max_weight": w.examples,
+            },
+        }
+    )
+
+
+def run_ours(
+    w: Workload,
+    secagg: bool,
+    k: int,
+    t: int,
+    rounds: int,
+    transport: str = "flower",
+    *,
+    floor: bool = False,
+) -> dict[str, Any]:
+    """R rounds of fedveil's round engine, with or without secure aggregation (or, with
+    `floor`, plain rounds padded with the secure round's extra exchanges, left empty)."""
+    cfg = run_config(w, secagg, k, t, rounds, transport)
+    task = w.task()
+    with tempfile.TemporaryDirectory() as tmp:
+        _, inner = make_privacy_pipeline(cfg, task, Path(tmp) / "ledger.jsonl")
+    if floor:
+        inner = ExtraExchangesChannel(inner, EXTRA_EXCHANGES)
+    channel = RecordingChannel(inner)
+    counter = Traffic()
+    started = time.perf_counter()
+    # Process CPU time at each round's end: in-process, every client runs here, so this is
+    # the round's whole compute, robust to a busy machine (under Flower it misses the workers).
+    cpu_marks = [time.process_time()]
+
+    def build(base: Transport) -> RoundEngine:
+        def mark(_record: Any) -> None:
+            cpu_marks.append(time.process_time())
+
+        return RoundEngine(
+            cfg, task, CountingTransport(base, counter), channel=channel, on_round=mark
+        )
+
+    if transport == "inprocess":
+        from .inprocess import InProcessTransport
+
+        base = DroppingTransport(InProcessTransport(task), w.dropped, drop_kinds(w, secagg))
+        engine = build(base)
+        cpu_marks[0] = time.process_time()
+        engine.run()
+    else:
+        from .flower_runner import run_on_flower
+
+        with _client_runtime(DroppingRuntimeFactory(w, secagg)):
+            engine = run_on_flower(cfg, w.clients, build)["engine"]
+    wall = time.perf_counter() - started
+    durations = [r.duration_s for r in engine.history]
+    first = channel.first
+    return {
+        "framework": "fedveil",
+        "secagg": secagg,
+        "transport": transport,
+        "round_s": durations,
+        "round_cpu_s": list(np.diff(cpu_marks)) if transport == "inprocess" else None,
+        "wall_s": wall,
+        "survivors": [r.cohort_aggregated for r in engine.history],
+        "applied": [r.applied for r in engine.history],
+        **counter.per_client(range(2, rounds + 1)),
+        "exchange_s": counter.exchanges(range(2, rounds + 1)),
+        "outside_exchanges_s": counter.outside(durations),
+        # Round 1's mean update, float64 (dropped before the JSON is written).
+        "_mean": None if first is None else first.mean.double().numpy(),
+        "_contributors": 0 if first is None else len(first.contributors),
+    }
+
+
+# -- the benchmark ------------------------------------------------------------------------
+
+
+def steady(runs: Sequence[dict[str, Any]], key: str = "round_s") -> float | None:
+    """Median of the steady rounds (2..R) of every run."""
+    return median([s for run in runs for s in run[key][1:]])
+
+
+def steady_cpu(runs: Sequence[dict[str, Any]]) -> float | None:
+    """Median process CPU seconds of the steady rounds (in-process runs only)."""
+    return median([s for run in runs if run.get("round_cpu_s") for s in run["round_cpu_s"][1:]])
+
+
+def expected_contributors(w: Workload, secagg: bool) -> list[int]:
+    """Who is in round 1's sum: a client failing at unmask has already sent its masked input."""
+    if secagg and w.drop_stage == "unmask":
+        return list(range(w.clients))
+    return sorted(set(range(w.clients)) - w.dropped)
+
+
+def reference_mean(w: Workload, contributors: Sequence[int]) -> np.ndarray:
+    """Round 1's weighted mean update, computed here in float64 from the clients' own steps."""
+    task = w.task()
+    model = FlatModel(task.model_fn(), "cpu")
+    start = FlatModel(initial_model(task, w.seed)).get()
+    hp = LocalTraining(local_epochs=1, batch_size=w.examples, lr=LR)
+    total, weight = np.zeros(model.size), 0
+    for cid in contributors:
+        data = task.client_data(cid)
+        result = train_local(
+            model, start, data.x, data.y, hp, task.loss_fn, client_generator(w.seed, 1, cid)
+        )
+        total += result.num_examples * result.delta.double().numpy()
+        weight += result.num_examples
+    return total / weight
+
+
+def quantized_mean_bound(w: Workload, contributors: Sequence[int]) -> float:
+    """Largest error of a quantized weighted mean, ours or SecAgg+'s: each contributor's
+    x·w_i/W is rounded to within one step 2r/(L-1), and the sum is scaled by W/Σw_i. (SecAgg+
+    also rounds w_i/W to 1/L: relative 1e-6 of values far below 1, inside the slack.)"""
+    step = 2 * CLIP_RANGE / (LEVELS - 1)
+    weight = sum(w.client_size(c) for c in contributors)
+    return len(contributors) * step * w.examples / weight + 1e-6
+
+
+# float32 sums of float32 updates against the float64 reference.
+PLAIN_TOLERANCE = 1e-5
+
+
+def check_aggregates(
+    w: Workload,
+    plain: dict[str, Any],
+    secure: dict[str, Any],
+    reference: np.ndarray,
+    reference_secagg: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """Round 1 of both runs of one framework against the reference mean (the secure run's
+    own reference when its contributors differ: clients failing at unmask)."""
+    bound = quantized_mean_bound(w, expected_contributors(w, True))
+    plain_diff = _max_diff(plain["_mean"], reference)
+    secure_diff = _max_diff(
+        secure["_mean"], reference if reference_secagg is None else reference_secagg
+    )
+    return {
+        "contributors_as_planned": plain["_contributors"] == len(expected_contributors(w, False))
+        and secure["_contributors"] == len(expected_contributors(w, True)),
+        "plain_max_abs_err": plain_diff,
+        "secagg_max_abs_err": secure_diff,
+        "secagg_error_bound": bound,
+        "plain_ok": plain_diff <= PLAIN_TOLERANCE,
+        "secagg_ok": secure_diff <= bound,
+    }
+
+
+def _max_diff(a: np.ndarray | None, b: np.ndarray) -> float:
+    if a is None or a.shape != b.shape:
+        return math.inf
+    return float(np.max(np.abs(a - b)))
+
+
+def _without_private(run: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in run.items() if not k.startswith("_")}
+
+
+def bench(
+    w: Workload,
+    *,
+    neighbors: int | None = None,
+    threshold: int | None = None,
+    rounds: int = 3,
+    repeat: int = 1,
+    peer: str | None = None,
+    transport: str = "flower",
+    compute: bool = True,
+    floor: bool = False,
+) -> dict[str, Any]:
+    """Everything `fedveil bench secagg` reports, as one JSON-able dict."""
+    if rounds < 2:
+        raise ValueError(f"--rounds {rounds}: need >= 2 (round 1 is excluded as warm-up)")
+    if repeat < 1:
+        raise ValueError(f"--repeat {repeat}: must be >= 1")
+    if w.clients < 2:
+        raise ValueError(f"--clients {w.clients}: secure aggregation needs >= 2 clients")
+    if not 0 <= w.dropout <= 0.5:
+        raise ValueError(f"--dropout {w.dropout}: must be in [0, 0.5]")
+    if w.examples < 1 or w.dim < 2 * CLASSES:
+        raise ValueError(f"--examples {w.examples}, --dim {w.dim}: need >= 1 and >= {2 * CLASSES}")
+    if w.drop_stage not in DROP_STAGES:
+        raise ValueError(f"--drop-stage {w.drop_stage!r}: one of {', '.join(DROP_STAGES)}")
+    if peer is not None and transport != "flower":
+        raise ValueError("--peer flower compares rounds over Flower's transport: drop --transport")
+    k, t = graph_parameters(w, neighbors, threshold)
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    out: dict[str, Any] = {
+        "clients": w.clients,
+        "dim": w.num_params,
+        "dropout": w.dropout,
+        "dropped": len(w.dropped),
+        "drop_stage": w.drop_stage,
+        "neighbors": k,
+        "threshold": t,
+        "rounds": rounds,
+        "repeat": repeat,
+        "transport": transport,
+        "peer": peer,
+        "workload": asdict(w),
+    }
+    if compute:
+        # The protocol alone, no transport (CPU seconds; see bench_secagg).
+        out["compute"] = bench_secagg.compare(
+            w.clients,
+            w.num_params,
+            w.dropout,
+            k,
+            t,
+            w.seed,
+            flower=peer == "flower",
+            repeats=repeat,
+        )
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for _ in range(repeat):
+        # Interleaved, so that a change of machine load hits every configuration alike.
+        runs["fedveil_plain"].append(run_ours(w, False, k, t, rounds, transport))
+        runs["fedveil_secagg"].append(run_ours(w, True, k, t, rounds, transport))
+        if floor:
+            runs["fedveil_floor"].append(run_ours(w, False, k, t, rounds, transport, floor=True))
+        if peer == "flower":
+            from .flower_secaggplus_peer import run_flower
+
+            runs["flower_plain"].append(run_flower(w, False, k, t, rounds))
+            runs["flower_secagg"].append(run_flower(w, True, k, t, rounds))
+    # Round 1 of every framework's first plain and secure run, against the same reference.
+    reference = reference_mean(w, expected_contributors(w, False))
+    reference_sa = (
+        reference_mean(w, expected_contributors(w, True)) if w.drop_stage == "unmask" else None
+    )
+    out["checks"] = {}
+    for fw in ("fedveil", "flower"):
+        if f"{fw}_plain" in runs:
+            out["checks"][fw] = check_aggregates(
+                w, runs[f"{fw}_plain"][0], runs[f"{fw}_secagg"][0], reference, reference_sa
+            )
+    out["rounds_detail"] = {name: [_without_private(r) for r in rs] for name, rs in runs.items()}
+    summary: dict[str, Any] = {}
+    for fw in ("fedveil", "flower"):
+        if f"{fw}_plain" not in runs:
+            continue
+        plain, secure = steady(runs[f"{fw}_plain"]), steady(runs[f"{fw}_secagg"])
+        last = runs[f"{fw}_secagg"][-1]
+        summary[fw] = {
+            "plain_round_s": plain,
+            "secagg_round_s": secure,
+            "plain_round_cpu_s": steady_cpu(runs[f"{fw}_plain"]),
+            "secagg_round_cpu_s": steady_cpu(runs[f"{fw}_secagg"]),
+            "overhead_s": None if plain is None or secure is None else secure - plain,
+            "bytes_up_per_client": last["bytes_up_per_client"],
+            "bytes_down_per_client": last["bytes_down_per_client"],
+            "plain_bytes_up_per_client": runs[f"{fw}_plain"][-1]["bytes_up_per_client"],
+            "plain_bytes_down_per_client": runs[f"{fw}_plain"][-1]["bytes_down_per_client"],
+            # Where the secure round's time goes (last run): each exchange, and the rest.
+            "secagg_exchange_s": last["exchange_s"],
+            "plain_exchange_s": runs[f"{fw}_plain"][-1]["exchange_s"],
+            "secagg_outside_exchanges_s": steady(runs[f"{fw}_secagg"], "outside_exchanges_s"),
+            "plain_outside_exchanges_s": steady(runs[f"{fw}_plain"], "outside_exchanges_s"),
+        }
+    if floor:
+        floor_s = steady(runs["fedveil_floor"])
+        plain_s = summary["fedveil"]["plain_round_s"]
+        summary["fedveil"]["floor_round_s"] = floor_s
+        summary["fedveil"]["transport_floor_s"] = (
+            None if floor_s is None or plain_s is None else floor_s - plain_s
+        )
+    out["round"] = summary
+    ours_over = summary["fedveil"]["overhead_s"]
+    theirs_over = summary.get("flower", {}).get("overhead_s")
+    # An overhead at or below zero is noise swamping the difference: no meaningful ratio.
+    out["ratio"] = (
+        theirs_over / ours_over if theirs_over is not None and ours_over and ours_over > 0 else None
+    )
+    floor_over = summary["fedveil"].get("transport_floor_s")
+    # The best `ratio` any protocol of ours could reach over this transport.
+    out["ratio_ceiling"] = (
+        theirs_over / floor_over
+        if theirs_over is not None and floor_over and floor_over > 0
+        else None
+    )
+    out["compute_ratio"] = out.get("compute", {}).get("compute_ratio")
+    if compute:
+        out["masking_over_prg"] = out["compute"]["fedveil"]["masking_over_prg"]
+    out["targets"] = {
+        name: {"target": goal, "met": None if out.get(name) is None else _meets(name, out, goal)}
+        for name, goal in TARGETS.items()
+    }
+    out["load_avg"] = {"before": list(load_before), "after": list(os.getloadavg())}
+    out["wall_s"] = time.perf_counter() - started
+    return out
+
+
+def _meets(name: str, out: dict[str, Any], goal: float) -> bool:
+    value = float(out[name])
+    return value <= goal if name == "masking_over_prg" else value >= goal
+
+
+# -- report -------------------------------------------------------------------------------
+
+
+def _fmt_s(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f} s"
+
+
+def _fmt_b(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:,.0f}"
+
+
+def format_report(out: dict[str, Any]) -> str:
+    lines = [
+        f"secure aggregation benchmark: N={out['clients']} D={out['dim']} "
+        f"dropout={out['dropout']} ({out['dropped']} clients fail at {out['drop_stage']}) "
+        f"k={out['neighbors']} t={out['threshold']} rounds={out['rounds']} "
+        f"repeat={out['repeat']}",
+    ]
+    if "compute" in out:
+        lines.append("")
+        lines.append("protocol compute (no transport, CPU time):")
+        buf = _capture(bench_secagg._print_table, out["compute"])
+        lines.extend("  " + line for line in buf.splitlines())
+    lines.append("")
+    transport = "Flower's simulation transport" if out["transport"] == "flower" else "in-process"
+    lines.append(f"whole rounds over {transport} (median of steady rounds):")
+    header = f"  {'':12}{'plain':>12}{'secagg':>12}{'overhead':>12}{'up B/client':>14}"
+    lines.append(header + f"{'down B/client':>15}")
+    for fw, s in out["round"].items():
+        lines.append(
+            f"  {fw:12}{_fmt_s(s['plain_round_s']):>12}{_fmt_s(s['secagg_round_s']):>12}"
+            f"{_fmt_s(s['overhead_s']):>12}{_fmt_b(s['bytes_up_per_client']):>14}"
+            f"{_fmt_b(s['bytes_down_per_client']):>15}"
+        )
+        lines.append(
+            f"  {'  (plain)':12}{'':36}{_fmt_b(s['plain_bytes_up_per_client']):>14}"
+            f"{_fmt_b(s['plain_bytes_down_per_client']):>15}"
+        )
+    for fw, s in out["round"].items():
+        for mode in ("plain", "secagg"):
+            parts = s[f"{mode}_exchange_s"]
+            shown = ", ".join(f"{k} {v:.2f}" for k, v in parts.items() if v is not None)
+            rest = _fmt_s(s[f"{mode}_outside_exchanges_s"])
+            lines.append(f"  {fw} {mode} exchanges (s): {shown}; outside exchanges {rest}")
+    f = out["round"]["fedveil"]
+    if f["secagg_round_cpu_s"] is not None:
+        lines.append(
+            f"  fedveil round CPU (all clients + server, this process): plain "
+            f"{_fmt_s(f['plain_round_cpu_s'])}, secagg {_fmt_s(f['secagg_round_cpu_s'])}"
+        )
+    if "floor_round_s" in f:
+        lines.append(
+            f"  fedveil plain + {EXTRA_EXCHANGES} empty exchanges: {_fmt_s(f['floor_round_s'])} "
+            f"(transport floor of the overhead {_fmt_s(f['transport_floor_s'])}; best ratio "
+            f"it allows: {_short(out['ratio_ceiling'])})"
+        )
+    for fw, c in out["checks"].items():
+        lines.append(f"  check {fw}: " + ", ".join(f"{k}={_short(v)}" for k, v in c.items()))
+    lines.append("")
+    for name, target in out["targets"].items():
+        value = out.get(name)
+        shown = "n/a" if value is None else f"{value:.2f}"
+        met = {None: "not measured", True: "met", False: "MISSED"}[target["met"]]
+        cmp = "<=" if name == "masking_over_prg" else ">="
+        lines.append(f"{name} = {shown} (target {cmp} {target['target']:g}: {met})")
+    load = out["load_avg"]
+    lines.append(
+        f"load average before {load['before'][0]:.2f}, after {load['after'][0]:.2f}; "
+        f"benchmark wall {out['wall_s']:.0f} s"
+    )
+    return "\n".join(lines)
+
+
+def _short(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _capture(fn: Any, *args: Any) -> str:
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        fn(*args)
+    return buf.getvalue()
+
+
+# -- command line -------------------------------------------------------------------------
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--clients", type=int, default=100, help="clients, all sampled [100]")
+    p.add_argument("--dim", type=int, default=100_000, help="model parameters [100000]")
+    p.add_argument("--dropout", type=float, default=0.1, help="fraction that fails [0.1]")
+    p.add_argument("--neighbors", type=int, help="neighbours k [from the threat model]")
+    p.add_argument("--threshold", type=int, help="Shamir threshold t [from the threat model]")
+    p.add_argument("--peer", choices=["flower"], help="also run Flower's SecAgg+")
+    p.add_argument("--rounds", type=int, default=3, help="rounds per run; round 1 excluded [3]")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per round configuration, interleaved, and compute runs per side (each side "
+        "keeps its cheapest) [1]",
+    )
+    p.add_argument(
+        "--drop-stage",
+        choices=list(DROP_STAGES),
+        default="masked_input",
+        help="stage at which the failing clients raise [masked_input]",
+    )
+    p.add_argument(
+        "--transport",
+        choices=["flower", "inprocess"],
+        default="flower",
+        help="where our rounds run [flower]; inprocess has no peer",
+    )
+    p.add_argument("--examples", type=int, default=8, help="most examples per client [8]")
+    p.add_argument("--no-compute", action="store_true", help="skip the protocol compute part")
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run plain rounds with 3 extra empty exchanges: the transport's share of "
+        "any secure round's overhead, and the best ratio it allows",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
+def cmd_bench_secagg(args: argparse.Namespace) -> int:
+    w = Workload(
+        clients=args.clients,
+        dim=args.dim,
+        dropout=args.dropout,
+        drop_stage=args.drop_stage,
+        examples=args.examples,
+        seed=args.seed,
+    )
+    with _quiet_dropouts(), _torch_threads(1):
+        out = bench(
+            w,
+            neighbors=args.neighbors,
+            threshold=args.threshold,
+            rounds=args.rounds,
+            repeat=args.repeat,
+            peer=args.peer,
+            transport=args.transport,
+            compute=not args.no_compute,
+            floor=args.floor,
+        )
+    print(format_report(out), file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        sys.stdout.flush()
+        print(json.dumps(out, sort_keys=True, default=_jsonable))
+    return 0
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+@contextlib.contextmanager
+def _torch_threads(count: int) -> Iterator[None]:
+    """The workload's tensors are tiny: on a loaded machine torch's thread pool only adds
+    milliseconds of synchronisation per op (Ray's workers already run single-threaded)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class _DropFilter(logging.Filter):
+    """Drops log records of the benchmark's deliberate failures. Flower's Ray backend first
+    logs a generic line without the exception; a real failure still shows the two records
+    that follow it (the exception and its traceback), which carry no marker."""
+
+    GENERIC = "An exception was raised when processing a message by"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return DROP_MARKER not in text and not text.startswith(self.GENERIC)
+
+
+@contextlib.contextmanager
+def _quiet_dropouts() -> Iterator[None]:
+    """Flower logs every client exception with its traceback; ours are on purpose."""
+    filt = _DropFilter()
+    names = ("flwr", "fedveil.client", "fedveil.server", "fedveil.secagg")
+    loggers = [logging.getLogger(name) for name in names]
+    for logger in loggers:
+        logger.addFilter(filt)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(filt)
+
+
+def add_secagg_bench(subparsers: argparse._SubParsersAction) -> None:
+    """Register `secagg` on a `fedveil bench` sub-command group."""
+    p = subparsers.add_parser(
+        "secagg",
+        help="secure aggregation: protocol compute and whole rounds, ours vs Flower's SecAgg+",
+        description=__doc__.split("\n\n")[0]
+        + " Per-round times are medians of the steady rounds; --json prints one JSON object "
+        "(with ratio and compute_ratio) as the last line of stdout.",
+    )
+    _add_arguments(p)
+    p.set_defaults(func=cmd_bench_secagg)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fedveil.simulations.bench_secagg_round",
+        description=__doc__.split("\n\n")[0],
+    )
+    _add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        return cmd_bench_secagg(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

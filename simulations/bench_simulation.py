@@ -1,0 +1,289 @@
+"""`fedveil bench simulation`: fedveil's engine against Flower's simulation and a bare loop.
+
+Each contender runs the same workload (bench_workload.py) in a fresh child
+process, one after another in the same invocation; this process measures
+the child's whole life (end to end) and samples the peak memory of its
+process tree (Ray's processes and fedveil's workers included). Children
+report their per-round times and when their first round started.
+
+Steady per-round time is the median over rounds 2..R (round 1 warms up).
+`ratio` is the peer's steady round time over ours; `bare_ratio` ours over the
+bare loop's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from typing import Any
+
+from .bench_workload import Workload
+from .memwatch import PeakWatcher, RoundClock
+
+T0_ENV = "FEDVEIL_BENCH_T0"
+MB = 1024 * 1024
+
+
+# -- children: one contender each ---------------------------------------------
+def run_ours(w: Workload, workers: int) -> dict[str, Any]:
+    """The workload on fedveil's round engine over the in-process engine."""
+    from fedveil.config import load_config
+    from fedveil.server.rounds import RoundEngine
+
+    from .bench_workload import BenchTaskFactory, bench_task
+    from .inprocess import InProcessTransport, auto_workers
+
+    cfg = load_config(
+        None,
+        {
+            "seed": w.seed,
+            "data.num_clients": w.clients,
+            "model.name": "mlp",
+            "server.rounds": w.rounds,
+            "server.per_round": w.per_round,
+            "client.local_epochs": 1,
+            "client.batch_size": w.batch_size,
+            "client.lr": w.lr,
+            "eval.central_every": 0,
+        },
+    )
+    task = bench_task(w)
+    workers = workers or auto_workers("cpu")
+    transport = InProcessTransport(
+        task,
+        "cpu",
+        workers=workers,
+        unit_size=cfg.simulation.vmap_clients,
+        task_factory=BenchTaskFactory(w),
+    )
+    try:
+        engine = RoundEngine(cfg, task, transport)
+        losses = []
+        clock = RoundClock()
+        clock.mark()
+        for _ in range(w.rounds):
+            losses.append(engine.run_round().train_loss)
+            clock.mark()
+    finally:
+        transport.close()
+    return {
+        **clock.result(),
+        "train_loss": losses,
+        "workers": workers,
+        "vmap_clients": cfg.simulation.vmap_clients,
+    }
+
+
+def child_main(role: str, workload: dict[str, Any], workers: int) -> None:
+    w = Workload(**workload)
+    if role == "ours":
+        result = run_ours(w, workers)
+    elif role == "ours_1":
+        # One in-process lane on one torch thread: the engine's overhead over the bare loop.
+        import torch
+
+        torch.set_num_threads(1)
+        result = run_ours(w, 1)
+    elif role == "bare":
+        from .bench_workload import run_bare
+
+        result = run_bare(w)
+    elif role == "flower":
+        from .flower_peer import run_flower
+
+        result = run_flower(w)
+    else:
+        raise ValueError(f"unknown role {role!r}")
+    print(json.dumps(result))
+
+
+# -- the parent: runs and measures the children -------------------------------
+def measure(role: str, w: Workload, workers: int = 0, timeout_s: float = 3600) -> dict[str, Any]:
+    """Run one contender in a child process; its times, end-to-end time and peak memory."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedveil.simulations.bench_simulation",
+        role,
+        json.dumps(w.to_dict()),
+        str(workers),
+    ]
+    env = dict(os.environ)
+    t0 = time.time()
+    env[T0_ENV] = repr(t0)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    with PeakWatcher(proc.pid) as watch:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            raise RuntimeError(f"{role}: no result within {timeout_s:.0f} s") from None
+    end_to_end = time.time() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{role} failed (exit {proc.returncode}):\n{err[-4000:]}")
+    result = json.loads(out.strip().splitlines()[-1])
+    rounds = result["round_s"]
+    steady = slice(1, None) if len(rounds) > 1 else slice(None)
+    result.update(
+        role=role,
+        round_s_median=statistics.median(rounds[steady]),
+        round_cpu_s_median=statistics.median(result["round_cpu_s"][steady]),
+        first_round_s=rounds[0],
+        startup_s=result.pop("first_round_at") - t0,
+        end_to_end_s=end_to_end,
+        peak_rss_mb=watch.peak_rss / MB,
+        peak_pss_mb=watch.peak_pss / MB,
+        processes=watch.max_processes,
+    )
+    return result
+
+
+def load_average() -> str:
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+SUMMARY_KEYS = (
+    "round_s_median",
+    "round_cpu_s_median",
+    "first_round_s",
+    "startup_s",
+    "end_to_end_s",
+    "peak_rss_mb",
+    "peak_pss_mb",
+)
+
+
+def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One contender's repeated runs: the median of each figure, and every run kept."""
+    out = dict(runs[-1])
+    for key in SUMMARY_KEYS:
+        out[key] = statistics.median(r[key] for r in runs)
+    out["repeats"] = [{k: r[k] for k in SUMMARY_KEYS} for r in runs]
+    return out
+
+
+def bench(w: Workload, *, peer: str | None, workers: int = 0, repeat: int = 1) -> dict[str, Any]:
+    """Bare loop, ours (one lane, then all cores) and the peer, round-robin `repeat` times.
+
+    Running them in turn, repeatedly, spreads any other load on the machine over all
+    of them; each figure is the median over the repeats.
+    """
+    if repeat < 1:
+        raise ValueError(f"--repeat = {repeat}: must be >= 1")
+    load_before = load_average()
+    roles = [("bare", 0), ("ours_1", 1), ("ours", workers)]
+    if peer == "flower":
+        roles.append(("flower", 0))
+    runs: dict[str, list[dict[str, Any]]] = {role: [] for role, _ in roles}
+    for _ in range(repeat):
+        for role, n in roles:
+            runs[role].append(measure(role, w, n))
+    results = {role: combine(r) for role, r in runs.items()}
+    ours, bare = results["ours"], results["bare"]
+    summary: dict[str, Any] = {
+        "workload": w.to_dict(),
+        "cpu_cores": os.cpu_count(),
+        "repeat": repeat,
+        "load_before": load_before,
+        "load_after": load_average(),
+        "results": results,
+        "bare_ratio": ours["round_s_median"] / bare["round_s_median"],
+        "sequential_ratio": results["ours_1"]["round_s_median"] / bare["round_s_median"],
+        "bare_cpu_ratio": ours["round_cpu_s_median"] / bare["round_cpu_s_median"],
+    }
+    if "flower" in results:
+        peer_r = results["flower"]
+        summary["ratio"] = peer_r["round_s_median"] / ours["round_s_median"]
+        summary["cpu_ratio"] = peer_r["round_cpu_s_median"] / ours["round_cpu_s_median"]
+        summary["end_to_end_ratio"] = peer_r["end_to_end_s"] / ours["end_to_end_s"]
+        summary["startup_ratio"] = peer_r["startup_s"] / ours["startup_s"]
+    return summary
+
+
+def bench_population(
+    w: Workload, populations: list[int], *, workers: int = 0, repeat: int = 1
+) -> dict[str, Any]:
+    """Ours at a fixed cohort size as the population grows: peak memory should stay flat."""
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in populations}
+    for _ in range(repeat):
+        for n in populations:
+            runs[n].append(measure("ours", replace(w, clients=n), workers))
+    rows = []
+    for n in populations:
+        r = combine(runs[n])
+        rows.append({"clients": n, **{k: r[k] for k in _POP_KEYS}})
+    peaks = [row["peak_pss_mb"] for row in rows]
+    rss = [row["peak_rss_mb"] for row in rows]
+    return {
+        "workload": w.to_dict(),
+        "load_after": load_average(),
+        "population": rows,
+        "memory_growth": max(peaks) / min(peaks),
+        "memory_growth_rss": max(rss) / min(rss),
+    }
+
+
+_POP_KEYS = ("round_s_median", "startup_s", "end_to_end_s", "peak_rss_mb", "peak_pss_mb")
+
+
+def format_report(summary: dict[str, Any]) -> str:
+    w = summary["workload"]
+    lines = [
+        f"workload: {w['clients']} clients, {w['per_round']} per round, {w['rounds']} rounds, "
+        f"{w['examples']} examples/client, MLP 784-128-10, batch {w['batch_size']}, 1 epoch",
+        f"machine: {summary['cpu_cores']} cores, load average {summary['load_before']} before, "
+        f"{summary['load_after']} after; medians of {summary['repeat']} run(s) each",
+        "",
+        f"{'':8}{'round (median)':>16}{'CPU/round':>11}{'first round':>13}{'start-up':>10}"
+        f"{'end to end':>12}{'peak RSS':>11}{'peak PSS':>11}",
+    ]
+    for name, r in summary["results"].items():
+        lines.append(
+            f"{name:8}{r['round_s_median']:>14.3f} s{r['round_cpu_s_median']:>9.3f} s"
+            f"{r['first_round_s']:>11.3f} s{r['startup_s']:>8.2f} s{r['end_to_end_s']:>10.2f} s"
+            f"{r['peak_rss_mb']:>8.0f} MB{r['peak_pss_mb']:>8.0f} MB"
+        )
+    lines.append("")
+    if "ratio" in summary:
+        lines.append(
+            f"flower / ours: {summary['ratio']:.1f}x per round "
+            f"({summary['cpu_ratio']:.1f}x in CPU time), "
+            f"{summary['end_to_end_ratio']:.1f}x end to end, "
+            f"{summary['startup_ratio']:.1f}x start-up"
+        )
+    lines.append(
+        f"ours / bare loop: {summary['bare_ratio']:.2f}x per round "
+        f"({summary['results']['ours']['workers']} workers; "
+        f"{summary['bare_cpu_ratio']:.2f}x in CPU time); "
+        f"one in-process lane / bare loop: {summary['sequential_ratio']:.2f}x"
+    )
+    return "\n".join(lines)
+
+
+def format_population(summary: dict[str, Any]) -> str:
+    lines = [
+        f"{'clients':>9}{'round (median)':>16}{'peak RSS':>11}{'peak PSS':>11}",
+    ]
+    for row in summary["population"]:
+        lines.append(
+            f"{row['clients']:>9}{row['round_s_median']:>14.3f} s"
+            f"{row['peak_rss_mb']:>8.0f} MB{row['peak_pss_mb']:>8.0f} MB"
+        )
+    lines.append(
+        f"peak memory, largest / smallest population: {summary['memory_growth']:.3f} (PSS), "
+        f"{summary['memory_growth_rss']:.3f} (RSS)"
+    )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    child_main(sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]))

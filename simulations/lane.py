@@ -1,0 +1,204 @@
+"""One lane of the in-process engine: clients run one after another on one model.
+
+A lane is a ClientRuntime plus the clients' state between the messages of a
+round (e.g. secure-aggregation keys). The state is dropped when the round
+changes, so memory is bounded by the cohort, never by the population.
+
+A unit of several same-size clients' training requests (see `plan_units`) can
+be trained at once (simulations/batched.py); each client's message then still
+goes through the ClientRuntime, which finds its training already done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedveil.client.runtime import TRAIN_FIELDS, ClientRuntime, client_generator, parse_training
+from fedveil.client.training import LocalResult, LocalTraining, LossFn, train_local
+from fedveil.envelope import Envelope
+from fedveil.params import FlatModel
+from fedveil.tasks import ClientData, PartitionedData, Task
+
+from .batched import BatchedTrainer
+
+log = logging.getLogger("fedveil.inprocess")
+
+Unit = list[tuple[int, Envelope]]
+# A training request may be batched only when the trainer knows every field in it: a
+# field added later (DP-SGD settings, say) sends it through the ClientRuntime's own path.
+BATCHABLE_FIELDS = frozenset(name for name, _ in TRAIN_FIELDS) | {"seed"}
+
+
+def plan_units(
+    requests: Sequence[tuple[int, Envelope]],
+    sizes: np.ndarray | None,
+    seen: set[int] | frozenset[int],
+    unit_size: int,
+) -> list[Unit]:
+    """Split an exchange's requests into units; only same-size fresh training requests share one.
+
+    The split depends only on the requests, the clients' sizes, which clients were
+    already contacted this round and `unit_size`: never on workers or timing, so
+    a client's result is the same whoever runs its unit.
+    """
+    units: list[Unit] = []
+    groups: dict[tuple, Unit] = {}
+    for cid, msg in sorted(requests, key=lambda r: r[0]):
+        if unit_size > 1 and sizes is not None and cid not in seen and _batchable(msg):
+            key = (int(sizes[cid]), msg.round, id(msg.arrays["model"]), _config_key(msg))
+            groups.setdefault(key, []).append((cid, msg))
+        else:
+            units.append([(cid, msg)])
+    for group in groups.values():
+        units.extend(_split(group, unit_size))
+    # Larger units first: the small ones fill the gaps at the end of an exchange.
+    units.sort(key=lambda u: (-len(u), u[0][0]))
+    return units
+
+
+def _split(group: Unit, unit_size: int) -> list[Unit]:
+    """Near-equal units of at most `unit_size`; at least 4 when there are 8 clients per unit
+    to be had, so that a few workers share even a small cohort evenly."""
+    n = len(group)
+    count = max(-(-n // unit_size), min(4, -(-n // 8)))
+    bounds = [round(i * n / count) for i in range(count + 1)]
+    return [group[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def _batchable(msg: Envelope) -> bool:
+    return (
+        msg.kind == "train"
+        and set(msg.arrays) == {"model"}
+        and msg.config.keys() <= (BATCHABLE_FIELDS)
+    )
+
+
+def _config_key(msg: Envelope) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in msg.config.items()))
+
+
+def _client_seed(msg: Envelope, cid: int) -> int:
+    seed = msg.config.get("seed", 0)
+    seed = seed if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0 else 0
+    state = np.random.SeedSequence([seed, msg.round, cid, 0x6C0BA1]).generate_state(2)
+    return int(state[0]) << 32 | int(state[1])
+
+
+class ClientLane:
+    def __init__(
+        self, task: Task, device: torch.device | str = "cpu", *, unit_size: int = 1
+    ) -> None:
+        self.task = task
+        keep_data_on(task, device)
+        self._fetched: dict[int, ClientData] = {}  # data loaded for a unit, used once
+        # The runtime reads client data through the lane, so a unit's data is loaded once.
+        self.runtime = ClientRuntime(dataclasses.replace(task, client_data=self._data), device)
+        self.runtime.trainer = self._train
+        self._done: dict[int, LocalResult] = {}  # a unit's results, until its clients ask
+        self._replay: LocalResult | None = None
+        self.states: dict[int, dict[str, Any]] = {}
+        self._round: int | None = None
+        device = self.runtime.model.device
+        self._devices = [device] if device.type == "cuda" else []
+        self.batcher: BatchedTrainer | None = None
+        if unit_size > 1 and task.num_clients > 0:
+            batcher = BatchedTrainer(self.runtime.model, task.loss_fn)
+            why: list[str] = []
+            if batcher.probe(task.client_data(0), why):
+                self.batcher = batcher
+            else:
+                log.info("clients train one at a time: %s", why[0])
+
+    def run_unit(self, unit: Unit) -> list[tuple[int, Envelope | str]]:
+        """Replies for a unit's clients, in order (training several at once when it can)."""
+        if len(unit) > 1 and self.batcher is not None:
+            self._train_unit(unit)
+        return [(cid, self.handle(cid, msg)) for cid, msg in unit]
+
+    def handle(self, cid: int, msg: Envelope) -> Envelope | str:
+        """The client's reply, or why it failed (a failing client never stops the lane)."""
+        if msg.round != self._round:
+            self.states.clear()
+            self._round = msg.round
+        self._replay = self._done.pop(cid, None)
+        # Torch's global generator (dropout layers, random augmentation) is seeded per
+        # (seed, round, client) and restored afterwards: a client's result does not
+        # depend on which lane ran it or on who ran before it.
+        with torch.random.fork_rng(devices=self._devices):
+            # Not torch.manual_seed: on a CPU-only run it queues a lazy CUDA call, which
+            # captures a stack trace per client.
+            seed = _client_seed(msg, cid)
+            torch.default_generator.manual_seed(seed)
+            if self._devices:
+                torch.cuda.manual_seed(seed)
+            try:
+                return self.runtime.handle(cid, msg, self.states.setdefault(cid, {}))
+            except Exception as exc:
+                log.debug("client %d failed", cid, exc_info=True)
+                return f"{type(exc).__name__}: {exc}"
+            finally:
+                self._replay = None
+                self._fetched.pop(cid, None)
+
+    def _train_unit(self, unit: Unit) -> None:
+        assert self.batcher is not None
+        msg = unit[0][1]
+        try:
+            hp = parse_training(msg)
+            seed = msg.get("seed", int)
+            global_vector = msg.tensor("model", numel=self.runtime.model.size)
+            data = [self.task.client_data(cid) for cid, _ in unit]
+            generators = [client_generator(seed, msg.round, cid) for cid, _ in unit]
+            results = self.batcher.train(global_vector, data, hp, generators)
+        except Exception as exc:  # the clients then train, or fail, one at a time
+            log.debug("unit of %d trained one at a time: %s", len(unit), exc)
+            return
+        for (cid, _), d, r in zip(unit, data, results, strict=True):
+            self._fetched[cid], self._done[cid] = d, r
+
+    def _data(self, cid: int) -> ClientData:
+        data = self._fetched.pop(cid, None)
+        return data if data is not None else self.task.client_data(cid)
+
+    def _train(
+        self,
+        model: FlatModel,
+        global_vector: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        hp: LocalTraining,
+        loss_fn: LossFn,
+        generator: torch.Generator,
+    ) -> LocalResult:
+        done, self._replay = self._replay, None
+        if done is not None and done.num_examples == int(x.shape[0]):
+            return done
+        return train_local(model, global_vector, x, y, hp, loss_fn, generator)
+
+
+def keep_data_on(task: Task, device: torch.device | str) -> bool:
+    """Move a built-in task's whole training set to a GPU once, when it fits comfortably.
+
+    Each client's examples are then gathered on the device: no host-to-device copy
+    per client. Returns whether the data moved.
+    """
+    device = torch.device(device)
+    data = task.client_data
+    if device.type != "cuda" or not isinstance(data, PartitionedData):
+        return False
+    if data.x.device == device:
+        return True
+    need = data.x.nbytes + data.y.nbytes
+    free, _ = torch.cuda.mem_get_info(device)
+    if need > free // 4:
+        log.info("training set (%d MB) stays in host memory: too large for the GPU", need >> 20)
+        return False
+    data.x, data.y = data.x.to(device), data.y.to(device)
+    return True

@@ -1,0 +1,155 @@
+"""Peak memory of a process tree (Linux /proc): a benchmark's process and all its descendants.
+
+RSS summed over the tree counts pages shared between processes (libraries,
+forked copy-on-write data) once per process, which overstates what forked
+workers cost; PSS splits shared pages between their users and sums to the
+real footprint. RSS is cheap to read and sampled every interval; PSS costs
+tens of milliseconds per big process (the kernel walks its page tables), so
+it is read only when the RSS sum reaches a new peak, at most once a second,
+and the sampler does not steal the CPU from what it measures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def descendants(root: int) -> list[int]:
+    """`root` and every live process below it."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # Fields after the command name (which may contain spaces) start past the last ')'.
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, ()))
+    return tree
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def pss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
+@dataclass
+class TreeMemory:
+    rss: int
+    pss: int
+    processes: int
+
+
+def tree_memory(root: int) -> TreeMemory:
+    pids = descendants(root)
+    return TreeMemory(sum(map(rss_bytes, pids)), sum(map(pss_bytes, pids)), len(pids))
+
+
+class PeakWatcher:
+    """Samples a process tree's memory in a background thread; keeps the peaks."""
+
+    def __init__(self, root: int, interval_s: float = 0.1, pss_every_s: float = 1.0) -> None:
+        self.root, self.interval_s, self.pss_every_s = root, interval_s, pss_every_s
+        self.peak_rss = self.peak_pss = self.max_processes = 0
+        self._pss_at = -math.inf
+        self._pss_owed = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while True:
+            self.sample()
+            if self._stop.wait(self.interval_s):
+                return
+
+    def sample(self) -> None:
+        pids = descendants(self.root)
+        rss = sum(map(rss_bytes, pids))
+        self.max_processes = max(self.max_processes, len(pids))
+        if rss > self.peak_rss:
+            self.peak_rss = rss
+            self._pss_owed = True
+        now = time.monotonic()
+        if self._pss_owed and now - self._pss_at >= self.pss_every_s:
+            self.peak_pss = max(self.peak_pss, sum(map(pss_bytes, pids)))
+            self._pss_at, self._pss_owed = now, False
+
+    def __enter__(self) -> PeakWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a live process has used."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU time used by `root` and its live descendants (Ray's workers, our workers)."""
+    return sum(map(cpu_seconds, descendants(root)))
+
+
+class RoundClock:
+    """Round boundaries in wall time and in CPU time of this process tree.
+
+    CPU time per round is what a round costs whatever else loads the machine;
+    wall time is what a user waits.
+    """
+
+    def __init__(self) -> None:
+        self.at: list[float] = []
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def mark(self) -> None:
+        self.at.append(time.time())
+        self.wall.append(time.perf_counter())
+        self.cpu.append(tree_cpu_seconds(os.getpid()))
+
+    def result(self) -> dict[str, object]:
+        return {
+            "round_s": [b - a for a, b in itertools.pairwise(self.wall)],
+            "round_cpu_s": [b - a for a, b in itertools.pairwise(self.cpu)],
+            "first_round_at": self.at[0],
+        }

@@ -1,0 +1,399 @@
+"""Worker processes for the in-process engine: every CPU core trains clients.
+
+Each worker holds one ClientLane (one reusable model, the task's data) and
+torch threads of its own share of the cores. Requests and replies travel
+through shared memory: the server packs each distinct request array (the
+global model) once per exchange into a request arena; a worker packs its
+replies (updates) into one of two reply arenas of its own, alternating per
+chunk, and the server copies them out. Pipes carry only small descriptors.
+
+Scheduling is dynamic (a worker gets the next chunk of units when it is
+ready) but sticky within a round: a client's later messages go to the worker
+that holds its state. Any worker gives a client the same result: its
+computation depends only on (seed, round, client) and on its unit, which the
+server plans from the requests alone (lane.plan_units), and every worker runs
+with the same number of threads.
+
+Workers are forked when they run one torch thread each (fast start, the
+task's data shared copy-on-write). More threads per worker, or CUDA, need
+spawned workers (GNU OpenMP and CUDA do not survive fork), which rebuild the
+task from a picklable factory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import multiprocessing as mp
+import os
+import platform
+import queue
+import signal
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import torch
+
+from fedveil.envelope import Envelope
+from fedveil.tasks import Task
+
+from .lane import ClientLane, Unit
+from .shm import Arena, ArrayRef, Packer, take
+
+log = logging.getLogger("fedveil.workers")
+
+DEPTH = 2  # chunks in flight per worker: one computing, one queued (= reply arenas per worker)
+MAX_CHUNK = 8
+
+
+def keep_freed_memory() -> bool:
+    """Let glibc keep freed memory for reuse instead of returning it to the OS (and back).
+
+    Every client allocates and frees the same few buffers (its data, gradients,
+    update). Above glibc's mmap threshold each of those is a fresh mapping whose
+    pages fault in again, which costs more than the training itself on some
+    virtual machines. Serving them from the heap makes the steady state free of
+    page faults; the process keeps its peak heap, which a round bounds anyway.
+    """
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        ok = libc.mallopt(m_mmap_threshold, 256 << 20) or libc.mallopt(m_mmap_threshold, 32 << 20)
+        return bool(ok and libc.mallopt(m_trim_threshold, 512 << 20))
+    except (OSError, AttributeError):
+        return False
+
+
+def cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass
+class WorkerSetup:
+    """What a worker needs; pickled only for spawned workers (then `task` is None)."""
+
+    index: int
+    threads: int
+    device: str
+    unit_size: int
+    request: tuple[int, int]
+    replies: tuple[tuple[int, int], ...]
+    inherited: bool
+    task: Task | None
+    task_factory: Callable[[], Task] | None
+
+
+# -- worker side ------------------------------------------------------------
+def _reader(conn: Connection, inbox: queue.SimpleQueue) -> None:
+    """Drains the pipe into `inbox`, so the server never blocks sending while we reply."""
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            msg = ("stop",)
+        inbox.put(msg)
+        if msg[0] == "stop":
+            return
+
+
+def _worker_main(conn: Connection, setup: WorkerSetup) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when to stop
+    try:
+        keep_freed_memory()
+        torch.set_num_threads(setup.threads)
+        task = setup.task if setup.task is not None else setup.task_factory()  # type: ignore[misc]
+        lane = ClientLane(task, setup.device, unit_size=setup.unit_size)
+        request = Arena.attach(setup.request, setup.inherited)
+        replies = [Arena.attach(r, setup.inherited) for r in setup.replies]
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+    conn.send(("ready", os.getpid()))
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=_reader, args=(conn, inbox), daemon=True).start()
+    cache_key: int | None = None
+    cache: dict[int, Any] = {}
+    while True:
+        msg = inbox.get()
+        if msg[0] == "stop":
+            return
+        _, chunk_id, exchange, slot, units = msg
+        if exchange != cache_key:  # each distinct request array is copied once per exchange
+            cache_key, cache = exchange, {}
+        start = time.perf_counter()
+        packer = Packer(replies[slot])
+        results = []
+        for unit in units:
+            envelopes = []
+            for cid, kind, round_num, config, refs in unit:
+                arrays = {}
+                for key, ref in refs.items():
+                    if ref.offset not in cache:
+                        cache[ref.offset] = take(request, ref)
+                    arrays[key] = cache[ref.offset]
+                envelopes.append((cid, Envelope(kind, round_num, config, arrays)))
+            for cid, reply in lane.run_unit(envelopes):
+                results.append((cid, _pack(packer, reply)))
+        try:
+            conn.send(("done", chunk_id, results, time.perf_counter() - start))
+        except (BrokenPipeError, OSError):
+            return
+
+
+def _pack(packer: Packer, reply: Envelope | str) -> tuple | str:
+    if isinstance(reply, str):
+        return reply
+    try:
+        packed = {k: packer.put(v) for k, v in reply.arrays.items()}
+    except (TypeError, ValueError) as exc:
+        return f"reply cannot be shared: {exc}"
+    return (reply.kind, reply.round, reply.config, packed)
+
+
+# -- server side ------------------------------------------------------------
+@dataclass
+class _Worker:
+    index: int
+    process: Any
+    conn: Connection
+    replies: list[Arena]
+    free_slots: list[int]
+    in_flight: dict[int, tuple[int, list[int]]]  # chunk id -> (slot, client ids)
+
+
+class WorkerPool:
+    """`workers` processes running clients; `run` is one exchange."""
+
+    def __init__(
+        self,
+        task: Task,
+        workers: int,
+        *,
+        device: str = "cpu",
+        threads: int | None = None,
+        unit_size: int = 1,
+        task_factory: Callable[[], Task] | None = None,
+    ) -> None:
+        if workers < 2:
+            raise ValueError(f"simulation.workers = {workers}: a worker pool needs at least 2")
+        self.task, self.device, self.task_factory = task, device, task_factory
+        self.unit_size = unit_size
+        self.threads = threads or max(1, cpu_cores() // workers)
+        # GNU OpenMP (torch's intra-op pool) and CUDA break in forked children.
+        self.method = "fork" if self.threads == 1 and device == "cpu" else "spawn"
+        if self.method == "spawn" and task_factory is None:
+            raise ValueError(
+                f"simulation.workers = {workers} with {self.threads} torch threads each "
+                f"on {device} needs spawned workers, which rebuild the task from the config; "
+                "run through `fedveil simulate` (or pass task_factory), or set "
+                "simulation.workers to the number of cores"
+            )
+        self.ctx = mp.get_context(self.method)
+        self.request = Arena.create("fedveil-requests")
+        self.workers: list[_Worker] = []
+        self.owner: dict[int, int] = {}  # client -> worker holding its state this round
+        self.lost: set[int] = set()  # clients whose worker died this round
+        self._round: int | None = None
+        self._pinned: list[deque] = []
+        self._free: deque = deque()
+        self._cap = 1
+        self._queued = 0
+        self._exchange = 0
+        self._chunk = 0
+        try:
+            for i in range(workers):
+                self.workers.append(self._start(i))
+            for w in self.workers:
+                self._await_ready(w)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, index: int, replies: list[Arena] | None = None) -> _Worker:
+        replies = replies or [Arena.create(f"fedveil-replies-{index}") for _ in range(DEPTH)]
+        setup = WorkerSetup(
+            index=index,
+            threads=self.threads,
+            device=self.device,
+            unit_size=self.unit_size,
+            request=self.request.owner,
+            replies=tuple(a.owner for a in replies),
+            inherited=self.method == "fork",
+            task=self.task if self.method == "fork" else None,
+            task_factory=None if self.method == "fork" else self.task_factory,
+        )
+        parent, child = self.ctx.Pipe(duplex=True)
+        proc = self.ctx.Process(
+            target=_worker_main, args=(child, setup), daemon=True, name=f"fedveil-worker-{index}"
+        )
+        proc.start()
+        child.close()
+        return _Worker(index, proc, parent, replies, list(range(DEPTH)), {})
+
+    def _await_ready(self, w: _Worker) -> None:
+        try:
+            kind, detail = w.conn.recv()
+        except (EOFError, OSError):
+            raise RuntimeError(f"worker {w.index} exited while starting") from None
+        if kind != "ready":
+            raise RuntimeError(f"worker {w.index} failed to start:\n{detail}")
+
+    @property
+    def size(self) -> int:
+        return len(self.workers)
+
+    # -- one exchange -------------------------------------------------------
+    def run(
+        self,
+        units: Sequence[Unit],
+        on_progress: Callable[[int], None] | None = None,
+    ) -> dict[int, Envelope | str]:
+        """Every request's reply, or the reason it failed; `on_progress(done)` per chunk.
+
+        A unit (see lane.plan_units) is never split: one worker runs it.
+        """
+        out: dict[int, Envelope | str] = {}
+        if not units:
+            return out
+        rounds = {msg.round for unit in units for _, msg in unit}
+        if self._round not in rounds:
+            self.owner.clear()
+            self.lost.clear()
+            self._round = max(rounds)
+        self._exchange += 1
+        packed = self._pack_requests(units)
+        self._pinned = [deque() for _ in self.workers]
+        self._free = deque()
+        pending = 0
+        for unit in packed:
+            cid = unit[0][0]
+            if len(unit) == 1 and cid in self.lost:
+                out[cid] = "client state lost: its worker process died"
+                continue
+            pending += len(unit)
+            owner = self.owner.get(cid) if len(unit) == 1 else None
+            (self._pinned[owner] if owner is not None else self._free).append(unit)
+        self._queued = pending  # clients not yet sent to a worker
+        self._cap = max(1, min(MAX_CHUNK, -(-pending // (4 * self.size))))
+        for w in self.workers:
+            for _ in range(DEPTH):
+                self._dispatch(w)
+        done = len(out)
+        while pending:
+            by_conn = {w.conn: w for w in self.workers if w.in_flight}
+            for conn in wait(list(by_conn)):
+                w = by_conn[conn]
+                finished = self._receive(w, out)
+                pending -= finished
+                done += finished
+                self._dispatch(self.workers[w.index])
+            if on_progress is not None:
+                on_progress(done)
+        return out
+
+    def _pack_requests(self, units: Sequence[Unit]) -> list[list[tuple]]:
+        packer = Packer(self.request)
+        refs: dict[int, ArrayRef] = {}  # id(array) -> where it is; shared arrays packed once
+        packed = []
+        for unit in units:
+            items = []
+            for cid, msg in unit:
+                msg_refs = {}
+                for key, value in msg.arrays.items():
+                    if id(value) not in refs:
+                        refs[id(value)] = packer.put(value)
+                    msg_refs[key] = refs[id(value)]
+                items.append((cid, msg.kind, msg.round, msg.config, msg_refs))
+            packed.append(items)
+        return packed
+
+    def _dispatch(self, w: _Worker) -> None:
+        if not w.free_slots:
+            return
+        queue = self._pinned[w.index] or self._free
+        if not queue:
+            return
+        # Whole units, up to a chunk's worth of clients; smaller chunks towards the end
+        # keep the workers finishing together.
+        want = max(1, min(self._cap, -(-self._queued // (2 * self.size))))
+        chunk = [queue.popleft()]
+        size = len(chunk[0])
+        while queue and size + len(queue[0]) <= want:
+            size += len(queue[0])
+            chunk.append(queue.popleft())
+        self._queued -= size
+        cids = [item[0] for unit in chunk for item in unit]
+        for cid in cids:
+            self.owner[cid] = w.index
+        slot = w.free_slots.pop()
+        self._chunk += 1
+        w.in_flight[self._chunk] = (slot, cids)
+        # A dead worker is noticed when its pipe reports EOF.
+        with contextlib.suppress(BrokenPipeError, OSError):
+            w.conn.send(("run", self._chunk, self._exchange, slot, chunk))
+
+    def _receive(self, w: _Worker, out: dict[int, Envelope | str]) -> int:
+        try:
+            msg = w.conn.recv()
+        except (EOFError, OSError):
+            return self._worker_died(w, out)
+        _, chunk_id, results, _elapsed = msg
+        slot, cids = w.in_flight.pop(chunk_id)
+        arena = w.replies[slot]
+        for cid, result in results:
+            if isinstance(result, str):
+                out[cid] = result
+                continue
+            kind, round_num, config, packed = result
+            arrays = {key: take(arena, ref) for key, ref in packed.items()}
+            out[cid] = Envelope(kind, round_num, config, arrays)
+        w.free_slots.append(slot)
+        return len(cids)
+
+    def _worker_died(self, w: _Worker, out: dict[int, Envelope | str]) -> int:
+        w.process.join(timeout=5)
+        reason = f"worker process {w.index} died (exit code {w.process.exitcode})"
+        log.warning("%s; restarting it; its clients this round count as dropped", reason)
+        failed = [cid for _, cids in w.in_flight.values() for cid in cids]
+        # Clients whose state it held cannot go on this round, like crashed devices.
+        stranded = [item[0] for unit in self._pinned[w.index] for item in unit]
+        self._pinned[w.index].clear()
+        self._queued -= len(stranded)
+        failed += stranded
+        for cid in failed:
+            out[cid] = reason
+        self.lost.update(c for c, owner in self.owner.items() if owner == w.index)
+        for cid in self.lost:
+            self.owner.pop(cid, None)
+        w.conn.close()
+        fresh = self._start(w.index, w.replies)
+        self._await_ready(fresh)
+        self.workers[w.index] = fresh
+        return len(failed)
+
+    def close(self) -> None:
+        for w in self.workers:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                w.conn.send(("stop",))
+        for w in self.workers:
+            w.process.join(timeout=5)
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join(timeout=5)
+            w.conn.close()
+            for a in w.replies:
+                a.close()
+        self.workers = []
+        self.request.close()

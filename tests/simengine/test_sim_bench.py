@@ -1,0 +1,79 @@
+"""`fedveil bench simulation` end to end on a small workload."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fedveil.simulations.bench_simulation import measure, run_ours
+from fedveil.simulations.bench_workload import Workload
+from fedveil.simulations.lane import ClientLane
+
+
+def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fedveil.cli", "bench", "simulation", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_bench_reports_ours_against_the_bare_loop():
+    proc = bench(
+        "--clients", "8", "--per-round", "6", "--rounds", "3", "--examples", "20", "--json"
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(summary["results"]) == {"bare", "ours", "ours_1"}
+    ours = summary["results"]["ours"]
+    assert len(ours["round_s"]) == 3 and ours["workers"] >= 1
+    assert ours["peak_rss_mb"] > 50 and ours["startup_s"] > 0
+    assert summary["bare_ratio"] == pytest.approx(
+        ours["round_s_median"] / summary["results"]["bare"]["round_s_median"]
+    )
+    assert "ratio" not in summary  # no peer asked for
+    # same workload, same learning: the engine's clients see the data the bare loop's see
+    losses = {k: r["train_loss"] for k, r in summary["results"].items()}
+    assert losses["ours"] == pytest.approx(losses["ours_1"], rel=1e-6)
+    assert losses["ours"][0] == pytest.approx(losses["bare"][0], rel=0.05)
+    assert "ours / bare loop" in proc.stderr
+
+
+def test_our_contender_trains_clients_in_units(monkeypatch):
+    trained: list[int] = []
+    real = ClientLane._train_unit
+    monkeypatch.setattr(
+        ClientLane, "_train_unit", lambda self, unit: trained.append(len(unit)) or real(self, unit)
+    )
+    result = run_ours(Workload(clients=40, per_round=40, rounds=1, examples=20, pool=200), 1)
+    assert result["vmap_clients"] == 32 and sum(trained) == 40 and max(trained) > 1
+
+
+def test_population_mode_reports_memory_growth():
+    proc = bench("--population", "50,500", "--per-round", "5", "--rounds", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [row["clients"] for row in summary["population"]] == [50, 500]
+    assert summary["memory_growth"] > 0.5
+
+
+def test_bad_arguments_name_the_flag():
+    proc = bench("--clients", "5", "--per-round", "9")
+    assert proc.returncode == 2
+    assert "per_round = 9: must be in [1, 5]" in proc.stderr
+
+
+@pytest.mark.flower
+@pytest.mark.slow
+def test_the_flower_peer_runs_the_same_workload():
+    w = Workload(clients=4, per_round=4, rounds=2, examples=20, pool=200)
+    flower = measure("flower", w)
+    assert len(flower["round_s"]) == 2 and flower["processes"] > 3  # Ray's processes counted
+    assert flower["peak_rss_mb"] > flower["peak_pss_mb"] > 100
+    ours = measure("ours", w)
+    # the same data and model: the first round's mean training loss agrees closely
+    assert flower["train_loss"][0] == pytest.approx(ours["train_loss"][0], rel=0.05)

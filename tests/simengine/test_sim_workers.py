@@ -1,0 +1,215 @@
+"""Worker processes: same results as one lane, sticky client state, big messages, crashes."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import tiny_task
+from fedveil.client.runtime import ClientRuntime
+from fedveil.config import load_config
+from fedveil.envelope import Envelope
+from fedveil.server.rounds import RoundEngine
+from fedveil.server.transport import ClientFailure
+from fedveil.simulations.inprocess import InProcessTransport
+from fedveil.simulations.shm import Arena, Packer, take
+from fedveil.simulations.workers import WorkerPool
+
+
+def tiny_config(**extra):
+    overrides = {
+        "model.task": "tiny_task:make",
+        "data.num_clients": 12,
+        "server.per_round": 9,
+        "server.rounds": 3,
+        "client.momentum": 0.5,
+        "client.weight_decay": 0.01,
+    }
+    overrides.update(extra)
+    return load_config(None, overrides)
+
+
+def final_weights(cfg, workers: int) -> torch.Tensor:
+    task = tiny_task.make(cfg)
+    with InProcessTransport(task, workers=workers) as transport:
+        engine = RoundEngine(cfg, task, transport)
+        engine.run()
+    return engine.weights
+
+
+def test_workers_give_bit_identical_models_to_one_lane():
+    cfg = tiny_config()
+    one = final_weights(cfg, 1)
+    assert torch.equal(one, final_weights(cfg, 2))
+    assert torch.equal(one, final_weights(cfg, 3))
+    assert not torch.equal(one, RoundEngine(cfg, tiny_task.make(cfg), _NoClients()).weights)
+
+
+class _NoClients:
+    def client_ids(self):
+        return range(12)
+
+    def exchange(self, requests, timeout_s):
+        return {}
+
+    def close(self):
+        return None
+
+
+def test_this_process_leaves_the_cores_to_the_workers_until_the_pool_closes():
+    before = torch.get_num_threads()
+    task = tiny_task.make(tiny_config())
+    with InProcessTransport(task, workers=2) as transport:
+        assert transport.workers == 2
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+def _stateful_handle(self, client_id, msg, state):
+    """A stand-in for a multi-stage protocol (secure aggregation's client is one)."""
+    if msg.kind != "stage":
+        return _real_handle(self, client_id, msg, state)
+    state["calls"] = state.get("calls", 0) + 1
+    blob = bytes([client_id % 256]) * int(msg.config["blob"])
+    return Envelope(
+        "stage",
+        msg.round,
+        {"calls": state["calls"], "pid": os.getpid(), "blob": blob},
+        {"echo": msg.arrays["payload"] * 2, "ids": np.arange(client_id, dtype=np.int64)},
+    )
+
+
+_real_handle = ClientRuntime.handle
+
+
+def test_client_state_follows_the_client_within_a_round_and_not_beyond(monkeypatch):
+    monkeypatch.setattr(ClientRuntime, "handle", _stateful_handle)  # before the fork
+    task = tiny_task.make(tiny_config())
+    pool = WorkerPool(task, 2)
+    try:
+        payload = torch.arange(1000, dtype=torch.float32)
+        # 200 kB of config per message each way: more than a pipe buffer holds.
+        msg = Envelope("stage", 1, {"blob": 200_000}, {"payload": payload})
+        first = pool.run([[(c, msg)] for c in range(12)])
+        second = pool.run([[(c, msg)] for c in range(12)])
+        nxt = pool.run(
+            [[(c, Envelope("stage", 2, {"blob": 10}, {"payload": payload}))] for c in range(12)]
+        )
+    finally:
+        pool.close()
+    pids = {first[c].config["pid"] for c in range(12)}
+    assert len(pids) == 2, "both workers took part"
+    for c in range(12):
+        assert first[c].config["calls"] == 1
+        assert second[c].config["calls"] == 2, "the second stage found the first stage's state"
+        assert second[c].config["pid"] == first[c].config["pid"]
+        assert nxt[c].config["calls"] == 1, "state does not outlive its round"
+        assert first[c].config["blob"] == bytes([c]) * 200_000
+        assert torch.equal(first[c].arrays["echo"], payload * 2)
+        assert np.array_equal(first[c].arrays["ids"], np.arange(c))
+
+
+def test_a_crashed_worker_fails_its_clients_and_is_replaced(tmp_path):
+    cfg = tiny_config(**{"server.per_round": 12})
+    task = tiny_task.make(cfg)
+    honest = task.client_data
+    flag = tmp_path / "crashed"
+
+    def crash_once(cid):
+        if cid == 7 and not flag.exists():
+            flag.write_text("x")
+            os._exit(3)
+        return honest(cid)
+
+    task.client_data = crash_once
+    with InProcessTransport(task, workers=2) as transport:
+        engine = RoundEngine(cfg, task, transport)
+        request = engine.train_request(1)
+        replies = transport.exchange({c: request for c in range(12)}, None)
+        failed = {c: r for c, r in replies.items() if isinstance(r, ClientFailure)}
+        assert 7 in failed and "died (exit code 3)" in failed[7].reason
+        assert len(failed) < 12, "the other worker's clients were unaffected"
+        again = transport.exchange({c: engine.train_request(2) for c in range(12)}, None)
+        assert not any(isinstance(r, ClientFailure) for r in again.values())
+
+
+def test_spawned_workers_need_a_task_factory():
+    task = tiny_task.make(tiny_config())
+    with pytest.raises(ValueError, match=r"simulation\.workers = 2 with 3 torch threads"):
+        WorkerPool(task, 2, threads=3)
+
+
+@pytest.mark.slow
+def test_spawned_workers_with_several_threads_match_one_lane():
+    cfg = tiny_config()
+    task = tiny_task.make(cfg)
+    with InProcessTransport(task, workers=1) as lane:
+        want = lane.exchange({c: _request(cfg, task) for c in range(6)}, None)
+    pool = WorkerPool(task, 2, threads=2, task_factory=_TinyFactory(cfg))
+    try:
+        assert pool.method == "spawn"
+        got = pool.run([[(c, _request(cfg, task))] for c in range(6)])
+    finally:
+        pool.close()
+    for c in range(6):
+        assert torch.equal(got[c].arrays["delta"], want[c].arrays["delta"])
+
+
+class _TinyFactory:
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def __call__(self):
+        return tiny_task.make(self.cfg)
+
+
+def _request(cfg, task):
+    return RoundEngine(cfg, task, _NoClients()).train_request(1)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        torch.randn(3, 5),
+        torch.arange(10, dtype=torch.int64),
+        torch.tensor([True, False, True]),
+        torch.tensor(2.5),
+        torch.empty(0, 4),
+        np.arange(7, dtype=np.uint8),
+        np.array([[1.5, -2.0]], dtype=np.float64),
+        np.zeros((0,), dtype=np.int32),
+    ],
+    ids=lambda v: f"{type(v).__name__}-{v.dtype}-{tuple(v.shape)}",
+)
+def test_arrays_round_trip_through_an_arena(value):
+    arena = Arena.create("test", size=64)
+    try:
+        packer = Packer(arena)
+        packer.put(torch.ones(100))  # something before it, so offsets are exercised
+        ref = packer.put(value)
+        back = take(arena, ref)
+    finally:
+        arena.close()
+    assert type(back) is type(value)
+    assert back.dtype == value.dtype and tuple(back.shape) == tuple(value.shape)
+    if isinstance(value, torch.Tensor):
+        assert torch.equal(back, value)
+    else:
+        assert np.array_equal(back, value)
+
+
+def test_arena_grows_and_readers_remap():
+    writer = Arena.create("grow", size=64)
+    reader = Arena.attach(writer.owner, inherited=False)  # through /proc, like a spawned worker
+    try:
+        small = Packer(writer).put(torch.ones(4))
+        assert torch.equal(take(reader, small), torch.ones(4))
+        big = Packer(writer).put(torch.arange(1 << 18, dtype=torch.float32))
+        assert writer.size() >= (1 << 20)
+        assert torch.equal(take(reader, big), torch.arange(1 << 18, dtype=torch.float32))
+    finally:
+        reader.close()
+        writer.close()
