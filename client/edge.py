@@ -23,6 +23,7 @@ import logging
 import os
 import secrets
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from .flower_deploy import CLIENTAPP_REF, FAB_ID, EdgeClient, answer
 log = logging.getLogger("fedveil.edge")
 
 ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
+HEARTBEAT_S = 10.0  # a claimed task's heartbeat (Flower expires tasks silent for much longer)
 
 
 @dataclass
@@ -158,11 +160,10 @@ class EdgeNode:
             )
         else:
             interceptors.append(RuntimeTokenHttpInterceptor(token))
-        return RuntimeHttpClient.from_server_address(
-            server_address=f"127.0.0.1:{self.port}",
-            insecure=True,  # loopback only; claims are HMAC-signed, tasks token-bound
-            root_certificates=None,
-            interceptors=interceptors,
+        # Plain HTTP on loopback only: claims are HMAC-signed, tasks token-bound. A short
+        # timeout keeps a stop request from waiting on a SuperNode that is going away.
+        return RuntimeHttpClient(
+            f"http://127.0.0.1:{self.port}", interceptors=interceptors, verify=False, timeout=10.0
         )
 
     def _acquire(self, client: Any) -> tuple[str, Any] | None:
@@ -179,7 +180,6 @@ class EdgeNode:
         from flwr.common.config import get_fab_config
         from flwr.common.constant import SubStatus
         from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest
-        from flwr.supercore.heartbeat import HeartbeatSender
         from flwr.supernode.runtime.run_clientapp import (
             pull_task_input,
             push_message,
@@ -188,14 +188,18 @@ class EdgeNode:
 
         client = self._runtime_client(token)
 
-        def heartbeat() -> bool:
-            try:
-                return bool(client.SendTaskHeartbeat(SendTaskHeartbeatRequest()).success)
-            except httpx.HTTPError:
-                return False
+        # The task stays claimed while its heartbeat runs. Our own daemon thread rather
+        # than Flower's sender: that one joins on stop and signals SIGINT on failure.
+        done = threading.Event()
 
-        beat = HeartbeatSender(heartbeat)
-        beat.start()
+        def heartbeat() -> None:
+            while not done.wait(HEARTBEAT_S):
+                try:
+                    client.SendTaskHeartbeat(SendTaskHeartbeatRequest())
+                except httpx.HTTPError as exc:
+                    log.debug("task heartbeat failed: %s", exc)
+
+        threading.Thread(target=heartbeat, name="task-heartbeat", daemon=True).start()
         context = None
         try:
             message, context, run, fab = pull_task_input(client)
@@ -216,8 +220,7 @@ class EdgeNode:
             log.warning("task abandoned: %s: %s", type(exc).__name__, exc)
             push_task_output(client, context, SubStatus.FAILED, f"{type(exc).__name__}: {exc}")
         finally:
-            if beat.is_running:
-                beat.stop()
+            done.set()
             client.close()
 
     # -- the loop ------------------------------------------------------------
@@ -278,7 +281,7 @@ class EdgeNode:
             if acquire_client is not None:
                 acquire_client.close()
             if self.proc is not None:
-                stop_group(self.proc, timeout=10)
+                stop_group(self.proc, timeout=5)
             if self._log_file is not None:
                 self._log_file.close()
             log.info("client %d stopped after %d tasks", self.opts.client_id, self.tasks_done)

@@ -421,8 +421,15 @@ def test_sigterm_stops_devices_and_coordinator_cleanly(deployment):
     for _, proc in devices:
         os.kill(proc.pid, signal.SIGTERM)
     for cid, proc in devices:  # each leaves the federation and stops its SuperNode
-        assert proc.wait(120) == 0, cid
-        assert "stopped after" in (dep.root / f"client-{cid}.log").read_text()
+        log = dep.root / f"client-{cid}.log"
+        try:
+            code = proc.wait(120)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGUSR1)  # the device dumps its threads into its log
+            time.sleep(2)
+            pytest.fail(f"client {cid} ignored SIGTERM for 120 s:\n{log.read_text()[-6000:]}")
+        assert code == 0, cid
+        assert "stopped after" in log.read_text()
     dep.clients.clear()
     superlink = int((dep.state / "superlink.pid").read_text())
     proc = dep.server
