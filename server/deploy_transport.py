@@ -69,14 +69,19 @@ class DeployTransport:
             if node not in online:
                 log.info("client %d (node %d) went offline", cid, node)
                 del self.node_of[cid]
+        now = time.monotonic()
         if self._hello_pending:
             replies = self.grid.pull_messages(list(self._hello_pending))
             for reply in replies:
                 node = self._hello_pending.pop(reply.metadata.reply_to_message_id, None)
                 if node is not None:
                     self._accept_hello(node, reply)
+            # A hello can be lost (the device restarted its SuperNode, or was busy with a
+            # run the coordinator forgot in a crash): unanswered ones are sent again.
+            for msg_id, node in list(self._hello_pending.items()):
+                if now - self._hello_sent.get(node, now) >= HELLO_RETRY_S:
+                    del self._hello_pending[msg_id]
         known = set(self.node_of.values()) | set(self._hello_pending.values())
-        now = time.monotonic()
         fresh = [
             n
             for n in sorted(online - known)

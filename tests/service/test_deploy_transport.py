@@ -130,3 +130,23 @@ def test_error_replies_become_failures():
     t.wait_for(1, timeout_s=2)
     replies = t.exchange({0: Envelope("train", 1, {})}, timeout_s=1)
     assert isinstance(replies[0], ClientFailure) and "local policy" in replies[0].reason
+
+
+def test_a_lost_hello_is_sent_again(monkeypatch):
+    import fedveil.server.deploy_transport as module
+
+    monkeypatch.setattr(module, "HELLO_RETRY_S", 0.05)
+    hellos = []
+
+    def forgetful(env: Envelope) -> Envelope | Error | None:
+        if env.kind == "hello":
+            hellos.append(env)
+            if len(hellos) == 1:
+                return None  # the first hello is lost (e.g. the device restarted)
+        return client(0)(env)
+
+    grid = ScriptedGrid({101: forgetful})
+    t = transport(grid)
+    assert t.refresh() == 0
+    assert t.wait_for(1, 5.0) == 1
+    assert t.connected() == [0] and len(hellos) == 2
