@@ -206,7 +206,25 @@ allowed_tasks = ["deploy_task:make", "tiny_task:make"]
                 raise AssertionError(f"run {rid} {run['status']}: {run.get('error')}")
             return run if run["status"] == status else None
 
-        return wait_for(check, timeout, f"run {rid} to be {status}")
+        try:
+            return wait_for(check, timeout, f"run {rid} to be {status}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnostics()}") from None
+
+    def diagnostics(self, tail: int = 1500) -> str:
+        """The end of the coordinator's and every device's logs, for a failure message."""
+        paths = [self.root / "server.log"]
+        for cid in sorted(self.clients):
+            paths += [
+                self.root / f"client-{cid}.log",
+                self.root / f"client-{cid}" / "supernode.log",
+            ]
+        parts = []
+        for path in paths:
+            with contextlib.suppress(OSError):
+                text = path.read_text(errors="replace")[-tail:]
+                parts.append(f"--- {path.relative_to(self.root)} (end) ---\n{text}")
+        return "\n".join(parts)
 
     def wait_rounds(self, rid: str, rounds: int, timeout: float) -> dict[str, Any]:
         return wait_for(
