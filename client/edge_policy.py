@@ -1,9 +1,9 @@
 """What a device will do, whatever the server asks: set on the device, never by the server.
 
 Training is asked for by a `train` message (the update goes back in the
-clear) or by the first stage of secure aggregation, `secagg.advertise` (the
-update only ever leaves this device masked). Either is checked, and capped,
-before any training:
+clear) or by the masked-input stage of secure aggregation,
+`secagg.masked_input` (the update only ever leaves this device masked).
+Either is checked, and capped, before any training:
 - require_secagg: refuse `train`; train only under secure aggregation.
 - max_clip_norm: refuse to send an update that is not clipped to L2 norm
   <= this bound (`clip_norm` in the request, as DP rounds ask), so this
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from fedveil.envelope import Envelope, MessageError
 
-TRAINING_KINDS = ("train", "secagg.advertise")
+TRAINING_KINDS = ("train", "secagg.masked_input")
 
 
 class PolicyRefusal(MessageError):

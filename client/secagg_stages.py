@@ -1,11 +1,12 @@
 """The client's half of secure aggregation, over Envelopes.
 
-The first stage ("secagg.advertise") carries the training request: the client
-trains, encodes its update into Z_(2^b) (quantized with its weight, or Skellam
-distributed-DP noise shares), keeps that vector and its protocol state in the
-runtime's state dict, and answers with its public keys. Later stages restore
-the SecAggClient from that state; the masked vector leaves the client only
-masked.
+The first stage ("secagg.advertise") starts a session: the client makes its
+keys, keeps its protocol state in the runtime's state dict and answers with
+its public keys; later stages restore the SecAggClient from that state. The
+masked-input stage ("secagg.masked_input") carries the training request: the
+client trains, encodes its update into Z_(2^b) (quantized with its weight, or
+Skellam distributed-DP noise shares) and sends it masked in the same reply,
+so the plain vector is never stored between messages.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from fedveil.privacy.dp import SkellamEncoder, SkellamParams
 from fedveil.privacy.secagg import Quantizer, SecAggClient, SecAggError, decode_message
 
 SA = "sa."  # protocol fields inside an Envelope
-ENC = "enc."  # encoding parameters (advertise stage only)
+ENC = "enc."  # encoding parameters (masked-input stage only)
 STATE = "sa.state."
-INPUT = "sa.input"
 STAGES = ("advertise", "share_keys", "masked_input", "consistency", "unmask")
+TRAINING_STAGE = "masked_input"  # the stage whose request is also a training request
 KINDS = [f"secagg.{stage}" for stage in STAGES]
 
 # Extra coordinates carried masked with the update, each scaled into [0, r].
@@ -84,20 +85,20 @@ def handle_secagg(
         if stage == "advertise":
             for key in [k for k in state if k.startswith(SA)]:
                 del state[key]  # a new round: nothing of the last one survives
-            reply, delta = train(client_id, msg)
-            state[INPUT] = encode_update(msg, reply, delta)
             client = SecAggClient(client_id, request.session)
         else:
             saved = {k[len(STATE) :]: v for k, v in state.items() if k.startswith(STATE)}
             if not saved:
                 raise MessageError(f"{msg.kind}: no secure-aggregation session in progress")
             client = SecAggClient.from_state(saved)
-        vector = state.get(INPUT) if stage == "masked_input" else None
+        vector = None
+        if stage == TRAINING_STAGE:
+            client.check_masked_input(request)  # a stale or foreign request costs no training
+            reply, delta = train(client_id, msg)
+            vector = encode_update(msg, reply, delta)
         answer = client.respond(request, vector=vector)
     except SecAggError as exc:
         raise MessageError(f"{msg.kind}: {exc}") from None
     for key, value in client.to_state().items():
         state[STATE + key] = value
-    if stage == "masked_input":
-        state.pop(INPUT, None)  # the plain vector is not kept once it has left masked
     return wrap(msg.kind, msg.round, answer)

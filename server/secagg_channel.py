@@ -2,7 +2,9 @@
 
 The round's exchanges are the protocol's stages (advertise keys, share keys,
 masked input, [consistency], unmask), each one `Transport.exchange`. The
-training request rides on the first stage. A client that fails, times out or
+training request rides on the masked-input stage, so the plain update never
+waits in a client's state between exchanges (Flower moves a node's state
+with every message). A client that fails, times out or
 sends a message the protocol rejects is a dropped client; fewer than t
 survivors abort the round (nothing is released) and the next round proceeds.
 """
@@ -19,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from fedveil.client.secagg_stages import ENC, LOSS_CAP, protocol_part, wrap
+from fedveil.client.secagg_stages import ENC, LOSS_CAP, TRAINING_STAGE, protocol_part, wrap
 from fedveil.config import SecAggSection
 from fedveil.envelope import Envelope
 from fedveil.privacy.dp import SkellamEncoder, SkellamParams
@@ -163,8 +165,7 @@ class SecAggChannel:
         timeout_s: float | None,
     ) -> Aggregate | None:
         cohort = sorted(requests)
-        train = requests[cohort[0]]
-        round_num = train.round
+        round_num = requests[cohort[0]].round
         dropped: dict[int, str] = {}
         if len(cohort) < 2:
             log.warning(
@@ -181,17 +182,15 @@ class SecAggChannel:
         server = SecAggServer(session)
         try:
             stage_requests = server.next_requests()
-            first = True
             while stage_requests is not None:
                 out: dict[int, Envelope] = {}
                 for cid, req in stage_requests.items():
                     env = wrap(f"secagg.{req.STAGE.value}", round_num, req)
-                    if first:
-                        env.config.update(train.config)
+                    if req.STAGE.value == TRAINING_STAGE:
+                        env.config.update(requests[cid].config)
                         env.config.update(enc_config)
-                        env.arrays.update(train.arrays)
+                        env.arrays.update(requests[cid].arrays)
                     out[cid] = env
-                first = False
                 replies = transport.exchange(out, timeout_s)
                 for cid in sorted(out):
                     reply = replies.get(cid, ClientFailure(cid, "no reply"))

@@ -236,9 +236,7 @@ class DroppingTransport:
         self, requests: Mapping[int, Envelope], timeout_s: float | None
     ) -> dict[int, Envelope | ClientFailure]:
         failing = {c for c, m in requests.items() if c in self.dropped and m.kind in self.kinds}
-        out = self.base.exchange(
-            {c: m for c, m in requests.items() if c not in failing}, timeout_s
-        )
+        out = self.base.exchange({c: m for c, m in requests.items() if c not in failing}, timeout_s)
         for c in failing:
             out[c] = ClientFailure(c, f"{DROP_MARKER} client {c} drops at {requests[c].kind}")
         return out

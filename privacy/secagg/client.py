@@ -200,6 +200,17 @@ class SecAggClient:
             ciphertexts=tuple(ciphertexts),
         )
 
+    def check_masked_input(self, request: MaskedInputRequest) -> None:
+        """The checks `masked_input` makes before it needs the vector (nothing changes).
+
+        The input is computed (trained) on receipt of this request: a request the
+        session would refuse is refused before that work, not after.
+        """
+        self._expect(ClientStage.SHARED, "masked_input")
+        if not isinstance(request, MaskedInputRequest):
+            raise SecAggProtocolError(f"{type(request).__name__} is not a masked_input request")
+        self._accept(request)
+
     def masked_input(self, request: MaskedInputRequest, vector: np.ndarray) -> MaskedInput:
         """Store the neighbours' shares and return vector + self mask ± pairwise masks mod 2^b."""
         self._expect(ClientStage.SHARED, "masked_input")

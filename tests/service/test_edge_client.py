@@ -99,13 +99,13 @@ def test_policy_caps_and_refusals(tmp_path):
     secagg = EdgeClient(data, 1, LocalPolicy(require_secagg=True))
     with pytest.raises(PolicyRefusal, match="secure aggregation"):
         secagg.handle(1, run_config(), train_request())
-    # Under secure aggregation, training rides on the first protocol stage: allowed,
+    # Under secure aggregation, training rides on the masked-input stage: allowed,
     # and capped like any training request.
     plain = train_request(local_steps=40)
-    advertise = Envelope("secagg.advertise", 1, plain.config, plain.arrays)
+    masked_input = Envelope("secagg.masked_input", 1, plain.config, plain.arrays)
     both = LocalPolicy(require_secagg=True, max_local_steps=3)
-    masked, capped = both.apply(advertise, 100, None)
-    assert capped and masked.kind == "secagg.advertise" and masked.config["local_steps"] == 3
+    masked, capped = both.apply(masked_input, 100, None)
+    assert capped and masked.kind == "secagg.masked_input" and masked.config["local_steps"] == 3
     clip = EdgeClient(data, 1, LocalPolicy(max_clip_norm=1.0))
     for unbounded in (train_request(), train_request(clip_norm=5.0)):
         with pytest.raises(PolicyRefusal, match="clipped"):
