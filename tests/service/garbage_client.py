@@ -1,5 +1,6 @@
 """A misbehaving device for the deployment tests: a real SuperNode and worker whose
-training replies are garbage (NaN update, wrong size, absurd example count, by round).
+training replies are garbage (NaN update, wrong size, absurd example count, by round;
+under secure aggregation a masked vector of the wrong length or out of range).
 
 Usage: python garbage_client.py SERVER CLIENT_ID STATE_DIR CA KEY
 """
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedveil.client.edge import EdgeNode, EdgeOptions
@@ -22,6 +24,13 @@ from fedveil.envelope import Envelope
 class GarbageClient(EdgeClient):
     def handle(self, run_id: int, run_config: Mapping[str, Any], request: Envelope) -> Envelope:
         reply = super().handle(run_id, run_config, request)
+        if request.kind == "secagg.masked_input":  # under secure aggregation
+            vector = np.asarray(reply.arrays["sa.masked_vector"])
+            if request.round % 2:
+                reply.arrays["sa.masked_vector"] = vector[:-7]  # wrong length
+            else:
+                reply.arrays["sa.masked_vector"] = np.full_like(vector, np.iinfo(vector.dtype).max)
+            return reply
         if request.kind != "train":
             return reply
         delta = torch.as_tensor(reply.arrays["delta"])

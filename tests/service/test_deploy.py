@@ -332,10 +332,13 @@ def test_coordinator_killed_mid_run_resumes_and_finishes(deployment, tmp_path):
     assert refused.returncode == 1 and "HTTP 403" in refused.stderr
 
 
-def test_dropout_and_garbage_do_not_stop_a_round(deployment):
+@pytest.mark.parametrize("secagg", [False, True], ids=["plain", "secagg"])
+def test_dropout_and_garbage_do_not_stop_a_round(deployment, secagg):
     dep = deployment
     # Client 5 answers with garbage; client 6 has so much local data that its training
-    # is still running when it is SIGKILLed in round 1.
+    # is still running when it is SIGKILLed in round 1. Under secure aggregation both
+    # drop at the masked-input stage, after sharing their keys: the round completes
+    # through dropout recovery.
     garbage = [
         sys.executable,
         str(SERVICE_TESTS / "garbage_client.py"),
@@ -356,21 +359,30 @@ def test_dropout_and_garbage_do_not_stop_a_round(deployment):
         seed=5,
         name="dropout",
         extra="round_timeout = 10.0\nmin_clients = 3",
+        tables="[secagg]\nenabled = true\n" if secagg else "",
     )
-    rid = dep.submit(toml)
     received = dep.root / "client-6" / "supernode.log"
-    wait_for(lambda: "Receiving: train" in received.read_text(), 60, "client 6 to get round 1")
+    training = "Receiving: train.secagg_masked_input" if secagg else "Receiving: train.train "
+    before = received.read_text().count(training)
+    rid = dep.submit(toml)
+    wait_for(
+        lambda: received.read_text().count(training) > before, 90, "client 6 to train in round 1"
+    )
     time.sleep(0.5)
     dep.kill_client(6)  # SIGKILL in the middle of its local training
-    run = dep.wait_status(rid, "completed", timeout=90)
+    run = dep.wait_status(rid, "completed", timeout=120)
     rounds = dep.rounds(rid)
     assert [r["round"] for r in rounds] == [1, 2]
     for r in rounds:  # both rounds go on with the five honest clients
         assert r["applied"] and r["cohort_aggregated"] == 5 and r["dropped"] == 2, r
     assert run["summary"]["dropped_total"] == 4
     log = (dep.state / "runs" / rid / "server.log").read_text()
-    assert "client 5 dropped" in log and "NaN" in log
     assert "client 6 dropped: no reply before the deadline" in log
+    if secagg:
+        assert "client 5 dropped: " in log and "masked_vector" in log, log[-3000:]
+        assert "aborted" not in log
+    else:
+        assert "client 5 dropped" in log and "NaN" in log
     dep.kill_client(5)
 
 
