@@ -125,7 +125,7 @@ class EvalConfig:
     client_holdout: float = spec(
         0.0, lo=0.0, hi=0.9, help="share of each client's data kept for federated evaluation"
     )
-    batch_size: int = spec(1024, lo=1, hi=1_000_000, help="evaluation batch size")
+    batch_size: int = spec(256, lo=1, hi=1_000_000, help="evaluation batch size")
 
 
 @dataclass

@@ -29,6 +29,8 @@ from fedveil.envelope import Envelope
 from fedveil.server.transport import ClientFailure, Transport
 
 if TYPE_CHECKING:
+    import torch
+
     from fedveil.config import RunConfig
 
 # Tags that separate the independent random streams (any distinct constants).
@@ -213,6 +215,13 @@ class AvailabilityTransport:
         if live:
             out.update(self.inner.exchange(live, timeout_s))
         return out
+
+    def evaluate_central(
+        self, weights: torch.Tensor, round_num: int, batch_size: int
+    ) -> tuple[float, float, int] | None:
+        """The server's own evaluation is no client's: the availability model does not apply."""
+        inner = getattr(self.inner, "evaluate_central", None)
+        return inner(weights, round_num, batch_size) if inner is not None else None
 
     def _start_round(self, round_num: int) -> None:
         self._round = round_num

@@ -15,15 +15,18 @@ unchanged, and a client's result depends only on (seed, round, client).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from fedveil.envelope import Envelope
+from fedveil.evaluation import summarize
 from fedveil.server.transport import ClientFailure
 from fedveil.tasks import Task
 
-from .lane import ClientLane, plan_units
+from .lane import CENTRAL_EVAL, ClientLane, plan_units
 from .workers import WorkerPool, cpu_cores, keep_freed_memory
 
 # on_progress(done, total): clients finished so far in the current exchange.
@@ -109,6 +112,40 @@ class InProcessTransport:
         return {
             cid: ClientFailure(cid, r) if isinstance(r, str) else r for cid, r in results.items()
         }
+
+    def evaluate_central(
+        self, weights: torch.Tensor, round_num: int, batch_size: int
+    ) -> tuple[float, float, int] | None:
+        """(mean loss, accuracy, examples) on the task's test set, split across the workers.
+
+        The workers are idle between exchanges; one thread each on a slice beats this
+        process evaluating alone. None with a single lane: the caller evaluates.
+        """
+        if self.pool is None or self.task.test_data is None:
+            return None
+        total = int(self.task.test_data[0].shape[0])
+        # Slices on batch boundaries: every batch is the one a single process would
+        # evaluate, and summarize() sums exactly, so the result is the same bit for bit.
+        batches = -(-total // batch_size)
+        parts = min(self.pool.size, batches)
+        bounds = [min(total, batches * i // parts * batch_size) for i in range(parts + 1)]
+        units = [
+            # Negative ids: never a client's, so no client's worker affinity changes.
+            [(-1 - i, Envelope(CENTRAL_EVAL, round_num, config, {"model": weights}))]
+            for i, config in enumerate(
+                {"start": a, "stop": b, "batch_size": batch_size}
+                for a, b in itertools.pairwise(bounds)
+            )
+        ]
+        results = self.pool.run(units)
+        losses: list[float] = []
+        correct = 0
+        for reply in results.values():
+            if not isinstance(reply, Envelope):
+                raise RuntimeError(f"central evaluation failed in a worker: {reply}")
+            losses.extend(float(v) for v in np.asarray(reply.arrays["losses"]))
+            correct += int(reply.config["correct"])
+        return summarize(losses, correct, total)
 
     def close(self) -> None:
         if self.pool is not None:

@@ -23,6 +23,7 @@ import torch
 from fedveil.client.runtime import TRAIN_FIELDS, ClientRuntime, client_generator, parse_training
 from fedveil.client.training import LocalResult, LocalTraining, LossFn, train_local
 from fedveil.envelope import Envelope
+from fedveil.evaluation import evaluate_batches
 from fedveil.params import FlatModel
 from fedveil.tasks import ClientData, PartitionedData, Task
 
@@ -31,6 +32,8 @@ from .batched import BatchedTrainer
 log = logging.getLogger("fedveil.inprocess")
 
 Unit = list[tuple[int, Envelope]]
+# The server's own evaluation of a slice of the test set, run by a worker between rounds.
+CENTRAL_EVAL = "server.evaluate"
 # A training request may be batched only when the trainer knows every field in it: a
 # field added later (DP-SGD settings, say) sends it through the ClientRuntime's own path.
 BATCHABLE_FIELDS = frozenset(name for name, _ in TRAIN_FIELDS) | {"seed"}
@@ -118,9 +121,31 @@ class ClientLane:
 
     def run_unit(self, unit: Unit) -> list[tuple[int, Envelope | str]]:
         """Replies for a unit's clients, in order (training several at once when it can)."""
+        if unit and unit[0][1].kind == CENTRAL_EVAL:
+            return [(cid, self._central_eval(msg)) for cid, msg in unit]
         if len(unit) > 1 and self.batcher is not None:
             self._train_unit(unit)
         return [(cid, self.handle(cid, msg)) for cid, msg in unit]
+
+    def _central_eval(self, msg: Envelope) -> Envelope | str:
+        """Per-batch loss sums and the correct count of the model on test examples
+        [start, stop) (a multiple of the batch size from the start of the test set)."""
+        if self.task.test_data is None:
+            return "the task has no test set"
+        start, stop = msg.get("start", int), msg.get("stop", int)
+        x, y = self.task.test_data
+        weights = msg.tensor("model", numel=self.runtime.model.size)
+        losses, correct = evaluate_batches(
+            self.runtime.model,
+            weights,
+            x[start:stop],
+            y[start:stop],
+            self.task.loss_fn,
+            msg.get("batch_size", int),
+        )
+        return Envelope(
+            CENTRAL_EVAL, msg.round, {"correct": correct}, {"losses": np.asarray(losses)}
+        )
 
     def handle(self, cid: int, msg: Envelope) -> Envelope | str:
         """The client's reply, or why it failed (a failing client never stops the lane)."""

@@ -12,6 +12,7 @@ import tiny_task
 from fedveil.client.runtime import ClientRuntime
 from fedveil.config import load_config
 from fedveil.envelope import Envelope
+from fedveil.evaluation import evaluate
 from fedveil.server.rounds import RoundEngine
 from fedveil.server.transport import ClientFailure
 from fedveil.simulations.inprocess import InProcessTransport
@@ -46,6 +47,25 @@ def test_workers_give_bit_identical_models_to_one_lane():
     assert torch.equal(one, final_weights(cfg, 2))
     assert torch.equal(one, final_weights(cfg, 3))
     assert not torch.equal(one, RoundEngine(cfg, tiny_task.make(cfg), _NoClients()).weights)
+
+
+def test_workers_evaluate_the_test_set_like_this_process():
+    cfg = tiny_config()
+    task = tiny_task.make(cfg)
+    local = RoundEngine(cfg, task, _NoClients())
+    x, y = task.test_data
+    weights = local.weights + 0.3 * torch.randn(
+        local.weights.shape, generator=torch.Generator().manual_seed(1)
+    )
+    want = evaluate(local.model, weights, x, y, task.loss_fn, 7)
+    with InProcessTransport(task, workers=3) as transport:
+        got = transport.evaluate_central(weights, 1, 7)
+        assert got == want and want[2] == len(y)  # bit for bit, whoever evaluated what
+        engine = RoundEngine(cfg, task, transport)
+        engine.run()  # every round's test accuracy comes from the workers
+        assert all(r.test_accuracy is not None for r in engine.history)
+    with InProcessTransport(task, workers=1) as transport:
+        assert transport.evaluate_central(weights, 1, 7) is None  # one lane: the engine does it
 
 
 class _NoClients:
