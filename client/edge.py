@@ -39,6 +39,10 @@ log = logging.getLogger("fedveil.edge")
 
 ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
 HEARTBEAT_S = 10.0  # a claimed task's heartbeat (Flower expires tasks silent for much longer)
+# The SuperNode holds a task's objects locally before it offers the task, so a pull that has
+# not finished in this time never will (e.g. the run was stopped meanwhile). Flower's own
+# limit is two hours, during which the device would serve nobody and could not stop.
+TASK_PULL_S = 30.0
 
 
 @dataclass
@@ -180,11 +184,7 @@ class EdgeNode:
         from flwr.common.config import get_fab_config
         from flwr.common.constant import SubStatus
         from flwr.proto.runtime_pb2 import SendTaskHeartbeatRequest
-        from flwr.supernode.runtime.run_clientapp import (
-            pull_task_input,
-            push_message,
-            push_task_output,
-        )
+        from flwr.supernode.runtime.run_clientapp import push_message, push_task_output
 
         client = self._runtime_client(token)
 
@@ -202,7 +202,7 @@ class EdgeNode:
         threading.Thread(target=heartbeat, name="task-heartbeat", daemon=True).start()
         context = None
         try:
-            message, context, run, fab = pull_task_input(client)
+            message, context, run, fab = pull_task_input(client, TASK_PULL_S)
             try:
                 components = get_fab_config(fab.content)["tool"]["flwr"]["app"]["components"]
                 ours = run.fab_id == FAB_ID and components.get("clientapp") == CLIENTAPP_REF
@@ -286,3 +286,43 @@ class EdgeNode:
                 self._log_file.close()
             log.info("client %d stopped after %d tasks", self.opts.client_id, self.tasks_done)
         return 0
+
+
+def pull_task_input(client: Any, max_time: float) -> tuple[Any, Any, Any, Any]:
+    """Flower's `pull_task_input`, with a bound on the time spent pulling the message."""
+    from flwr.app import Message
+    from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
+    from flwr.proto.node_pb2 import Node
+    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest
+    from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+        make_confirm_message_received_fn_protobuf,
+        make_pull_object_fn_protobuf,
+    )
+    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
+    from flwr.supercore.task_identity import TaskIdentity
+
+    res = client.PullTaskInput(PullTaskInputRequest())
+    TaskIdentity.task_id = res.task_id
+    TaskIdentity.run_id = res.run.run_id
+    TaskIdentity.node_id = res.context.node_id
+    context = context_from_proto(res.context)
+    run = run_from_proto(res.run)
+    fab = fab_from_proto(res.fab)
+    pulled = client.PullMessages(PullAppMessagesRequest())
+    if not pulled.messages_list:
+        raise RuntimeError("the SuperNode offered a task without a message")
+    node = Node(node_id=context.node_id)
+    tree = pulled.message_object_trees[0]
+    message = pull_and_inflate_object_from_tree(
+        tree,
+        make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
+        make_confirm_message_received_fn_protobuf(
+            client.ConfirmMessageReceived, node, context.run_id
+        ),
+        return_type=Message,
+        max_time=max_time,
+        backoff_cap=2.0,
+    )
+    # A deflated message does not carry its own id (its object id).
+    message.metadata.__dict__["_message_id"] = tree.object_id
+    return message, context, run, fab
