@@ -25,6 +25,7 @@ import secrets
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,15 @@ log = logging.getLogger("fedveil.edge")
 
 ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
 HEARTBEAT_S = 10.0  # a claimed task's heartbeat (Flower expires tasks silent for much longer)
-# The SuperNode holds a task's objects locally before it offers the task, so a pull that has
-# not finished in this time never will (e.g. the run was stopped meanwhile). Flower's own
-# limit is two hours, during which the device would serve nobody and could not stop.
-TASK_PULL_S = 30.0
+# The SuperNode offers a task while it is still downloading the message's objects, and it
+# never completes one whose run stopped meanwhile. Flower's own pull waits up to two hours
+# for them, during which the device serves nobody and cannot stop; ours gives up when no
+# object has arrived for this long (a slow link still makes progress) or on a stop request.
+TASK_PULL_STALL_S = 60.0
+
+
+class TaskPullAbandoned(RuntimeError):
+    """The message of a claimed task cannot be pulled (stalled, or the device is stopping)."""
 
 
 @dataclass
@@ -202,7 +208,9 @@ class EdgeNode:
         threading.Thread(target=heartbeat, name="task-heartbeat", daemon=True).start()
         context = None
         try:
-            message, context, run, fab = pull_task_input(client, TASK_PULL_S)
+            message, context, run, fab = pull_task_input(
+                client, TASK_PULL_STALL_S, lambda: self.stopping
+            )
             try:
                 components = get_fab_config(fab.content)["tool"]["flwr"]["app"]["components"]
                 ours = run.fab_id == FAB_ID and components.get("clientapp") == CLIENTAPP_REF
@@ -288,8 +296,10 @@ class EdgeNode:
         return 0
 
 
-def pull_task_input(client: Any, max_time: float) -> tuple[Any, Any, Any, Any]:
-    """Flower's `pull_task_input`, with a bound on the time spent pulling the message."""
+def pull_task_input(
+    client: Any, stall_s: float, stopping: Callable[[], bool]
+) -> tuple[Any, Any, Any, Any]:
+    """Flower's `pull_task_input`, giving up when the pull stalls for `stall_s` or on a stop."""
     from flwr.app import Message
     from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
     from flwr.proto.node_pb2 import Node
@@ -313,15 +323,27 @@ def pull_task_input(client: Any, max_time: float) -> tuple[Any, Any, Any, Any]:
         raise RuntimeError("the SuperNode offered a task without a message")
     node = Node(node_id=context.node_id)
     tree = pulled.message_object_trees[0]
+    pull_object = make_pull_object_fn_protobuf(client.PullObject, node, context.run_id)
+    last_arrival = [time.monotonic()]
+
+    def pull_or_give_up(object_id: str) -> bytes:
+        # Any exception but "not available yet" ends Flower's retries of every object.
+        if stopping():
+            raise TaskPullAbandoned("the device is stopping")
+        if time.monotonic() - last_arrival[0] > stall_s:
+            raise TaskPullAbandoned(f"no part of the message arrived for {stall_s:.0f} s")
+        content = pull_object(object_id)
+        last_arrival[0] = time.monotonic()
+        return content
+
     message = pull_and_inflate_object_from_tree(
         tree,
-        make_pull_object_fn_protobuf(client.PullObject, node, context.run_id),
+        pull_or_give_up,
         make_confirm_message_received_fn_protobuf(
             client.ConfirmMessageReceived, node, context.run_id
         ),
         return_type=Message,
-        max_time=max_time,
-        backoff_cap=2.0,
+        backoff_cap=2.0,  # retry often enough to notice a stall or a stop within 2 s
     )
     # A deflated message does not carry its own id (its object id).
     message.metadata.__dict__["_message_id"] = tree.object_id
