@@ -5,7 +5,9 @@ serves the whole module, in order: runs whose model equals the simulation's
 (plain; secure aggregation + central DP); the dashboard in headless Chromium;
 bad and unauthorized requests during a run, then the coordinator SIGKILLed
 under that same run and restarted (it resumes and ends with the uninterrupted
-model); a client killed mid-training plus a client sending garbage; a revoked
+model), and again under a central-DP run (every round released once, the
+ledger verifies); a client killed mid-training plus a client sending garbage,
+in the clear and under secure aggregation; a revoked
 key; stopping runs; SIGTERM. The clients mix the ways a device brings data:
 the task itself (0, 1) and local .npz, .csv and IDX files (2-4).
 """
@@ -305,18 +307,7 @@ def test_coordinator_killed_mid_run_resumes_and_finishes(deployment, tmp_path):
         pytest.skip("needs the run of the test above")
     rid, toml = BUSY["id"], BUSY["toml"]
     assert dep.run(rid)["rounds_completed"] < 4, "the run ended before it could be interrupted"
-    superlink_pid = int((dep.state / "superlink.pid").read_text())
-    dep.stop_server(signal.SIGKILL)
-    # The SuperLink dies with the coordinator, so its port and database are free again.
-    wait_for(
-        lambda: (
-            not os.path.exists(f"/proc/{superlink_pid}")
-            or Path(f"/proc/{superlink_pid}/stat").read_text().split()[2] == "Z"
-        ),
-        10,
-        "the SuperLink to die",
-    )
-    dep.start_server()
+    kill_and_restart_coordinator(dep)
     run = dep.wait_status(rid, "completed", timeout=240)
     rounds = dep.rounds(rid)
     assert [r["round"] for r in rounds] == [1, 2, 3, 4]  # none lost, none twice
@@ -330,6 +321,42 @@ def test_coordinator_killed_mid_run_resumes_and_finishes(deployment, tmp_path):
     (dep.root / "wrong.token").write_text("not-the-admin-token-at-all\n")
     refused = dep.cli("run", "submit", "busy.toml", "--token-file", str(dep.root / "wrong.token"))
     assert refused.returncode == 1 and "HTTP 403" in refused.stderr
+
+
+def kill_and_restart_coordinator(dep: Deployment) -> None:
+    superlink_pid = int((dep.state / "superlink.pid").read_text())
+    dep.stop_server(signal.SIGKILL)
+    # The SuperLink dies with the coordinator, so its port and database are free again.
+    wait_for(
+        lambda: (
+            not os.path.exists(f"/proc/{superlink_pid}")
+            or Path(f"/proc/{superlink_pid}/stat").read_text().split()[2] == "Z"
+        ),
+        10,
+        "the SuperLink to die",
+    )
+    dep.start_server()
+
+
+def test_coordinator_killed_under_central_dp_releases_every_round_once(deployment):
+    dep = deployment
+    dp = '[dp]\nmechanism = "central"\nepsilon = 50.0\nclip = 1.0\n'
+    toml = run_toml(rounds=4, clients=CLIENTS, per_round=CLIENTS, seed=13, name="dp", tables=dp)
+    rid = dep.submit(toml)
+    dep.wait_rounds(rid, 1, timeout=120)
+    assert dep.run(rid)["rounds_completed"] < 4, "the run ended before it could be interrupted"
+    kill_and_restart_coordinator(dep)
+    run = dep.wait_status(rid, "completed", timeout=240)
+    assert [a.get("outcome") for a in run["attempts"]] == ["interrupted", "completed"]
+    assert [r["round"] for r in dep.rounds(rid)] == [1, 2, 3, 4]
+    run_dir = dep.state / "runs" / rid
+    ledger = (run_dir / "privacy" / "ledger.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in ledger] == [1, 2, 3, 4]  # none lost or twice
+    verified = dep.cli("privacy", "verify", str(run_dir))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    report = dep.http.get(f"/runs/{rid}/privacy").json()
+    assert report["verification"]["ok"] and report["ledger_entries"] == 4
+    assert report["epsilon"] <= 50
 
 
 @pytest.mark.parametrize("secagg", [False, True], ids=["plain", "secagg"])
