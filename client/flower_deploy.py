@@ -30,11 +30,13 @@ from fedveil.config import ConfigError, RunConfig, config_from_dict
 from fedveil.envelope import Envelope, MessageError
 from fedveil.flower_codec import KINDS, from_content, message_type, to_content
 from fedveil.models import MODELS, build_model
+from fedveil.piggyback import FAILED
 from fedveil.tasks import ClientData, Task, load_task_function
 
 from .edge_data import load_local_data, with_holdout
 from .edge_policy import TRAINING_KINDS, LocalPolicy, planned_steps
 from .runtime import ClientRuntime
+from .secagg_stages import retain_recent
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -166,16 +168,27 @@ class EdgeClient:
     # -- per message ---------------------------------------------------------
     def handle(self, run_id: int, run_config: Mapping[str, Any], request: Envelope) -> Envelope:
         runtime = self._runtime_for(run_id, run_config, request)
+        if request.round < self._round - 1:
+            self._state = {}  # the coordinator started over
         if request.round != self._round:
-            # Protocol state never outlives its round (as in the in-process engine).
-            self._round, self._state = request.round, {}
+            # Protocol state lives at most into the next round (as in the in-process engine).
+            self._round = request.round
+            retain_recent(self._state, request.round)
         training = request.kind in TRAINING_KINDS
         if training and self.policy.max_train_seconds and self.seconds_per_step is None:
             self.seconds_per_step = self._probe_step(runtime)
         request, capped = self.policy.apply(request, self._num_examples, self.seconds_per_step)
         start = time.perf_counter()
         reply = runtime.handle(self.client_id, request, self._state)
-        if training:
+        if FAILED in reply.config:  # the primary of a request with a rider failed
+            log.warning(
+                "run %d round %d: %s failed: %s",
+                run_id,
+                request.round,
+                request.kind,
+                reply.config[FAILED],
+            )
+        elif training:
             elapsed = time.perf_counter() - start
             steps = planned_steps(request, self._num_examples)
             if steps:

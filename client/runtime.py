@@ -16,6 +16,7 @@ import torch
 from fedveil.envelope import Envelope, MessageError
 from fedveil.evaluation import evaluate
 from fedveil.params import FlatModel
+from fedveil.piggyback import detach, join_replies
 from fedveil.tasks import Task
 
 from .training import DpSgdResult, LocalTraining, train_local, train_local_dp_sgd
@@ -63,6 +64,22 @@ class ClientRuntime:
         self.trainer = train_local
 
     def handle(self, client_id: int, msg: Envelope, state: dict[str, Any]) -> Envelope:
+        """The reply to `msg`; a request carrying a rider gets both answered, each on
+        its own (one failing does not fail the other)."""
+        primary, rider = detach(msg)
+        if rider is None:
+            return self.handle_one(client_id, msg, state)
+        return join_replies(
+            self._attempt(client_id, primary, state), self._attempt(client_id, rider, state), msg
+        )
+
+    def _attempt(self, client_id: int, msg: Envelope, state: dict[str, Any]) -> Envelope | str:
+        try:
+            return self.handle_one(client_id, msg, state)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    def handle_one(self, client_id: int, msg: Envelope, state: dict[str, Any]) -> Envelope:
         if msg.kind == "hello":
             return Envelope("hello", msg.round, {"client_id": client_id, "size": self.model.size})
         if msg.kind == "train":

@@ -1,8 +1,12 @@
 """The client's half of secure aggregation, over Envelopes.
 
 The first stage ("secagg.advertise") starts a session: the client makes its
-keys, keeps its protocol state in the runtime's state dict and answers with
-its public keys; later stages restore the SecAggClient from that state. The
+keys, keeps its protocol state in the runtime's state dict, under the round's
+slot, and answers with its public keys; later stages restore the SecAggClient
+from that slot. Two sessions may be open at once: the server runs the next
+round's key stages inside this round's exchanges (see fedveil.piggyback), so
+a client can be sharing keys for round r+1 while it still has to unmask
+round r. Older slots are dropped, and a slot ends with its unmask stage. The
 masked-input stage ("secagg.masked_input") carries the training request: the
 client trains, encodes its update into Z_(2^b) (quantized with its weight, or
 Skellam distributed-DP noise shares) and sends it masked in the same reply,
@@ -24,7 +28,7 @@ from fedveil.privacy.secagg import Quantizer, SecAggClient, SecAggError, decode_
 
 SA = "sa."  # protocol fields inside an Envelope
 ENC = "enc."  # encoding parameters (masked-input stage only)
-STATE = "sa.state."
+STATE = "sa.state."  # + "<round>." + the SecAggClient's state keys
 STAGES = ("advertise", "share_keys", "masked_input", "consistency", "unmask")
 TRAINING_STAGE = "masked_input"  # the stage whose request is also a training request
 KINDS = [f"secagg.{stage}" for stage in STAGES]
@@ -72,6 +76,28 @@ def encode_update(msg: Envelope, reply: dict[str, Any], delta: torch.Tensor) -> 
     raise MessageError(f"{msg.kind} message: unknown encoding {kind!r}")
 
 
+def _slot(round_num: int) -> str:
+    return f"{STATE}{round_num}."
+
+
+def _slot_round(key: str) -> int:
+    head = key[len(STATE) :].split(".", 1)[0]
+    return int(head) if head.lstrip("-").isdigit() else -1
+
+
+def _clear(state: dict[str, Any], prefix: str) -> None:
+    for key in [k for k in state if k.startswith(prefix)]:
+        del state[key]
+
+
+def retain_recent(state: dict[str, Any], round_num: int) -> bool:
+    """Drop protocol state of rounds before `round_num - 1`, the deepest the pipeline
+    reaches; returns whether any state is left."""
+    for key in [k for k in state if k.startswith(STATE) and _slot_round(k) < round_num - 1]:
+        del state[key]
+    return bool(state)
+
+
 def handle_secagg(
     client_id: int,
     msg: Envelope,
@@ -82,12 +108,15 @@ def handle_secagg(
     config, arrays = protocol_part(msg)
     try:
         request = decode_message(config, arrays)
+        slot = _slot(msg.round)
         if stage == "advertise":
-            for key in [k for k in state if k.startswith(SA)]:
-                del state[key]  # a new round: nothing of the last one survives
+            # A new session: only the previous round's (which may still unmask) survives.
+            previous = _slot(msg.round - 1)
+            for key in [k for k in state if k.startswith(SA) and not k.startswith(previous)]:
+                del state[key]
             client = SecAggClient(client_id, request.session)
         else:
-            saved = {k[len(STATE) :]: v for k, v in state.items() if k.startswith(STATE)}
+            saved = {k[len(slot) :]: v for k, v in state.items() if k.startswith(slot)}
             if not saved:
                 raise MessageError(f"{msg.kind}: no secure-aggregation session in progress")
             client = SecAggClient.from_state(saved)
@@ -99,6 +128,8 @@ def handle_secagg(
         answer = client.respond(request, vector=vector)
     except SecAggError as exc:
         raise MessageError(f"{msg.kind}: {exc}") from None
-    for key, value in client.to_state().items():
-        state[STATE + key] = value
+    _clear(state, slot)
+    if stage != "unmask":  # after unmasking the session is over: nothing to keep
+        for key, value in client.to_state().items():
+            state[slot + key] = value
     return wrap(msg.kind, msg.round, answer)

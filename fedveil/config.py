@@ -149,6 +149,11 @@ class SecAggSection:
     max_weight: int = spec(
         0, lo=0, hi=10_000_000, help="cap on a client's weight (examples); 0: largest client"
     )
+    pipeline: bool = spec(
+        True,
+        help="run the next round's key stages inside this round's exchanges "
+        "(one extra exchange per round instead of three)",
+    )
 
 
 @dataclass

@@ -45,8 +45,10 @@ class UpdateChannel(Protocol):
         requests: dict[int, Envelope],
         model_size: int,
         timeout_s: float | None,
+        upcoming: list[int] | None = None,
     ) -> Aggregate | None:
-        """Run the round's exchanges; None when too few updates arrived to aggregate."""
+        """Run the round's exchanges; None when too few updates arrived to aggregate.
+        `upcoming` is the next round's cohort when known (a channel may prepare it)."""
         ...
 
 
@@ -100,6 +102,7 @@ class PlainChannel:
         requests: dict[int, Envelope],
         model_size: int,
         timeout_s: float | None,
+        upcoming: list[int] | None = None,
     ) -> Aggregate | None:
         round_num = next(iter(requests.values())).round
         replies = transport.exchange(requests, timeout_s)

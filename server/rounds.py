@@ -111,6 +111,9 @@ class RoundEngine:
             )
         self.eval_rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xE7A1]))
         self.round = 0
+        # The next round's cohort, drawn one round ahead so the channel can prepare it
+        # (secure aggregation's key stages); the draws and their order are unchanged.
+        self.upcoming: list[int] | None = None
         self.history: list[RoundRecord] = []
         # Facts from the parts around the engine (clients connected in a deployment,
         # epsilon spent under DP) go into the round's record before it is stored, so
@@ -125,6 +128,7 @@ class RoundEngine:
             "optimizer": {k: v.cpu() for k, v in self.optimizer.state_dict().items()},
             "sampler": self.sampler.state(),
             "eval_rng": self.eval_rng.bit_generator.state,
+            "upcoming": self.upcoming,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -134,6 +138,8 @@ class RoundEngine:
         self.optimizer.load_state_dict({k: v.to(device) for k, v in state["optimizer"].items()})
         self.sampler.restore(state["sampler"])
         self.eval_rng.bit_generator.state = state["eval_rng"]
+        upcoming = state.get("upcoming")  # absent in checkpoints of older versions
+        self.upcoming = None if upcoming is None else [int(c) for c in upcoming]
         if self.privacy is not None and self.privacy.last_round > self.round:
             # Crashed between the ledger entry and the checkpoint: that release was
             # made (and is charged); its update is lost. Never run the round twice.
@@ -166,14 +172,17 @@ class RoundEngine:
     def run_round(self) -> RoundRecord:
         round_num = self.round + 1
         start = time.perf_counter()
-        cohort = self.sampler.sample()
+        cohort = self.upcoming if self.upcoming is not None else self.sampler.sample()
+        self.upcoming = self.sampler.sample() if round_num < self.cfg.server.rounds else None
         record = RoundRecord(round_num, len(cohort), 0, 0, applied=False)
         agg = None
         if cohort:
             request = self.train_request(round_num)
             requests = {cid: request for cid in cohort}
             timeout = self.cfg.server.round_timeout or None
-            agg = self.channel.collect(self.transport, requests, self.model.size, timeout)
+            agg = self.channel.collect(
+                self.transport, requests, self.model.size, timeout, upcoming=self.upcoming
+            )
         if agg is not None:
             record.dropped = len(agg.dropped)
             record.cohort_aggregated = len(agg.contributors)

@@ -4,7 +4,15 @@ The round's exchanges are the protocol's stages (advertise keys, share keys,
 masked input, [consistency], unmask), each one `Transport.exchange`. The
 training request rides on the masked-input stage, so the plain update never
 waits in a client's state between exchanges (Flower moves a node's state
-with every message). A client that fails, times out or
+with every message).
+
+Pipelining: the key stages do not depend on the model, so when the engine
+knows the next round's cohort, that round's advertise and share-keys stages
+ride on this round's exchanges (fedveil.piggyback; clients in the next
+cohort only get them alone). A round whose keys were shared early starts at
+masked input: one exchange beyond a plain round instead of three. Every
+round still has fresh keys, seeds, session id and neighbour graph; only the
+moment they are made moves. A client that fails, times out or
 sends a message the protocol rejects is a dropped client; fewer than t
 survivors abort the round (nothing is released) and the next round proceeds.
 """
@@ -15,7 +23,7 @@ import json
 import logging
 import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -24,8 +32,10 @@ import torch
 from fedveil.client.secagg_stages import ENC, LOSS_CAP, TRAINING_STAGE, protocol_part, wrap
 from fedveil.config import SecAggSection
 from fedveil.envelope import Envelope
+from fedveil.piggyback import IGNORED, attach, split_reply
 from fedveil.privacy.dp import SkellamEncoder, SkellamParams
 from fedveil.privacy.secagg import (
+    Message,
     Quantizer,
     SecAggAborted,
     SecAggError,
@@ -34,6 +44,7 @@ from fedveil.privacy.secagg import (
     ThreatModel,
     decode_message,
 )
+from fedveil.privacy.secagg.server import ServerPhase
 
 from .aggregation import Aggregate
 from .transport import ClientFailure, Transport
@@ -139,11 +150,47 @@ class SkellamEncoding:
         )
 
 
+@dataclass
+class _Ahead:
+    """A round's session whose key stages (advertise, share keys) run early, as riders
+    on the previous round's exchanges; its round then starts at masked input."""
+
+    round: int
+    cohort: tuple[int, ...]
+    model_size: int
+    server: SecAggServer
+    dropped: dict[int, str] = field(default_factory=dict)
+    dead: bool = False
+
+    def riders(self) -> dict[int, Message]:
+        """Requests of its next key stage, or {} once both ran (or the session aborted)."""
+        if self.dead or self.server.phase not in (ServerPhase.READY, ServerPhase.ADVERTISE):
+            return {}
+        try:
+            return self.server.next_requests() or {}
+        except SecAggAborted as exc:
+            log.info("round %d: early key exchange aborted, it starts afresh: %s", self.round, exc)
+            self.dead = True
+            return {}
+
+    def receive(self, cid: int, reply: Envelope | str) -> None:
+        if isinstance(reply, str):
+            self.dropped.setdefault(cid, reply)
+            return
+        try:
+            config, arrays = protocol_part(reply)
+            self.server.receive(cid, decode_message(config, arrays))
+        except (SecAggError, ValueError) as exc:
+            self.dropped.setdefault(cid, str(exc))
+
+
 class SecAggChannel:
     def __init__(self, settings: SecAggSection, encoding: Encoding) -> None:
         self.settings = settings
         self.encoding = encoding
         self.last_session: SessionConfig | None = None
+        self._ahead: _Ahead | None = None
+        self.pipelining = settings.pipeline
 
     def session(self, cohort: list[int], model_size: int) -> SessionConfig:
         s = self.settings
@@ -157,29 +204,55 @@ class SecAggChannel:
             threshold=s.threshold or None,
         )
 
+    def _take_ahead(self, round_num: int, cohort: list[int], model_size: int) -> _Ahead | None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is None or ahead.dead:
+            return None
+        if (ahead.round, ahead.cohort, ahead.model_size) != (round_num, tuple(cohort), model_size):
+            log.info("round %d: the early key exchange was for another cohort; afresh", round_num)
+            return None
+        return ahead
+
+    def _start_ahead(self, round_num: int, upcoming: list[int] | None, model_size: int) -> None:
+        if not self.pipelining or upcoming is None or len(upcoming) < 2:
+            return
+        try:
+            session = self.session(sorted(upcoming), model_size)
+        except (SecAggError, ValueError) as exc:
+            log.info("round %d: no early key exchange: %s", round_num, exc)
+            return
+        self._ahead = _Ahead(round_num, tuple(sorted(upcoming)), model_size, SecAggServer(session))
+
     def collect(
         self,
         transport: Transport,
         requests: dict[int, Envelope],
         model_size: int,
         timeout_s: float | None,
+        upcoming: list[int] | None = None,
     ) -> Aggregate | None:
+        """The round's secure sum. `upcoming`, the next round's cohort when known, has that
+        round's key stages ride on this round's exchanges (see _Ahead)."""
         cohort = sorted(requests)
         round_num = requests[cohort[0]].round
-        dropped: dict[int, str] = {}
+        ahead = self._take_ahead(round_num, cohort, model_size)
+        self._start_ahead(round_num + 1, upcoming, model_size)
         if len(cohort) < 2:
             log.warning(
                 "round %d: a cohort of %d cannot be securely aggregated", round_num, len(cohort)
             )
             return None
+        dropped: dict[int, str] = {}
         try:
             enc_config = self.encoding.client_config(len(cohort))
-            session = self.session(cohort, model_size)
+            if ahead is not None:
+                server, dropped = ahead.server, dict(ahead.dropped)
+            else:
+                server = SecAggServer(self.session(cohort, model_size))
         except (SecAggError, ValueError) as exc:
             log.warning("round %d: secure aggregation not started: %s", round_num, exc)
             return None
-        self.last_session = session
-        server = SecAggServer(session)
+        self.last_session = server.session
         try:
             stage_requests = server.next_requests()
             while stage_requests is not None:
@@ -191,17 +264,31 @@ class SecAggChannel:
                         env.config.update(enc_config)
                         env.arrays.update(requests[cid].arrays)
                     out[cid] = env
-                replies = transport.exchange(out, timeout_s)
-                for cid in sorted(out):
+                riders = self._riders()
+                sent = dict(out)
+                for cid, rider in riders.items():
+                    sent[cid] = attach(out[cid], rider) if cid in out else rider
+                replies = transport.exchange(sent, timeout_s)
+                for cid in sorted(sent):
                     reply = replies.get(cid, ClientFailure(cid, "no reply"))
-                    if isinstance(reply, ClientFailure):
-                        dropped.setdefault(cid, reply.reason)
-                        continue
-                    try:
-                        config, arrays = protocol_part(reply)
-                        server.receive(cid, decode_message(config, arrays))
-                    except (SecAggError, ValueError) as exc:
-                        dropped.setdefault(cid, str(exc))
+                    mine, theirs = _split(reply, riders.get(cid), cid in out)
+                    accepted = False
+                    if isinstance(mine, Envelope):
+                        try:
+                            config, arrays = protocol_part(mine)
+                            server.receive(cid, decode_message(config, arrays))
+                            accepted = True
+                        except (SecAggError, ValueError) as exc:
+                            dropped.setdefault(cid, str(exc))
+                    elif isinstance(mine, str):
+                        dropped.setdefault(cid, mine)
+                    if theirs is not None:
+                        assert self._ahead is not None
+                        self._ahead.receive(cid, theirs)
+                        # A valid answer without the rider's: a client that does not know
+                        # riders (garbage from a faulty one proves nothing).
+                        if accepted and isinstance(theirs, str) and theirs.startswith(IGNORED):
+                            self._riders_ignored(cid)
                 stage_requests = server.next_requests()
             result = server.finalize()
             decoded = self.encoding.decode(result.total, len(result.survivors), model_size)
@@ -216,3 +303,38 @@ class SecAggChannel:
         return Aggregate(
             decoded.total, decoded.weight, sorted(result.survivors), loss, dropped, decoded.extras
         )
+
+    def _riders_ignored(self, cid: int) -> None:
+        """A client that does not know riders would be dropped from every early key
+        exchange: stop pipelining for this run, so every round runs all its stages."""
+        if self.pipelining:
+            log.warning(
+                "client %d ignores the next round's key stage riding on this round's "
+                "message (an older fedveil client?): pipelining off for this run",
+                cid,
+            )
+        self.pipelining = False
+        if self._ahead is not None:
+            self._ahead.dead = True
+
+    def _riders(self) -> dict[int, Envelope]:
+        ahead = self._ahead
+        if ahead is None:
+            return {}
+        return {
+            cid: wrap(f"secagg.{req.STAGE.value}", ahead.round, req)
+            for cid, req in ahead.riders().items()
+        }
+
+
+def _split(
+    reply: Envelope | ClientFailure, rider: Envelope | None, primary: bool
+) -> tuple[Envelope | str | None, Envelope | str | None]:
+    """(answer to this round's request, answer to the rider); None where none was sent."""
+    if isinstance(reply, ClientFailure):
+        return (reply.reason if primary else None), (reply.reason if rider else None)
+    if rider is None:
+        return reply, None
+    if not primary:
+        return None, reply
+    return split_reply(reply, rider)

@@ -182,10 +182,14 @@ class AvailabilityTransport:
 
     def __init__(self, inner: Transport, model: AvailabilityModel) -> None:
         self.inner, self.model = inner, model
-        self._round: int | None = None
-        self._gone: dict[int, str] = {}  # clients lost earlier in this round
-        self._counts = {"dropouts": 0, "stragglers": 0}
-        self._time = 0.0
+        # Per round, since one exchange can carry two (secure aggregation sends the next
+        # round's key stages with this round's messages): clients lost earlier in the
+        # round, counts, simulated time. A message is judged at its own (primary) round
+        # and stage; a rider (fedveil.piggyback) shares its message's fate.
+        self._latest: int | None = None
+        self._gone: dict[int, dict[int, str]] = {}
+        self._counts: dict[int, dict[str, int]] = {}
+        self._time: dict[int, float] = {}
 
     def client_ids(self) -> Sequence[int]:
         return self.inner.client_ids()
@@ -196,21 +200,25 @@ class AvailabilityTransport:
         out: dict[int, Envelope | ClientFailure] = {}
         by_stage: dict[tuple[int, str], list[int]] = {}
         for cid, msg in requests.items():
-            if msg.round != self._round:
-                self._start_round(msg.round)
-            if cid in self._gone:
-                out[cid] = ClientFailure(cid, f"gone since an earlier stage: {self._gone[cid]}")
+            self._see(msg.round)
+            gone = self._gone[msg.round]
+            if cid in gone:
+                out[cid] = ClientFailure(cid, f"gone since an earlier stage: {gone[cid]}")
             else:
                 by_stage.setdefault((msg.round, msg.kind), []).append(cid)
         wait = 0.0
         for (round_num, stage), cids in by_stage.items():
             verdict = self.model.judge(round_num, stage, cids, timeout_s)
             for cid, reason in verdict.failed.items():
-                self._gone[cid] = reason
-                self._counts["stragglers" if reason.startswith(LATE) else "dropouts"] += 1
+                self._gone[round_num][cid] = reason
+                late = reason.startswith(LATE)
+                self._counts[round_num]["stragglers" if late else "dropouts"] += 1
                 out[cid] = ClientFailure(cid, reason)
             wait = max(wait, verdict.simulated_time(timeout_s))
-        self._time += wait
+        if requests:
+            # The exchange's time belongs to the round of its primary messages.
+            first = min(msg.round for msg in requests.values())
+            self._time[first] += wait
         live = {cid: msg for cid, msg in requests.items() if cid not in out}
         if live:
             out.update(self.inner.exchange(live, timeout_s))
@@ -223,11 +231,20 @@ class AvailabilityTransport:
         inner = getattr(self.inner, "evaluate_central", None)
         return inner(weights, round_num, batch_size) if inner is not None else None
 
-    def _start_round(self, round_num: int) -> None:
-        self._round = round_num
-        self._gone.clear()
-        self._counts = dict.fromkeys(self._counts, 0)
-        self._time = 0.0
+    def _see(self, round_num: int) -> None:
+        latest = self._latest
+        if latest is not None and round_num < latest - 1:  # a new run
+            self._gone, self._counts, self._time = {}, {}, {}
+            latest = None
+        if latest is None or round_num > latest:
+            self._latest = round_num
+            for table in (self._gone, self._counts, self._time):
+                for old in [r for r in table if r < round_num - 1]:
+                    del table[old]
+        if round_num not in self._gone:
+            self._gone[round_num] = {}
+            self._counts[round_num] = {"dropouts": 0, "stragglers": 0}
+            self._time[round_num] = 0.0
 
     def round_report(self, round_num: int) -> dict[str, float]:
         """Simulated dropouts, stragglers and (with a latency model) simulated time."""
@@ -235,11 +252,11 @@ class AvailabilityTransport:
         inner = getattr(self.inner, "round_report", None)
         if inner is not None:
             report.update(inner(round_num))
-        if round_num == self._round:
-            report["sim_dropouts"] = self._counts["dropouts"]
-            report["sim_stragglers"] = self._counts["stragglers"]
+        if round_num in self._counts:
+            report["sim_dropouts"] = self._counts[round_num]["dropouts"]
+            report["sim_stragglers"] = self._counts[round_num]["stragglers"]
             if self.model.latency_median > 0:
-                report["sim_time_s"] = round(self._time, 6)
+                report["sim_time_s"] = round(self._time[round_num], 6)
         return report
 
     def close(self) -> None:

@@ -1,8 +1,9 @@
 """One lane of the in-process engine: clients run one after another on one model.
 
-A lane is a ClientRuntime plus the clients' state between the messages of a
-round (e.g. secure-aggregation keys). The state is dropped when the round
-changes, so memory is bounded by the cohort, never by the population.
+A lane is a ClientRuntime plus the clients' state between messages (e.g.
+secure-aggregation keys). State older than the previous round is dropped when
+the round changes, so memory is bounded by two cohorts, never by the
+population.
 
 A unit of several same-size clients' training requests (see `plan_units`) can
 be trained at once (simulations/batched.py); each client's message then still
@@ -21,10 +22,12 @@ import numpy as np
 import torch
 
 from fedveil.client.runtime import TRAIN_FIELDS, ClientRuntime, client_generator, parse_training
+from fedveil.client.secagg_stages import retain_recent
 from fedveil.client.training import LocalResult, LocalTraining, LossFn, train_local
 from fedveil.envelope import Envelope
 from fedveil.evaluation import evaluate_batches
 from fedveil.params import FlatModel
+from fedveil.piggyback import latest_round
 from fedveil.tasks import ClientData, PartitionedData, Task
 
 from .batched import BatchedTrainer
@@ -107,6 +110,7 @@ class ClientLane:
         self._done: dict[int, LocalResult] = {}  # a unit's results, until its clients ask
         self._replay: LocalResult | None = None
         self.states: dict[int, dict[str, Any]] = {}
+        self._touched: dict[int, int] = {}  # client -> latest round its state is for
         self._round: int | None = None
         device = self.runtime.model.device
         self._devices = [device] if device.type == "cuda" else []
@@ -149,9 +153,10 @@ class ClientLane:
 
     def handle(self, cid: int, msg: Envelope) -> Envelope | str:
         """The client's reply, or why it failed (a failing client never stops the lane)."""
-        if msg.round != self._round:
-            self.states.clear()
-            self._round = msg.round
+        self._keep_recent_state(msg.round)
+        self._touched[cid] = max(
+            self._touched.get(cid, msg.round), latest_round(msg.round, msg.config)
+        )
         self._replay = self._done.pop(cid, None)
         # Torch's global generator (dropout layers, random augmentation) is seeded per
         # (seed, round, client) and restored afterwards: a client's result does not
@@ -171,6 +176,26 @@ class ClientLane:
             finally:
                 self._replay = None
                 self._fetched.pop(cid, None)
+                if not self.states.get(cid):  # nothing kept (plain training): no entry
+                    self.states.pop(cid, None)
+                    self._touched.pop(cid, None)
+
+    def _keep_recent_state(self, round_num: int) -> None:
+        """Protocol state lives at most into the next round (secure aggregation runs the
+        next round's key stages inside this round's exchanges): on a new round, drop the
+        state of clients last contacted before the previous round, and older sessions."""
+        if self._round is not None and round_num < self._round - 1:
+            self.states.clear()  # a new run
+            self._touched.clear()
+        elif self._round is not None and round_num <= self._round:
+            return
+        self._round = round_num
+        stale = [c for c, r in self._touched.items() if r < round_num - 1]
+        for cid in stale:
+            del self._touched[cid]
+            self.states.pop(cid, None)
+        for state in self.states.values():
+            retain_recent(state, round_num)
 
     def _train_unit(self, unit: Unit) -> None:
         assert self.batcher is not None

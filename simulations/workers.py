@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from fedveil.envelope import Envelope
+from fedveil.piggyback import latest_round
 from fedveil.tasks import Task
 
 from .lane import ClientLane, Unit
@@ -203,8 +204,10 @@ class WorkerPool:
         self.ctx = mp.get_context(self.method)
         self.request = Arena.create("fedveil-requests")
         self.workers: list[_Worker] = []
-        self.owner: dict[int, int] = {}  # client -> worker holding its state this round
-        self.lost: set[int] = set()  # clients whose worker died this round
+        # client -> (worker holding its state, round it was last sent there); state
+        # lives into the next round (secure aggregation's next-round key stages).
+        self.owner: dict[int, tuple[int, int]] = {}
+        self.lost: dict[int, int] = {}  # client -> round its worker died with its state
         self._round: int | None = None
         self._pinned: list[deque] = []
         self._free: deque = deque()
@@ -267,11 +270,14 @@ class WorkerPool:
         out: dict[int, Envelope | str] = {}
         if not units:
             return out
-        rounds = {msg.round for unit in units for _, msg in unit}
-        if self._round not in rounds:
-            self.owner.clear()
-            self.lost.clear()
-            self._round = max(rounds)
+        latest = max(msg.round for unit in units for _, msg in unit)
+        if self._round is None or latest > self._round or latest < self._round - 1:
+            if self._round is not None and latest < self._round - 1:
+                self.owner.clear()  # a new run
+                self.lost.clear()
+            self._round = latest
+            self.owner = {c: o for c, o in self.owner.items() if o[1] >= latest - 1}
+            self.lost = {c: r for c, r in self.lost.items() if r >= latest - 1}
         self._exchange += 1
         packed = self._pack_requests(units)
         self._pinned = [deque() for _ in self.workers]
@@ -279,12 +285,12 @@ class WorkerPool:
         pending = 0
         for unit in packed:
             cid = unit[0][0]
-            if len(unit) == 1 and cid in self.lost:
+            if len(unit) == 1 and self.lost.get(cid) == unit[0][2]:
                 out[cid] = "client state lost: its worker process died"
                 continue
             pending += len(unit)
             owner = self.owner.get(cid) if len(unit) == 1 else None
-            (self._pinned[owner] if owner is not None else self._free).append(unit)
+            (self._pinned[owner[0]] if owner is not None else self._free).append(unit)
         self._queued = pending  # clients not yet sent to a worker
         self._cap = max(1, min(MAX_CHUNK, -(-pending // (4 * self.size))))
         for w in self.workers:
@@ -339,8 +345,14 @@ class WorkerPool:
             chunk.append(queue.popleft())
         self._queued -= size
         cids = [item[0] for unit in chunk for item in unit]
-        for cid in cids:
-            self.owner[cid] = w.index
+        for cid, _, round_num, config, _ in (item for unit in chunk for item in unit):
+            # The state it leaves there may be for the round of a rider it carries, or
+            # (held since an earlier message) for a later round than this message's.
+            latest = latest_round(round_num, config)
+            held = self.owner.get(cid)
+            if held is not None and held[0] == w.index:
+                latest = max(latest, held[1])
+            self.owner[cid] = (w.index, latest)
         slot = w.free_slots.pop()
         self._chunk += 1
         w.in_flight[self._chunk] = (slot, cids)
@@ -378,9 +390,10 @@ class WorkerPool:
         failed += stranded
         for cid in failed:
             out[cid] = reason
-        self.lost.update(c for c, owner in self.owner.items() if owner == w.index)
-        for cid in self.lost:
-            self.owner.pop(cid, None)
+        for cid, (index, round_num) in list(self.owner.items()):
+            if index == w.index:
+                self.lost[cid] = round_num
+                del self.owner[cid]
         w.conn.close()
         fresh = self._start(w.index, w.replies)
         self._await_ready(fresh)

@@ -105,7 +105,7 @@ def _stateful_handle(self, client_id, msg, state):
 _real_handle = ClientRuntime.handle
 
 
-def test_client_state_follows_the_client_within_a_round_and_not_beyond(monkeypatch):
+def test_client_state_follows_the_client_into_the_next_round_and_not_beyond(monkeypatch):
     monkeypatch.setattr(ClientRuntime, "handle", _stateful_handle)  # before the fork
     task = tiny_task.make(tiny_config())
     pool = WorkerPool(task, 2)
@@ -118,6 +118,9 @@ def test_client_state_follows_the_client_within_a_round_and_not_beyond(monkeypat
         nxt = pool.run(
             [[(c, Envelope("stage", 2, {"blob": 10}, {"payload": payload}))] for c in range(12)]
         )
+        later = pool.run(
+            [[(c, Envelope("stage", 4, {"blob": 10}, {"payload": payload}))] for c in range(12)]
+        )
     finally:
         pool.close()
     pids = {first[c].config["pid"] for c in range(12)}
@@ -126,7 +129,9 @@ def test_client_state_follows_the_client_within_a_round_and_not_beyond(monkeypat
         assert first[c].config["calls"] == 1
         assert second[c].config["calls"] == 2, "the second stage found the first stage's state"
         assert second[c].config["pid"] == first[c].config["pid"]
-        assert nxt[c].config["calls"] == 1, "state does not outlive its round"
+        # Secure aggregation keys the next round during this one: state lives one round on.
+        assert nxt[c].config["calls"] == 3 and nxt[c].config["pid"] == first[c].config["pid"]
+        assert later[c].config["calls"] == 1, "state does not outlive the next round"
         assert first[c].config["blob"] == bytes([c]) * 200_000
         assert torch.equal(first[c].arrays["echo"], payload * 2)
         assert np.array_equal(first[c].arrays["ids"], np.arange(c))
