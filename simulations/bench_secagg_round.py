@@ -54,6 +54,7 @@ from fedveil.client.training import LocalTraining, train_local
 from fedveil.config import RunConfig, config_from_dict
 from fedveil.envelope import Envelope
 from fedveil.params import FlatModel
+from fedveil.piggyback import detach, join_replies
 from fedveil.privacy.secagg.wire import wire_size
 from fedveil.server.aggregation import Aggregate, UpdateChannel
 from fedveil.server.pipeline import make_privacy_pipeline
@@ -217,10 +218,13 @@ class DroppingRuntime(ClientRuntime):
         super().__init__(task, "cpu")
         self.dropped, self.kinds = dropped, kinds
 
-    def handle(self, client_id: int, msg: Envelope, state: dict[str, Any]) -> Envelope:
+    def handle_one(self, client_id: int, msg: Envelope, state: dict[str, Any]) -> Envelope:
+        # Per message, not per exchange: a client dropping at this round's masked input
+        # still answers the next round's key stage riding with it (as Flower's would,
+        # which gets that stage in a message of its own).
         if client_id in self.dropped and msg.kind in self.kinds:
             raise ClientDropped(f"{DROP_MARKER} client {client_id} drops at {msg.kind}")
-        return super().handle(client_id, msg, state)
+        return super().handle_one(client_id, msg, state)
 
 
 class DroppingTransport:
@@ -236,9 +240,21 @@ class DroppingTransport:
         self, requests: Mapping[int, Envelope], timeout_s: float | None
     ) -> dict[int, Envelope | ClientFailure]:
         failing = {c for c, m in requests.items() if c in self.dropped and m.kind in self.kinds}
-        out = self.base.exchange({c: m for c, m in requests.items() if c not in failing}, timeout_s)
+        sent = {c: m for c, m in requests.items() if c not in failing}
+        # A failing client still answers a rider (the next round's key stage), as
+        # DroppingRuntime's does.
+        riders = {c: detach(requests[c])[1] for c in failing}
+        sent.update({c: r for c, r in riders.items() if r is not None})
+        out = self.base.exchange(sent, timeout_s)
         for c in failing:
-            out[c] = ClientFailure(c, f"{DROP_MARKER} client {c} drops at {requests[c].kind}")
+            reason = f"{DROP_MARKER} client {c} drops at {requests[c].kind}"
+            rider_reply = out.get(c)
+            if riders[c] is None:
+                out[c] = ClientFailure(c, reason)
+            elif isinstance(rider_reply, Envelope):
+                out[c] = join_replies(reason, rider_reply, requests[c])
+            else:
+                out[c] = ClientFailure(c, reason)
         return out
 
     def close(self) -> None:
@@ -323,8 +339,9 @@ class RecordingChannel:
         requests: dict[int, Envelope],
         model_size: int,
         timeout_s: float | None,
+        upcoming: list[int] | None = None,
     ) -> Aggregate | None:
-        agg = self.inner.collect(transport, requests, model_size, timeout_s)
+        agg = self.inner.collect(transport, requests, model_size, timeout_s, upcoming)
         if self.first is None and agg is not None:
             self.first = agg
         return agg
@@ -332,8 +349,8 @@ class RecordingChannel:
 
 class ExtraExchangesChannel:
     """The plain channel after `extra` empty exchanges (hello) with the cohort: what a
-    secure round would cost if its protocol stages (three beyond the training exchange, as in
-    SecAgg+) cost nothing but the transport: the floor of any secure-aggregation overhead."""
+    secure round would cost if its protocol stages beyond the training exchange cost nothing
+    but the transport: the floor of its secure-aggregation overhead."""
 
     def __init__(self, inner: UpdateChannel, extra: int) -> None:
         self.inner, self.extra = inner, extra
@@ -344,15 +361,17 @@ class ExtraExchangesChannel:
         requests: dict[int, Envelope],
         model_size: int,
         timeout_s: float | None,
+        upcoming: list[int] | None = None,
     ) -> Aggregate | None:
         rnd = next(iter(requests.values())).round
         for _ in range(self.extra):
             transport.exchange({cid: Envelope("hello", rnd) for cid in requests}, timeout_s)
-        return self.inner.collect(transport, requests, model_size, timeout_s)
+        return self.inner.collect(transport, requests, model_size, timeout_s, upcoming)
 
 
-# Exchanges a semi-honest round adds to the training exchange: share keys, masked input, unmask.
-EXTRA_EXCHANGES = 3
+# Exchanges a steady semi-honest round of ours adds to the training exchange: unmask (the
+# next round's key stages ride on masked input and unmask). SecAgg+ adds three.
+EXTRA_EXCHANGES = 1
 
 
 def run_config(w: Workload, secagg: bool, k: int, t: int, rounds: int, transport: str) -> RunConfig:
@@ -437,8 +456,8 @@ def run_ours(
         "wall_s": wall,
         "survivors": [r.cohort_aggregated for r in engine.history],
         "applied": [r.applied for r in engine.history],
-        **counter.per_client(range(2, rounds + 1)),
-        "exchange_s": counter.exchanges(range(2, rounds + 1)),
+        **counter.per_client(steady_rounds(rounds)),
+        "exchange_s": counter.exchanges(steady_rounds(rounds)),
         "outside_exchanges_s": counter.outside(durations),
         # Round 1's mean update, float64 (dropped before the JSON is written).
         "_mean": None if first is None else first.mean.double().numpy(),
@@ -449,14 +468,26 @@ def run_ours(
 # -- the benchmark ------------------------------------------------------------------------
 
 
+def steady_rounds(rounds: int) -> range:
+    """Rounds 2..R-1 (2..R when R = 2): round 1 pays for start-up and, in our secure runs,
+    for its own key stages; round R carries none of the next round's."""
+    return range(2, rounds if rounds > 2 else rounds + 1)
+
+
+def _steady(values: Sequence[float]) -> Sequence[float]:
+    return values[1 : len(values) - 1 if len(values) > 2 else len(values)]
+
+
 def steady(runs: Sequence[dict[str, Any]], key: str = "round_s") -> float | None:
-    """Median of the steady rounds (2..R) of every run."""
-    return median([s for run in runs for s in run[key][1:]])
+    """Median of the steady rounds (see steady_rounds) of every run."""
+    return median([s for run in runs for s in _steady(run[key])])
 
 
 def steady_cpu(runs: Sequence[dict[str, Any]]) -> float | None:
     """Median process CPU seconds of the steady rounds (in-process runs only)."""
-    return median([s for run in runs if run.get("round_cpu_s") for s in run["round_cpu_s"][1:]])
+    return median(
+        [s for run in runs if run.get("round_cpu_s") for s in _steady(run["round_cpu_s"])]
+    )
 
 
 def expected_contributors(w: Workload, secagg: bool) -> list[int]:
@@ -767,7 +798,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--neighbors", type=int, help="neighbours k [from the threat model]")
     p.add_argument("--threshold", type=int, help="Shamir threshold t [from the threat model]")
     p.add_argument("--peer", choices=["flower"], help="also run Flower's SecAgg+")
-    p.add_argument("--rounds", type=int, default=3, help="rounds per run; round 1 excluded [3]")
+    p.add_argument(
+        "--rounds", type=int, default=4, help="rounds per run; the first and last excluded [4]"
+    )
     p.add_argument(
         "--repeat",
         type=int,
@@ -792,8 +825,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--floor",
         action="store_true",
-        help="also run plain rounds with 3 extra empty exchanges: the transport's share of "
-        "any secure round's overhead, and the best ratio it allows",
+        help="also run plain rounds with 1 extra empty exchange: the transport's share of "
+        "our steady secure round's overhead, and the best ratio it allows",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")

@@ -42,6 +42,7 @@ from .bench_secagg_round import (
     ClientDropped,
     Traffic,
     Workload,
+    steady_rounds,
     wire_size,
 )
 
@@ -283,8 +284,8 @@ def run_flower(w: Workload, secagg: bool, k: int, t: int, rounds: int) -> dict[s
         "secagg": secagg,
         "round_s": list(np.diff(stamps)),
         "wall_s": wall,
-        **counter.per_client(range(2, rounds + 1)),
-        "exchange_s": counter.exchanges(range(2, rounds + 1)),
+        **counter.per_client(steady_rounds(rounds)),
+        "exchange_s": counter.exchanges(steady_rounds(rounds)),
         "outside_exchanges_s": counter.outside(list(np.diff(stamps))),
         "_mean": first.get("mean"),
         "_contributors": first.get("results", 0),

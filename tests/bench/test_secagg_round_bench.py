@@ -12,6 +12,8 @@ import math
 import numpy as np
 import pytest
 
+from fedveil.envelope import Envelope
+from fedveil.piggyback import attach, split_reply
 from fedveil.simulations import bench_secagg, bench_secagg_round
 from fedveil.simulations.bench_secagg_round import (
     DroppingRuntime,
@@ -45,13 +47,21 @@ def test_graph_parameters_follow_the_threat_model_and_reject_what_flower_cannot_
 
 
 def test_dropping_runtime_raises_only_for_chosen_clients_and_kinds():
-    from fedveil.envelope import Envelope
 
     runtime = DroppingRuntime(TINY.task(), frozenset({2}), frozenset({"secagg.masked_input"}))
     with pytest.raises(bench_secagg_round.ClientDropped):
         runtime.handle(2, Envelope("secagg.masked_input", 1), {})
     assert runtime.handle(2, Envelope("hello", 1), {}).config["client_id"] == 2
     assert runtime.handle(1, Envelope("hello", 1), {}).config["client_id"] == 1
+
+
+def test_a_dropping_client_still_answers_the_next_rounds_rider():
+    runtime = DroppingRuntime(TINY.task(), frozenset({2}), frozenset({"secagg.masked_input"}))
+    rider = Envelope("hello", 2)
+    reply = runtime.handle(2, attach(Envelope("secagg.masked_input", 1), rider), {})
+    mine, theirs = split_reply(reply, rider)
+    assert isinstance(mine, str) and "drops at secagg.masked_input" in mine
+    assert isinstance(theirs, Envelope) and theirs.config["client_id"] == 2
 
 
 def test_inprocess_bench_aggregates_correctly_and_counts_bytes():
