@@ -154,6 +154,32 @@ def test_clients_that_ignore_riders_fall_back_to_four_exchanges(tmp_path):
     assert all(r.applied and r.cohort_aggregated == 8 for r in engine.history)
 
 
+class Garbage:
+    """Client 2 answers every request with fields no stage knows (a faulty client)."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+
+    def client_ids(self):
+        return self.inner.client_ids()
+
+    def exchange(self, requests, timeout_s):
+        out = self.inner.exchange(requests, timeout_s)
+        if 2 in requests:
+            out[2] = Envelope(requests[2].kind, requests[2].round, {"junk": 1})
+        return out
+
+    def close(self):
+        self.inner.close()
+
+
+def test_garbage_from_a_faulty_client_does_not_turn_pipelining_off(tmp_path):
+    cfg = config(tmp_path, **{"server.per_round": 12})
+    engine, recorder = run(cfg, Garbage)
+    assert [recorder.exchanges[r] for r in (1, 2, 3, 4)] == [4, 2, 2, 2]
+    assert [r.cohort_aggregated for r in engine.history] == [11, 11, 11, 11]
+
+
 def test_a_resumed_run_uses_the_cohort_it_had_drawn(tmp_path):
     cfg = config(tmp_path, **{"server.rounds": 3})
     task = tiny_task.make(cfg)
