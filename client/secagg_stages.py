@@ -90,12 +90,11 @@ def _clear(state: dict[str, Any], prefix: str) -> None:
         del state[key]
 
 
-def retain_recent(state: dict[str, Any], round_num: int) -> bool:
+def retain_recent(state: dict[str, Any], round_num: int) -> None:
     """Drop protocol state of rounds before `round_num - 1`, the deepest the pipeline
-    reaches; returns whether any state is left."""
+    reaches."""
     for key in [k for k in state if k.startswith(STATE) and _slot_round(k) < round_num - 1]:
         del state[key]
-    return bool(state)
 
 
 def handle_secagg(

@@ -11,7 +11,9 @@ can still take part in the next round's key exchange.
 
 from __future__ import annotations
 
-from fedveil.envelope import Envelope, MessageError
+from collections.abc import Mapping
+
+from fedveil.envelope import ArrayValue, ConfigValue, Envelope, MessageError
 
 RIDER = "rider."  # prefix of the rider's own fields
 RIDER_KIND = "rider:kind"
@@ -24,7 +26,7 @@ RIDER_FAILED = "rider:failed"
 IGNORED = "no answer to the"
 
 
-def latest_round(round_num: int, config: dict) -> int:
+def latest_round(round_num: int, config: Mapping[str, object]) -> int:
     """The latest round a message (its primary round and `config`) carries work for."""
     rider = config.get(RIDER_ROUND)
     if isinstance(rider, int) and not isinstance(rider, bool):
@@ -77,8 +79,8 @@ def detach(msg: Envelope) -> tuple[Envelope, Envelope | None]:
 
 def join_replies(primary: Envelope | str, rider: Envelope | str, request: Envelope) -> Envelope:
     """One reply to `request` carrying both answers; a str is why that half failed."""
-    config: dict = {}
-    arrays: dict = {}
+    config: dict[str, ConfigValue] = {}
+    arrays: dict[str, ArrayValue] = {}
     if isinstance(primary, str):
         config[FAILED] = primary
     else:
