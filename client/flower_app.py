@@ -8,6 +8,7 @@ message is logged and answered with an error reply; it never crashes the node.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -65,15 +66,29 @@ def save_state(context: Context, state: dict[str, Any]) -> None:
     )
 
 
+# The runtime of each process, under the token of the app that built it. Flower's
+# simulation engine pickles the ClientApp with every message, so anything cached in the
+# app itself would start empty each time (and rebuild the model per message).
+_RUNTIMES: dict[str, ClientRuntime] = {}
+
+
+def runtime_of_this_process(token: str, factory: Callable[[], ClientRuntime]) -> ClientRuntime:
+    """Module level on purpose: cloudpickle sends a module function by reference, so the
+    app's closure reaches this module's cache, not a pickled copy of it."""
+    runtime = _RUNTIMES.get(token)
+    if runtime is None:
+        _RUNTIMES.clear()  # a process serves one app at a time: free an earlier run's model
+        runtime = _RUNTIMES[token] = factory()
+    return runtime
+
+
 def make_client_app(runtime_factory: Callable[[], ClientRuntime]) -> ClientApp:
     """A ClientApp; `runtime_factory` runs once per process (loads data, builds the model)."""
     app = ClientApp()
-    cache: dict[str, ClientRuntime] = {}
+    token = secrets.token_hex(16)
 
     def handle(msg: Message, context: Context) -> Message:
-        if "runtime" not in cache:
-            cache["runtime"] = runtime_factory()
-        runtime = cache["runtime"]
+        runtime = runtime_of_this_process(token, runtime_factory)
         cid = client_id_of(context)
         state = load_state(context)
         try:

@@ -1,0 +1,61 @@
+"""The Flower ClientApp adapter, as Flower's simulation engine drives it."""
+
+from __future__ import annotations
+
+import time
+
+import cloudpickle
+from flwr.app import Context, Message, Metadata, RecordDict
+
+import tiny_task
+from fedveil.client.flower_app import make_client_app
+from fedveil.client.runtime import ClientRuntime
+from fedveil.config import load_config
+from fedveil.envelope import Envelope
+from fedveil.flower_codec import from_content, message_type, to_content
+from fedveil.tasks import Task
+
+BUILT: list[Task] = []
+
+
+def counting_factory() -> ClientRuntime:
+    """Module level, so cloudpickle sends it by reference and the count survives pickling."""
+    task = tiny_task.make(load_config(None, {"model.task": "tiny_task:make"}))
+    BUILT.append(task)
+    return ClientRuntime(task)
+
+
+def delivered(kind: str, node_id: int) -> Message:
+    """A request as a SuperNode receives it (metadata filled in by the SuperLink)."""
+    return Message(
+        content=to_content(Envelope(kind, 1, {})),
+        metadata=Metadata(
+            run_id=1,
+            message_id=f"m{node_id}",
+            src_node_id=0,
+            dst_node_id=node_id,
+            reply_to_message_id="",
+            group_id="",
+            created_at=time.time(),
+            ttl=60.0,
+            message_type=message_type(kind),
+        ),
+    )
+
+
+def test_the_runtime_is_built_once_per_process_though_the_app_is_pickled_per_message():
+    # Ray ships the ClientApp to the worker with every message, so a cache kept in the
+    # app itself would rebuild the task and model for each one.
+    BUILT.clear()
+    app = make_client_app(counting_factory)
+    for client in range(3):
+        shipped = cloudpickle.loads(cloudpickle.dumps(app))
+        context = Context(1, client + 10, {"partition-id": client}, RecordDict(), {})
+        reply = shipped(delivered("hello", client + 10), context)
+        assert from_content(reply.content).config["client_id"] == client
+    assert len(BUILT) == 1
+
+    # A new app (a new run in a long-lived worker) gets its own runtime.
+    other = cloudpickle.loads(cloudpickle.dumps(make_client_app(counting_factory)))
+    other(delivered("hello", 99), Context(1, 99, {"partition-id": 0}, RecordDict(), {}))
+    assert len(BUILT) == 2
