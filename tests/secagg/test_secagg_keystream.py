@@ -1,0 +1,68 @@
+"""The PRG: AES-256-CTR from counter block 0^96 || 2, whichever engine and API produce it."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from fedveil.privacy.secagg import crypto
+
+
+def reference_stream(key: bytes, nbytes: int) -> bytes:
+    """Plain AES-256-CTR over zeros, straight from `cryptography`."""
+    counter = bytes(12) + (2).to_bytes(4, "big")
+    encryptor = Cipher(algorithms.AES(key), modes.CTR(counter)).encryptor()
+    return encryptor.update(bytes(nbytes)) + encryptor.finalize()
+
+
+@pytest.fixture(params=[True, False], ids=["gcm-engine", "ctr-engine"])
+def engine(request, monkeypatch):
+    monkeypatch.setattr(crypto, "_gcm_is_faster", lambda: request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("count", [1, 3, 4, 5, 1000, 100_002])
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64])
+def test_a_buffer_holds_the_whole_stream_and_is_reused(engine, count, dtype):
+    buffer = crypto.KeystreamBuffer(count, dtype)
+    for _ in range(2):  # the second key overwrites the first stream completely
+        key = os.urandom(32)
+        words = buffer.fill(key)
+        assert words.shape == (count,) and words.dtype == dtype
+        assert words.tobytes() == reference_stream(key, count * np.dtype(dtype).itemsize)
+
+
+@pytest.mark.parametrize("pieces", [[1, 2, 40], [31, 1, 1, 100], [32, 32], [5, 0, 27, 64], [100]])
+def test_reading_in_pieces_continues_the_same_stream(engine, pieces):
+    key = os.urandom(32)
+    stream = crypto.Keystream(key)
+    parts = []
+    for size in pieces:
+        buffer = bytearray(size)
+        stream.fill(buffer)
+        parts.append(bytes(buffer))
+    assert b"".join(parts) == reference_stream(key, sum(pieces))
+
+
+def test_keystream_words_are_the_stream_bytes(engine):
+    key = os.urandom(32)
+    words = crypto.keystream(key, 1001, np.uint64)
+    assert words.tobytes() == reference_stream(key, 8 * 1001)
+
+
+def test_streams_of_different_keys_differ():
+    a = crypto.keystream(bytes(32), 64, np.uint32)
+    b = crypto.keystream(bytes(31) + b"\1", 64, np.uint32)
+    assert not np.array_equal(a, b)
+
+
+def test_a_stream_beyond_the_counter_range_is_refused(engine):
+    with pytest.raises(ValueError, match="at most"):
+        crypto.KeystreamBuffer(crypto.MAX_KEYSTREAM_BYTES // 8 + 1, np.uint64)
+    stream = crypto.Keystream(os.urandom(32))
+    stream._offset = crypto.MAX_KEYSTREAM_BYTES - 16  # as if 64 GiB had been read
+    with pytest.raises(ValueError, match="at most"):
+        stream.fill(bytearray(64))
