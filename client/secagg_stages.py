@@ -56,7 +56,7 @@ def wrap(kind: str, round_num: int, message: Any) -> Envelope:
 def encode_update(msg: Envelope, reply: dict[str, Any], delta: torch.Tensor) -> np.ndarray:
     """The client's integer input vector for this round's encoding."""
     kind = msg.get(ENC + "kind", str)
-    vector = delta.detach().cpu().numpy().astype(np.float64)
+    vector = delta.detach().cpu().numpy()
     if kind == "quantized":
         q = Quantizer(
             clip_range=float(msg.get(ENC + "clip_range", (int, float))),
@@ -68,7 +68,8 @@ def encode_update(msg: Envelope, reply: dict[str, Any], delta: torch.Tensor) -> 
         loss = min(max(float(reply["loss"]), 0.0), LOSS_CAP)
         extras = [r * loss / LOSS_CAP, r * float(reply.get("unclipped", 0))]
         weight = min(round(reply["weight"]), q.max_weight)
-        return q.encode_weighted(np.concatenate([vector, extras]), weight)
+        # The quantizer reads float32 directly and the parts in order: no float64 copy.
+        return q.encode_weighted([vector, np.array(extras)], weight)
     if kind == "skellam":
         params = SkellamParams.from_dict(json.loads(msg.get(ENC + "params", str)))
         seed = msg.get(ENC + "rotation_seed", int)
@@ -124,7 +125,8 @@ def handle_secagg(
             client.check_masked_input(request)  # a stale or foreign request costs no training
             reply, delta = train(client_id, msg)
             vector = encode_update(msg, reply, delta)
-        answer = client.respond(request, vector=vector)
+        # The encoded vector exists for this reply only: mask it in place.
+        answer = client.respond(request, vector=vector, overwrite_input=True)
     except SecAggError as exc:
         raise MessageError(f"{msg.kind}: {exc}") from None
     _clear(state, slot)

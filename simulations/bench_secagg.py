@@ -127,7 +127,13 @@ def bench_protocol(
         np.add(running, vector, out=running)
         return vector
 
-    report = run_in_memory(session, encoded, dropouts=DropoutPattern({Stage.MASKED_INPUT: dropped}))
+    # `encoded` makes each vector for its client's call only, as the engine's clients do.
+    report = run_in_memory(
+        session,
+        encoded,
+        dropouts=DropoutPattern({Stage.MASKED_INPUT: dropped}),
+        overwrite_inputs=True,
+    )
     result = report.result
     exact = set(quantize_seconds) == set(result.survivors) and np.array_equal(
         running & np.uint64(session.modulus_mask), result.total.astype(np.uint64)

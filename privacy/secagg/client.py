@@ -211,8 +211,14 @@ class SecAggClient:
             raise SecAggProtocolError(f"{type(request).__name__} is not a masked_input request")
         self._accept(request)
 
-    def masked_input(self, request: MaskedInputRequest, vector: np.ndarray) -> MaskedInput:
-        """Store the neighbours' shares and return vector + self mask ± pairwise masks mod 2^b."""
+    def masked_input(
+        self, request: MaskedInputRequest, vector: np.ndarray, *, overwrite_input: bool = False
+    ) -> MaskedInput:
+        """Store the neighbours' shares and return vector + self mask ± pairwise masks mod 2^b.
+
+        With `overwrite_input` the masks are added into `vector` itself (no copy): for callers
+        that made the vector for this call and have no further use for it.
+        """
         self._expect(ClientStage.SHARED, "masked_input")
         self._check_vector(vector)
         request = self._accept(request)
@@ -246,8 +252,13 @@ class SecAggClient:
             self._held_key_shares.append(plaintext[shamir.SHARE_BYTES :])
 
         applier = MaskApplier(self.session.dimension, self.session.dtype, self.session.modulus_bits)
-        masked = applier.fresh(crypto.self_mask_key(self._seed, digest, self.client_id))
-        np.add(masked, vector, out=masked)
+        self_key = crypto.self_mask_key(self._seed, digest, self.client_id)
+        if overwrite_input:
+            masked = vector
+            applier.add(masked, self_key)
+        else:
+            masked = applier.fresh(self_key)
+            np.add(masked, vector, out=masked)
         for sender in request.sender_ids:
             # The smaller id adds the pairwise mask, the larger subtracts it: they cancel.
             key = self._pair_keys[index[sender]]
@@ -313,8 +324,11 @@ class SecAggClient:
             key_shares=tuple(key_shares),
         )
 
-    def respond(self, request: Message, vector: np.ndarray | None = None) -> Message:
-        """Dispatch a decoded server request to its stage method (`vector`: masked_input only)."""
+    def respond(
+        self, request: Message, vector: np.ndarray | None = None, *, overwrite_input: bool = False
+    ) -> Message:
+        """Dispatch a decoded server request to its stage method (`vector` and
+        `overwrite_input`: masked_input only)."""
         if isinstance(request, AdvertiseRequest):
             return self.advertise(request)
         if isinstance(request, ShareKeysRequest):
@@ -322,7 +336,7 @@ class SecAggClient:
         if isinstance(request, MaskedInputRequest):
             if vector is None:
                 raise ValueError("masked_input needs the input vector")
-            return self.masked_input(request, vector)
+            return self.masked_input(request, vector, overwrite_input=overwrite_input)
         if isinstance(request, ConsistencyRequest):
             return self.consistency(request)
         if isinstance(request, UnmaskRequest):

@@ -19,16 +19,32 @@ for reproducible tests and benchmarks).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import randomness
-from .crypto import keystream
+from .crypto import Keystream
 from .session import MAX_BITS
 
 WEIGHT_COORDINATES = 2  # [weight, count]
+# Coordinates per pass: the float work buffers (128 KiB each) stay in the CPU cache.
+_CHUNK = 1 << 14
+_local = threading.local()
+
+
+def _buffers() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """This thread's work buffers: units (float64), noise words (uint32), noise (float64)."""
+    buffers = getattr(_local, "buffers", None)
+    if buffers is None:
+        buffers = _local.buffers = (
+            np.empty(_CHUNK, np.float64),
+            np.empty(_CHUNK, np.uint32),
+            np.empty(_CHUNK, np.float64),
+        )
+    return buffers
 
 
 @dataclass(frozen=True)
@@ -66,28 +82,56 @@ class Quantizer:
         return 2.0 * self.clip_range / (self.levels - 1)
 
     def quantize(
-        self, values: np.ndarray, seed: bytes | None = None, *, extra: int = 0, scale: float = 1.0
+        self,
+        values: np.ndarray | Sequence[np.ndarray],
+        seed: bytes | None = None,
+        *,
+        extra: int = 0,
+        scale: float = 1.0,
     ) -> np.ndarray:
         """Clip x · scale to [-r, r], map to [0, L-1] with stochastic rounding.
 
-        Returns a `dtype` vector with `extra` trailing zero coordinates for the caller to fill.
+        `values` is an array or a sequence of arrays, quantized as if concatenated (any real
+        dtype; no float64 copy is made). Returns a `dtype` vector with `extra` trailing zero
+        coordinates for the caller to fill. NaN is refused (ValueError); ±inf clip to ±r.
         """
-        flat = np.asarray(values, dtype=np.float64).ravel()
-        # Work in units of one step, in place: a handful of passes, no temporaries.
-        units = np.multiply(flat, scale / self.step)
-        half_range = self.clip_range / self.step
-        np.clip(units, -half_range, half_range, out=units)
-        units += half_range
-        # floor(y + U), U uniform in [0, 1), rounds up with probability frac(y): unbiased.
+        parts = (
+            [np.asarray(values).ravel()]
+            if isinstance(values, np.ndarray)
+            else [np.asarray(v).ravel() for v in values]
+        )
+        size = sum(p.size for p in parts)
+        out = np.empty(size + extra, dtype=self.dtype)
+        out[size:] = 0
         # 32 random bits per coordinate resolve the rounding probability to 2^-32.
-        key = seed if seed is not None else randomness.random_bytes(32)
-        noise = keystream(key, units.size, np.uint32)
-        units += noise * 2.0**-32
-        np.floor(units, out=units)
-        # (L-1) + (1 - 2^-32) can round up to L in float64; keep the top level closed.
-        np.clip(units, 0, self.levels - 1, out=units)
-        out = np.zeros(units.size + extra, dtype=self.dtype)
-        out[: units.size] = units
+        stream = Keystream(seed if seed is not None else randomness.random_bytes(32))
+        units_per_value = scale / self.step
+        half_range = self.clip_range / self.step
+        top = self.dtype(self.levels - 1)
+        work, noise, fraction = _buffers()
+        start = 0
+        for part in parts:
+            for begin in range(0, part.size, _CHUNK):
+                chunk = part[begin : begin + _CHUNK]
+                n = chunk.size
+                # In units of one step, shifted to [0, L-1]: a few in-cache passes.
+                units = work[:n]
+                np.multiply(chunk, units_per_value, out=units, dtype=np.float64)
+                np.clip(units, -half_range, half_range, out=units)
+                units += half_range
+                if np.isnan(np.add.reduce(units)):
+                    raise ValueError(f"values: NaN among coordinates {start}..{start + n - 1}")
+                # floor(y + U), U uniform in [0, 1), rounds up with probability frac(y):
+                # unbiased. y + U >= 0, so the cast to unsigned (truncation) is the floor.
+                stream.fill(noise[:n])
+                np.copyto(fraction[:n], noise[:n])
+                fraction[:n] *= 2.0**-32
+                units += fraction[:n]
+                target = out[start : start + n]
+                np.copyto(target, units, casting="unsafe")
+                # (L-1) + (1 - 2^-32) can round up to L in float64; keep the top level closed.
+                np.minimum(target, top, out=target)
+                start += n
         return out
 
     def dequantize_sum(self, total: np.ndarray, count: int) -> np.ndarray:
@@ -99,9 +143,10 @@ class Quantizer:
         return count * self.step
 
     def encode_weighted(
-        self, values: np.ndarray, weight: int, seed: bytes | None = None
+        self, values: np.ndarray | Sequence[np.ndarray], weight: int, seed: bytes | None = None
     ) -> np.ndarray:
-        """quantize(x · w / W) followed by the extra coordinates [w, 1]."""
+        """quantize(x · w / W) followed by the extra coordinates [w, 1] (`values` as in
+        `quantize`)."""
         if not 0 <= weight <= self.max_weight:
             raise ValueError(f"weight {weight} outside [0, max_weight={self.max_weight}]")
         out = self.quantize(values, seed, extra=WEIGHT_COORDINATES, scale=weight / self.max_weight)

@@ -87,8 +87,12 @@ def run_in_memory(
     tamper_up: TamperUp | None = None,
     server: SecAggServer | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    overwrite_inputs: bool = False,
 ) -> RoundReport:
-    """Run one round; raises SecAggAborted if it cannot complete. See module docstring."""
+    """Run one round; raises SecAggAborted if it cannot complete. See module docstring.
+
+    `overwrite_inputs`: clients may mask their input vectors in place (only for a callable
+    `inputs` that makes a new vector per call)."""
     dropouts = dropouts or DropoutPattern()
     identity_public = (
         {cid: key.public_key() for cid, key in identity_keys.items()} if identity_keys else None
@@ -139,7 +143,7 @@ def run_in_memory(
                 if stage is Stage.MASKED_INPUT:
                     vector = inputs(cid) if callable(inputs) else inputs[cid]
                 started = clock()
-                reply = client.respond(outgoing, vector)
+                reply = client.respond(outgoing, vector, overwrite_input=overwrite_inputs)
                 client_seconds[stage.value][cid] = clock() - started
                 clients[cid] = client
             except SecAggError as exc:

@@ -84,3 +84,25 @@ def test_pack_and_unpack() -> None:
         pack(body, [2**32])
     with pytest.raises(ValueError):
         unpack(body, 6)
+
+
+def test_nan_is_refused_naming_where_and_infinities_clip() -> None:
+    q = Quantizer(clip_range=1.0, levels=2**10, max_clients=4)
+    values = np.zeros(40_000)
+    values[33_000] = np.nan
+    with pytest.raises(ValueError, match=r"values: NaN among coordinates 32768\.\."):
+        q.quantize(values)
+    top = q.quantize(np.array([np.inf, -np.inf]))
+    assert top.tolist() == [q.levels - 1, 0]
+
+
+def test_parts_quantize_as_their_concatenation_in_any_float_dtype() -> None:
+    q = Quantizer(clip_range=2.0, levels=2**22, max_clients=100, max_weight=8)
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=50_001).astype(np.float32)
+    tail = np.array([0.5, 1.5])
+    seed = bytes(range(32))
+    whole = q.encode_weighted(np.concatenate([x.astype(np.float64), tail]), 5, seed)
+    assert np.array_equal(q.encode_weighted([x, tail], 5, seed), whole)
+    # float32 input is widened before scaling, never rounded in float32.
+    assert np.array_equal(q.quantize(x, seed), q.quantize(x.astype(np.float64), seed))
