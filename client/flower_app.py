@@ -45,25 +45,32 @@ def load_state(context: Context) -> dict[str, Any]:
 
     Flower keeps a node's `context.state` between messages of a run, and it can
     hold only records, so the state is a flat dict of config values and arrays.
+    Records are read and written by key: RecordDict's typed views rebuild a dict of
+    every record on each access.
     """
     state: dict[str, Any] = {}
-    if STATE_CONFIG in context.state.config_records:
-        state.update(context.state.config_records[STATE_CONFIG])
-    if STATE_ARRAYS in context.state.array_records:
-        state.update({k: a.numpy() for k, a in context.state.array_records[STATE_ARRAYS].items()})
+    config = context.state.get(STATE_CONFIG)
+    if isinstance(config, ConfigRecord):
+        state.update(config)
+    arrays = context.state.get(STATE_ARRAYS)
+    if isinstance(arrays, ArrayRecord):
+        state.update({k: a.numpy() for k, a in arrays.items()})
     return state
 
 
 def save_state(context: Context, state: dict[str, Any]) -> None:
     arrays = {k: v for k, v in state.items() if isinstance(v, (np.ndarray, torch.Tensor))}
     config = {k: v for k, v in state.items() if k not in arrays}
-    context.state.config_records[STATE_CONFIG] = ConfigRecord(config)
-    context.state.array_records[STATE_ARRAYS] = ArrayRecord(
-        {
-            k: Array(np.ascontiguousarray(v.cpu().numpy() if isinstance(v, torch.Tensor) else v))
-            for k, v in arrays.items()
-        }
-    )
+    context.state[STATE_CONFIG] = ConfigRecord(config)
+    if arrays or STATE_ARRAYS in context.state:
+        context.state[STATE_ARRAYS] = ArrayRecord(
+            {
+                k: Array(
+                    np.ascontiguousarray(v.cpu().numpy() if isinstance(v, torch.Tensor) else v)
+                )
+                for k, v in arrays.items()
+            }
+        )
 
 
 # The runtime of each process, under the token of the app that built it. Flower's

@@ -5,11 +5,15 @@ Only this module and the two Flower adapters know Flower's record types.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from .envelope import Envelope, MessageError
+
+R = TypeVar("R", ConfigRecord, ArrayRecord)
 
 # Flower message types are "<category>.<action>"; every fedveil kind rides on
 # one of Flower's categories with the kind as the action.
@@ -48,13 +52,19 @@ def to_content(env: Envelope) -> RecordDict:
 
 
 def from_content(content: RecordDict) -> Envelope:
-    try:
-        meta = content.config_records["meta"]
-        config = content.config_records["config"]
-        arrays = content.array_records["arrays"]
-    except KeyError as exc:
-        raise MessageError(f"message lacks record {exc.args[0]!r}") from None
+    # Records are read by key: RecordDict's typed views (`config_records`, ...) rebuild a
+    # dict of every record on each access, a cost paid per message.
+    meta = _record(content, "meta", ConfigRecord)
+    config = _record(content, "config", ConfigRecord)
+    arrays = _record(content, "arrays", ArrayRecord)
     kind, rnd = meta.get("kind"), meta.get("round")
     if not isinstance(kind, str) or not isinstance(rnd, int) or isinstance(rnd, bool):
         raise MessageError("message meta record needs a string 'kind' and an integer 'round'")
     return Envelope(kind, rnd, dict(config), {k: a.numpy() for k, a in arrays.items()})
+
+
+def _record(content: RecordDict, name: str, kind: type[R]) -> R:
+    record = content.get(name)
+    if not isinstance(record, kind):
+        raise MessageError(f"message lacks the {kind.__name__} {name!r}")
+    return record
