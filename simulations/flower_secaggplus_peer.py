@@ -63,13 +63,16 @@ def array_nbytes(array: Any) -> int:
 
 def content_size(content: Any) -> int:
     """Payload bytes of a Flower RecordDict, by `wire_size`'s rules."""
+    from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+
+    # Records by iteration, not through RecordDict's typed views, which rebuild a dict per
+    # access: this runs in the round loop, so it must not slow the peer's round down.
     total = 0
-    for record in content.config_records.values():
-        total += wire_size(dict(record), {})
-    for record in content.metric_records.values():
-        total += wire_size(dict(record), {})
-    for record in content.array_records.values():
-        total += sum(len(k) + array_nbytes(a) for k, a in record.items())
+    for record in content.values():
+        if isinstance(record, (ConfigRecord, MetricRecord)):
+            total += wire_size(dict(record), {})
+        elif isinstance(record, ArrayRecord):
+            total += sum(len(k) + array_nbytes(a) for k, a in record.items())
     return total
 
 
@@ -77,9 +80,9 @@ def _kind(message: Any) -> str:
     """The SecAgg+ stage a message starts, or its message type."""
     from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 
-    records = message.content.config_records
-    if RECORD_KEY_CONFIGS in records and Key.STAGE in records[RECORD_KEY_CONFIGS]:
-        return f"secagg+.{records[RECORD_KEY_CONFIGS][Key.STAGE]}"
+    record = message.content.get(RECORD_KEY_CONFIGS)
+    if record is not None and Key.STAGE in record:
+        return f"secagg+.{record[Key.STAGE]}"
     return str(message.metadata.message_type)
 
 
@@ -129,9 +132,8 @@ class DropMod:
 
         cid = int(ctxt.node_config["partition-id"])
         if cid in self.dropped and msg.metadata.message_type == MessageType.TRAIN:
-            stage = None
-            if RECORD_KEY_CONFIGS in msg.content.config_records:
-                stage = msg.content.config_records[RECORD_KEY_CONFIGS].get(Key.STAGE)
+            record = msg.content.get(RECORD_KEY_CONFIGS)
+            stage = None if record is None else record.get(Key.STAGE)
             if stage == self.stage:
                 raise ClientDropped(f"{DROP_MARKER} client {cid} drops at {stage or 'fit'}")
         return call_next(msg, ctxt)
