@@ -106,33 +106,44 @@ class Quantizer:
         # 32 random bits per coordinate resolve the rounding probability to 2^-32.
         stream = Keystream(seed if seed is not None else randomness.random_bytes(32))
         units_per_value = scale / self.step
-        half_range = self.clip_range / self.step
-        top = self.dtype(self.levels - 1)
-        work, noise, fraction = _buffers()
         start = 0
         for part in parts:
             for begin in range(0, part.size, _CHUNK):
                 chunk = part[begin : begin + _CHUNK]
                 n = chunk.size
-                # In units of one step, shifted to [0, L-1]: a few in-cache passes.
-                units = work[:n]
-                np.multiply(chunk, units_per_value, out=units, dtype=np.float64)
-                np.clip(units, -half_range, half_range, out=units)
-                units += half_range
-                if np.isnan(np.add.reduce(units)):
-                    raise ValueError(f"values: NaN among coordinates {start}..{start + n - 1}")
-                # floor(y + U), U uniform in [0, 1), rounds up with probability frac(y):
-                # unbiased. y + U >= 0, so the cast to unsigned (truncation) is the floor.
-                stream.fill(noise[:n])
-                np.copyto(fraction[:n], noise[:n])
-                fraction[:n] *= 2.0**-32
-                units += fraction[:n]
                 target = out[start : start + n]
-                np.copyto(target, units, casting="unsafe")
-                # (L-1) + (1 - 2^-32) can round up to L in float64; keep the top level closed.
-                np.minimum(target, top, out=target)
+                try:
+                    # NaN raises FloatingPointError at the latest in the cast to integers.
+                    with np.errstate(invalid="raise"):
+                        self._quantize_chunk(chunk, target, stream, units_per_value)
+                except FloatingPointError:
+                    raise ValueError(
+                        f"values: NaN among coordinates {start}..{start + n - 1}"
+                    ) from None
                 start += n
         return out
+
+    def _quantize_chunk(
+        self, chunk: np.ndarray, target: np.ndarray, stream: Keystream, units_per_value: float
+    ) -> None:
+        """Quantize one chunk into `target`: a few passes over buffers that stay in cache."""
+        n = chunk.size
+        work, noise, fraction = _buffers()
+        half_range = self.clip_range / self.step
+        # In units of one step, shifted to [0, L-1].
+        units = work[:n]
+        np.multiply(chunk, units_per_value, out=units, dtype=np.float64)
+        np.clip(units, -half_range, half_range, out=units)
+        units += half_range
+        # floor(y + U), U uniform in [0, 1), rounds up with probability frac(y): unbiased.
+        # y + U >= 0, so the cast to unsigned (truncation) is the floor.
+        stream.fill(noise[:n])
+        np.copyto(fraction[:n], noise[:n])
+        fraction[:n] *= 2.0**-32
+        units += fraction[:n]
+        np.copyto(target, units, casting="unsafe")
+        # (L-1) + (1 - 2^-32) can round up to L in float64; keep the top level closed.
+        np.minimum(target, self.dtype(self.levels - 1), out=target)
 
     def dequantize_sum(self, total: np.ndarray, count: int) -> np.ndarray:
         """Σ clip(x_i) (approximately) from the integer sum of `count` quantized vectors."""
