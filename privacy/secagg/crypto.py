@@ -167,6 +167,33 @@ class KeyPair:
         return self._private.exchange(X25519PublicKey.from_public_bytes(peer_public))
 
 
+_P25519 = 2**255 - 19
+# The u-coordinates (mod p) of the points of order dividing 8 on Curve25519 and its twist.
+# X25519 with any of them gives the all-zero secret, which OpenSSL refuses (RFC 7748 §6.1);
+# tests/secagg/test_secagg_crypto_primitives.py checks this set against OpenSSL itself.
+_SMALL_ORDER_U = frozenset(
+    {
+        0,
+        1,
+        _P25519 - 1,
+        325606250916557431795983626356110631294008115727848805560023387167927233504,
+        39382357235489614581723060781553021112529911719440698176882885853963445705823,
+    }
+)
+
+
+def x25519_unusable(public: bytes) -> bool:
+    """Whether every key agreement with `public` would fail (wrong length or small order).
+
+    Same answer as attempting one agreement, without the scalar multiplication: the server
+    checks every advertised key, two per client per round.
+    """
+    if len(public) != KEY_BYTES:
+        return True
+    u = (int.from_bytes(public, "little") & ((1 << 255) - 1)) % _P25519  # bit 255 is ignored
+    return u in _SMALL_ORDER_U
+
+
 def x25519_public(private_bytes: bytes) -> bytes:
     return X25519PrivateKey.from_private_bytes(private_bytes).public_key().public_bytes_raw()
 

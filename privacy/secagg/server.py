@@ -144,7 +144,6 @@ class SecAggServer:
         self._rejections: list[Rejection] = []
         self._neighbours: dict[int, frozenset[int]] = {}
         self._round = _Round()
-        self._probe_key = crypto.KeyPair()
         # Seconds spent in each stage's methods (`clock`: wall by default, CPU for benchmarks).
         self._clock = clock
         self.stage_seconds: dict[str, float] = {}
@@ -427,12 +426,9 @@ class SecAggServer:
         keys = {msg.mask_public_key, msg.encryption_public_key}
         if keys & self._round.used_keys:
             raise _Reject("advertise_keys: public key already used by another client")
-        try:
-            # Low-order points would make every neighbour abort later; refuse them here.
-            for key in keys:
-                self._probe_key.agree(key)
-        except ValueError:
-            raise _Reject("advertise_keys: public key is not a usable X25519 point") from None
+        # Low-order points would make every neighbour abort later; refuse them here.
+        if any(crypto.x25519_unusable(key) for key in keys):
+            raise _Reject("advertise_keys: public key is not a usable X25519 point")
         self._round.used_keys |= keys
         self._round.adverts[cid] = _Advert(
             msg.mask_public_key, msg.encryption_public_key, msg.seed_commitment, msg.signature

@@ -313,3 +313,27 @@ def test_reused_public_keys_are_rejected() -> None:
     )
     with pytest.raises(SecAggProtocolError, match="already used"):
         server.receive(copy.client_id, copy)
+
+
+@pytest.mark.parametrize("field", ["mask_public_key", "encryption_public_key"])
+@pytest.mark.parametrize("u", [0, 1, 2**255 - 20], ids=["u=0", "u=1", "u=p-1"])
+def test_a_small_order_public_key_drops_its_sender_not_its_neighbours(field: str, u: int) -> None:
+    # Without the server's check every neighbour would abort on agreeing with this key.
+    session = make_session(7)
+    inputs = random_inputs(session, 5)
+    victim = session.client_ids[2]
+    report = run_in_memory(
+        session,
+        inputs,
+        tamper_up=_replace_up(
+            Stage.ADVERTISE,
+            victim,
+            lambda m: dataclasses.replace(m, **{field: u.to_bytes(32, "little")}),
+        ),
+    )
+    assert any(
+        "not a usable X25519 point" in r and str(victim) in r for r in report.server_rejections
+    )
+    assert not report.client_errors
+    assert set(report.result.survivors) == set(session.client_ids) - {victim}
+    _assert_exact(session, inputs, report)

@@ -1,4 +1,5 @@
-"""The PRG: AES-256-CTR from counter block 0^96 || 2, whichever engine and API produce it."""
+"""The PRG (AES-256-CTR from counter block 0^96 || 2, whichever engine and API produce it)
+and the server's check of advertised X25519 keys."""
 
 from __future__ import annotations
 
@@ -66,3 +67,29 @@ def test_a_stream_beyond_the_counter_range_is_refused(engine):
     stream._offset = crypto.MAX_KEYSTREAM_BYTES - 16  # as if 64 GiB had been read
     with pytest.raises(ValueError, match="at most"):
         stream.fill(bytearray(64))
+
+
+def _openssl_refuses(public: bytes) -> bool:
+    """Whether a real X25519 agreement with `public` fails."""
+    try:
+        crypto.KeyPair().agree(public)
+    except ValueError:
+        return True
+    return False
+
+
+def test_the_small_order_check_agrees_with_openssl():
+    p = 2**255 - 19
+    special = [0, 1, 2, p - 2, p - 1, p, p + 1, p + 2, 2**255 - 1]
+    special += sorted(crypto._SMALL_ORDER_U)
+    candidates = []
+    for u in special:
+        for value in (u, u + p, u | 1 << 255, (u + p) | 1 << 255):
+            if value < 2**256:
+                candidates.append(value.to_bytes(32, "little"))
+    candidates += [os.urandom(32) for _ in range(500)]
+    refused = [c for c in candidates if _openssl_refuses(c)]
+    assert len(refused) >= 10  # every small-order u, in several encodings
+    for public in candidates:
+        assert crypto.x25519_unusable(public) == _openssl_refuses(public), public.hex()
+    assert crypto.x25519_unusable(bytes(31)) and crypto.x25519_unusable(bytes(33))
