@@ -14,7 +14,8 @@ import numpy as np
 from .crypto import KeystreamBuffer
 
 # Scratch buffers up to this size are kept per thread and reused by every round: a fresh
-# buffer costs a page fault per 4 KiB on first touch, as much as its keystream on a VM.
+# buffer can cost a page fault per 4 KiB on first touch. Each fill is consumed at once, so
+# appliers of the same thread can share one.
 _CACHED_SCRATCH_BYTES = 16 << 20
 _local = threading.local()
 
