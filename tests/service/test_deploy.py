@@ -392,6 +392,13 @@ def test_dropout_and_garbage_do_not_stop_a_round(deployment, secagg):
     training = "Receiving: train.secagg_masked_input" if secagg else "Receiving: train.train "
     before = received.read_text().count(training)
     rid = dep.submit(toml)
+    # Restarted SuperNodes keep their node ids, and the SuperLink calls a node unavailable
+    # until its heartbeat catches up (30-60 s here, more on a loaded machine); the run waits
+    # for all seven clients before round 1, so that wait is not part of the next one.
+    server_log = dep.state / "runs" / rid / "server.log"
+    wait_for(
+        lambda: "training from round 1" in server_log.read_text(), 240, "all 7 clients to answer"
+    )
     wait_for(
         lambda: received.read_text().count(training) > before, 90, "client 6 to train in round 1"
     )
