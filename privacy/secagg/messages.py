@@ -182,7 +182,7 @@ class AdvertiseRequest(Message):
         nested_arrays = {str(k)[8:]: v for k, v in arrays.items() if str(k).startswith("session.")}
         if set(nested_arrays) != {"client_ids"}:
             raise fail(f"{cls.KIND}.session", "arrays must hold exactly client_ids")
-        expected = set(SessionConfig.__dataclass_fields__) - {"client_ids"}
+        expected = set(SessionConfig.__dataclass_fields__) - {"client_ids"} | {"protocol"}
         for key in nested:
             if key not in expected:
                 raise fail(f"{cls.KIND}.session", f"unexpected key {key[:40]!r}")

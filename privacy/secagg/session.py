@@ -28,7 +28,11 @@ SESSION_ID_MIN, SESSION_ID_MAX = 8, 64
 GRAPH_SEED_BYTES = 32
 MAX_BITS = 62
 MAX_DIMENSION = 1 << 31
-_MAGIC = b"fvsa1"
+# The protocol revision: bumped with crypto.DOMAIN whenever masks or messages change, so a
+# client and a server of different revisions refuse each other by name at the first message
+# instead of producing masks that do not cancel.
+PROTOCOL = "fedveil-secagg/2"
+_MAGIC = b"fvsa2"
 _HEADER = ">BIIIIIB"  # session-id length, bits, dimension, k, t, n, threat mode
 
 _FIELDS = {
@@ -200,10 +204,15 @@ class SessionConfig:
 
     def to_wire(self) -> tuple[Config, Arrays]:
         config: Config = {name: spec.encode(getattr(self, name)) for name, spec in _FIELDS.items()}
+        config["protocol"] = PROTOCOL
         return config, {"client_ids": self.ids_array}
 
     @classmethod
     def from_wire(cls, config: Config, arrays: Arrays, path: str = "session") -> SessionConfig:
+        protocol = config.get("protocol")
+        if protocol != PROTOCOL:
+            shown = "missing" if protocol is None else repr(str(protocol)[:40])
+            raise fail(f"{path}.protocol", f"{shown}; this party speaks {PROTOCOL!r}")
         values = {}
         for name, spec in _FIELDS.items():
             if name not in config:

@@ -70,6 +70,24 @@ def test_session_config_round_trips() -> None:
         SessionConfig.from_bytes(session.to_bytes()[:-3])
 
 
+@pytest.mark.parametrize(
+    ("protocol", "named"),
+    [(None, "missing"), ("fedveil-secagg/1", "'fedveil-secagg/1'"), (2, "'2'")],
+)
+def test_a_session_of_another_protocol_revision_is_refused_by_name(protocol, named) -> None:
+    config, arrays = WIRE[AdvertiseRequest]
+    config = dict(config)
+    if protocol is None:
+        del config["session.protocol"]  # what a server of revision 1 sent
+    else:
+        config["session.protocol"] = protocol
+    with pytest.raises(SecAggProtocolError) as raised:
+        AdvertiseRequest.from_wire(config, arrays)
+    message = str(raised.value)
+    assert "advertise_request.session.protocol" in message and named in message
+    assert "fedveil-secagg/2" in message
+
+
 scalars = st.one_of(
     st.integers(-(2**70), 2**70),
     st.floats(allow_nan=True),
