@@ -8,6 +8,7 @@ are thin adapters around it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from fedveil.envelope import Envelope, MessageError
 from fedveil.evaluation import evaluate
 from fedveil.params import FlatModel
 from fedveil.piggyback import detach, join_replies
+from fedveil.privacy.secagg.identity import ClientIdentity
 from fedveil.tasks import Task
 
 from .training import DpSgdResult, LocalTraining, train_local, train_local_dp_sgd
@@ -53,11 +55,23 @@ def parse_training(msg: Envelope) -> LocalTraining:
     return hp
 
 
-class ClientRuntime:
-    """Trains and evaluates for any client of `task`, reusing one model instance."""
+IdentitySource = Callable[[int], ClientIdentity]
 
-    def __init__(self, task: Task, device: torch.device | str = "cpu") -> None:
+
+class ClientRuntime:
+    """Trains and evaluates for any client of `task`, reusing one model instance.
+
+    `identities` gives a client's secure-aggregation identity (key and roster), which
+    malicious-server sessions need; None: this runtime has none."""
+
+    def __init__(
+        self,
+        task: Task,
+        device: torch.device | str = "cpu",
+        identities: IdentitySource | None = None,
+    ) -> None:
         self.task = task
+        self.identities = identities
         self.model = FlatModel(task.model_fn(), device)
         # Local training; the in-process engine may hand back results it computed for
         # several clients at once (same signature, same arithmetic).
@@ -89,7 +103,8 @@ class ClientRuntime:
         if msg.kind.startswith("secagg."):
             from .secagg_stages import handle_secagg
 
-            return handle_secagg(client_id, msg, state, self._train_update)
+            identity = None if self.identities is None else self.identities(client_id)
+            return handle_secagg(client_id, msg, state, self._train_update, identity)
         raise MessageError(f"unknown message kind {msg.kind!r}")
 
     def _global(self, msg: Envelope) -> torch.Tensor:

@@ -24,7 +24,14 @@ import torch
 
 from fedveil.envelope import Envelope, MessageError
 from fedveil.privacy.dp import SkellamEncoder, SkellamParams
-from fedveil.privacy.secagg import Quantizer, SecAggClient, SecAggError, decode_message
+from fedveil.privacy.secagg import (
+    Quantizer,
+    SecAggClient,
+    SecAggError,
+    SessionConfig,
+    decode_message,
+)
+from fedveil.privacy.secagg.identity import ClientIdentity
 
 SA = "sa."  # protocol fields inside an Envelope
 ENC = "enc."  # encoding parameters (masked-input stage only)
@@ -98,11 +105,47 @@ def retain_recent(state: dict[str, Any], round_num: int) -> None:
         del state[key]
 
 
+def _saved_session(saved: dict[str, Any]) -> SessionConfig:
+    try:
+        return SessionConfig.from_bytes(saved["session"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise MessageError(f"secure aggregation: saved session unreadable: {exc}") from None
+
+
+def identity_for(
+    session: SessionConfig, client_id: int, identity: ClientIdentity | None
+) -> dict[str, Any]:
+    """SecAggClient's identity arguments for `session`, or a refusal naming why."""
+    if identity is not None and identity.client_id != client_id:
+        raise MessageError(
+            f"secure aggregation: this device's identity key is client {identity.client_id}'s, "
+            f"the request is for client {client_id}"
+        )
+    if not session.malicious:
+        if identity is not None and identity.require_malicious:
+            raise MessageError(
+                "local policy: this device has an identity key and roster, so it runs "
+                "secure aggregation only in malicious-server mode; the server asked for "
+                f"advertise_request.session.threat_mode = {session.threat_mode.value!r}"
+            )
+        return {}
+    if identity is None:
+        raise MessageError(
+            "secure aggregation in malicious-server mode needs this client's identity key "
+            "and the operator's roster (fedveil client --identity-key ... --roster ...)"
+        )
+    return {
+        "identity_key": identity.key,
+        "identity_public_keys": identity.peer_keys(session.client_ids),
+    }
+
+
 def handle_secagg(
     client_id: int,
     msg: Envelope,
     state: dict[str, Any],
     train: Callable[[int, Envelope], tuple[dict[str, Any], torch.Tensor]],
+    identity: ClientIdentity | None = None,
 ) -> Envelope:
     stage = msg.kind.removeprefix("secagg.")
     config, arrays = protocol_part(msg)
@@ -114,12 +157,16 @@ def handle_secagg(
             previous = _slot(msg.round - 1)
             for key in [k for k in state if k.startswith(SA) and not k.startswith(previous)]:
                 del state[key]
-            client = SecAggClient(client_id, request.session)
+            keys = identity_for(request.session, client_id, identity)
+            client = SecAggClient(client_id, request.session, **keys)
         else:
             saved = {k[len(slot) :]: v for k, v in state.items() if k.startswith(slot)}
             if not saved:
                 raise MessageError(f"{msg.kind}: no secure-aggregation session in progress")
-            client = SecAggClient.from_state(saved)
+            keys = {}
+            if identity is not None:  # the advertise stage checked the session already
+                keys = identity_for(_saved_session(saved), client_id, identity)
+            client = SecAggClient.from_state(saved, **keys)
         vector = None
         if stage == TRAINING_STAGE:
             client.check_masked_input(request)  # a stale or foreign request costs no training

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 from fedveil.config import RunConfig
@@ -37,14 +38,15 @@ def make_privacy_pipeline(
     cfg: RunConfig,
     task: Task,
     ledger_path: Path,
+    roster: Mapping[int, bytes] | None = None,
 ) -> tuple[CentralDP | None, UpdateChannel]:
+    """The run's DP accounting and update channel. `roster` (client id -> Ed25519
+    identity public key) is required for secagg.threat = 'malicious'."""
     mechanism = cfg.dp.mechanism
-    if cfg.secagg.enabled and cfg.secagg.threat == "malicious":
-        # The protocol supports it (privacy/secagg: signed adverts, consistency round),
-        # but the round engine has no registry of enrolled client identity keys yet.
+    if cfg.secagg.enabled and cfg.secagg.threat == "malicious" and roster is None:
         raise ValueError(
-            "secagg.threat = 'malicious' needs each client's enrolled Ed25519 identity key; "
-            "the round engine runs semi_honest until identity enrolment is wired in"
+            "secagg.threat = 'malicious' needs the clients' identity roster "
+            "(deployment: [secagg] roster in server.toml; simulation makes its own)"
         )
     if not cfg.secagg.enabled:
         privacy = CentralDP(cfg, task.num_clients, ledger_path) if mechanism == "central" else None
@@ -73,11 +75,13 @@ def make_privacy_pipeline(
             bits=cfg.dp.modulus_bits,
         )
         privacy.bind(params)
-        return privacy, SecAggChannel(cfg.secagg, SkellamEncoding(params))
+        return privacy, SecAggChannel(cfg.secagg, SkellamEncoding(params), roster)
     privacy = CentralDP(cfg, task.num_clients, ledger_path) if mechanism == "central" else None
     max_weight = 1 if privacy is not None else cfg.secagg.max_weight or _largest_client(task)
     return privacy, SecAggChannel(
-        cfg.secagg, QuantizedEncoding(cfg.secagg.clip_range, cfg.secagg.levels, max_weight)
+        cfg.secagg,
+        QuantizedEncoding(cfg.secagg.clip_range, cfg.secagg.levels, max_weight),
+        roster,
     )
 
 

@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -185,9 +186,25 @@ class _Ahead:
 
 
 class SecAggChannel:
-    def __init__(self, settings: SecAggSection, encoding: Encoding) -> None:
+    """`roster` (client id -> Ed25519 identity public key) is needed for the
+    malicious-server mode: the server checks signed advertisements with it, and a
+    sampled client without an entry cannot take part (it is dropped before the round).
+    The clients check each other with their own copy, which is what protects them."""
+
+    def __init__(
+        self,
+        settings: SecAggSection,
+        encoding: Encoding,
+        roster: Mapping[int, bytes] | None = None,
+    ) -> None:
+        if settings.threat == "malicious" and roster is None:
+            raise ValueError(
+                "secagg.threat = 'malicious' needs the clients' identity roster "
+                "(client id -> Ed25519 public key)"
+            )
         self.settings = settings
         self.encoding = encoding
+        self.roster = roster if settings.threat == "malicious" else None
         self.last_session: SessionConfig | None = None
         self._ahead: _Ahead | None = None
         self.pipelining = settings.pipeline
@@ -204,6 +221,17 @@ class SecAggChannel:
             threshold=s.threshold or None,
         )
 
+    def _server(self, session: SessionConfig) -> SecAggServer:
+        if self.roster is None:
+            return SecAggServer(session)
+        keys = {cid: self.roster[cid] for cid in session.client_ids}
+        return SecAggServer(session, identity_public_keys=keys)
+
+    def _unlisted(self, cohort: list[int]) -> list[int]:
+        """Clients the roster has no identity key for (malicious mode only)."""
+        roster = self.roster
+        return [] if roster is None else [c for c in cohort if c not in roster]
+
     def _take_ahead(self, round_num: int, cohort: list[int], model_size: int) -> _Ahead | None:
         ahead, self._ahead = self._ahead, None
         if ahead is None or ahead.dead:
@@ -214,14 +242,15 @@ class SecAggChannel:
         return ahead
 
     def _start_ahead(self, round_num: int, upcoming: list[int] | None, model_size: int) -> None:
-        if not self.pipelining or upcoming is None or len(upcoming) < 2:
-            return
+        if not self.pipelining or upcoming is None or len(upcoming) < 2 or self._unlisted(upcoming):
+            return  # (a cohort with unlisted clients runs its key stages in its own round)
         try:
             session = self.session(sorted(upcoming), model_size)
+            server = self._server(session)
         except (SecAggError, ValueError) as exc:
             log.info("round %d: no early key exchange: %s", round_num, exc)
             return
-        self._ahead = _Ahead(round_num, tuple(sorted(upcoming)), model_size, SecAggServer(session))
+        self._ahead = _Ahead(round_num, tuple(sorted(upcoming)), model_size, server)
 
     def collect(
         self,
@@ -235,6 +264,10 @@ class SecAggChannel:
         round's key stages ride on this round's exchanges (see _Ahead)."""
         cohort = sorted(requests)
         round_num = requests[cohort[0]].round
+        dropped: dict[int, str] = {}
+        for cid in self._unlisted(cohort):
+            dropped[cid] = "no identity key in the secure-aggregation roster"
+            cohort.remove(cid)
         ahead = self._take_ahead(round_num, cohort, model_size)
         self._start_ahead(round_num + 1, upcoming, model_size)
         if len(cohort) < 2:
@@ -242,13 +275,20 @@ class SecAggChannel:
                 "round %d: a cohort of %d cannot be securely aggregated", round_num, len(cohort)
             )
             return None
-        dropped: dict[int, str] = {}
+        if dropped:
+            log.warning(
+                "round %d: %d sampled clients have no identity key in the roster and are "
+                "left out: %s",
+                round_num,
+                len(dropped),
+                sorted(dropped)[:10],
+            )
         try:
             enc_config = self.encoding.client_config(len(cohort))
             if ahead is not None:
                 server, dropped = ahead.server, dict(ahead.dropped)
             else:
-                server = SecAggServer(self.session(cohort, model_size))
+                server = self._server(self.session(cohort, model_size))
         except (SecAggError, ValueError) as exc:
             log.warning("round %d: secure aggregation not started: %s", round_num, exc)
             return None

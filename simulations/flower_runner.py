@@ -16,7 +16,7 @@ from flwr.app import Context
 from flwr.simulation import run_simulation
 
 from fedveil.client.flower_app import make_client_app
-from fedveil.client.runtime import ClientRuntime
+from fedveil.client.runtime import ClientRuntime, IdentitySource
 from fedveil.config import RunConfig
 from fedveil.server.flower_app import FlowerTransport, make_server_app
 from fedveil.server.rounds import RoundEngine
@@ -28,11 +28,11 @@ EngineFactory = Callable[[FlowerTransport], RoundEngine]
 class _RuntimeFactory:
     """Picklable: builds the task and client runtime inside each Ray worker."""
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: RunConfig, identities: IdentitySource | None = None) -> None:
+        self.cfg, self.identities = cfg, identities
 
     def __call__(self) -> ClientRuntime:
-        return ClientRuntime(make_task(self.cfg), "cpu")
+        return ClientRuntime(make_task(self.cfg), "cpu", self.identities)
 
 
 def run_on_flower(
@@ -42,8 +42,10 @@ def run_on_flower(
     *,
     num_cpus_per_client: float = 1.0,
     verbose: bool = False,
+    identities: IdentitySource | None = None,
 ) -> dict[str, Any]:
-    """Run a whole training run on Flower's simulation engine; returns the summary."""
+    """Run a whole training run on Flower's simulation engine; returns the summary.
+    `identities`: the clients' secure-aggregation identities (malicious mode)."""
     result: dict[str, Any] = {}
 
     def main(transport: FlowerTransport, context: Context) -> None:
@@ -52,7 +54,7 @@ def run_on_flower(
         result["engine"] = engine
 
     server_app = make_server_app(main, expected_clients=num_clients)
-    client_app = make_client_app(_RuntimeFactory(cfg))
+    client_app = make_client_app(_RuntimeFactory(cfg, identities))
     backend_config = {
         "client_resources": {"num_cpus": num_cpus_per_client, "num_gpus": 0.0},
         "init_args": {

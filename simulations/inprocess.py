@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
+from fedveil.client.runtime import IdentitySource
 from fedveil.envelope import Envelope
 from fedveil.evaluation import summarize
 from fedveil.server.transport import ClientFailure
@@ -48,7 +49,9 @@ class InProcessTransport:
         unit_size: int = 1,
         task_factory: Callable[[], Task] | None = None,
         on_progress: Progress | None = None,
+        identities: IdentitySource | None = None,
     ) -> None:
+        """`identities`: the clients' secure-aggregation identities (malicious mode)."""
         if workers < 1:
             raise ValueError(f"simulation.workers = {workers}: must be >= 1 once resolved")
         keep_freed_memory()
@@ -68,6 +71,7 @@ class InProcessTransport:
                 device=str(self.device),
                 unit_size=unit_size,
                 task_factory=task_factory,
+                identities=identities,
             )
             # The workers own the cores. This process's share of a round (copying,
             # checking and summing updates, evaluating) is small, and intra-op threads
@@ -76,7 +80,7 @@ class InProcessTransport:
             self._threads = torch.get_num_threads()
             torch.set_num_threads(1)
         else:
-            self.lane = ClientLane(task, self.device, unit_size=unit_size)
+            self.lane = ClientLane(task, self.device, unit_size=unit_size, identities=identities)
 
     @property
     def workers(self) -> int:

@@ -21,7 +21,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedveil.client.runtime import TRAIN_FIELDS, ClientRuntime, client_generator, parse_training
+from fedveil.client.runtime import (
+    TRAIN_FIELDS,
+    ClientRuntime,
+    IdentitySource,
+    client_generator,
+    parse_training,
+)
 from fedveil.client.secagg_stages import retain_recent
 from fedveil.client.training import LocalResult, LocalTraining, LossFn, train_local
 from fedveil.envelope import Envelope
@@ -99,13 +105,20 @@ def _client_seed(msg: Envelope, cid: int) -> int:
 
 class ClientLane:
     def __init__(
-        self, task: Task, device: torch.device | str = "cpu", *, unit_size: int = 1
+        self,
+        task: Task,
+        device: torch.device | str = "cpu",
+        *,
+        unit_size: int = 1,
+        identities: IdentitySource | None = None,
     ) -> None:
         self.task = task
         keep_data_on(task, device)
         self._fetched: dict[int, ClientData] = {}  # data loaded for a unit, used once
         # The runtime reads client data through the lane, so a unit's data is loaded once.
-        self.runtime = ClientRuntime(dataclasses.replace(task, client_data=self._data), device)
+        self.runtime = ClientRuntime(
+            dataclasses.replace(task, client_data=self._data), device, identities
+        )
         self.runtime.trainer = self._train
         self._done: dict[int, LocalResult] = {}  # a unit's results, until its clients ask
         self._replay: LocalResult | None = None

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from fedveil.config import RunConfig, to_toml
+from fedveil.privacy.secagg.identity import DerivedIdentities
 from fedveil.server.pipeline import make_privacy_pipeline
 from fedveil.server.privacy_report import write_privacy_report
 from fedveil.server.rounds import RoundEngine, RoundRecord
@@ -97,7 +98,14 @@ def simulate(
     store.write_config(to_toml(cfg))
     write_partition_report(store, task)
 
-    privacy, channel = make_privacy_pipeline(cfg, task, store.ledger_path)
+    # Malicious-server secure aggregation needs client identity keys and a roster. The
+    # simulated population's come from one fresh secret (never written anywhere); a
+    # deployment's are made on each device and listed by the operator.
+    identities = (
+        DerivedIdentities() if cfg.secagg.enabled and cfg.secagg.threat == "malicious" else None
+    )
+    roster = None if identities is None else identities.roster
+    privacy, channel = make_privacy_pipeline(cfg, task, store.ledger_path, roster)
     availability = AvailabilityModel.from_config(cfg)
 
     def build_engine(transport: Any) -> RoundEngine:
@@ -136,6 +144,7 @@ def simulate(
                 unit_size=cfg.simulation.vmap_clients,
                 task_factory=TaskFactory(cfg),
                 on_progress=on_clients,
+                identities=identities,
             ) as transport:
                 engine = build_engine(transport)
                 engine.run()
@@ -143,7 +152,9 @@ def simulate(
             from .flower_runner import run_on_flower
 
             workers = None
-            engine = run_on_flower(cfg, task.num_clients, build_engine)["engine"]
+            engine = run_on_flower(cfg, task.num_clients, build_engine, identities=identities)[
+                "engine"
+            ]
     finally:
         server_log.removeFilter(quiet)
     wall = time.perf_counter() - start

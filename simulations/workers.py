@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from fedveil.client.runtime import IdentitySource
 from fedveil.envelope import Envelope
 from fedveil.piggyback import latest_round
 from fedveil.tasks import Task
@@ -94,6 +95,7 @@ class WorkerSetup:
     inherited: bool
     task: Task | None
     task_factory: Callable[[], Task] | None
+    identities: IdentitySource | None = None
 
 
 # -- worker side ------------------------------------------------------------
@@ -115,7 +117,9 @@ def _worker_main(conn: Connection, setup: WorkerSetup) -> None:
         keep_freed_memory()
         torch.set_num_threads(setup.threads)
         task = setup.task if setup.task is not None else setup.task_factory()  # type: ignore[misc]
-        lane = ClientLane(task, setup.device, unit_size=setup.unit_size)
+        lane = ClientLane(
+            task, setup.device, unit_size=setup.unit_size, identities=setup.identities
+        )
         request = Arena.attach(setup.request, setup.inherited)
         replies = [Arena.attach(r, setup.inherited) for r in setup.replies]
     except BaseException:
@@ -186,11 +190,13 @@ class WorkerPool:
         threads: int | None = None,
         unit_size: int = 1,
         task_factory: Callable[[], Task] | None = None,
+        identities: IdentitySource | None = None,
     ) -> None:
         if workers < 2:
             raise ValueError(f"simulation.workers = {workers}: a worker pool needs at least 2")
         self.task, self.device, self.task_factory = task, device, task_factory
         self.unit_size = unit_size
+        self.identities = identities
         self.threads = threads or max(1, cpu_cores() // workers)
         # GNU OpenMP (torch's intra-op pool) and CUDA break in forked children.
         self.method = "fork" if self.threads == 1 and device == "cpu" else "spawn"
@@ -236,6 +242,7 @@ class WorkerPool:
             inherited=self.method == "fork",
             task=self.task if self.method == "fork" else None,
             task_factory=None if self.method == "fork" else self.task_factory,
+            identities=self.identities,
         )
         parent, child = self.ctx.Pipe(duplex=True)
         proc = self.ctx.Process(

@@ -52,9 +52,11 @@ def test_secagg_gives_the_plain_model_within_quantization_error(tmp_path):
 
 @pytest.mark.flower
 @pytest.mark.slow
-def test_secagg_over_flower_matches_secagg_in_process(tmp_path):
-    a = config(tmp_path, "a", **{"secagg.enabled": True, "server.rounds": 2})
-    b = config(tmp_path, "b", transport="flower", **{"secagg.enabled": True, "server.rounds": 2})
+@pytest.mark.parametrize("threat", ["semi_honest", "malicious"])
+def test_secagg_over_flower_matches_secagg_in_process(tmp_path, threat):
+    on = {"secagg.enabled": True, "secagg.threat": threat, "server.rounds": 2}
+    a = config(tmp_path, "a", **on)
+    b = config(tmp_path, "b", transport="flower", **on)
     simulate(a)
     simulate(b)
     assert max_diff(model(a), model(b)) < 1e-4
