@@ -31,6 +31,7 @@ from fedveil.envelope import Envelope, MessageError
 from fedveil.flower_codec import KINDS, from_content, message_type, to_content
 from fedveil.models import MODELS, build_model
 from fedveil.piggyback import FAILED
+from fedveil.privacy.secagg.identity import ClientIdentity
 from fedveil.tasks import ClientData, Task, load_task_function
 
 from .edge_data import load_local_data, with_holdout
@@ -75,10 +76,18 @@ class EdgeClient:
         client_id: int,
         policy: LocalPolicy | None = None,
         device: str = "cpu",
+        identity: ClientIdentity | None = None,
     ) -> None:
+        """`identity`: this device's secure-aggregation identity key and the operator's
+        roster; with one, the device takes part only in malicious-server sessions."""
         if client_id < 0:
             raise ValueError(f"client id {client_id}: must be >= 0")
+        if identity is not None and identity.client_id != client_id:
+            raise ValueError(
+                f"identity key of client {identity.client_id} given to client {client_id}"
+            )
         self.source, self.client_id = source, client_id
+        self.identity = identity
         self.policy = policy or LocalPolicy()
         self.device = device
         self._run_id: int | None = None
@@ -148,7 +157,10 @@ class EdgeClient:
         cfg = self._run_config(run_config)
         try:
             task = self._task(cfg, request)
-            runtime = ClientRuntime(task, self.device)
+            identity = self.identity
+            runtime = ClientRuntime(
+                task, self.device, None if identity is None else (lambda _cid: identity)
+            )
             self._num_examples = len(task.client_data(self.client_id))
         except MessageError:
             raise

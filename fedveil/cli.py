@@ -140,6 +140,7 @@ def _subcommands() -> list:
     from .bench_cli import add_bench
     from .data_cli import add_data
     from .deploy_cli import add_certs, add_client, add_clients, add_run, add_server
+    from .identity_cli import add_identity
     from .privacy_cli import add_privacy
 
     return [
@@ -150,6 +151,7 @@ def _subcommands() -> list:
         add_client,
         add_run,
         add_clients,
+        add_identity,
         add_certs,
     ]
 

@@ -109,6 +109,16 @@ def add_client(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--max-train-seconds", type=float, default=0.0, help="cap training time per round"
     )
+    g.add_argument(
+        "--identity-key",
+        help="this device's Ed25519 identity key (fedveil identity keygen); with --roster, "
+        "secure aggregation runs only in malicious-server mode and --require-secagg holds",
+    )
+    g.add_argument(
+        "--roster",
+        help="the operator's roster of client identity keys (fedveil identity roster); "
+        "peers are checked against this copy, never against the coordinator's",
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to train")
     p.set_defaults(func=cmd_client)
 
@@ -121,6 +131,14 @@ def cmd_client(args: argparse.Namespace) -> int:
 
     if args.client_id < 0:
         raise ValueError(f"--client-id {args.client_id}: must be >= 0")
+    identity, fingerprint = None, ""
+    if bool(args.identity_key) != bool(args.roster):
+        raise ValueError("--identity-key and --roster go together: give both or neither")
+    if args.identity_key:
+        from fedveil.identity_files import load_client_identity
+
+        identity = load_client_identity(args.client_id, Path(args.identity_key), Path(args.roster))
+        fingerprint = identity.roster.fingerprint()
     task = args.task
     if task and ":" in task:
         if args.data:
@@ -138,7 +156,8 @@ def cmd_client(args: argparse.Namespace) -> int:
     else:
         raise ValueError("give --data PATH (local data files) or --task module:function")
     policy = LocalPolicy(
-        require_secagg=args.require_secagg,
+        # A device that guards against a lying server does not send updates in the clear.
+        require_secagg=args.require_secagg or identity is not None,
         max_clip_norm=args.max_clip_norm,
         min_dp_noise=args.min_dp_noise,
         max_local_epochs=args.max_local_epochs,
@@ -158,9 +177,17 @@ def cmd_client(args: argparse.Namespace) -> int:
         key=Path(args.key) if args.key else None,
         insecure=args.insecure,
     )
-    edge = EdgeClient(source, args.client_id, policy, args.device)
+    edge = EdgeClient(source, args.client_id, policy, args.device, identity)
     n = len(source.data) if isinstance(source, DataSource) else "task"
     log.info("client %d: data %s, local policy: %s", args.client_id, n, policy.describe())
+    if identity is not None:
+        log.info(
+            "client %d: secure aggregation in malicious-server mode only; roster of %d "
+            "clients, fingerprint %s",
+            args.client_id,
+            len(identity.roster),
+            fingerprint,
+        )
     return EdgeNode(opts, edge).run()
 
 

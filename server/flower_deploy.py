@@ -24,13 +24,14 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedveil.config import load_config
+from fedveil.identity_files import load_roster
 from fedveil.server.deploy_transport import DeployTransport
 from fedveil.server.pipeline import make_privacy_pipeline
 from fedveil.server.privacy_report import write_privacy_report
 from fedveil.server.rounds import RoundEngine, RoundRecord
 from fedveil.server.runstore import RunStore, atomic_write_bytes
 from fedveil.server.service.clients import ClientRegistry
-from fedveil.server.service.rundir import RunDir
+from fedveil.server.service.rundir import ROSTER_FILE, RunDir
 from fedveil.server.service.superlink import RUN_ID_KEY, STATE_ENV
 from fedveil.tasks import make_task
 
@@ -124,7 +125,15 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
 
     # The same privacy pipeline as `fedveil simulate` (secure aggregation channel, central
     # or distributed DP); its accountant is rebuilt from the run's ledger on every attempt.
-    privacy, channel = make_privacy_pipeline(cfg, task, store.ledger_path)
+    roster = None
+    if cfg.secagg.enabled and cfg.secagg.threat == "malicious":
+        roster = load_roster(rd / ROSTER_FILE, "the run's roster")
+        log.info(
+            "secure aggregation in malicious-server mode: roster of %d clients, fingerprint %s",
+            len(roster),
+            roster.fingerprint(),
+        )
+    privacy, channel = make_privacy_pipeline(cfg, task, store.ledger_path, roster)
     engine = RoundEngine(
         cfg,
         task,

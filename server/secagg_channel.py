@@ -242,15 +242,19 @@ class SecAggChannel:
         return ahead
 
     def _start_ahead(self, round_num: int, upcoming: list[int] | None, model_size: int) -> None:
-        if not self.pipelining or upcoming is None or len(upcoming) < 2 or self._unlisted(upcoming):
-            return  # (a cohort with unlisted clients runs its key stages in its own round)
+        if not self.pipelining or upcoming is None:
+            return
+        unlisted = set(self._unlisted(upcoming))  # left out of that round, as in `collect`
+        upcoming = sorted(c for c in upcoming if c not in unlisted)
+        if len(upcoming) < 2:
+            return
         try:
-            session = self.session(sorted(upcoming), model_size)
+            session = self.session(upcoming, model_size)
             server = self._server(session)
         except (SecAggError, ValueError) as exc:
             log.info("round %d: no early key exchange: %s", round_num, exc)
             return
-        self._ahead = _Ahead(round_num, tuple(sorted(upcoming)), model_size, server)
+        self._ahead = _Ahead(round_num, tuple(upcoming), model_size, server)
 
     def collect(
         self,
@@ -286,7 +290,8 @@ class SecAggChannel:
         try:
             enc_config = self.encoding.client_config(len(cohort))
             if ahead is not None:
-                server, dropped = ahead.server, dict(ahead.dropped)
+                server = ahead.server
+                dropped.update(ahead.dropped)
             else:
                 server = self._server(self.session(cohort, model_size))
         except (SecAggError, ValueError) as exc:

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedveil.privacy.secagg import (
     DropoutPattern,
@@ -56,13 +57,20 @@ CLOCK = time.process_time
 
 
 def graph_parameters(
-    n: int, dropout: float, neighbors: int | None, threshold: int | None
+    n: int,
+    dropout: float,
+    neighbors: int | None,
+    threshold: int | None,
+    threat: ThreatMode = ThreatMode.SEMI_HONEST,
 ) -> tuple[int, int]:
     """(k, t): given values, or the parameter finder's at 5 % adversarial clients."""
     if neighbors is not None and threshold is not None:
         return neighbors, threshold
     params = find_parameters(
-        n, ThreatModel(ADVERSARIAL_RATE, dropout), neighbors=neighbors, threshold=threshold
+        n,
+        ThreatModel(ADVERSARIAL_RATE, dropout, threat),
+        neighbors=neighbors,
+        threshold=threshold,
     )
     return params.neighbors, params.threshold
 
@@ -99,8 +107,10 @@ def bench_protocol(
     neighbors: int | None = None,
     threshold: int | None = None,
     seed: int = 0,
+    threat: ThreatMode = ThreatMode.SEMI_HONEST,
 ) -> dict[str, Any]:
-    """Compute cost of one fedveil round; see the module docstring."""
+    """Compute cost of one fedveil round; see the module docstring. `threat` MALICIOUS adds
+    the signed advertisements and the consistency round (identity keys made untimed)."""
     started = time.perf_counter()
     ids = list(range(1, n + 1))
     k, t = graph_parameters(n, dropout, neighbors, threshold)
@@ -112,8 +122,13 @@ def bench_protocol(
         dimension=dim + 2,
         neighbors=k,
         threshold=t,
-        threat_mode=ThreatMode.SEMI_HONEST,
+        threat_mode=threat,
         graph_seed=os.urandom(32),
+    )
+    identity_keys = (
+        {cid: Ed25519PrivateKey.generate() for cid in ids}
+        if threat is ThreatMode.MALICIOUS
+        else None
     )
     dropped = dropped_clients(ids, dropout, seed)
     quantize_seconds: dict[int, float] = {}
@@ -132,6 +147,7 @@ def bench_protocol(
         session,
         encoded,
         dropouts=DropoutPattern({Stage.MASKED_INPUT: dropped}),
+        identity_keys=identity_keys,
         overwrite_inputs=True,
     )
     result = report.result
@@ -157,6 +173,7 @@ def bench_protocol(
     down = {cid: sum(s.get(cid, 0) for s in report.bytes_down.values()) for cid in ids}
     return {
         "protocol": "fedveil",
+        "threat": threat.value,
         "n": n,
         "dim": dim,
         "dropout": dropout,
@@ -484,6 +501,51 @@ def compare(
     return out
 
 
+def compare_threats(
+    n: int, dim: int, dropout: float, seed: int = 0, repeats: int = 1
+) -> dict[str, Any]:
+    """Our semi-honest and malicious-server modes on the same graph (the malicious mode's
+    k and t, so only signatures and the consistency round differ); cheapest of `repeats`."""
+    k, t = graph_parameters(n, dropout, None, None, ThreatMode.MALICIOUS)
+    bench_protocol(min(n, 10), min(dim, 1000), dropout, seed=seed)  # warm-up, untimed
+    runs: dict[str, list[dict[str, Any]]] = {"semi_honest": [], "malicious": []}
+    for _ in range(repeats):
+        for mode in (ThreatMode.SEMI_HONEST, ThreatMode.MALICIOUS):
+            runs[mode.value].append(bench_protocol(n, dim, dropout, k, t, seed, mode))
+    best = {m: min(r, key=lambda x: x["total_compute_s"]) for m, r in runs.items()}
+    semi, mal = best["semi_honest"], best["malicious"]
+    return {
+        **best,
+        "repeats": repeats,
+        "malicious_over_semi_honest": mal["total_compute_s"] / semi["total_compute_s"],
+        "malicious_extra_per_client_s": mal["client_total_median_s"]
+        - semi["client_total_median_s"],
+        "malicious_extra_server_s": mal["server_total_s"] - semi["server_total_s"],
+    }
+
+
+def _print_threats(out: dict[str, Any]) -> None:
+    semi, mal = out["semi_honest"], out["malicious"]
+    print(
+        f"n={semi['n']} d={semi['dim']} dropout={semi['dropout']} k={semi['neighbors']} "
+        f"t={semi['threshold']} (malicious-mode parameters on both), "
+        f"cheapest of {out['repeats']}"
+    )
+    print(f"{'':28}{'semi-honest':>14}{'malicious':>14}")
+    for label, key in (
+        ("per client (median)", "client_total_median_s"),
+        ("server", "server_total_s"),
+        ("all clients + server", "total_compute_s"),
+    ):
+        print(f"{label:28}{semi[key] * 1e3:11.1f} ms{mal[key] * 1e3:11.1f} ms")
+    for label, key in (("bytes up per client", "bytes_up_per_client_median"),):
+        print(f"{label:28}{semi[key] / 1e3:11.1f} KB{mal[key] / 1e3:11.1f} KB")
+    print(f"malicious / semi-honest compute: {out['malicious_over_semi_honest']:.2f}x")
+    for name, r in (("semi-honest", semi), ("malicious", mal)):
+        if not (r["sum_exact"] and r["mean_close"]):
+            print(f"WARNING: {name} sum check failed")
+
+
 def _print_table(out: dict[str, Any]) -> None:
     ours, theirs = out["fedveil"], out.get("flower")
     print(
@@ -566,7 +628,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-flower", action="store_true", help="skip the Flower baseline")
     parser.add_argument("--repeats", type=int, default=1, help="keep each side's cheapest run")
     parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
+    parser.add_argument(
+        "--threats",
+        action="store_true",
+        help="compare our semi-honest and malicious-server modes instead (no Flower)",
+    )
     args = parser.parse_args(argv)
+    if args.threats:
+        out = compare_threats(args.n, args.dim, args.dropout, args.seed, args.repeats)
+        if args.json:
+            print(json.dumps(out, indent=2, sort_keys=True))
+        else:
+            _print_threats(out)
+        return
     out = compare(
         args.n,
         args.dim,

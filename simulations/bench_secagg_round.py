@@ -287,7 +287,7 @@ def _client_runtime(factory: DroppingRuntimeFactory) -> Iterator[None]:
     from fedveil.simulations import flower_runner
 
     original = flower_runner._RuntimeFactory
-    flower_runner._RuntimeFactory = lambda _cfg: factory  # type: ignore[assignment]
+    flower_runner._RuntimeFactory = lambda _cfg, _identities=None: factory  # type: ignore[assignment]
     try:
         yield
     finally:

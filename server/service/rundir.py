@@ -5,6 +5,8 @@
     request.toml      the run config as submitted
     config.toml       the resolved run config
     deploy.json       deployment settings of the run ([deploy] table)
+    secagg_roster.json  client identity keys (secagg.threat = 'malicious' only), as the
+                      server's roster was when the run was submitted
     status.json       what the ServerApp is doing (phase, round, error)       [ServerApp writes]
     metrics.jsonl, checkpoint/, model.safetensors, summary.json   (RunStore layout)
     server.log        the ServerApp's log
@@ -31,6 +33,7 @@ from typing import Any
 from fedveil.config import ConfigError
 from fedveil.server.runstore import atomic_write_bytes
 
+ROSTER_FILE = "secagg_roster.json"
 RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{2,63}$")
 ACTIVE = ("queued", "starting", "running")
 FINAL = ("completed", "failed", "stopped")

@@ -32,6 +32,7 @@ from fedveil.config import ConfigError, RunConfig, config_from_dict, to_toml
 from .rundir import (
     ACTIVE,
     FINAL,
+    ROSTER_FILE,
     RUN_ID_RE,
     DeploySettings,
     RunDir,
@@ -83,9 +84,10 @@ def field_of(message: str) -> str:
 
 
 def parse_submission(
-    body: bytes, content_type: str, allowed_tasks: list[str]
+    body: bytes, content_type: str, allowed_tasks: list[str], roster: Path | None = None
 ) -> tuple[RunConfig, DeploySettings, str]:
-    """(config, deploy settings, submitted text) or SubmissionError naming the field."""
+    """(config, deploy settings, submitted text) or SubmissionError naming the field.
+    `roster`: the server's identity roster file ([secagg] roster), if it has one."""
     if not body.strip():
         raise SubmissionError("body", "empty request: send a run config as TOML or JSON")
     try:
@@ -119,11 +121,11 @@ def parse_submission(
             f"model.task = {cfg.model.task!r}: not allowed on this server "
             f"(runs.allowed_tasks in server.toml: {allowed})",
         )
-    if cfg.secagg.enabled and cfg.secagg.threat == "malicious":
+    if cfg.secagg.enabled and cfg.secagg.threat == "malicious" and roster is None:
         raise SubmissionError(
             "secagg.threat",
-            "secagg.threat = 'malicious': the round engine runs semi_honest until client "
-            "identity keys are enrolled for it",
+            "secagg.threat = 'malicious' needs the clients' identity roster, and this "
+            "server has none: set [secagg] roster in server.toml (fedveil identity roster)",
         )
     if deploy.wait_for_clients > cfg.data.num_clients:
         raise SubmissionError(
@@ -216,7 +218,19 @@ class RunManager:
 
     # -- submit / stop ---------------------------------------------------------
     def submit(self, body: bytes, content_type: str) -> dict[str, Any]:
-        cfg, deploy, text = parse_submission(body, content_type, self.settings.allowed_tasks)
+        roster_path = self.settings.secagg_roster
+        cfg, deploy, text = parse_submission(
+            body, content_type, self.settings.allowed_tasks, roster_path
+        )
+        roster = None
+        if cfg.secagg.enabled and cfg.secagg.threat == "malicious" and roster_path is not None:
+            from fedveil.identity_files import load_roster
+
+            # Read now, not at start-up: the operator may have enrolled devices since.
+            try:
+                roster = load_roster(roster_path, "secagg.roster =")
+            except ValueError as exc:
+                raise SubmissionError("secagg.threat", f"this server's roster: {exc}") from None
         with self._lock:
             run_id = new_run_id()
             while (self.state_dir / "runs" / run_id).exists():
@@ -225,6 +239,8 @@ class RunManager:
             rd.path.mkdir(parents=True)
             cfg = dataclasses.replace(cfg, out=str(rd.path))
             (rd / "request.toml").write_text(text)
+            if roster is not None:  # the run keeps the roster it started with, across resumes
+                (rd / ROSTER_FILE).write_text(roster.to_json())
             (rd / "config.toml").write_text(to_toml(cfg))
             write_json(rd / "deploy.json", deploy.to_dict())
             rd.write_record(

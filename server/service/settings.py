@@ -13,6 +13,9 @@ the file's directory, so a deployment folder can be moved as a whole.
                                                     (the SuperLink gets its own, loopback only)
   [auth]       admin_token_file, client_auth        admin token, SuperNode authentication
   [runs]       max_active, max_attempts, allowed_tasks
+  [secagg]     roster                               client identity keys, which runs with
+                                                    secagg.threat = 'malicious' need
+                                                    (fedveil identity roster)
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class ServerSettings:
     max_active_runs: int = 1
     max_attempts: int = 5
     allowed_tasks: list[str] = field(default_factory=list)
+    secagg_roster: Path | None = None
     source: Path | None = None
 
     @property
@@ -103,6 +107,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, Any, float | None, float | None]]] = {
         "max_attempts": (int, 5, 1, 100),
         "allowed_tasks": (list, [], None, None),
     },
+    "secagg": {"roster": (str, None, None, None)},
 }
 
 
@@ -186,6 +191,14 @@ def settings_from_dict(
             raise ConfigError(
                 f"runs.allowed_tasks: {ref!r} must look like 'package.module:function'"
             )
+    roster = path(values["secagg"]["roster"])
+    if roster is not None:
+        from fedveil.identity_files import load_roster
+
+        try:
+            load_roster(roster, "secagg.roster =")  # a broken roster fails at start-up
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     a = values["auth"]
     client_auth = bool(a["client_auth"])
     if tls.insecure and client_auth:
@@ -202,6 +215,7 @@ def settings_from_dict(
         max_active_runs=values["runs"]["max_active"],
         max_attempts=values["runs"]["max_attempts"],
         allowed_tasks=list(values["runs"]["allowed_tasks"]),
+        secagg_roster=roster,
     )
 
 

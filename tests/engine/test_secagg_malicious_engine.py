@@ -96,12 +96,15 @@ def test_a_malicious_mode_round_adds_the_consistency_exchange(tmp_path, workers)
 
 
 def test_clients_missing_from_the_roster_are_left_out_by_name(tmp_path, caplog):
-    cfg = config(tmp_path, **{"server.per_round": 12, "server.rounds": 1})
+    cfg = config(tmp_path, **{"server.per_round": 12, "server.rounds": 2})
     ids = DerivedIdentities()
     listed = {cid: ids.public_key(cid) for cid in range(10)}
-    (record,), _, _ = engine_run(cfg, listed, ids)
-    assert record.applied and record.cohort_aggregated == 10 and record.dropped == 2
+    records, recorder, _ = engine_run(cfg, listed, ids)
+    for record in records:
+        assert record.applied and record.cohort_aggregated == 10 and record.dropped == 2
     assert "no identity key in the roster" in caplog.text
+    # The listed clients' next round is still keyed early.
+    assert [recorder.exchanges[r] for r in (1, 2)] == [5, 3]
 
 
 def test_a_server_that_swaps_a_clients_identity_key_gets_nothing(tmp_path):

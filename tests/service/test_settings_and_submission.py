@@ -116,3 +116,26 @@ def test_empty_and_non_utf8_bodies():
     with pytest.raises(SubmissionError) as err:
         parse_submission(b'{"server": 3}', "application/json", [])
     assert err.value.field == "server"
+
+
+MALICIOUS = GOOD.replace("[deploy]", '[secagg]\nenabled = true\nthreat = "malicious"\n[deploy]')
+
+
+def test_a_malicious_mode_run_needs_a_server_roster(tmp_path):
+    with pytest.raises(SubmissionError, match=r"\[secagg\] roster in server.toml") as err:
+        submit(MALICIOUS)
+    assert err.value.field == "secagg.threat"
+    roster = tmp_path / "roster.json"
+    cfg, _, _ = parse_submission(MALICIOUS.encode(), "application/toml", [], roster)
+    assert cfg.secagg.threat == "malicious"
+
+
+def test_the_server_roster_is_checked_at_start_up(tmp_path):
+    raw = {"tls": tls_files(tmp_path), "secagg": {"roster": "roster.json"}}
+    with pytest.raises(ConfigError, match=r"secagg\.roster = .*roster\.json"):
+        settings_from_dict(raw, tmp_path)  # no such file
+    (tmp_path / "roster.json").write_text('{"format": "fedveil-secagg-roster/1", "clients": []}')
+    with pytest.raises(ConfigError, match="clients: must be an object"):
+        settings_from_dict(raw, tmp_path)
+    (tmp_path / "roster.json").write_text('{"format": "fedveil-secagg-roster/1", "clients": {}}')
+    assert settings_from_dict(raw, tmp_path).secagg_roster == tmp_path / "roster.json"
