@@ -224,10 +224,12 @@ class RoundEngine:
             )
         self.round = round_num
         self._evaluate(record)
-        # A transport may add facts about the round only it knows (e.g. simulated dropouts).
-        report = getattr(self.transport, "round_report", None)
-        if report is not None:
-            record.extra.update(report(round_num))
+        # A transport or channel may add facts about the round only it knows (simulated
+        # dropouts; the secure-aggregation mode and parameters).
+        for part in (self.transport, self.channel):
+            report = getattr(part, "round_report", None)
+            if report is not None:
+                record.extra.update(report(round_num))
         record.duration_s = time.perf_counter() - start
         for annotate in self.annotators:
             annotate(record)

@@ -206,6 +206,7 @@ class SecAggChannel:
         self.encoding = encoding
         self.roster = roster if settings.threat == "malicious" else None
         self.last_session: SessionConfig | None = None
+        self._last_round = -1
         self._ahead: _Ahead | None = None
         self.pipelining = settings.pipeline
 
@@ -297,7 +298,7 @@ class SecAggChannel:
         except (SecAggError, ValueError) as exc:
             log.warning("round %d: secure aggregation not started: %s", round_num, exc)
             return None
-        self.last_session = server.session
+        self.last_session, self._last_round = server.session, round_num
         try:
             stage_requests = server.next_requests()
             while stage_requests is not None:
@@ -348,6 +349,17 @@ class SecAggChannel:
         return Aggregate(
             decoded.total, decoded.weight, sorted(result.survivors), loss, dropped, decoded.extras
         )
+
+    def round_report(self, round_num: int) -> dict[str, Any]:
+        """The protocol's mode and parameters, for the round's record (when it started)."""
+        s = self.last_session
+        if s is None or self._last_round != round_num:
+            return {}
+        return {
+            "secagg_threat": s.threat_mode.value,
+            "secagg_neighbors": s.neighbors,
+            "secagg_threshold": s.threshold,
+        }
 
     def _riders_ignored(self, cid: int) -> None:
         """A client that does not know riders would be dropped from every early key

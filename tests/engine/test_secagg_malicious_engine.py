@@ -93,6 +93,14 @@ def test_a_malicious_mode_round_adds_the_consistency_exchange(tmp_path, workers)
     # start at masked input (their key stages rode on the previous round's exchanges).
     assert [recorder.exchanges[r] for r in (1, 2, 3)] == [5, 3, 3]
     assert all(r.applied and r.cohort_aggregated == 8 for r in records)
+    # Each round's record says which protocol ran, with which parameters.
+    k, t = channel.last_session.neighbors, channel.last_session.threshold
+    assert 2 * t > k + 1
+    assert all(
+        r.extra
+        == {**r.extra, "secagg_threat": "malicious", "secagg_neighbors": k, "secagg_threshold": t}
+        for r in records
+    )
 
 
 def test_clients_missing_from_the_roster_are_left_out_by_name(tmp_path, caplog):
