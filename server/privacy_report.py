@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from fedveil.privacy.dp import DpConfig, build_report, render_html, verify_ledger
 
 from .runstore import atomic_write_bytes
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 
 def ledger_path(run_dir: Path) -> Path:
@@ -31,10 +37,30 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
         verification = verify_ledger(path)
         entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     path.parent.mkdir(parents=True, exist_ok=True)
-    report = build_report(entries, config=config, verification=verification)
+    report = build_report(
+        entries,
+        config=config,
+        verification=verification,
+        secure_aggregation=secure_aggregation_mode(run_dir),
+    )
     atomic_write_bytes(path.parent / "report.json", (json.dumps(report, indent=2) + "\n").encode())
     atomic_write_bytes(path.parent / "report.html", render_html(report).encode())
     return report
+
+
+def secure_aggregation_mode(run_dir: Path) -> str | None:
+    """ "off", "semi_honest" or "malicious" from the run's config.toml (None if unreadable)."""
+    try:
+        values = tomllib.loads((Path(run_dir) / "config.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    section = values.get("secagg", {})
+    if not isinstance(section, dict):
+        return None
+    if not section.get("enabled", False):
+        return "off"
+    threat = section.get("threat", "semi_honest")
+    return threat if threat in ("semi_honest", "malicious") else None
 
 
 def verify_run(run_dir: str | Path) -> tuple[bool, str]:

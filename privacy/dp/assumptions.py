@@ -33,6 +33,21 @@ _TRUST = {
     ],
 }
 
+# How the run's updates travelled: None when the report does not know (a bare ledger).
+_SECURE_AGGREGATION = {
+    "off": "Secure aggregation was off in this run: the server saw each client's clipped "
+    "update in the clear.",
+    "semi_honest": "Secure aggregation ran in semi-honest mode: individual updates are "
+    "hidden from a server that follows the protocol; a server that deviates from it "
+    "(substitutes clients' keys, tells clients different stories about who dropped) is "
+    "not guarded against.",
+    "malicious": "Secure aggregation ran in malicious-server mode: clients checked each "
+    "other's signed keys against the operator's roster and co-signed the survivor set "
+    "before unmasking, so even a server that deviates learns only sums over at least the "
+    "threshold of clients, provided the roster reached the clients by a channel the server "
+    "does not control.",
+}
+
 _NOT_PROTECTED = [
     "Cohort membership and participation metadata: which clients were selected, "
     "which dropped out, how many took part, timing and network identifiers.",
@@ -54,8 +69,10 @@ def assumptions_for(
     sampling: str,
     epsilon: float,
     delta: float,
+    secure_aggregation: str | None = None,
 ) -> dict[str, list[str]]:
-    """Who is trusted with what, what is protected and what is not."""
+    """Who is trusted with what, what is protected and what is not. `secure_aggregation`:
+    "off", "semi_honest" or "malicious" when the run's config is known."""
     relation = "adding or removing" if neighbouring == "add_remove" else "replacing"
     protected = [
         f"Whether any single {privacy_unit} took part, and what their data was: every "
@@ -64,8 +81,11 @@ def assumptions_for(
         "Everything computed from the released models afterwards (post-processing "
         "costs no privacy).",
     ]
+    trust = list(_TRUST.get(mechanism, []))
+    if secure_aggregation in _SECURE_AGGREGATION:
+        trust.append(_SECURE_AGGREGATION[secure_aggregation])
     return {
-        "trust": list(_TRUST.get(mechanism, [])),
+        "trust": trust,
         "protected": protected,
         "not_protected": list(_NOT_PROTECTED),
     }

@@ -26,12 +26,14 @@ def build_report(
     *,
     config: DpConfig | None = None,
     verification: VerifyResult | None = None,
+    secure_aggregation: str | None = None,
 ) -> dict[str, Any]:
     """Summarise ledger entries (JSON-serialisable dict).
 
     `config` fills in the run's parameters when no round was released yet.
     `verification` (from verify_ledger) is embedded so a reader sees whether the
-    numbers were recomputed independently.
+    numbers were recomputed independently. `secure_aggregation` ("off", "semi_honest",
+    "malicious"), when known, adds how updates travelled to the trust assumptions.
     """
     entries = [dict(entry) for entry in ledger_entries]
     if not entries and config is None:
@@ -61,8 +63,11 @@ def build_report(
             last["sampling"],
             epsilon,
             last["delta"],
+            secure_aggregation,
         ),
     }
+    if secure_aggregation is not None:
+        report["secure_aggregation"] = secure_aggregation
     if verification is not None:
         report["verification"] = {
             "ok": verification.ok,

@@ -115,6 +115,26 @@ def test_central_dp_run_spends_at_most_its_budget_and_verifies(tmp_path):
     report = json.loads((tmp_path / "run" / "privacy" / "report.json").read_text())
     assert report["epsilon"] == entries[-1]["epsilon"] and report["budget_epsilon"] == 4.0
     assert "<svg" in (tmp_path / "run" / "privacy" / "report.html").read_text()
+    assert report["secure_aggregation"] == "off"
+    assert any("saw each client's clipped update" in t for t in report["assumptions"]["trust"])
+
+
+def test_the_report_says_how_updates_travelled(tmp_path):
+    cfg = config(
+        tmp_path,
+        **{
+            "dp.mechanism": "central",
+            "dp.epsilon": 8.0,
+            "server.rounds": 2,
+            "secagg.enabled": True,
+            "secagg.threat": "malicious",
+        },
+    )
+    simulate(cfg)
+    report = json.loads((tmp_path / "run" / "privacy" / "report.json").read_text())
+    assert report["secure_aggregation"] == "malicious" and report["rounds"] == 2
+    html = (tmp_path / "run" / "privacy" / "report.html").read_text()
+    assert "malicious-server mode" in html and "roster" in html
 
 
 def test_budget_stops_the_run_before_overspending(tmp_path):
