@@ -132,7 +132,11 @@ class EvalConfig:
 class SecAggSection:
     enabled: bool = spec(False, help="secure aggregation: the server learns only the sum")
     threat: str = spec(
-        "semi_honest", choices=("semi_honest", "malicious"), help="threat model of the server"
+        "semi_honest",
+        choices=("semi_honest", "malicious"),
+        help="threat model of the server; malicious: signed key adverts checked against "
+        "the clients' identity roster, plus a consistency round (deployment: [secagg] "
+        "roster in server.toml)",
     )
     adversarial_rate: float = spec(
         0.05, lo=0.0, hi=0.5, help="tolerated fraction of corrupt clients (derives k, t)"
