@@ -122,7 +122,7 @@ def identity_for(
             f"the request is for client {client_id}"
         )
     if not session.malicious:
-        if identity is not None and identity.require_malicious:
+        if identity is not None:
             raise MessageError(
                 "local policy: this device has an identity key and roster, so it runs "
                 "secure aggregation only in malicious-server mode; the server asked for "

@@ -113,7 +113,7 @@ def bench_protocol(
     the signed advertisements and the consistency round (identity keys made untimed)."""
     started = time.perf_counter()
     ids = list(range(1, n + 1))
-    k, t = graph_parameters(n, dropout, neighbors, threshold)
+    k, t = graph_parameters(n, dropout, neighbors, threshold, threat)
     quantizer = Quantizer(CLIP_RANGE, LEVELS, max_clients=n, max_weight=MAX_WEIGHT)
     session = SessionConfig(
         session_id=hashlib.sha256(b"bench%d" % seed).digest()[:16],

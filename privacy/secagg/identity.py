@@ -135,15 +135,14 @@ class Roster(Mapping[int, bytes]):
 class ClientIdentity:
     """A client's identity key and the roster it verifies its peers with.
 
-    `require_malicious`: refuse semi-honest sessions. A device given an identity
-    means to be protected from the server, and a server that could switch it to
-    the semi-honest protocol (no signatures, no consistency round) would remove
-    that protection; simulations set it from the run's threat mode."""
+    A client with an identity takes part only in malicious-server sessions: it means
+    to be protected from the server, and a server that could switch it to the
+    semi-honest protocol (no signatures, no consistency round) would remove that
+    protection."""
 
     client_id: int
     key: Ed25519PrivateKey
     roster: Mapping[int, bytes]
-    require_malicious: bool = True
 
     def __post_init__(self) -> None:
         listed = self.roster.get(self.client_id)
