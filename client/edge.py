@@ -208,20 +208,34 @@ class EdgeNode:
         threading.Thread(target=heartbeat, name="task-heartbeat", daemon=True).start()
         context = None
         try:
-            message, context, run, fab = pull_task_input(
-                client, TASK_PULL_STALL_S, lambda: self.stopping
-            )
+            context, run, fab = pull_task_input(client)
             try:
                 components = get_fab_config(fab.content)["tool"]["flwr"]["app"]["components"]
                 ours = run.fab_id == FAB_ID and components.get("clientapp") == CLIENTAPP_REF
             except Exception:
                 ours = False
-            if ours:
-                reply = answer(self.edge, message, context.run_id, context.run_config)
-            else:
-                log.warning("run %d is not a fedveil run (%s); refused", context.run_id, run.fab_id)
-                reply = Message(Error(4003, "this device only runs fedveil runs"), reply_to=message)
-            push_message(client, reply, context)
+            # The SuperNode hands a task the oldest unanswered message of its run, not the
+            # one the task was made for; a task that expired unclaimed (the device was busy
+            # elsewhere) would leave the device one message behind for the rest of the run.
+            # So a task answers every message of its run that is waiting.
+            answered = 0
+            while not self.stopping:
+                message = pull_message(client, context, TASK_PULL_STALL_S, lambda: self.stopping)
+                if message is None:
+                    break
+                if ours:
+                    reply = answer(self.edge, message, context.run_id, context.run_config)
+                else:
+                    log.warning(
+                        "run %d is not a fedveil run (%s); refused", context.run_id, run.fab_id
+                    )
+                    reply = Message(
+                        Error(4003, "this device only runs fedveil runs"), reply_to=message
+                    )
+                push_message(client, reply, context)
+                answered += 1
+            if answered > 1:
+                log.info("run %d: answered %d waiting messages", context.run_id, answered)
             push_task_output(client, context, SubStatus.COMPLETED, "")
             self.tasks_done += 1
         except Exception as exc:  # the device keeps serving; the server sees no reply
@@ -296,31 +310,36 @@ class EdgeNode:
         return 0
 
 
-def pull_task_input(
-    client: Any, stall_s: float, stopping: Callable[[], bool]
-) -> tuple[Any, Any, Any, Any]:
-    """Flower's `pull_task_input`, giving up when the pull stalls for `stall_s` or on a stop."""
-    from flwr.app import Message
+def pull_task_input(client: Any) -> tuple[Any, Any, Any]:
+    """The task's (context, run, FAB), as Flower's `pull_task_input` has them."""
     from flwr.common.serde import context_from_proto, fab_from_proto, run_from_proto
-    from flwr.proto.node_pb2 import Node
-    from flwr.proto.runtime_pb2 import PullAppMessagesRequest, PullTaskInputRequest
-    from flwr.supercore.inflatable.inflatable_protobuf_utils import (
-        make_confirm_message_received_fn_protobuf,
-        make_pull_object_fn_protobuf,
-    )
-    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
+    from flwr.proto.runtime_pb2 import PullTaskInputRequest
     from flwr.supercore.task_identity import TaskIdentity
 
     res = client.PullTaskInput(PullTaskInputRequest())
     TaskIdentity.task_id = res.task_id
     TaskIdentity.run_id = res.run.run_id
     TaskIdentity.node_id = res.context.node_id
-    context = context_from_proto(res.context)
-    run = run_from_proto(res.run)
-    fab = fab_from_proto(res.fab)
+    return context_from_proto(res.context), run_from_proto(res.run), fab_from_proto(res.fab)
+
+
+def pull_message(
+    client: Any, context: Any, stall_s: float, stopping: Callable[[], bool]
+) -> Any | None:
+    """The run's oldest waiting message (None: none waits), giving up when its pull stalls
+    for `stall_s` or on a stop (Flower's own pull retries for up to two hours)."""
+    from flwr.app import Message
+    from flwr.proto.node_pb2 import Node
+    from flwr.proto.runtime_pb2 import PullAppMessagesRequest
+    from flwr.supercore.inflatable.inflatable_protobuf_utils import (
+        make_confirm_message_received_fn_protobuf,
+        make_pull_object_fn_protobuf,
+    )
+    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
+
     pulled = client.PullMessages(PullAppMessagesRequest())
     if not pulled.messages_list:
-        raise RuntimeError("the SuperNode offered a task without a message")
+        return None
     node = Node(node_id=context.node_id)
     tree = pulled.message_object_trees[0]
     pull_object = make_pull_object_fn_protobuf(client.PullObject, node, context.run_id)
@@ -347,4 +366,4 @@ def pull_task_input(
     )
     # A deflated message does not carry its own id (its object id).
     message.metadata.__dict__["_message_id"] = tree.object_id
-    return message, context, run, fab
+    return message

@@ -27,6 +27,7 @@ from .transport import ClientFailure
 log = logging.getLogger("fedveil.deploy")
 
 HELLO_RETRY_S = 30.0
+HELLOS_KEPT = 4  # unanswered hellos per node whose replies still count
 
 
 class DeployTransport:
@@ -76,15 +77,17 @@ class DeployTransport:
                 node = self._hello_pending.pop(reply.metadata.reply_to_message_id, None)
                 if node is not None:
                     self._accept_hello(node, reply)
-            # A hello can be lost (the device restarted its SuperNode, or was busy with a
-            # run the coordinator forgot in a crash): unanswered ones are sent again.
+            mapped = set(self.node_of.values())
             for msg_id, node in list(self._hello_pending.items()):
-                if now - self._hello_sent.get(node, now) >= HELLO_RETRY_S:
+                if node in mapped or node not in online:
                     del self._hello_pending[msg_id]
-        known = set(self.node_of.values()) | set(self._hello_pending.values())
+        # A hello can be lost (the device restarted its SuperNode) or answered late (a
+        # device still busy with a task of a run the coordinator forgot in a crash answers
+        # each hello only once the next one arrives): an unanswered node is greeted again
+        # every HELLO_RETRY_S, and a reply to any of its last few hellos counts.
         fresh = [
             n
-            for n in sorted(online - known)
+            for n in sorted(online - set(self.node_of.values()))
             if now - self._hello_sent.get(n, -HELLO_RETRY_S) >= HELLO_RETRY_S
         ]
         if fresh:
@@ -94,6 +97,14 @@ class DeployTransport:
                 self._hello_sent[node] = now
                 if msg_id:
                     self._hello_pending[msg_id] = node
+            # Keep only each node's most recent hellos: a device that never answers must
+            # not grow the list pulled on every refresh.
+            per_node: dict[int, list[str]] = {}
+            for msg_id, node in self._hello_pending.items():
+                per_node.setdefault(node, []).append(msg_id)
+            for ids in per_node.values():
+                for msg_id in ids[:-HELLOS_KEPT]:
+                    del self._hello_pending[msg_id]
         if self.on_change is not None:
             self.on_change(len(self.node_of))
         return len(self.node_of)

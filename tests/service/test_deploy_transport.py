@@ -150,3 +150,46 @@ def test_a_lost_hello_is_sent_again(monkeypatch):
     assert t.refresh() == 0
     assert t.wait_for(1, 5.0) == 1
     assert t.connected() == [0] and len(hellos) == 2
+
+
+class OneBehindGrid(ScriptedGrid):
+    """Node 101 answers each hello only when the next one arrives (as a device whose
+    SuperNode is still stuck on a task of a run the coordinator forgot in a crash)."""
+
+    def __init__(self) -> None:
+        super().__init__({101: client(0)})
+        self.held: tuple[str, Message] | None = None
+        self.hellos = 0
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        ids = super().push_messages(messages)
+        for msg_id in ids:
+            self.hellos += 1
+            reply = self.outbox.pop(msg_id)
+            if self.held is not None:
+                held_id, held = self.held
+                self.outbox[held_id] = held
+            self.held = (msg_id, reply)
+        return ids
+
+
+def test_a_late_reply_to_an_earlier_hello_still_maps_the_node(monkeypatch):
+    import fedveil.server.deploy_transport as module
+
+    monkeypatch.setattr(module, "HELLO_RETRY_S", 0.05)
+    grid = OneBehindGrid()
+    t = transport(grid)
+    assert t.wait_for(1, 5.0) == 1
+    assert t.connected() == [0] and grid.hellos == 2
+
+
+def test_a_silent_node_keeps_only_its_last_hellos(monkeypatch):
+    import fedveil.server.deploy_transport as module
+
+    monkeypatch.setattr(module, "HELLO_RETRY_S", 0.0)
+    grid = ScriptedGrid({101: lambda env: None})
+    t = transport(grid)
+    for _ in range(20):
+        t.refresh()
+    assert len(grid.seen) == 20 and t.connected() == []
+    assert len(t._hello_pending) == module.HELLOS_KEPT
