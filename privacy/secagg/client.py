@@ -163,12 +163,12 @@ class SecAggClient:
         if self.session.malicious:
             self._verify_adverts(request)
 
-        digest = self.session.digest
-        holders = [*peers, self.client_id]
-        xs = [self.session.share_x(h) for h in holders]
+        digest, me = self.session.digest, self.client_id
+        xs = self.session.share_xs([*peers, me])
         t = self.session.threshold
         seed_shares = shamir.split(shamir.secret_to_int(self._seed), t, xs)
         key_shares = shamir.split(shamir.secret_to_int(mask_pair.private_bytes), t, xs)
+        nonces = randomness.random_bytes(crypto.NONCE_BYTES * len(peers))
         ciphertexts, receive_keys, pair_keys = [], [], []
         for i, peer in enumerate(peers):
             try:
@@ -178,14 +178,13 @@ class SecAggClient:
                 raise self._abort_protocol(
                     f"share_keys_request: invalid public key of peer {peer}"
                 ) from None
-            send_key, receive_key = crypto.share_channel_keys(
-                enc_shared, digest, self.client_id, peer
-            )
+            send_key, receive_key = crypto.share_channel_keys(enc_shared, digest, me, peer)
             receive_keys.append(receive_key)
-            pair_keys.append(crypto.pairwise_mask_key(mask_shared, digest, self.client_id, peer))
+            pair_keys.append(crypto.pairwise_mask_key(mask_shared, digest, me, peer))
             plaintext = shamir.encode_share(seed_shares[i]) + shamir.encode_share(key_shares[i])
-            associated = crypto.share_associated_data(digest, self.client_id, peer)
-            ciphertexts.append(crypto.seal(send_key, plaintext, associated))
+            nonce = nonces[crypto.NONCE_BYTES * i : crypto.NONCE_BYTES * (i + 1)]
+            associated = crypto.share_associated_data(digest, me, peer)
+            ciphertexts.append(crypto.seal(send_key, plaintext, associated, nonce))
         self._peers, self._receive_keys, self._pair_keys = peers, receive_keys, pair_keys
         self._own_shares = (
             shamir.encode_share(seed_shares[-1]),

@@ -38,10 +38,16 @@ KEY_BYTES = 32
 NONCE_BYTES = 12
 TAG_BYTES = 16
 SIGNATURE_BYTES = 64
+_SHA256 = hashes.SHA256()
 
 
 def party_id(client_id: int) -> bytes:
     return struct.pack(">Q", client_id)
+
+
+def _pair_id(a: int, b: int) -> bytes:
+    """Both party ids, smaller first: the same bytes from either end of the pair."""
+    return struct.pack(">QQ", a, b) if a < b else struct.pack(">QQ", b, a)
 
 
 def derive_key(ikm: bytes, *, salt: bytes, info: bytes) -> bytes:
@@ -51,8 +57,9 @@ def derive_key(ikm: bytes, *, salt: bytes, info: bytes) -> bytes:
 
 def derive_keys(ikm: bytes, *, salt: bytes, info: bytes, count: int) -> list[bytes]:
     """`count` independent 256-bit keys from one HKDF-SHA256 output (split into 32-byte parts)."""
-    hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES * count, salt=salt, info=DOMAIN + info)
-    okm = hkdf.derive(ikm)
+    okm = HKDF(_SHA256, KEY_BYTES * count, salt, DOMAIN + info).derive(ikm)
+    if count == 1:
+        return [okm]
     return [okm[i : i + KEY_BYTES] for i in range(0, len(okm), KEY_BYTES)]
 
 
@@ -194,14 +201,9 @@ def x25519_unusable(public: bytes) -> bool:
     return u in _SMALL_ORDER_U
 
 
-def x25519_public(private_bytes: bytes) -> bytes:
-    return X25519PrivateKey.from_private_bytes(private_bytes).public_key().public_bytes_raw()
-
-
 def pairwise_mask_key(shared: bytes, salt: bytes, a: int, b: int) -> bytes:
     """Same key for (a, b) and (b, a): both ends expand the same mask."""
-    low, high = sorted((a, b))
-    return derive_key(shared, salt=salt, info=b"pairwise-mask" + party_id(low) + party_id(high))
+    return derive_key(shared, salt=salt, info=b"pairwise-mask" + _pair_id(a, b))
 
 
 def self_mask_key(seed: bytes, salt: bytes, owner: int) -> bytes:
@@ -211,19 +213,22 @@ def self_mask_key(seed: bytes, salt: bytes, owner: int) -> bytes:
 def share_channel_keys(shared: bytes, salt: bytes, me: int, peer: int) -> tuple[bytes, bytes]:
     """(send key me→peer, receive key peer→me): directional, so the two ciphertexts of a pair
     never share a key. Both ends derive the same two keys from one HKDF call."""
-    low, high = sorted((me, peer))
-    up, down = derive_keys(
-        shared, salt=salt, info=b"share-encryption" + party_id(low) + party_id(high), count=2
-    )
-    return (up, down) if me == low else (down, up)
+    info = b"share-encryption" + _pair_id(me, peer)
+    up, down = derive_keys(shared, salt=salt, info=info, count=2)
+    return (up, down) if me < peer else (down, up)
 
 
 def share_associated_data(session_digest: bytes, sender: int, receiver: int) -> bytes:
-    return DOMAIN + b"share" + session_digest + party_id(sender) + party_id(receiver)
+    return DOMAIN + b"share" + session_digest + struct.pack(">QQ", sender, receiver)
 
 
-def seal(key: bytes, plaintext: bytes, associated_data: bytes) -> bytes:
-    nonce = randomness.random_bytes(NONCE_BYTES)
+def seal(key: bytes, plaintext: bytes, associated_data: bytes, nonce: bytes | None = None) -> bytes:
+    """nonce || AES-GCM(plaintext); `nonce`: 12 bytes from `randomness` (a batch of them is
+    drawn in one call by a sender sealing many messages), a fresh draw if omitted."""
+    if nonce is None:
+        nonce = randomness.random_bytes(NONCE_BYTES)
+    elif len(nonce) != NONCE_BYTES:
+        raise ValueError(f"nonce must be {NONCE_BYTES} bytes")
     return nonce + AESGCM(key).encrypt(nonce, plaintext, associated_data)
 
 

@@ -103,7 +103,8 @@ class Quantizer:
         size = sum(p.size for p in parts)
         out = np.empty(size + extra, dtype=self.dtype)
         out[size:] = 0
-        # 32 random bits per coordinate resolve the rounding probability to 2^-32.
+        # 32 random bits per coordinate; float64 sums near L then resolve the rounding
+        # probability to about L · 2^-52 (2^-30 at Flower's default of 2^22 levels).
         stream = Keystream(seed if seed is not None else randomness.random_bytes(32))
         units_per_value = scale / self.step
         start = 0
@@ -126,24 +127,24 @@ class Quantizer:
     def _quantize_chunk(
         self, chunk: np.ndarray, target: np.ndarray, stream: Keystream, units_per_value: float
     ) -> None:
-        """Quantize one chunk into `target`: a few passes over buffers that stay in cache."""
+        """Quantize one chunk into `target`: seven passes over buffers that stay in cache."""
         n = chunk.size
         work, noise, fraction = _buffers()
         half_range = self.clip_range / self.step
-        # In units of one step, shifted to [0, L-1].
+        # U = noise / 2^32 is uniform in [0, 1); the shift by (L-1)/2 rides along with it.
+        stream.fill(noise[:n])
+        np.add(noise[:n], half_range * 2.0**32, out=fraction[:n], dtype=np.float64)
+        fraction[:n] *= 2.0**-32
+        # y = x · w/W in steps, shifted by (L-1)/2: y ∈ [0, L-1] exactly when |x · w/W| <= r.
         units = work[:n]
         np.multiply(chunk, units_per_value, out=units, dtype=np.float64)
-        np.clip(units, -half_range, half_range, out=units)
-        units += half_range
-        # floor(y + U), U uniform in [0, 1), rounds up with probability frac(y): unbiased.
-        # y + U >= 0, so the cast to unsigned (truncation) is the floor.
-        stream.fill(noise[:n])
-        np.copyto(fraction[:n], noise[:n])
-        fraction[:n] *= 2.0**-32
         units += fraction[:n]
+        # floor(y + U) rounds up with probability frac(y): unbiased. Clipping y + U (not y)
+        # to [0, L-1] gives the same integer as clipping y first, in one pass: below 0 both
+        # give 0, at or above L-1 both give L-1. y + U >= 0, so the cast (truncation) is the
+        # floor.
+        np.clip(units, 0.0, float(self.levels - 1), out=units)
         np.copyto(target, units, casting="unsafe")
-        # (L-1) + (1 - 2^-32) can round up to L in float64; keep the top level closed.
-        np.minimum(target, self.dtype(self.levels - 1), out=target)
 
     def dequantize_sum(self, total: np.ndarray, count: int) -> np.ndarray:
         """Σ clip(x_i) (approximately) from the integer sum of `count` quantized vectors."""

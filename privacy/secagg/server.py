@@ -541,13 +541,18 @@ class SecAggServer:
 
         for owner in sorted(self._dropped_with_masks()):
             public = round_.adverts[owner].mask_public_key
-            secret_key = recover(
-                owner,
-                round_.key_points[owner],
-                "mask key",
-                lambda s, p=public: crypto.x25519_public(s) == p,
-            )
-            pair = crypto.KeyPair(secret_key)
+            # Checking a candidate computes its key pair: keep it rather than compute it again.
+            candidates: dict[bytes, crypto.KeyPair] = {}
+
+            def matches(
+                secret: bytes,
+                public: bytes = public,
+                candidates: dict[bytes, crypto.KeyPair] = candidates,
+            ) -> bool:
+                pair = candidates[secret] = crypto.KeyPair(secret)
+                return pair.public_bytes == public
+
+            pair = candidates[recover(owner, round_.key_points[owner], "mask key", matches)]
             # Forwarding is symmetric: the survivors that masked with `owner` are exactly
             # those whose ciphertexts were forwarded to it.
             for survivor in sorted(set(round_.forwarded[owner]) & round_.u3):

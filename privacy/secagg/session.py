@@ -152,6 +152,17 @@ class SessionConfig:
             raise KeyError(f"client {client_id} is not in the cohort")
         return index + 1
 
+    def share_xs(self, client_ids: list[int]) -> list[int]:
+        """`share_x` of many holders in one vectorised lookup (a client shares with k + 1)."""
+        ids = self.ids_array
+        wanted = np.array(client_ids, dtype=np.uint64)
+        index = np.searchsorted(ids, wanted)
+        found = index < len(ids)
+        found[found] = ids[index[found]] == wanted[found]
+        if not found.all():
+            raise KeyError(f"client {client_ids[int(np.argmin(found))]} is not in the cohort")
+        return (index + 1).tolist()
+
     @cached_property
     def graph(self) -> NeighbourGraph:
         return NeighbourGraph(self.ids_array, self.neighbors, self.graph_seed, self.session_id)

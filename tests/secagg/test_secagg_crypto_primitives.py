@@ -93,3 +93,31 @@ def test_the_small_order_check_agrees_with_openssl():
     for public in candidates:
         assert crypto.x25519_unusable(public) == _openssl_refuses(public), public.hex()
     assert crypto.x25519_unusable(bytes(31)) and crypto.x25519_unusable(bytes(33))
+
+
+def test_sealed_shares_open_only_with_their_key_and_binding():
+    key, associated = os.urandom(32), crypto.share_associated_data(bytes(32), 3, 7)
+    for nonce in (None, os.urandom(crypto.NONCE_BYTES)):
+        sealed = crypto.seal(key, b"share", associated, nonce)
+        assert nonce is None or sealed.startswith(nonce)
+        assert crypto.open_sealed(key, sealed, associated) == b"share"
+        # The direction is bound: the same ciphertext does not open as 7 -> 3.
+        assert (
+            crypto.open_sealed(key, sealed, crypto.share_associated_data(bytes(32), 7, 3)) is None
+        )
+        assert crypto.open_sealed(os.urandom(32), sealed, associated) is None
+    with pytest.raises(ValueError, match="nonce must be 12 bytes"):
+        crypto.seal(key, b"share", associated, bytes(8))
+
+
+def test_pair_keys_are_the_same_from_both_ends_and_directional_for_shares():
+    shared, salt = os.urandom(32), os.urandom(32)
+    assert crypto.pairwise_mask_key(shared, salt, 4, 9) == crypto.pairwise_mask_key(
+        shared, salt, 9, 4
+    )
+    send_4, receive_4 = crypto.share_channel_keys(shared, salt, 4, 9)
+    send_9, receive_9 = crypto.share_channel_keys(shared, salt, 9, 4)
+    assert (send_4, receive_4) == (receive_9, send_9) and send_4 != receive_4
+    keys = {crypto.pairwise_mask_key(shared, salt, 4, 9), send_4, receive_4}
+    keys.add(crypto.self_mask_key(shared, salt, 4))
+    assert len(keys) == 4  # purposes are separated

@@ -70,6 +70,16 @@ def test_session_config_round_trips() -> None:
         SessionConfig.from_bytes(session.to_bytes()[:-3])
 
 
+def test_share_coordinates_looked_up_together_match_one_by_one() -> None:
+    session = make_session(40, dimension=4, bits=20)
+    holders = list(session.client_ids[::3])[::-1]
+    assert session.share_xs(holders) == [session.share_x(h) for h in holders]
+    stranger = max(session.client_ids) + 1
+    for bad in ([*holders, stranger], [stranger]):
+        with pytest.raises(KeyError, match=f"client {stranger} is not in the cohort"):
+            session.share_xs(bad)
+
+
 @pytest.mark.parametrize(
     ("protocol", "named"),
     [(None, "missing"), ("fedveil-secagg/1", "'fedveil-secagg/1'"), (2, "'2'")],
