@@ -117,7 +117,8 @@ def add_client(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--roster",
         help="the operator's roster of client identity keys (fedveil identity roster); "
-        "peers are checked against this copy, never against the coordinator's",
+        "peers are checked against this copy, never against the coordinator's; a new "
+        "version of the file (renamed over it) is taken at the next request, no restart",
     )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to train")
     p.set_defaults(func=cmd_client)

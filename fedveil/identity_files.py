@@ -9,10 +9,14 @@ roster.json         client id -> public key (privacy.secagg.identity.Roster),
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -27,6 +31,8 @@ from fedveil.privacy.secagg.identity import (
 )
 
 MAX_ROSTER_BYTES = 128 << 20  # a million clients in base64 JSON is ~60 MB
+
+log = logging.getLogger(__name__)
 
 
 def write_identity_key(out: Path, name: str, *, force: bool = False) -> tuple[Path, Path]:
@@ -94,16 +100,96 @@ def load_roster(path: Path, flag: str = "--roster") -> Roster:
         raise RosterError(f"{flag} {path}: {exc}") from None
 
 
+class RosterFile(Mapping[int, bytes]):
+    """The roster in a file, re-read by `refresh` when the file has changed.
+
+    The operator adds devices by replacing the file on every device (write the new roster
+    next to it, then rename it over the old one): running devices take it at their next
+    secure-aggregation request, without a restart. A version of the file that cannot be
+    read, is not a valid roster, or no longer lists `owner` (this device's id and public
+    key) is refused once with a warning, and the last good roster stays in force.
+    """
+
+    def __init__(
+        self, path: Path, owner: tuple[int, bytes] | None = None, flag: str = "--roster"
+    ) -> None:
+        self.path, self._owner, self._flag = Path(path), owner, flag
+        self._lock = threading.Lock()
+        # Stamp before reading: a change made during the read is seen by the next refresh.
+        self._stamp = self._file_stamp()
+        self._roster = self._read()
+
+    def _file_stamp(self) -> tuple[int, ...] | None:
+        """What changes when the file is rewritten or replaced; None if it is gone."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def _read(self) -> Roster:
+        roster = load_roster(self.path, self._flag)
+        if self._owner is not None:
+            cid, key = self._owner
+            listed = roster.get(cid)
+            if listed is None:
+                raise RosterError(f"{self._flag} {self.path}: has no key for client {cid}")
+            if listed != key:
+                raise RosterError(
+                    f"{self._flag} {self.path}: the key listed for client {cid} is not this "
+                    "device's identity key"
+                )
+        return roster
+
+    def refresh(self) -> bool:
+        """Take the file's roster if the file changed since it was last judged; True if a
+        new roster was taken. Never raises: a bad version is logged and kept out."""
+        with self._lock:
+            stamp = self._file_stamp()
+            if stamp == self._stamp:
+                return False
+            self._stamp = stamp  # each version of the file is judged once, good or bad
+            kept = f"{len(self._roster)} clients, fingerprint {self._roster.fingerprint()}"
+            try:
+                roster = self._read()
+            except RosterError as exc:
+                log.warning("roster not taken: %s; keeping the one in force (%s)", exc, kept)
+                return False
+            self._roster = roster
+        log.info(
+            "roster %s re-read: %d clients, fingerprint %s (was %s)",
+            self.path,
+            len(roster),
+            roster.fingerprint(),
+            kept,
+        )
+        return True
+
+    def fingerprint(self) -> str:
+        return self._roster.fingerprint()
+
+    def __getitem__(self, cid: int) -> bytes:
+        return self._roster[cid]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._roster)
+
+    def __len__(self) -> int:
+        return len(self._roster)
+
+
 @dataclass(frozen=True, repr=False)
 class DeviceIdentity(ClientIdentity):
-    """A ClientIdentity whose roster came from a file (so it has a fingerprint)."""
+    """A ClientIdentity whose roster is a file, re-read when it changes (see RosterFile)."""
 
-    roster: Roster
+    roster: RosterFile
+
+    def peer_keys(self, client_ids: Any) -> dict[int, bytes]:
+        self.roster.refresh()  # one stat per request; a re-read only when the file changed
+        return super().peer_keys(client_ids)
 
 
 def load_client_identity(client_id: int, key_path: Path, roster_path: Path) -> DeviceIdentity:
-    key, roster = load_identity_key(key_path), load_roster(roster_path)
-    try:
-        return DeviceIdentity(client_id, key, roster)
-    except RosterError as exc:
-        raise RosterError(f"--roster {roster_path} and --identity-key {key_path}: {exc}") from None
+    key = load_identity_key(key_path)
+    roster = RosterFile(roster_path, owner=(client_id, public_bytes(key)))
+    return DeviceIdentity(client_id, key, roster)

@@ -377,6 +377,11 @@ class SecAggClient:
         digest = self.session.digest
         for i, peer in enumerate(request.peer_ids):
             identity = self._identity_public.get(peer)
+            if identity is None:
+                raise self._abort_protocol(
+                    f"share_keys_request.peer_ids[{i}]: peer {peer} is not in this client's "
+                    "roster (an operator who added it must give this device the new roster)"
+                )
             transcript = crypto.advert_transcript(
                 digest,
                 peer,
@@ -384,7 +389,7 @@ class SecAggClient:
                 request.encryption_public_keys[i],
                 request.seed_commitments[i],
             )
-            if identity is None or not crypto.verify(
+            if not crypto.verify(
                 crypto.load_identity_public(identity), request.signatures[i], transcript
             ):
                 raise self._abort_protocol(

@@ -156,7 +156,7 @@ class ClientIdentity:
 
     def peer_keys(self, client_ids: Any) -> dict[int, bytes]:
         """The roster's keys of `client_ids` (a session's cohort); absent ids are left out,
-        so their signatures fail to verify and the round aborts."""
+        and a client asked to trust one of them refuses the session, naming it."""
         return {cid: self.roster[cid] for cid in client_ids if cid in self.roster}
 
     def __repr__(self) -> str:  # never the key

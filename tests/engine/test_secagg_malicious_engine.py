@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import Counter
 
 import pytest
@@ -14,9 +15,10 @@ from fedveil.client.runtime import ClientRuntime
 from fedveil.client.secagg_stages import protocol_part, wrap
 from fedveil.config import load_config
 from fedveil.envelope import Envelope, MessageError
+from fedveil.identity_files import DeviceIdentity, RosterFile
 from fedveil.privacy.secagg import SessionConfig, ThreatModel, crypto
 from fedveil.privacy.secagg import decode_message as decode
-from fedveil.privacy.secagg.identity import DerivedIdentities, public_bytes
+from fedveil.privacy.secagg.identity import DerivedIdentities, Roster, public_bytes
 from fedveil.privacy.secagg.messages import AdvertiseRequest
 from fedveil.server.pipeline import make_privacy_pipeline
 from fedveil.server.rounds import RoundEngine
@@ -113,6 +115,37 @@ def test_clients_missing_from_the_roster_are_left_out_by_name(tmp_path, caplog):
     assert "no identity key in the roster" in caplog.text
     # The listed clients' next round is still keyed early.
     assert [recorder.exchanges[r] for r in (1, 2)] == [5, 3]
+
+
+def test_running_devices_take_the_operators_new_roster_without_a_restart(tmp_path):
+    """The operator adds clients 10 and 11: a new roster file replaces the old one on the
+    devices, which keep running, and on the coordinator, whose next submission reads it.
+    Every device checks its neighbours against its own file, so without re-reading it the
+    old devices would refuse the newcomers' advertisements and the round would fail."""
+    ids = DerivedIdentities()
+    path = tmp_path / "roster.json"
+
+    def publish(n: int) -> dict[int, bytes]:
+        listed = {cid: ids.public_key(cid) for cid in range(n)}
+        (tmp_path / "roster.new").write_text(Roster(listed).to_json())
+        os.replace(tmp_path / "roster.new", path)
+        return listed
+
+    def start(cid: int) -> DeviceIdentity:
+        owner = (cid, ids.public_key(cid))
+        return DeviceIdentity(cid, ids.private_key(cid), RosterFile(path, owner=owner))
+
+    listed = publish(10)
+    devices = {cid: start(cid) for cid in range(10)}
+    overrides = {"server.per_round": 12, "server.rounds": 1}
+    (before,), _, _ = engine_run(config(tmp_path, "before", **overrides), listed, devices.get)
+    assert before.applied and before.cohort_aggregated == 10 and before.dropped == 2
+
+    listed = publish(12)
+    devices.update({cid: start(cid) for cid in (10, 11)})  # the new devices start
+    (after,), _, _ = engine_run(config(tmp_path, "after", **overrides), listed, devices.get)
+    assert after.applied and after.cohort_aggregated == 12 and after.dropped == 0
+    assert all(len(devices[cid].roster) == 12 for cid in range(10))
 
 
 def test_a_server_that_swaps_a_clients_identity_key_gets_nothing(tmp_path):

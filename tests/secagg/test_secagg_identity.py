@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -124,7 +125,7 @@ def test_the_cli_makes_keys_and_a_roster_a_device_can_load(tmp_path):
     assert fingerprint in made.stdout and fingerprint in shown.stdout
     identity = load_client_identity(1, tmp_path / "c1.identity.key", tmp_path / "r.json")
     assert identity.client_id == 1
-    with pytest.raises(RosterError, match="client 0 is not this identity key"):
+    with pytest.raises(RosterError, match="client 0 is not this device's identity key"):
         load_client_identity(0, tmp_path / "c1.identity.key", tmp_path / "r.json")
     twice = fedveil("identity", "roster", "0=c0.identity.pub", "1=c0.identity.pub", "--out", "x")
     assert twice.returncode == 2 and "the same key as client 0" in twice.stderr
@@ -140,3 +141,66 @@ def test_the_cli_makes_keys_and_a_roster_a_device_can_load(tmp_path):
         "c1.identity.key",
     )
     assert lonely.returncode == 2 and "--identity-key and --roster go together" in lonely.stderr
+
+
+def publish(path, listed: dict[int, bytes]) -> None:
+    """What an operator does: write the new roster beside the old one, rename it over."""
+    fresh = path.with_name(path.name + ".new")
+    fresh.write_text(Roster(listed).to_json())
+    os.replace(fresh, path)
+
+
+def test_a_device_takes_a_changed_roster_file_at_its_next_request(tmp_path, caplog):
+    key_path, _ = write_identity_key(tmp_path, "c1")
+    listed = {**keys(1), 1: public_bytes(load_identity_key(key_path))}
+    path = tmp_path / "roster.json"
+    publish(path, listed)
+    identity = load_client_identity(1, key_path, path)
+    assert identity.peer_keys([0, 1, 2]) == listed
+    assert identity.roster.refresh() is False  # unchanged: not read again
+    listed[2] = public_bytes(Ed25519PrivateKey.generate())
+    publish(path, listed)
+    with caplog.at_level(logging.INFO, logger="fedveil.identity_files"):
+        assert identity.peer_keys([0, 1, 2]) == listed
+    assert f"re-read: 3 clients, fingerprint {Roster(listed).fingerprint()}" in caplog.text
+    # Rewritten in place (same file, no rename) is noticed too.
+    listed[3] = public_bytes(Ed25519PrivateKey.generate())
+    path.write_text(Roster(listed).to_json())
+    assert identity.peer_keys([3]) == {3: listed[3]}
+
+
+@pytest.mark.parametrize(
+    ("version", "reason"),
+    [
+        (lambda listed: "{not json", "roster: not JSON"),
+        (lambda listed: Roster({0: listed[0]}).to_json(), "has no key for client 1"),
+        (
+            lambda listed: Roster(
+                {**listed, 1: public_bytes(Ed25519PrivateKey.generate())}
+            ).to_json(),
+            "the key listed for client 1 is not this device's identity key",
+        ),
+        (None, "No such file"),
+    ],
+)
+def test_a_bad_new_roster_file_is_refused_and_the_last_good_one_stays(
+    tmp_path, caplog, version, reason
+):
+    key_path, _ = write_identity_key(tmp_path, "c1")
+    listed = {**keys(1), 1: public_bytes(load_identity_key(key_path))}
+    path = tmp_path / "roster.json"
+    publish(path, listed)
+    identity = load_client_identity(1, key_path, path)
+    if version is None:
+        path.unlink()
+    else:
+        path.write_text(version(listed))
+    with caplog.at_level(logging.INFO, logger="fedveil.identity_files"):
+        assert identity.peer_keys([0, 1]) == listed
+        assert identity.roster.refresh() is False
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings  # each version of the file is judged once
+    assert reason in warnings[0] and "keeping the one in force (2 clients" in warnings[0]
+    listed[5] = public_bytes(Ed25519PrivateKey.generate())
+    publish(path, listed)  # the operator fixes it
+    assert identity.peer_keys([0, 1, 5]) == listed
