@@ -16,7 +16,6 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -165,6 +164,11 @@ class RosterFile(Mapping[int, bytes]):
         )
         return True
 
+    @property
+    def current(self) -> Roster:
+        """The roster in force (immutable: a later re-read replaces it, never changes it)."""
+        return self._roster
+
     def fingerprint(self) -> str:
         return self._roster.fingerprint()
 
@@ -184,9 +188,10 @@ class DeviceIdentity(ClientIdentity):
 
     roster: RosterFile
 
-    def peer_keys(self, client_ids: Any) -> dict[int, bytes]:
+    def current_roster(self) -> Roster:
         self.roster.refresh()  # one stat per request; a re-read only when the file changed
-        return super().peer_keys(client_ids)
+        # One immutable roster per lookup, even if another request re-reads the file meanwhile.
+        return self.roster.current
 
 
 def load_client_identity(client_id: int, key_path: Path, roster_path: Path) -> DeviceIdentity:

@@ -157,7 +157,12 @@ class ClientIdentity:
     def peer_keys(self, client_ids: Any) -> dict[int, bytes]:
         """The roster's keys of `client_ids` (a session's cohort); absent ids are left out,
         and a client asked to trust one of them refuses the session, naming it."""
-        return {cid: self.roster[cid] for cid in client_ids if cid in self.roster}
+        roster = self.current_roster()
+        return {cid: roster[cid] for cid in client_ids if cid in roster}
+
+    def current_roster(self) -> Mapping[int, bytes]:
+        """The roster a session is checked against (a device re-reads its file here)."""
+        return self.roster
 
     def __repr__(self) -> str:  # never the key
         return f"ClientIdentity(client_id={self.client_id}, roster={len(self.roster)} keys)"
