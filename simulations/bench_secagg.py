@@ -22,6 +22,7 @@ Run: `python -m fedveil.simulations.bench_secagg --n 100 --dim 100000 --dropout 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -47,7 +48,7 @@ from fedveil.privacy.secagg import (
 from fedveil.privacy.secagg.crypto import KeystreamBuffer
 from fedveil.privacy.secagg.masking import MaskApplier
 from fedveil.privacy.secagg.params import ThreatMode
-from fedveil.simulations.secagg_floor import primitive_floor
+from fedveil.simulations.secagg_floor import PrimitiveLog, instrumented_primitives, primitive_floor
 
 # SecAggPlusWorkflow defaults, used on both sides.
 CLIP_RANGE = 8.0
@@ -111,9 +112,12 @@ def bench_protocol(
     threshold: int | None = None,
     seed: int = 0,
     threat: ThreatMode = ThreatMode.SEMI_HONEST,
+    instrument: bool = False,
 ) -> dict[str, Any]:
     """Compute cost of one fedveil round; see the module docstring. `threat` MALICIOUS adds
-    the signed advertisements and the consistency round (identity keys made untimed)."""
+    the signed advertisements and the consistency round (identity keys made untimed).
+    `instrument` times every primitive call in the round and adds "breakdown" (the wrappers
+    cost ~1 us a call, taken out again; the other figures of such a run include it)."""
     started = time.perf_counter()
     ids = list(range(1, n + 1))
     k, t = graph_parameters(n, dropout, neighbors, threshold, threat)
@@ -146,14 +150,16 @@ def bench_protocol(
         return vector
 
     # `encoded` makes each vector for its client's call only, as the engine's clients do.
-    report = run_in_memory(
-        session,
-        encoded,
-        dropouts=DropoutPattern({Stage.MASKED_INPUT: dropped}),
-        identity_keys=identity_keys,
-        overwrite_inputs=True,
-        clock=CLOCK,  # CPU time, like every other figure here (the peer's included)
-    )
+    log: PrimitiveLog | None
+    with instrumented_primitives() if instrument else contextlib.nullcontext() as log:
+        report = run_in_memory(
+            session,
+            encoded,
+            dropouts=DropoutPattern({Stage.MASKED_INPUT: dropped}),
+            identity_keys=identity_keys,
+            overwrite_inputs=True,
+            clock=CLOCK,  # CPU time, like every other figure here (the peer's included)
+        )
     result = report.result
     exact = set(quantize_seconds) == set(result.survivors) and np.array_equal(
         running & np.uint64(session.modulus_mask), result.total.astype(np.uint64)
@@ -177,7 +183,9 @@ def bench_protocol(
     excl_quantize = sum(per_client_total.values()) + server_total - sum(quantize_seconds.values())
     up = {cid: sum(s.get(cid, 0) for s in report.bytes_up.values()) for cid in ids}
     down = {cid: sum(s.get(cid, 0) for s in report.bytes_down.values()) for cid in ids}
+    extra = {} if log is None else {"breakdown": _breakdown(log, floor, excl_quantize)}
     return {
+        **extra,
         "protocol": "fedveil",
         "threat": threat.value,
         "n": n,
@@ -209,6 +217,29 @@ def bench_protocol(
         "sum_exact": bool(exact),
         "mean_close": bool(close),
         "wall_s": time.perf_counter() - started,
+    }
+
+
+def _breakdown(log: PrimitiveLog, floor: dict[str, Any], round_s: float) -> dict[str, Any]:
+    """Where an instrumented round's compute (quantization aside) went: its primitives as
+    called in the round, everything else, and the floor the same calls cost in a tight loop."""
+    round_s -= sum(log.calls.values()) * log.overhead_s
+    in_situ = log.in_situ_s()
+    return {
+        "round_excl_quantize_s": round_s,
+        "primitives_in_situ_s": in_situ,
+        # Message checks, graph lookups, bookkeeping, the server's running sum: Python.
+        "protocol_logic_s": round_s - in_situ,
+        "primitive_floor_s": floor["total_s"],
+        "wrapper_overhead_us": log.overhead_s * 1e6,
+        "by_primitive": {
+            name: {
+                "calls": log.calls[name],
+                "in_situ_us": log.in_situ_s(name) / log.calls[name] * 1e6 if log.calls[name] else 0,
+                "hot_us": row["us"],
+            }
+            for name, row in floor["by_primitive"].items()
+        },
     }
 
 
@@ -473,10 +504,11 @@ def compare(
     seed: int = 0,
     flower: bool = True,
     repeats: int = 1,
+    breakdown: bool = False,
 ) -> dict[str, Any]:
     """Both benchmarks, interleaved `repeats` times after a small warm-up round each; each
     side keeps its cheapest run, which filters out interference from other processes on a
-    shared machine."""
+    shared machine. `breakdown`: one more, instrumented, round of ours (see bench_protocol)."""
     ours_runs, their_runs = [], []
     # One small untimed round per side first: one-off costs (lazy imports, first-call
     # caches, engine calibration) are not part of a round's compute.
@@ -491,6 +523,9 @@ def compare(
             )
     ours = min(ours_runs, key=lambda r: r["total_compute_s"])
     out: dict[str, Any] = {"fedveil": ours, "repeats": repeats}
+    if breakdown:
+        instrumented = bench_protocol(n, dim, dropout, neighbors, threshold, seed, instrument=True)
+        out["breakdown"] = instrumented["breakdown"]
     if flower:
         theirs = min(their_runs, key=lambda r: r["total_compute_s"])
         out["flower"] = theirs
@@ -633,11 +668,28 @@ def _print_table(out: dict[str, Any]) -> None:
             f"compute_ratio ceiling (our round at its primitive floor + our quantization) = "
             f"{out['compute_ratio_ceiling']:.1f}x"
         )
+    if "breakdown" in out:
+        _print_breakdown(out["breakdown"])
     print(
         "times are process CPU seconds; "
         f"wall: fedveil {ours['wall_s']:.1f}s"
         + (f", flower {theirs['wall_s']:.1f}s" if theirs else "")
     )
+
+
+def _print_breakdown(b: dict[str, Any]) -> None:
+    print(
+        f"instrumented round without quantization {b['round_excl_quantize_s'] * 1e3:.1f} ms = "
+        f"primitives in situ {b['primitives_in_situ_s'] * 1e3:.1f} ms + protocol logic "
+        f"{b['protocol_logic_s'] * 1e3:.1f} ms; the same calls in a tight loop "
+        f"{b['primitive_floor_s'] * 1e3:.1f} ms (clock wrapper {b['wrapper_overhead_us']:.2f} "
+        "us a call, taken out)"
+    )
+    for name, row in b["by_primitive"].items():
+        print(
+            f"  {name:20}{row['calls']:>7} calls  in situ {row['in_situ_us']:8.2f} us  "
+            f"tight loop {row['hot_us']:8.2f} us"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -651,6 +703,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-flower", action="store_true", help="skip the Flower baseline")
     parser.add_argument("--repeats", type=int, default=1, help="keep each side's cheapest run")
     parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="one more round of ours with every primitive call timed: primitives in situ, "
+        "protocol logic, and the primitive floor",
+    )
     parser.add_argument(
         "--threats",
         action="store_true",
@@ -673,6 +731,7 @@ def main(argv: list[str] | None = None) -> None:
         args.seed,
         flower=not args.no_flower,
         repeats=args.repeats,
+        breakdown=args.breakdown,
     )
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))

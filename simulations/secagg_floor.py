@@ -9,13 +9,20 @@ batches) and returns count x cost, summed. No implementation of the same protoco
 same round in less; how far a measured round sits above it is what Python, message checks
 and cold caches cost. Quantization is left out: it is not a cryptographic primitive, and
 the benchmark reports it as its own stage.
+
+`instrumented_primitives` counts and times the same calls inside a real round, so a round's
+compute splits into its primitives as called there (in situ) and the protocol logic around
+them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Collection
+from collections import Counter
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -105,3 +112,77 @@ def primitive_floor(session: SessionConfig, dropped: Collection[int]) -> dict[st
         "total_s": sum(row["s"] for row in by_primitive.values()),
         "by_primitive": by_primitive,
     }
+
+
+# Where each primitive is called through: the protocol code calls these attributes, so
+# wrapping them sees every call (nested helpers such as crypto.derive_keys are not wrapped).
+def _call_sites() -> dict[str, list[tuple[Any, str]]]:
+    return {
+        "x25519_keygen": [(crypto.KeyPair, "__init__")],
+        "x25519_agree": [(crypto.KeyPair, "agree")],
+        "hkdf": [
+            (crypto, "pairwise_mask_key"),
+            (crypto, "self_mask_key"),
+            (crypto, "share_channel_keys"),
+        ],
+        "seal": [(crypto, "seal")],
+        "open": [(crypto, "open_sealed")],
+        "shamir_split": [(shamir, "split")],
+        "shamir_reconstruct": [(shamir, "reconstruct")],
+        "mask_stream": [(MaskApplier, "add"), (MaskApplier, "subtract"), (MaskApplier, "fresh")],
+    }
+
+
+@dataclass
+class PrimitiveLog:
+    """Calls and CPU seconds per primitive; `overhead_s`: what the wrapper adds to one call
+    (two clock reads), so `in_situ_s` can take it out again."""
+
+    calls: Counter[str] = field(default_factory=Counter)
+    seconds: Counter[str] = field(default_factory=Counter)
+    overhead_s: float = 0.0
+
+    def in_situ_s(self, name: str | None = None) -> float:
+        names = [name] if name is not None else list(self.calls)
+        return sum(max(0.0, self.seconds[n] - self.calls[n] * self.overhead_s) for n in names)
+
+
+def _timed(log: PrimitiveLog, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = CLOCK()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            log.seconds[name] += CLOCK() - started
+            log.calls[name] += 1
+
+    return timed
+
+
+def _wrapper_overhead() -> float:
+    probe = PrimitiveLog()
+
+    def noop() -> None:
+        return None
+
+    return max(0.0, _per_call(_timed(probe, "noop", noop), 2000) - _per_call(noop, 2000))
+
+
+@contextlib.contextmanager
+def instrumented_primitives() -> Iterator[PrimitiveLog]:
+    """Count and time every primitive call made inside the block (the calls still happen).
+
+    Patches module and class attributes: for benchmarks and tests, one thread at a time.
+    """
+    log = PrimitiveLog(overhead_s=_wrapper_overhead())
+    patched: list[tuple[Any, str, Any]] = []
+    try:
+        for name, sites in _call_sites().items():
+            for owner, attribute in sites:
+                original = owner.__dict__[attribute]
+                patched.append((owner, attribute, original))
+                setattr(owner, attribute, _timed(log, name, original))
+        yield log
+    finally:
+        for owner, attribute, original in reversed(patched):
+            setattr(owner, attribute, original)

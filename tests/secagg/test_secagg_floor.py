@@ -3,58 +3,40 @@
 from __future__ import annotations
 
 import time
-from collections import Counter
-from typing import Any
 
 import pytest
 from secagg_helpers import make_session, random_inputs
 
 from fedveil.privacy.secagg import DropoutPattern, Stage, crypto, run_in_memory, shamir
 from fedveil.privacy.secagg.masking import MaskApplier
-from fedveil.simulations.secagg_floor import primitive_counts, primitive_floor
-
-
-def _count_calls(monkeypatch: pytest.MonkeyPatch, calls: Counter[str]) -> None:
-    """Wrap each primitive so a call is counted and then made for real."""
-
-    def count(name: str, owner: Any, attribute: str) -> None:
-        original = getattr(owner, attribute)
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            calls[name] += 1
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(owner, attribute, counted)
-
-    count("x25519_keygen", crypto.KeyPair, "__init__")
-    count("x25519_agree", crypto.KeyPair, "agree")
-    for derivation in ("pairwise_mask_key", "self_mask_key", "share_channel_keys"):
-        count("hkdf", crypto, derivation)
-    count("seal", crypto, "seal")
-    count("open", crypto, "open_sealed")
-    count("shamir_split", shamir, "split")
-    count("shamir_reconstruct", shamir, "reconstruct")
-    for method in ("add", "subtract", "fresh"):
-        count("mask_stream", MaskApplier, method)
+from fedveil.simulations import bench_secagg
+from fedveil.simulations.secagg_floor import (
+    instrumented_primitives,
+    primitive_counts,
+    primitive_floor,
+)
 
 
 @pytest.mark.parametrize(("n", "neighbors", "threshold"), [(12, 6, 4), (7, None, 4)])
 def test_counts_match_the_calls_of_a_real_round(
-    monkeypatch: pytest.MonkeyPatch, n: int, neighbors: int | None, threshold: int
+    n: int, neighbors: int | None, threshold: int
 ) -> None:
     session = make_session(n, dimension=32, neighbors=neighbors, threshold=threshold)
     dropped = frozenset({session.client_ids[2], session.client_ids[5]})
-    calls: Counter[str] = Counter()
-    _count_calls(monkeypatch, calls)
-    report = run_in_memory(
-        session,
-        random_inputs(session, 3),
-        dropouts=DropoutPattern({Stage.MASKED_INPUT: dropped}),
-    )
+    originals = (crypto.KeyPair.agree, crypto.seal, shamir.split, MaskApplier.add)
+    with instrumented_primitives() as log:
+        report = run_in_memory(
+            session,
+            random_inputs(session, 3),
+            dropouts=DropoutPattern({Stage.MASKED_INPUT: dropped}),
+        )
     assert report.result.survivors == frozenset(session.client_ids) - dropped
     expected = primitive_counts(session, dropped)
     assert expected.pop("vector_add") == n - len(dropped)
-    assert dict(calls) == expected
+    assert dict(log.calls) == expected
+    assert all(log.seconds[name] > 0 for name in expected)
+    # Leaving the block puts every primitive back.
+    assert (crypto.KeyPair.agree, crypto.seal, shamir.split, MaskApplier.add) == originals
 
 
 def test_floor_is_counts_times_costs_and_below_a_measured_round() -> None:
@@ -79,3 +61,17 @@ def test_floor_is_counts_times_costs_and_below_a_measured_round() -> None:
         seconds for stage in report.client_seconds.values() for seconds in stage.values()
     )
     assert floor["total_s"] < measured
+
+
+def test_instrumented_bench_round_splits_into_primitives_and_logic() -> None:
+    out = bench_secagg.bench_protocol(n=10, dim=2_000, dropout=0.2, seed=1, instrument=True)
+    assert out["sum_exact"] and out["mean_close"]
+    split = out["breakdown"]
+    assert split["primitives_in_situ_s"] > 0 and split["wrapper_overhead_us"] > 0
+    assert split["protocol_logic_s"] == pytest.approx(
+        split["round_excl_quantize_s"] - split["primitives_in_situ_s"]
+    )
+    counted = {name: row["calls"] for name, row in split["by_primitive"].items()}
+    expected = {name: row["calls"] for name, row in out["primitive_floor"].items()}
+    expected["vector_add"] = 0  # numpy's add in the server is not wrapped
+    assert counted == expected
