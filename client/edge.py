@@ -1,6 +1,7 @@
 """`fedveil client`: one device of a federation — a Flower SuperNode plus fedveil's worker.
 
-Two processes. `flower-supernode` (a child that dies with this one) talks to
+Two processes. `flower-supernode` (a child that dies with this one; Flower's,
+with the reply step of its loop fixed in supernode.py) talks to
 the coordinator's Fleet API over TLS, authenticated with the device's key,
 and queues each request as a task on its loopback Runtime API (process
 isolation). This process is the worker: it claims those tasks (HMAC-signed

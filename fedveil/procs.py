@@ -23,10 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-# Console scripts of flwr 1.41, as `module:function`.
+# Console scripts of flwr 1.41, as `module:function`. The SuperNode is Flower's with its
+# push step fixed: client/supernode.py.
 FLWR_ENTRY_POINTS = {
     "flower-superlink": "flwr.superlink.cli:flower_superlink",
-    "flower-supernode": "flwr.supernode.cli:flower_supernode",
+    "flower-supernode": "fedveil.client.supernode:main",
     "flower-superexec": "flwr.supercore.cli:flower_superexec",
 }
 
