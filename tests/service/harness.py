@@ -209,11 +209,17 @@ allowed_tasks = ["deploy_task:make", "tiny_task:make"]
         try:
             return wait_for(check, timeout, f"run {rid} to be {status}")
         except AssertionError as exc:
+            if status not in ("failed", "stopped"):
+                # A run left going would hold the coordinator's run slot and time out
+                # every later test of the module too: one failure, one report.
+                with contextlib.suppress(httpx.HTTPError):
+                    self.http.post(f"/runs/{rid}/stop", headers=self.admin)
             raise AssertionError(f"{exc}\n{self.diagnostics()}") from None
 
     def diagnostics(self, tail: int = 1500) -> str:
-        """The end of the coordinator's and every device's logs, for a failure message."""
-        paths = [self.root / "server.log"]
+        """The end of the coordinator's, the newest runs' and every device's logs, for a failure."""
+        runs = sorted(self.state.glob("runs/*/server.log"))[-2:]  # the newest two
+        paths = [self.root / "server.log", *runs]
         for cid in sorted(self.clients):
             paths += [
                 self.root / f"client-{cid}.log",
