@@ -155,6 +155,19 @@ allowed_tasks = ["deploy_task:make", "tiny_task:make"]
         self.clients[cid] = proc
         return proc
 
+    def device_script(self, cid: int, script: str) -> list[str]:
+        """argv of a device script in tests/service, called as
+        `script SERVER CLIENT_ID STATE_DIR CA KEY` (garbage_client.py, late_reply_client.py)."""
+        return [
+            sys.executable,
+            str(SERVICE_TESTS / script),
+            self.fleet,
+            str(cid),
+            str(self.root / f"client-{cid}"),
+            str(self.certs / "ca.pem"),
+            str(self.certs / "clients" / f"client-{cid}.key"),
+        ]
+
     def kill_client(self, cid: int) -> None:
         proc = self.clients.pop(cid)
         with contextlib.suppress(ProcessLookupError):

@@ -20,7 +20,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,8 +27,8 @@ import pytest
 import tomllib
 import torch
 from deploy_task import write_big_file, write_client_file
-from harness import SERVICE_TESTS, Deployment, run_toml, wait_for
 from harness import TOKEN as TOKEN_TEXT
+from harness import Deployment, run_toml, wait_for
 from safetensors.torch import load, load_file
 
 from fedveil.config import config_from_dict
@@ -366,16 +365,7 @@ def test_dropout_and_garbage_do_not_stop_a_round(deployment, secagg):
     # is still running when it is SIGKILLed in round 1. Under secure aggregation both
     # drop at the masked-input stage, after sharing their keys: the round completes
     # through dropout recovery.
-    garbage = [
-        sys.executable,
-        str(SERVICE_TESTS / "garbage_client.py"),
-        dep.fleet,
-        "5",
-        str(dep.root / "client-5"),
-        str(dep.certs / "ca.pem"),
-        str(dep.certs / "clients" / "client-5.key"),
-    ]
-    dep.start_client(5, script=garbage)
+    dep.start_client(5, script=dep.device_script(5, "garbage_client.py"))
     slow = write_big_file(dep.root / "data" / "big.npz", 400_000)
     dep.start_client(6, "--data", str(slow), "--task", "mlp")
     wait_for(lambda: dep.connected() >= 7, 60, "clients 5 and 6 to connect")

@@ -11,10 +11,9 @@ did to a resumed run in CI.
 from __future__ import annotations
 
 import re
-import sys
 
 import pytest
-from harness import SERVICE_TESTS, Deployment, run_toml, wait_for
+from harness import Deployment, run_toml, wait_for
 
 pytestmark = [pytest.mark.flower, pytest.mark.slow]
 
@@ -26,16 +25,7 @@ def test_an_unexpected_reply_does_not_hold_back_the_next_ones(tmp_path):
         for cid in (0, 1):
             dep.enroll(cid)
         dep.start_client(0, "--task", "deploy_task:make")
-        late = [
-            sys.executable,
-            str(SERVICE_TESTS / "late_reply_client.py"),
-            dep.fleet,
-            "1",
-            str(dep.root / "client-1"),
-            str(dep.certs / "ca.pem"),
-            str(dep.certs / "clients" / "client-1.key"),
-        ]
-        dep.start_client(1, script=late)
+        dep.start_client(1, script=dep.device_script(1, "late_reply_client.py"))
         wait_for(lambda: dep.connected() >= 2, 90, "both clients to connect")
         rid = dep.submit(run_toml(rounds=3, clients=2, per_round=2, seed=3, name="late"))
         run = dep.wait_status(rid, "completed", timeout=180)
