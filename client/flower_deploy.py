@@ -31,6 +31,7 @@ from fedveil.envelope import Envelope, MessageError
 from fedveil.flower_codec import KINDS, from_content, message_type, to_content
 from fedveil.models import MODELS, build_model
 from fedveil.piggyback import FAILED
+from fedveil.privacy.secagg import flower_run_id
 from fedveil.privacy.secagg.identity import ClientIdentity
 from fedveil.tasks import ClientData, Task, load_task_function
 
@@ -159,7 +160,11 @@ class EdgeClient:
             task = self._task(cfg, request)
             identity = self.identity
             runtime = ClientRuntime(
-                task, self.device, None if identity is None else (lambda _cid: identity)
+                task,
+                self.device,
+                None if identity is None else (lambda _cid: identity),
+                # Flower's run id, from this device's own context: sessions bind it.
+                run_id=flower_run_id(run_id),
             )
             self._num_examples = len(task.client_data(self.client_id))
         except MessageError:

@@ -18,6 +18,7 @@ from fedveil.envelope import Envelope, MessageError
 from fedveil.evaluation import evaluate
 from fedveil.params import FlatModel
 from fedveil.piggyback import detach, join_replies
+from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.privacy.secagg.identity import ClientIdentity
 from fedveil.tasks import Task
 
@@ -62,16 +63,21 @@ class ClientRuntime:
     """Trains and evaluates for any client of `task`, reusing one model instance.
 
     `identities` gives a client's secure-aggregation identity (key and roster), which
-    malicious-server sessions need; None: this runtime has none."""
+    malicious-server sessions need; None: this runtime has none. `run_id` is the run this
+    runtime serves, from its own context (a deployment's Flower run id, see
+    `flower_run_id`): secure-aggregation sessions naming another run are refused."""
 
     def __init__(
         self,
         task: Task,
         device: torch.device | str = "cpu",
         identities: IdentitySource | None = None,
+        *,
+        run_id: bytes = SIMULATION_RUN_ID,
     ) -> None:
         self.task = task
         self.identities = identities
+        self.run_id = run_id
         self.model = FlatModel(task.model_fn(), device)
         # Local training; the in-process engine may hand back results it computed for
         # several clients at once (same signature, same arithmetic).
@@ -104,7 +110,9 @@ class ClientRuntime:
             from .secagg_stages import handle_secagg
 
             identity = None if self.identities is None else self.identities(client_id)
-            return handle_secagg(client_id, msg, state, self._train_update, identity)
+            return handle_secagg(
+                client_id, msg, state, self._train_update, identity, run_id=self.run_id
+            )
         raise MessageError(f"unknown message kind {msg.kind!r}")
 
     def _global(self, msg: Envelope) -> torch.Tensor:

@@ -25,6 +25,7 @@ import torch
 from fedveil.envelope import Envelope, MessageError
 from fedveil.privacy.dp import SkellamEncoder, SkellamParams
 from fedveil.privacy.secagg import (
+    SIMULATION_RUN_ID,
     Quantizer,
     SecAggClient,
     SecAggError,
@@ -146,7 +147,10 @@ def handle_secagg(
     state: dict[str, Any],
     train: Callable[[int, Envelope], tuple[dict[str, Any], torch.Tensor]],
     identity: ClientIdentity | None = None,
+    run_id: bytes = SIMULATION_RUN_ID,
 ) -> Envelope:
+    """The reply to one stage's request. `run_id`: the run this client serves, from its own
+    context; a session of another run, or of a round other than `msg.round`, is refused."""
     stage = msg.kind.removeprefix("secagg.")
     config, arrays = protocol_part(msg)
     try:
@@ -157,6 +161,7 @@ def handle_secagg(
             previous = _slot(msg.round - 1)
             for key in [k for k in state if k.startswith(SA) and not k.startswith(previous)]:
                 del state[key]
+            request.session.check_binding(run_id, msg.round, "advertise_request.session")
             keys = identity_for(request.session, client_id, identity)
             client = SecAggClient(client_id, request.session, **keys)
         else:
@@ -167,6 +172,7 @@ def handle_secagg(
             if identity is not None:  # the advertise stage checked the session already
                 keys = identity_for(_saved_session(saved), client_id, identity)
             client = SecAggClient.from_state(saved, **keys)
+            client.session.check_binding(run_id, msg.round, "saved session")
         vector = None
         if stage == TRAINING_STAGE:
             client.check_masked_input(request)  # a stale or foreign request costs no training

@@ -131,6 +131,8 @@ def bench_protocol(
         threshold=t,
         threat_mode=threat,
         graph_seed=os.urandom(32),
+        run_id=b"bench",
+        round=seed,
     )
     identity_keys = (
         {cid: Ed25519PrivateKey.generate() for cid in ids}

@@ -34,10 +34,11 @@ from .messages import (
 from .params import GraphParameters, ThreatMode, ThreatModel, find_parameters
 from .quantize import Quantizer, pack, unpack
 from .server import AggregateResult, Rejection, SecAggServer
-from .session import SessionConfig
+from .session import SIMULATION_RUN_ID, SessionConfig, flower_run_id
 from .simulate import DropoutPattern, RoundReport, run_in_memory
 
 __all__ = [
+    "SIMULATION_RUN_ID",
     "AdvertiseKeys",
     "AdvertiseRequest",
     "AggregateResult",
@@ -68,6 +69,7 @@ __all__ = [
     "UnmaskShares",
     "decode_message",
     "find_parameters",
+    "flower_run_id",
     "pack",
     "run_in_memory",
     "unpack",

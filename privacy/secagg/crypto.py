@@ -33,7 +33,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from . import randomness
 
 # v2: the PRG starts at counter block 0^96 || 2 (v1 started at 0), so v1 masks differ.
-DOMAIN = b"fedveil/secagg/v2/"
+# v3: sessions name their run and round (session.py): v2 digests and keys differ.
+DOMAIN = b"fedveil/secagg/v3/"
 KEY_BYTES = 32
 NONCE_BYTES = 12
 TAG_BYTES = 16

@@ -4,6 +4,12 @@ The cohort (sorted client ids) is part of the session: together with the graph s
 the neighbour graph, and share x-coordinates are positions in it. The session digest (SHA-256
 of the canonical encoding) salts every derived key and is covered by every signature, so two
 parties holding different configs cannot interoperate by accident or by a server's design.
+
+The session also names the run and the round it belongs to (`run_id`, `round`), so both are
+inside the digest too. The server picks the random session id, but a client checks the run
+id against the run it serves (from its own context, never from a message) and the round
+against the round of the envelope carrying the session (`check_binding`): a session replayed
+into another round or another run is refused by name.
 """
 
 from __future__ import annotations
@@ -25,15 +31,27 @@ from .params import ThreatMode, ThreatModel, find_parameters, validate_degree
 from .wire import Arrays, Bytes, Config, Int, Str, Vector, fail
 
 SESSION_ID_MIN, SESSION_ID_MAX = 8, 64
+RUN_ID_MIN, RUN_ID_MAX = 1, 64
+MAX_ROUND = 2**63 - 1
 GRAPH_SEED_BYTES = 32
 MAX_BITS = 62
 MAX_DIMENSION = 1 << 31
 # The protocol revision: bumped with crypto.DOMAIN whenever masks or messages change, so a
 # client and a server of different revisions refuse each other by name at the first message
 # instead of producing masks that do not cancel.
-PROTOCOL = "fedveil-secagg/2"
-_MAGIC = b"fvsa2"
-_HEADER = ">BIIIIIB"  # session-id length, bits, dimension, k, t, n, threat mode
+PROTOCOL = "fedveil-secagg/3"
+_MAGIC = b"fvsa3"
+# session-id length, bits, dimension, k, t, n, threat mode, run-id length, round
+_HEADER = ">BIIIIIBBQ"
+# The run id of an in-process simulation, where server and clients are one operator's
+# objects; a deployment binds Flower's run id instead (`flower_run_id`).
+SIMULATION_RUN_ID = b"fedveil-simulation"
+
+
+def flower_run_id(run_id: int) -> bytes:
+    """The session run id of a Flower run: both sides read it from their own Flower context."""
+    return b"flower-run:%d" % run_id
+
 
 _FIELDS = {
     "session_id": Bytes(SESSION_ID_MIN, SESSION_ID_MAX),
@@ -43,6 +61,8 @@ _FIELDS = {
     "threshold": Int(2, 1 << 32),
     "threat_mode": Str(tuple(m.value for m in ThreatMode)),
     "graph_seed": Bytes(GRAPH_SEED_BYTES, GRAPH_SEED_BYTES),
+    "run_id": Bytes(RUN_ID_MIN, RUN_ID_MAX),
+    "round": Int(0, MAX_ROUND),
 }
 
 
@@ -59,6 +79,8 @@ class SessionConfig:
     threshold: int
     threat_mode: ThreatMode
     graph_seed: bytes
+    run_id: bytes
+    round: int
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "threat_mode", ThreatMode(self.threat_mode))
@@ -84,6 +106,10 @@ class SessionConfig:
             raise ValueError("malicious mode needs 2 * threshold > neighbors + 1")
         if len(self.graph_seed) != GRAPH_SEED_BYTES:
             raise ValueError(f"graph_seed must be {GRAPH_SEED_BYTES} bytes")
+        if type(self.run_id) is not bytes or not RUN_ID_MIN <= len(self.run_id) <= RUN_ID_MAX:
+            raise ValueError(f"run_id must be {RUN_ID_MIN}..{RUN_ID_MAX} bytes")
+        if type(self.round) is not int or not 0 <= self.round <= MAX_ROUND:
+            raise ValueError(f"round must be an int in [0, {MAX_ROUND}], got {self.round!r}")
 
     @classmethod
     def create(
@@ -92,6 +118,8 @@ class SessionConfig:
         *,
         dimension: int,
         modulus_bits: int,
+        run_id: bytes,
+        round: int,
         threat: ThreatModel | None = None,
         neighbors: int | None = None,
         threshold: int | None = None,
@@ -111,9 +139,25 @@ class SessionConfig:
             threshold=params.threshold,
             threat_mode=threat.mode,
             graph_seed=graph_seed or randomness.random_bytes(GRAPH_SEED_BYTES),
+            run_id=run_id,
+            round=round,
         )
 
     # Derived views, computed once per instance.
+    def check_binding(self, run_id: bytes, round_num: int, path: str = "session") -> None:
+        """Refuse a session of another run or round. `run_id` is the run the checking party
+        serves (from its own context), `round_num` the round of the message carrying it."""
+        if self.run_id != run_id:
+            raise SecAggProtocolError(
+                f"{path}.run_id: {self.run_id[:64]!r} is not this client's run {run_id!r} "
+                "(replayed from another run?)"
+            )
+        if self.round != round_num:
+            raise SecAggProtocolError(
+                f"{path}.round: session of round {self.round} delivered in round "
+                f"{round_num} (replayed from another round?)"
+            )
+
     @property
     def n(self) -> int:
         return len(self.client_ids)
@@ -189,9 +233,11 @@ class SessionConfig:
             self.threshold,
             self.n,
             list(ThreatMode).index(self.threat_mode),
+            len(self.run_id),
+            self.round,
         )
         ids = self.ids_array.astype(">u8").tobytes()
-        return b"".join([_MAGIC, header, self.session_id, self.graph_seed, ids])
+        return b"".join([_MAGIC, header, self.session_id, self.run_id, self.graph_seed, ids])
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> SessionConfig:
@@ -199,17 +245,31 @@ class SessionConfig:
             if not raw.startswith(_MAGIC):
                 raise ValueError("bad magic")
             offset = len(_MAGIC)
-            sid_len, bits, dim, k, t, n, mode = struct.unpack_from(_HEADER, raw, offset)
+            header = struct.unpack_from(_HEADER, raw, offset)
+            sid_len, bits, dim, k, t, n, mode, run_len, round_num = header
             offset += struct.calcsize(_HEADER)
             session_id = raw[offset : offset + sid_len]
             offset += sid_len
+            run_id = raw[offset : offset + run_len]
+            offset += run_len
             graph_seed = raw[offset : offset + GRAPH_SEED_BYTES]
             offset += GRAPH_SEED_BYTES
             ids = np.frombuffer(raw, dtype=">u8", count=n, offset=offset)
             if offset + 8 * n != len(raw):
                 raise ValueError("trailing or missing bytes")
             modes = list(ThreatMode)
-            return cls(session_id, tuple(ids.tolist()), bits, dim, k, t, modes[mode], graph_seed)
+            return cls(
+                session_id,
+                tuple(ids.tolist()),
+                bits,
+                dim,
+                k,
+                t,
+                modes[mode],
+                graph_seed,
+                run_id,
+                round_num,
+            )
         except (ValueError, IndexError, struct.error) as exc:
             raise SecAggProtocolError(f"session: cannot decode ({exc})") from None
 

@@ -16,7 +16,7 @@ from fedveil.client.secagg_stages import protocol_part, wrap
 from fedveil.config import load_config
 from fedveil.envelope import Envelope, MessageError
 from fedveil.identity_files import DeviceIdentity, RosterFile
-from fedveil.privacy.secagg import SessionConfig, ThreatModel, crypto
+from fedveil.privacy.secagg import SIMULATION_RUN_ID, SessionConfig, ThreatModel, crypto
 from fedveil.privacy.secagg import decode_message as decode
 from fedveil.privacy.secagg.identity import DerivedIdentities, Roster, public_bytes
 from fedveil.privacy.secagg.messages import AdvertiseRequest
@@ -183,7 +183,12 @@ def test_a_server_that_swaps_a_clients_identity_key_gets_nothing(tmp_path):
 
 def session(threat: str) -> SessionConfig:
     return SessionConfig.create(
-        range(5), dimension=4, modulus_bits=16, threat=ThreatModel(0.0, 0.1, threat)
+        range(5),
+        dimension=4,
+        modulus_bits=16,
+        run_id=SIMULATION_RUN_ID,
+        round=1,
+        threat=ThreatModel(0.0, 0.1, threat),
     )
 
 

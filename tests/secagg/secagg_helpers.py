@@ -20,6 +20,8 @@ def make_session(
     mode: ThreatMode = ThreatMode.SEMI_HONEST,
     first_id: int = 1000,
     session_id: bytes = b"round-0001",
+    run_id: bytes = b"test-run",
+    round_num: int = 1,
 ) -> SessionConfig:
     """Session with explicit k, t (defaults: complete graph, t = about 2n/3)."""
     k = n - 1 if neighbors is None else neighbors
@@ -35,6 +37,8 @@ def make_session(
         threshold=t,
         threat_mode=mode,
         graph_seed=hashlib.sha256(session_id).digest(),
+        run_id=run_id,
+        round=round_num,
     )
 
 

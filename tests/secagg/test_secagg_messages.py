@@ -95,7 +95,7 @@ def test_a_session_of_another_protocol_revision_is_refused_by_name(protocol, nam
         AdvertiseRequest.from_wire(config, arrays)
     message = str(raised.value)
     assert "advertise_request.session.protocol" in message and named in message
-    assert "fedveil-secagg/2" in message
+    assert "fedveil-secagg/3" in message
 
 
 scalars = st.one_of(

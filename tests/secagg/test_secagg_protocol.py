@@ -138,7 +138,13 @@ def test_malicious_mode_sum_is_exact(case: tuple[SessionConfig, DropoutPattern, 
 def test_dropouts_at_every_stage_with_parameter_finder_session() -> None:
     ids = list(range(1, 121))
     session = SessionConfig.create(
-        ids, dimension=300, modulus_bits=24, threat=ThreatModel(0.05, 0.1), session_id=b"r" * 16
+        ids,
+        dimension=300,
+        modulus_bits=24,
+        run_id=b"test-run",
+        round=1,
+        threat=ThreatModel(0.05, 0.1),
+        session_id=b"r" * 16,
     )
     assert not session.graph.complete
     dropouts = DropoutPattern.random(ids, 0.1, seed=3, stages=list(Stage))
