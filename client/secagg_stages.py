@@ -148,9 +148,11 @@ def handle_secagg(
     train: Callable[[int, Envelope], tuple[dict[str, Any], torch.Tensor]],
     identity: ClientIdentity | None = None,
     run_id: bytes = SIMULATION_RUN_ID,
+    min_survivors: int = 0,
 ) -> Envelope:
     """The reply to one stage's request. `run_id`: the run this client serves, from its own
-    context; a session of another run, or of a round other than `msg.round`, is refused."""
+    context; a session of another run, or of a round other than `msg.round`, is refused.
+    `min_survivors`: the client's own floor on the survivor set it unmasks for."""
     stage = msg.kind.removeprefix("secagg.")
     config, arrays = protocol_part(msg)
     try:
@@ -163,7 +165,7 @@ def handle_secagg(
                 del state[key]
             request.session.check_binding(run_id, msg.round, "advertise_request.session")
             keys = identity_for(request.session, client_id, identity)
-            client = SecAggClient(client_id, request.session, **keys)
+            client = SecAggClient(client_id, request.session, min_survivors=min_survivors, **keys)
         else:
             saved = {k[len(slot) :]: v for k, v in state.items() if k.startswith(slot)}
             if not saved:
@@ -171,7 +173,7 @@ def handle_secagg(
             keys = {}
             if identity is not None:  # the advertise stage checked the session already
                 keys = identity_for(_saved_session(saved), client_id, identity)
-            client = SecAggClient.from_state(saved, **keys)
+            client = SecAggClient.from_state(saved, min_survivors=min_survivors, **keys)
             client.session.check_binding(run_id, msg.round, "saved session")
         vector = None
         if stage == TRAINING_STAGE:

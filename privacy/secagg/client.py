@@ -10,6 +10,13 @@ either the self-mask seed share (peer survived) or the mask-key share (peer drop
 `unmask` is accepted a single time, its answer is fixed by the survivor set, and in malicious
 mode that set must be the one the client signed and ≥ t of its neighbourhood co-signed.
 
+`min_survivors` is a floor the client holds itself (under distributed DP: the fewest
+survivors whose noise shares still add up to the calibrated noise). Below it the client
+reveals nothing: it refuses to sign the survivor set (malicious mode) and to unmask. In
+malicious mode the set it checks is the one its neighbours co-sign, so a server that lies
+about it gets no signatures; in semi-honest mode the server could show different sets to
+different clients, so there the floor assumes a server that follows the protocol.
+
 Secrets are dropped as soon as they are no longer needed: raw private keys after
 `share_keys`, seed and pairwise keys after `masked_input`, held shares after `unmask`.
 `to_state()` / `from_state()` move the state through a dict of bytes/int/str values (the
@@ -84,13 +91,17 @@ class SecAggClient:
         *,
         identity_key: Ed25519PrivateKey | None = None,
         identity_public_keys: Mapping[int, Ed25519PublicKey | bytes] | None = None,
+        min_survivors: int = 0,
     ) -> None:
+        if type(min_survivors) is not int or min_survivors < 0:
+            raise ValueError(f"min_survivors = {min_survivors!r}: must be an int >= 0")
         if not session.contains(client_id):
             raise ValueError(f"client {client_id} is not in the session cohort")
         if session.malicious and (identity_key is None or identity_public_keys is None):
             raise ValueError("malicious mode needs identity_key and identity_public_keys")
         self.client_id = client_id
         self.session = session
+        self.min_survivors = min_survivors
         self._identity_key = identity_key
         self._identity_public = dict(identity_public_keys or {})
         self.stage = ClientStage.NEW
@@ -404,6 +415,12 @@ class SecAggClient:
             raise self._abort_protocol(str(exc)) from None
         if self.client_id not in survivors:
             raise self._abort_protocol(f"{path}: marks this client, which sent its input, dropped")
+        if len(survivors) < self.min_survivors:
+            # Checked before anything is signed or revealed: the client's own floor.
+            raise self._abort(
+                f"{path}: {len(survivors)} survivors < {self.min_survivors}, the fewest this "
+                "client unmasks for; no share revealed"
+            )
         holders_alive = 1 + sum(1 for peer in self._held_ids if peer in survivors)
         if len(survivors) < self.session.threshold or holders_alive < self.session.threshold:
             raise self._abort(f"too few survivors to unmask safely ({path})")
@@ -498,8 +515,10 @@ class SecAggClient:
         *,
         identity_key: Ed25519PrivateKey | None = None,
         identity_public_keys: Mapping[int, Ed25519PublicKey | bytes] | None = None,
+        min_survivors: int = 0,
     ) -> SecAggClient:
-        """Inverse of `to_state`; raises SecAggProtocolError on any malformed entry."""
+        """Inverse of `to_state`; raises SecAggProtocolError on any malformed entry.
+        `min_survivors` is not in the state: the host passes its own floor on every restore."""
         try:
             if state.get("version") != STATE_VERSION:
                 raise ValueError("unsupported state version")
@@ -512,6 +531,7 @@ class SecAggClient:
                 SessionConfig.from_bytes(raw_session),
                 identity_key=identity_key,
                 identity_public_keys=identity_public_keys,
+                min_survivors=min_survivors,
             )
             client.stage = ClientStage(state["stage"])
             client._load(state)

@@ -154,6 +154,18 @@ class SecAggServer:
     def rejections(self) -> tuple[Rejection, ...]:
         return tuple(self._rejections)
 
+    @property
+    def survivors(self) -> frozenset[int]:
+        """U3, the clients whose masked input was accepted: known once the consistency or
+        unmask requests are built, before any of them is sent (so a caller can check and
+        charge the release before the first unmasking request goes out)."""
+        if self.phase not in (ServerPhase.CONSISTENCY, ServerPhase.UNMASK):
+            raise SecAggStateError(
+                f"server: survivors are known from the consistency or unmask stage on; "
+                f"current phase is {self.phase.value}"
+            )
+        return self._round.u3
+
     def neighbours(self, client_id: int) -> frozenset[int]:
         if client_id not in self._neighbours:
             self._neighbours[client_id] = self.session.graph.neighbours(client_id)
