@@ -21,12 +21,51 @@ def add_privacy(sub: argparse._SubParsersAction) -> None:
     rep.set_defaults(func=cmd_report)
     ver = psub.add_parser(
         "verify",
-        help="recompute epsilon from the ledger; exit 1 at the first discrepancy",
-        description="Recompute epsilon from the ledger's events independently of the stored "
-        "numbers, check the hash chain, round order, budget and (when report.json exists) "
-        "the ledger's length and head hash. Exits 0 when everything holds, 1 otherwise.",
+        help="check the signed ledger and recompute epsilon; exit 0 final, 3 interrupted, "
+        "1 at the first discrepancy",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Check the ledger's signatures, hash chain, run id, round order and\n"
+        "budget; recompute epsilon from its events independently of the stored numbers;\n"
+        "re-check Skellam releases' z from their recorded parameters; and check that\n"
+        "report.json's head and every witnessed head are in the chain.",
+        epilog="exit codes:\n"
+        "  0  final: the run finished; every entry is signed and consistent\n"
+        "  3  interrupted at training round N: signed and consistent, resumable, not "
+        "finished\n"
+        "  1  failed (first discrepancy): unsigned or badly signed entries, a key that "
+        "cannot\n"
+        "     be found, a ledger without a final or interruption record at its end "
+        "(truncated),\n"
+        "     a witnessed head the chain lacks (rewritten, re-signed or rolled back), or "
+        "any\n"
+        "     other discrepancy\n"
+        "\n"
+        "The public key is found by key id in the local key store ($FEDVEIL_KEY_DIR, else\n"
+        "~/.local/share/fedveil/keys) on the machine that made the run; elsewhere pass it\n"
+        "with --public-key. --second-accountant passes iff the recorded epsilon is at least\n"
+        "99.9% of the smallest epsilon the named sound accountants give ('all': every\n"
+        "accountant sound for the run's mechanism, sampling and neighbouring relation).",
     )
     ver.add_argument("run_dir")
+    ver.add_argument(
+        "--public-key",
+        metavar="FILE",
+        help="the run's Ed25519 public key (PEM or 32 raw bytes); only this key is accepted",
+    )
+    ver.add_argument(
+        "--witness",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="a device's witness file (<state-dir>/witness/<run_id>.jsonl); repeatable",
+    )
+    ver.add_argument(
+        "--second-accountant",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="also bound epsilon with NAME (pld, prv, rdp, dpa_rdp, ... or 'all'); repeatable",
+    )
     ver.set_defaults(func=cmd_verify)
 
 
@@ -45,8 +84,22 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from fedveil.privacy.dp.signing import KeyStoreError, load_public_key
     from fedveil.server.privacy_report import verify_run
 
-    ok, message = verify_run(Path(args.run_dir))
-    print(("OK: " if ok else "FAIL: ") + message, file=sys.stdout if ok else sys.stderr)
-    return 0 if ok else 1
+    public_key = None
+    if args.public_key:
+        try:
+            public_key = load_public_key(args.public_key)
+        except (OSError, KeyStoreError) as error:
+            print(f"FAIL: --public-key {args.public_key}: {error}", file=sys.stderr)
+            return 1
+    result = verify_run(
+        Path(args.run_dir),
+        public_key=public_key,
+        witnesses=args.witness,
+        second_accountants=args.second_accountant,
+    )
+    label = {"final": "OK", "interrupted": "INTERRUPTED"}.get(result.status, "FAIL")
+    print(f"{label}: {result.message}", file=sys.stdout if result.ok else sys.stderr)
+    return result.exit_code

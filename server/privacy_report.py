@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedveil.privacy.dp import DpConfig, build_report, render_html, verify_ledger
+from fedveil.privacy.dp import DpConfig, VerifyResult, build_report, render_html, verify_ledger
+from fedveil.privacy.dp.ledger import RELEASE, entry_kind
+from fedveil.privacy.dp.verify import read_witness_file
 
 from .runstore import atomic_write_bytes
 
@@ -35,7 +38,12 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
     verification = None
     if path.exists():
         verification = verify_ledger(path)
-        entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        # Releases only: the interruption/final records spend nothing.
+        entries = [
+            entry
+            for entry in (json.loads(line) for line in path.read_text().splitlines() if line)
+            if entry_kind(entry) == RELEASE
+        ]
     path.parent.mkdir(parents=True, exist_ok=True)
     report = build_report(
         entries,
@@ -63,19 +71,43 @@ def secure_aggregation_mode(run_dir: Path) -> str | None:
     return threat if threat in ("semi_honest", "malicious") else None
 
 
-def verify_run(run_dir: str | Path) -> tuple[bool, str]:
-    """Recompute the ledger independently; anchored to report.json's head hash when present."""
+def verify_run(
+    run_dir: str | Path,
+    *,
+    public_key: bytes | None = None,
+    witnesses: Sequence[str | Path] = (),
+    second_accountants: Sequence[str] = (),
+) -> VerifyResult:
+    """Verify the run's ledger independently (status final / interrupted / failed).
+
+    The public key is `public_key` when given, else found by key id in the local key
+    store. Each witness file holds ledger heads a device saw; every one must be in
+    the chain. report.json's head hash, when present, is an anchor: the chain must
+    contain it (a resumed run may have grown past it, a rolled-back one lacks it).
+    """
     run_dir = Path(run_dir)
     path = ledger_path(run_dir)
     if not path.exists():
-        return False, f"{path}: no privacy ledger"
+        return VerifyResult(ok=False, message=f"{path}: no privacy ledger")
+    heads: list[dict[str, Any]] = []
+    for witness in witnesses:
+        try:
+            heads.extend(read_witness_file(witness))
+        except (OSError, ValueError) as error:
+            return VerifyResult(ok=False, message=f"witness file {witness}: {error}")
+    anchors: list[str] = []
     anchor = path.parent / "report.json"
-    kwargs: dict[str, Any] = {}
     if anchor.exists():
-        report = json.loads(anchor.read_text())
-        kwargs = {
-            "expected_entries": report.get("ledger_entries"),
-            "expected_head_hash": report.get("ledger_head_hash"),
-        }
-    result = verify_ledger(path, **kwargs)
-    return bool(result.ok), str(result.message)
+        try:
+            head = json.loads(anchor.read_text()).get("ledger_head_hash")
+        except (OSError, ValueError, AttributeError) as error:
+            return VerifyResult(ok=False, message=f"{anchor}: unreadable ({error})")
+        if isinstance(head, str):
+            anchors.append(head)
+    return verify_ledger(
+        path,
+        accountant=tuple(second_accountants) or None,
+        anchors=anchors,
+        public_key=public_key,
+        witnesses=heads,
+    )

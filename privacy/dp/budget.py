@@ -9,7 +9,7 @@ from typing import Any
 from .accounting import compute_epsilon
 from .config import DpConfig
 from .events import PrivacyEvent
-from .ledger import Ledger
+from .ledger import RELEASE, Ledger, entry_kind
 
 
 class BudgetExceededError(RuntimeError):
@@ -28,10 +28,19 @@ class PrivacyBudget:
         self._history: list[PrivacyEvent] = list(history)
 
     @classmethod
-    def from_ledger(cls, config: DpConfig, entries: Iterable[Mapping[str, Any]]) -> PrivacyBudget:
-        """Rebuild the accountant state after a restart, checking the run's invariants."""
+    def from_ledger(
+        cls, config: DpConfig, entries: Ledger | Iterable[Mapping[str, Any]]
+    ) -> PrivacyBudget:
+        """Rebuild the accountant state after a restart, checking the run's invariants.
+
+        Takes the Ledger itself or its entries; only release entries are composed
+        (interruption and final records spend nothing).
+        """
         budget = cls(config)
-        for entry in entries:
+        releases = entries.releases if isinstance(entries, Ledger) else entries
+        for entry in releases:
+            if entry_kind(entry) != RELEASE:
+                continue
             _check_entry_matches_config(entry, config)
             budget._history.append(event_from_entry(entry))
         return budget
@@ -65,11 +74,12 @@ class PrivacyBudget:
         round_number: int,
         event: PrivacyEvent,
         clip_norm: float,
-        cohort_planned: int,
-        cohort_aggregated: int,
         extra: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Write the round's ledger entry (durably) and only then count the event.
+
+        Only public fields go to the ledger: per-round cohort counts reveal who took
+        part, so the caller keeps them in its private annex, never in `extra`.
 
         Call after aggregation and BEFORE publishing the noised model: when this
         returns the entry is on disk, so a crash can never leave a release that the
@@ -87,8 +97,6 @@ class PrivacyBudget:
             round_number=round_number,
             event=event,
             clip_norm=clip_norm,
-            cohort_planned=cohort_planned,
-            cohort_aggregated=cohort_aggregated,
             epsilon=epsilon,
         )
         if extra:
@@ -104,8 +112,6 @@ def entry_fields(
     round_number: int,
     event: PrivacyEvent,
     clip_norm: float,
-    cohort_planned: int,
-    cohort_aggregated: int,
     epsilon: float,
 ) -> dict[str, Any]:
     """The ledger fields of one release (the ledger adds timestamp and hashes)."""
@@ -120,8 +126,6 @@ def entry_fields(
         "privacy_unit": config.privacy_unit,
         "population_size": event.population_size,
         "steps": event.steps,
-        "cohort_planned": int(cohort_planned),
-        "cohort_aggregated": int(cohort_aggregated),
         "delta": config.delta,
         "epsilon": epsilon,
         "accountant": config.accountant_name,

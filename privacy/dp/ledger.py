@@ -1,9 +1,22 @@
-"""Append-only, hash-chained JSONL privacy ledger.
+"""Append-only, hash-chained, signed JSONL privacy ledger.
 
 Each line is the canonical JSON of one entry. `hash` is SHA-256 over the canonical
-JSON of the entry without `hash` (so it covers `prev_hash`), and `prev_hash` is the
-previous entry's `hash` (GENESIS_HASH for the first): editing, dropping or
-reordering any line breaks the chain from that line on.
+JSON of the entry without `hash` and `signature` (so it covers `prev_hash`, `run_id`,
+`seq` and `key_id`), and `prev_hash` is the previous entry's `hash` (GENESIS_HASH
+for the first): editing, dropping or reordering any line breaks the chain from
+that line on. With a signer, `signature` is the hex Ed25519 signature of
+SIGNATURE_CONTEXT + the ASCII hex `hash`, and `key_id` names the key
+(signing.key_id_for): re-hashing an edited chain then needs the private key.
+
+Entries have a `kind`: "release" (one accounted release; `round` counts releases
+1, 2, ...), "interrupted" (the run stopped; a resume appends releases after it) or
+"final" (the run ended; nothing may follow). `seq` numbers all entries 1, 2, ...
+and every entry carries the run's `run_id`. A run that ends without a final or
+interruption record reads as truncated.
+
+Only public fields go here (an outside auditor reads them): per-round cohort
+counts reveal who took part and belong in the operator's private annex. Old
+ledgers that carry `cohort_planned`/`cohort_aggregated` are still read.
 """
 
 from __future__ import annotations
@@ -14,12 +27,24 @@ import hashlib
 import json
 import math
 import os
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .signing import LedgerSigner
 
 GENESIS_HASH = "0" * 64
+SIGNATURE_CONTEXT = b"fedveil.ledger.entry.v1:"
 
+RELEASE = "release"
+INTERRUPTED = "interrupted"
+FINAL = "final"
+CLOSE_KINDS = (INTERRUPTED, FINAL)
+KINDS = (RELEASE, *CLOSE_KINDS)
+
+# Public fields every release entry has (the ledger adds run_id..signature).
 ENTRY_FIELDS = (
     "round",
     "mechanism",
@@ -29,8 +54,6 @@ ENTRY_FIELDS = (
     "sampling",
     "neighbouring",
     "privacy_unit",
-    "cohort_planned",
-    "cohort_aggregated",
     "delta",
     "epsilon",
     "accountant",
@@ -39,6 +62,11 @@ ENTRY_FIELDS = (
     "prev_hash",
     "hash",
 )
+# Fields the ledger itself writes on every entry (signature fields only when signed).
+RECORD_FIELDS = ("run_id", "kind", "seq", "timestamp", "prev_hash", "hash")
+SIGNATURE_FIELDS = ("key_id", "signature")
+_RESERVED = frozenset({*RECORD_FIELDS, *SIGNATURE_FIELDS, "round", "releases"})
+WITNESS_FIELDS = ("run_id", "seq", "hash", "key_id", "signature")
 
 
 class LedgerCorruptError(ValueError):
@@ -49,6 +77,14 @@ class LedgerCorruptError(ValueError):
         self.line = line
 
 
+class LedgerRunMismatchError(ValueError):
+    """The ledger file belongs to another run (run id or signing key differ)."""
+
+
+class LedgerClosedError(ValueError):
+    """The run's final record is written: nothing may be appended after it."""
+
+
 def canonical_json(data: Mapping[str, Any]) -> str:
     """Sorted keys, no whitespace, ASCII only, no NaN: one byte string per value."""
     return json.dumps(
@@ -57,9 +93,19 @@ def canonical_json(data: Mapping[str, Any]) -> str:
 
 
 def entry_hash(entry: Mapping[str, Any]) -> str:
-    """SHA-256 (hex) of the canonical JSON of `entry` minus its own `hash` field."""
-    body = {key: value for key, value in entry.items() if key != "hash"}
+    """SHA-256 (hex) of the canonical JSON of `entry` minus its `hash` and `signature`."""
+    body = {key: value for key, value in entry.items() if key not in ("hash", "signature")}
     return hashlib.sha256(canonical_json(body).encode("ascii")).hexdigest()
+
+
+def signed_message(hash_hex: str) -> bytes:
+    """The bytes an entry's signature covers: a context string, then its hash."""
+    return SIGNATURE_CONTEXT + hash_hex.encode("ascii")
+
+
+def entry_kind(entry: Mapping[str, Any]) -> Any:
+    """An entry's kind; old ledgers' entries (no `kind`) are all releases."""
+    return entry.get("kind", RELEASE)
 
 
 def parse_ledger_bytes(data: bytes) -> tuple[list[dict[str, Any]], bytes]:
@@ -92,8 +138,47 @@ def check_chain_link(entry: Mapping[str, Any], prev_hash: str, line: int) -> Non
         raise LedgerCorruptError("hash does not match the entry's content (entry edited)", line)
 
 
+def check_sequence(
+    entry: Mapping[str, Any], line: int, releases_before: int, previous: Mapping[str, Any] | None
+) -> None:
+    """Raise LedgerCorruptError unless `entry` may follow `previous` at position `line`.
+
+    `releases_before` counts the release entries before this one.
+    """
+    kind = entry_kind(entry)
+    if kind not in KINDS:
+        raise LedgerCorruptError(f"kind={kind!r} is invalid; allowed: {KINDS}", line)
+    if "seq" in entry and entry["seq"] != line:
+        raise LedgerCorruptError(f"seq {entry['seq']!r}; expected {line}", line)
+    if previous is not None and entry_kind(previous) == FINAL:
+        raise LedgerCorruptError("an entry follows the run's final record", line)
+    if previous is not None and previous.get("run_id") != entry.get("run_id"):
+        raise LedgerCorruptError(
+            f"run_id {entry.get('run_id')!r} differs from the previous entry's "
+            f"{previous.get('run_id')!r}",
+            line,
+        )
+    if kind == RELEASE and entry.get("round") != releases_before + 1:
+        raise LedgerCorruptError(
+            f"round {entry.get('round')!r}; expected {releases_before + 1} "
+            "(rounds count releases: contiguous from 1)",
+            line,
+        )
+    if kind != RELEASE and entry.get("releases") != releases_before:
+        raise LedgerCorruptError(
+            f"{kind} record says releases={entry.get('releases')!r}; the ledger has "
+            f"{releases_before} before it",
+            line,
+        )
+
+
 class Ledger:
     """Single-writer, append-only ledger at `path` (a second writer is detected).
+
+    `run_id` binds every entry to the run (None: adopt the file's, or draw one at
+    the first append); opening a file written under another run id raises
+    LedgerRunMismatchError. `signer` signs each entry (no signer: entries are
+    unsigned and `fedveil privacy verify` rejects them).
 
     Opening validates the whole existing chain; a partial last line (crash during
     an append) raises LedgerCorruptError rather than being dropped silently. After
@@ -101,18 +186,54 @@ class Ledger:
     line was never acknowledged, so its release never happened.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        run_id: str | None = None,
+        signer: LedgerSigner | None = None,
+    ) -> None:
         self.path = Path(path)
+        self.signer = signer
         self._entries: list[dict[str, Any]] = []
         self._size = 0  # bytes this writer has seen: detects a second writer
         if self.path.exists():
             data = self.path.read_bytes()
             self._entries = _load_valid_chain(data)
             self._size = len(data)
+        self.run_id = self._bind_run_id(run_id)
+        self._check_signer_matches()
+
+    def _bind_run_id(self, run_id: str | None) -> str | None:
+        if not self._entries:
+            return run_id
+        recorded = self._entries[0].get("run_id")
+        if run_id is not None and recorded != run_id:
+            raise LedgerRunMismatchError(
+                f"{self.path}: ledger belongs to run_id={recorded!r}, not run_id={run_id!r}; "
+                "one ledger per run"
+            )
+        return recorded if isinstance(recorded, str) else None
+
+    def _check_signer_matches(self) -> None:
+        if self.signer is None or not self._entries:
+            return
+        recorded = self._entries[-1].get("key_id")
+        if recorded is not None and recorded != self.signer.key_id:
+            raise LedgerRunMismatchError(
+                f"{self.path}: ledger is signed by key_id={recorded!r} but this signer is "
+                f"key_id={self.signer.key_id!r}; resume with the run's own key"
+            )
 
     @property
     def entries(self) -> list[dict[str, Any]]:
+        """Every entry: releases and the interruption/final records."""
         return [dict(entry) for entry in self._entries]
+
+    @property
+    def releases(self) -> list[dict[str, Any]]:
+        """The release entries only (what the accountant composes)."""
+        return [dict(entry) for entry in self._entries if entry_kind(entry) == RELEASE]
 
     @property
     def head_hash(self) -> str:
@@ -121,22 +242,47 @@ class Ledger:
 
     @property
     def last_round(self) -> int:
-        return int(self._entries[-1]["round"]) if self._entries else 0
+        """The number of releases so far (= the last release's `round`)."""
+        for entry in reversed(self._entries):
+            if entry_kind(entry) == RELEASE:
+                return int(entry["round"])
+        return 0
+
+    @property
+    def closed(self) -> bool:
+        """True once the final record is written."""
+        return bool(self._entries) and entry_kind(self._entries[-1]) == FINAL
+
+    @property
+    def last_kind(self) -> str | None:
+        return entry_kind(self._entries[-1]) if self._entries else None
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    def witness_head(self) -> dict[str, Any]:
+        """{run_id, seq, hash, key_id, signature} of the last entry: what devices keep."""
+        if not self._entries:
+            raise ValueError(f"{self.path}: empty ledger has no head to witness")
+        last = self._entries[-1]
+        return {
+            "run_id": last.get("run_id"),
+            "seq": last.get("seq", len(self._entries)),
+            "hash": last["hash"],
+            "key_id": last.get("key_id"),
+            "signature": last.get("signature"),
+        }
+
     def record(self, fields: Mapping[str, Any]) -> dict[str, Any]:
-        """Append one entry; returns it only after the bytes are fsync'd to disk.
+        """Append one release entry; returns it only after the bytes are fsync'd to disk.
 
         `fields` holds every ENTRY_FIELDS key except prev_hash/hash (and optionally
         timestamp); rounds must be contiguous starting at 1.
         """
-        entry = dict(fields)
-        entry.setdefault("timestamp", _utc_now())
-        entry["prev_hash"] = self.head_hash
-        entry.pop("hash", None)
-        missing = [name for name in ENTRY_FIELDS if name not in entry and name != "hash"]
+        entry = {k: v for k, v in fields.items() if k not in (*RECORD_FIELDS, *SIGNATURE_FIELDS)}
+        if "timestamp" in fields:
+            entry["timestamp"] = fields["timestamp"]
+        missing = [name for name in ENTRY_FIELDS if name not in (*RECORD_FIELDS, *entry)]
         if missing:
             raise ValueError(f"ledger entry lacks fields {missing}")
         expected_round = self.last_round + 1
@@ -147,7 +293,64 @@ class Ledger:
             )
         if not (isinstance(entry["epsilon"], (int, float)) and math.isfinite(entry["epsilon"])):
             raise ValueError(f"ledger entry epsilon={entry['epsilon']!r} must be finite")
+        return self._append(RELEASE, entry)
+
+    def close(self, kind: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """Append the run's "interrupted" or "final" record (durably, signed).
+
+        `fields` must hold `training_round` (an integer >= 0); a final record also
+        `epsilon` (the run's final figure), an interruption record e.g. `reason`.
+        After "final" nothing more may be appended; after "interrupted" a resumed
+        run appends releases again.
+        """
+        if kind not in CLOSE_KINDS:
+            raise ValueError(f"close kind={kind!r} is invalid; allowed: {CLOSE_KINDS}")
+        reserved = sorted(_RESERVED & set(fields))
+        if reserved:
+            raise ValueError(f"close fields {reserved} are written by the ledger itself")
+        training_round = fields.get("training_round")
+        if not (
+            isinstance(training_round, int)
+            and not isinstance(training_round, bool)
+            and training_round >= 0
+        ):
+            raise ValueError(
+                f"close field training_round={training_round!r} is invalid; "
+                "allowed: an integer >= 0"
+            )
+        if kind == FINAL:
+            epsilon = fields.get("epsilon")
+            if not (
+                isinstance(epsilon, (int, float))
+                and not isinstance(epsilon, bool)
+                and math.isfinite(epsilon)
+                and epsilon >= 0
+            ):
+                raise ValueError(
+                    f"final record epsilon={epsilon!r} is invalid; allowed: a finite number >= 0"
+                )
+        entry = dict(fields)
+        entry["releases"] = self.last_round
+        return self._append(kind, entry)
+
+    def _append(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self.closed:
+            raise LedgerClosedError(
+                f"{self.path}: the run's final record is written; nothing may follow it"
+            )
+        if self.run_id is None:
+            self.run_id = secrets.token_hex(16)
+        entry = dict(body)
+        entry.setdefault("timestamp", _utc_now())
+        entry["run_id"] = self.run_id
+        entry["kind"] = kind
+        entry["seq"] = len(self._entries) + 1
+        entry["prev_hash"] = self.head_hash
+        if self.signer is not None:
+            entry["key_id"] = self.signer.key_id
         entry["hash"] = entry_hash(entry)
+        if self.signer is not None:
+            entry["signature"] = self.signer.sign(signed_message(entry["hash"])).hex()
         self._append_durably((canonical_json(entry) + "\n").encode("ascii"))
         self._entries.append(entry)
         return dict(entry)
@@ -200,11 +403,14 @@ def _load_valid_chain(data: bytes) -> list[dict[str, Any]]:
             len(entries) + 1,
         )
     prev_hash = GENESIS_HASH
+    releases = 0
+    previous: dict[str, Any] | None = None
     for number, entry in enumerate(entries, start=1):
         check_chain_link(entry, prev_hash, number)
-        if entry.get("round") != number:
-            raise LedgerCorruptError(f"round {entry.get('round')!r}; expected {number}", number)
+        check_sequence(entry, number, releases, previous)
+        releases += entry_kind(entry) == RELEASE
         prev_hash = entry["hash"]
+        previous = entry
     return entries
 
 

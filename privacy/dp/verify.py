@@ -1,8 +1,26 @@
-"""Independent ledger verifier: chain, rounds, budget and recomputed epsilon.
+"""Independent ledger verifier: signatures, chain, run state, budget, recomputed epsilon.
 
 Trusts nothing stored except the events themselves: epsilon is recomputed from
 (q, z, steps, sampling, neighbouring) of every prefix and compared with the
-recorded value. Stops at, and reports, the FIRST discrepancy in file order.
+recorded value, and a Skellam release's z is recomputed from its recorded
+discrete-mechanism parameters. Stops at, and reports, the FIRST discrepancy in
+file order.
+
+Three outcomes (VerifyResult.status, with exit codes for the CLI):
+- "final" (EXIT_FINAL = 0): every entry is signed and consistent and the run's
+  signed final record ends the ledger;
+- "interrupted" (EXIT_INTERRUPTED = 3): the same, but the ledger ends with a signed
+  interruption record: resumable, not a finished run, so a finished run cut back
+  to its interruption record never passes as finished;
+- "failed" (EXIT_FAILED = 1): unsigned entries, a bad signature, a key that cannot
+  be found, a ledger that ends without a final or interruption record (truncated
+  or still running), a witnessed head the chain does not hold, or any other
+  discrepancy.
+
+Second accountants: the recorded epsilon passes iff it is at least
+(1 - SECOND_ACCOUNTANT_REL_TOL) times the smallest epsilon the named sound
+accountants give for the recorded events, i.e. it is not below every sound upper
+bound by more than 0.1%.
 """
 
 from __future__ import annotations
@@ -11,7 +29,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
@@ -20,11 +38,35 @@ from .accounting import compute_epsilon
 from .budget import event_from_entry
 from .events import PrivacyEvent
 from .ledger import (
+    CLOSE_KINDS,
     ENTRY_FIELDS,
+    FINAL,
     GENESIS_HASH,
+    INTERRUPTED,
+    RELEASE,
+    WITNESS_FIELDS,
     LedgerCorruptError,
     check_chain_link,
+    check_sequence,
+    entry_kind,
+    signed_message,
 )
+from .signing import find_public_key, key_dir, key_id_for, verify_signature
+from .skellam import SkellamParams
+from .vocabulary import ADD_REMOVE, supported_accountants
+
+STATUS_FINAL = "final"
+STATUS_INTERRUPTED = "interrupted"
+STATUS_FAILED = "failed"
+EXIT_FINAL = 0
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 3
+EXIT_CODES = {STATUS_FINAL: EXIT_FINAL, STATUS_INTERRUPTED: EXIT_INTERRUPTED}
+
+SECOND_ACCOUNTANT_REL_TOL = 1e-3  # recorded may sit at most 0.1% below the tightest
+SKELLAM_Z_REL_TOL = 1e-9
+ALL_SOUND = "all"  # as a second accountant: every sound accountant for the run
+ZERO_OUT = "zero_out"  # Skellam z under zero-out uses sensitivity B, as add/remove
 
 RUN_CONSTANT_FIELDS = (
     "mechanism",
@@ -43,14 +85,16 @@ _NUMERIC_FIELDS = (
     "epsilon",
     "budget_epsilon",
 )
-_INTEGER_FIELDS = ("round", "cohort_planned", "cohort_aggregated")
+_INTEGER_FIELDS = ("round",)
+_LEGACY_INTEGER_FIELDS = ("cohort_planned", "cohort_aggregated")  # old ledgers only
 
 LedgerSource = str | os.PathLike[str] | bytes | BinaryIO | TextIO | Iterable[Mapping[str, Any]]
+KeyLookup = Callable[[str], "bytes | None"]
 
 
 @dataclass(frozen=True)
 class VerifyResult:
-    ok: bool
+    ok: bool  # True only for a complete, finished run ("final")
     message: str
     line: int | None = None  # 1-based line (entry index) of the first discrepancy
     round: int | None = None
@@ -58,9 +102,23 @@ class VerifyResult:
     epsilon_recomputed: int = 0  # how many prefixes had epsilon recomputed
     final_epsilon: float | None = None  # recomputed epsilon of the whole ledger
     head_hash: str = GENESIS_HASH
+    status: str = STATUS_FAILED
+    run_id: str | None = None
+    key_id: str | None = None
+    releases: int = 0
+    training_round: int | None = None  # of the closing (final/interruption) record
+    witnesses: int = 0  # witnessed heads found in the chain
 
     def __bool__(self) -> bool:
         return self.ok
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES.get(self.status, EXIT_FAILED)
+
+    @property
+    def resumable(self) -> bool:
+        return self.status == STATUS_INTERRUPTED
 
 
 class _Discrepancy(Exception):
@@ -73,36 +131,51 @@ class _Discrepancy(Exception):
 def verify_ledger(
     source: LedgerSource,
     *,
-    accountant: str | None = None,
+    accountant: str | Sequence[str] | None = None,
     rel_tol: float = 1e-3,
     abs_tol: float = 1e-6,
     expected_entries: int | None = None,
     expected_head_hash: str | None = None,
+    anchors: Iterable[str] = (),
     max_epsilon_checks: int = 128,
+    public_key: bytes | None = None,
+    find_key: KeyLookup | None = None,
+    witnesses: Iterable[Mapping[str, Any]] = (),
 ) -> VerifyResult:
     """Verify a ledger file/bytes/stream or a list of entries.
 
-    `accountant=None` recomputes with the recorded accountant and requires a match
-    within tolerance. Naming another accountant instead requires the recorded epsilon
-    to be at least that accountant's (it must remain an upper bound, e.g. recorded
-    RDP >= recomputed PLD). Truncation at a line boundary leaves a valid shorter
-    chain: pass `expected_entries` or `expected_head_hash` (both in report.json) to
-    catch it. With more than `max_epsilon_checks` entries, epsilon is recomputed at
-    evenly spaced prefixes including the last; monotonicity and budget are checked
-    on all of them.
+    Epsilon is always recomputed with the recorded accountant and must match
+    within tolerance. `accountant` additionally names second accountants (one
+    name, several, or "all" for every sound one): the recorded epsilon must be at
+    least (1 - 0.001) x the smallest of theirs.
+
+    Signatures: `public_key` (raw 32 bytes) is the only key accepted when given;
+    otherwise each entry's key is looked up by key_id with `find_key` (default:
+    the local key store). `witnesses` are ledger heads devices kept (run_id, seq,
+    hash, key_id, signature): each must be in the chain, which catches a chain
+    re-signed by the operator and a rollback to an older signed prefix.
+
+    `expected_entries`/`expected_head_hash` pin the chain's exact length and head;
+    `anchors` are entry hashes the chain must contain (e.g. report.json's head).
+    With more than `max_epsilon_checks` releases, epsilon is recomputed at evenly
+    spaced prefixes including the last; monotonicity and budget are checked on all.
     """
-    state = _State()
+    second = _second_accountants(accountant)
+    state = _State(public_key, find_key or find_public_key)
     try:
         items, tail = _read(source)
         recompute_at = _recompute_indices(len(items), max_epsilon_checks)
-        entries: list[Mapping[str, Any]] = []
         for line, item in enumerate(items, start=1):
             # Parse line by line so a garbled line 5 does not mask a bad hash on line 3.
             entry = _parse_line(item, line) if isinstance(item, bytes) else item
-            entries.append(entry)
             _check_entry(entry, line, state)
-            if line - 1 in recompute_at:
-                _check_recomputed_epsilon(entry, line, state, accountant, rel_tol, abs_tol)
+            if entry_kind(entry) == RELEASE:
+                state.last_release_checked = False
+                if line - 1 in recompute_at:
+                    _check_recomputed_epsilon(entry, line, state, second, rel_tol, abs_tol)
+            else:
+                _check_close(entry, line, state, second, rel_tol, abs_tol)
+            state.entries.append(entry)
             state.passed = line
         if tail:
             raise _Discrepancy(
@@ -110,42 +183,94 @@ def verify_ledger(
                 "truncated file or interrupted append",
                 len(items) + 1,
             )
-        _check_anchors(entries, state, expected_entries, expected_head_hash)
+        _check_witnesses(list(witnesses), state)
+        _check_anchors(state, expected_entries, expected_head_hash, anchors)
+        _check_closed(state)
     except _Discrepancy as found:
         return VerifyResult(
-            False,
-            str(found),
-            found.line,
-            found.round,
-            state.passed,
-            state.recomputed,
-            state.final_epsilon,
-            state.prev_hash,
+            ok=False,
+            message=str(found),
+            line=found.line,
+            round=found.round,
+            entries=state.passed,
+            epsilon_recomputed=state.recomputed,
+            final_epsilon=state.final_epsilon,
+            head_hash=state.prev_hash,
+            status=STATUS_FAILED,
+            run_id=state.run_id,
+            key_id=state.key_id,
+            releases=state.releases,
         )
-    if not entries:
-        return VerifyResult(True, "empty ledger", entries=0)
+    last = state.entries[-1]
+    final = entry_kind(last) == FINAL
+    budget = state.first["budget_epsilon"] if state.first is not None else None
+    epsilon = state.final_epsilon if state.final_epsilon is not None else 0.0
+    summary = (
+        f"{len(state.entries)} entries, {state.releases} releases, epsilon {epsilon:.6g}"
+        + (f" <= budget {budget}" if budget is not None else "")
+        + f", signed by key {state.key_id}"
+        + (f", {state.witnesses} witnessed heads found" if state.witnesses else "")
+    )
+    if final:
+        message = f"final: run {state.run_id} finished at training round {last['training_round']}"
+    else:
+        message = (
+            f"interrupted at training round {last['training_round']} (resumable): run "
+            f"{state.run_id} has not finished"
+        )
     return VerifyResult(
-        True,
-        f"ledger verified: {len(entries)} entries, epsilon "
-        f"{state.final_epsilon:.6g} <= budget {entries[-1]['budget_epsilon']}",
-        None,
-        None,
-        len(entries),
-        state.recomputed,
-        state.final_epsilon,
-        state.prev_hash,
+        ok=final,
+        message=f"{message}; {summary}",
+        entries=len(state.entries),
+        epsilon_recomputed=state.recomputed,
+        final_epsilon=epsilon,
+        head_hash=state.prev_hash,
+        status=STATUS_FINAL if final else STATUS_INTERRUPTED,
+        run_id=state.run_id,
+        key_id=state.key_id,
+        releases=state.releases,
+        training_round=int(last["training_round"]),
+        witnesses=state.witnesses,
     )
 
 
+def read_witness_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The heads in a device's witness file (JSONL, one head per line)."""
+    heads = []
+    for number, raw in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            head = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} line {number}: not valid JSON ({error})") from None
+        if not isinstance(head, dict):
+            raise ValueError(f"{path} line {number}: not a JSON object")
+        heads.append(head)
+    return heads
+
+
 class _State:
-    def __init__(self) -> None:
+    def __init__(self, public_key: bytes | None, find_key: KeyLookup) -> None:
+        self.public_key = public_key
+        self.trusted_key_id = key_id_for(public_key) if public_key is not None else None
+        self.find_key = find_key
+        self.key: bytes | None = None
+        self.key_id: str | None = None
+        self.run_id: str | None = None
         self.prev_hash = GENESIS_HASH
         self.first: Mapping[str, Any] | None = None
+        self.skellam: Mapping[str, Any] | None = None
         self.last_epsilon = 0.0
+        self.last_close_round = -1
         self.passed = 0
+        self.releases = 0
         self.recomputed = 0
+        self.witnesses = 0
+        self.last_release_checked = True
         self.final_epsilon: float | None = None
         self.events: list[PrivacyEvent] = []
+        self.entries: list[Mapping[str, Any]] = []
 
 
 def _read(source: LedgerSource) -> tuple[list[bytes] | list[Mapping[str, Any]], bytes]:
@@ -174,15 +299,93 @@ def _parse_line(raw: bytes, line: int) -> Mapping[str, Any]:
 
 
 def _check_entry(entry: Mapping[str, Any], line: int, state: _State) -> None:
+    """Checks every entry gets: chain link, signature, run binding and order."""
     round_number = entry.get("round")
-    missing = [name for name in ENTRY_FIELDS if name not in entry]
+    kind = entry_kind(entry)
+    required = ENTRY_FIELDS if kind == RELEASE else ("timestamp", "prev_hash", "hash")
+    missing = [name for name in required if name not in entry]
     if missing:
         raise _Discrepancy(f"line {line}: missing fields {missing}", line, round_number)
     try:
         check_chain_link(entry, state.prev_hash, line)
     except LedgerCorruptError as error:
         raise _Discrepancy(str(error), line, round_number) from None
-    for name in _INTEGER_FIELDS:
+    _check_signature(entry, line, state)
+    run_id = entry.get("run_id")
+    if not (isinstance(run_id, str) and run_id):
+        raise _Discrepancy(
+            f"line {line}: run_id={run_id!r}; every entry must name its run", line, round_number
+        )
+    if state.run_id is not None and run_id != state.run_id:
+        raise _Discrepancy(
+            f"line {line}: run_id {run_id!r} differs from the ledger's run {state.run_id!r}",
+            line,
+            round_number,
+        )
+    state.run_id = run_id
+    if "seq" not in entry:
+        raise _Discrepancy(f"line {line}: missing field 'seq'", line, round_number)
+    previous = state.entries[-1] if state.entries else None
+    try:
+        check_sequence(entry, line, state.releases, previous)
+    except LedgerCorruptError as error:
+        raise _Discrepancy(str(error), line, round_number) from None
+    if kind == RELEASE:
+        _check_release(entry, line, state)
+        state.releases += 1
+    state.prev_hash = entry["hash"]
+
+
+def _check_signature(entry: Mapping[str, Any], line: int, state: _State) -> None:
+    round_number = entry.get("round")
+    key_id, signature = entry.get("key_id"), entry.get("signature")
+    if not isinstance(key_id, str) or not isinstance(signature, str):
+        raise _Discrepancy(
+            f"line {line}: unsigned entry (key_id={key_id!r}, signature present: "
+            f"{isinstance(signature, str)}); a ledger must be signed by the coordinator's key",
+            line,
+            round_number,
+        )
+    if state.key_id is None:
+        if state.trusted_key_id is not None and key_id != state.trusted_key_id:
+            raise _Discrepancy(
+                f"line {line}: signed by key_id {key_id}, but the given public key is "
+                f"key_id {state.trusted_key_id}",
+                line,
+                round_number,
+            )
+        key = state.public_key if state.public_key is not None else state.find_key(key_id)
+        if key is None:
+            raise _Discrepancy(
+                f"line {line}: no public key with key_id {key_id} in the key store "
+                f"{key_dir()}; pass the run's public key with --public-key",
+                line,
+                round_number,
+            )
+        state.key, state.key_id = key, key_id
+    elif key_id != state.key_id:
+        raise _Discrepancy(
+            f"line {line}: signed by key_id {key_id}, but the run's entries before it by "
+            f"key_id {state.key_id}",
+            line,
+            round_number,
+        )
+    try:
+        raw = bytes.fromhex(signature)
+    except ValueError:
+        raw = b""
+    assert state.key is not None
+    if not verify_signature(state.key, raw, signed_message(entry["hash"])):
+        raise _Discrepancy(
+            f"line {line}: bad signature for key_id {key_id} (entry forged or re-hashed)",
+            line,
+            round_number,
+        )
+
+
+def _check_release(entry: Mapping[str, Any], line: int, state: _State) -> None:
+    round_number = entry.get("round")
+    for name in _INTEGER_FIELDS + tuple(n for n in _LEGACY_INTEGER_FIELDS if n in entry):
         value = entry[name]
         if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
             raise _Discrepancy(
@@ -194,14 +397,6 @@ def _check_entry(entry: Mapping[str, Any], line: int, state: _State) -> None:
             raise _Discrepancy(
                 f"line {line}: {name}={value!r} is not a finite number", line, round_number
             )
-    expected_round = line  # rounds start at 1 and are contiguous
-    if round_number != expected_round:
-        raise _Discrepancy(
-            f"line {line}: round {round_number} but expected {expected_round} "
-            "(rounds must be contiguous and strictly increasing)",
-            line,
-            round_number,
-        )
     if state.first is None:
         state.first = entry
     for name in RUN_CONSTANT_FIELDS:
@@ -225,6 +420,7 @@ def _check_entry(entry: Mapping[str, Any], line: int, state: _State) -> None:
             line,
             round_number,
         )
+    _check_skellam(entry, line, state)
     try:
         state.events.append(event_from_entry(entry))
     except (ValueError, TypeError, KeyError) as error:
@@ -232,7 +428,97 @@ def _check_entry(entry: Mapping[str, Any], line: int, state: _State) -> None:
             f"line {line}: invalid privacy event ({error})", line, round_number
         ) from None
     state.last_epsilon = entry["epsilon"]
-    state.prev_hash = entry["hash"]
+
+
+def _check_skellam(entry: Mapping[str, Any], line: int, state: _State) -> None:
+    """Recompute a Skellam release's Gaussian-equivalent z from its discrete parameters."""
+    round_number = entry.get("round")
+    has_params = "skellam" in entry or "noise_shares" in entry
+    if entry["mechanism"] == "distributed_skellam" and not has_params:
+        raise _Discrepancy(
+            f"line {line}: a distributed_skellam release must record 'skellam' and "
+            "'noise_shares' so its z can be re-checked",
+            line,
+            round_number,
+        )
+    if not has_params:
+        return
+    shares, recorded = entry.get("noise_shares"), entry.get("skellam")
+    if not (isinstance(shares, int) and not isinstance(shares, bool) and shares >= 1):
+        raise _Discrepancy(
+            f"line {line}: noise_shares={shares!r} is invalid; allowed: an integer >= 1",
+            line,
+            round_number,
+        )
+    if not isinstance(recorded, dict):
+        raise _Discrepancy(
+            f"line {line}: skellam={recorded!r} is not an object", line, round_number
+        )
+    if state.skellam is not None and recorded != state.skellam:
+        raise _Discrepancy(
+            f"line {line}: Skellam parameters changed within one run "
+            f"(from {state.skellam!r} to {recorded!r})",
+            line,
+            round_number,
+        )
+    state.skellam = recorded
+    # Zero-out adjacency moves one client's contribution by up to B, as add/remove.
+    relation = ADD_REMOVE if entry["neighbouring"] == ZERO_OUT else entry["neighbouring"]
+    try:
+        z = SkellamParams.from_dict(dict(recorded)).noise_multiplier_for(shares, relation)
+    except (TypeError, ValueError) as error:
+        raise _Discrepancy(
+            f"line {line}: cannot recompute the Skellam z ({error})", line, round_number
+        ) from None
+    stored = float(entry["noise_multiplier"])
+    if abs(z - stored) > SKELLAM_Z_REL_TOL * abs(stored):
+        raise _Discrepancy(
+            f"line {line}: noise_multiplier {stored!r} differs from {z!r}, the Gaussian-"
+            f"equivalent z of the recorded Skellam parameters with {shares} noise shares",
+            line,
+            round_number,
+        )
+
+
+def _check_close(
+    entry: Mapping[str, Any],
+    line: int,
+    state: _State,
+    second: tuple[str, ...],
+    rel_tol: float,
+    abs_tol: float,
+) -> None:
+    kind = entry_kind(entry)
+    assert kind in CLOSE_KINDS
+    training_round = entry.get("training_round")
+    if not (
+        isinstance(training_round, int)
+        and not isinstance(training_round, bool)
+        and training_round >= state.last_close_round
+        and training_round >= 0
+    ):
+        raise _Discrepancy(
+            f"line {line}: {kind} record training_round={training_round!r} is invalid; "
+            f"allowed: an integer >= {max(state.last_close_round, 0)}",
+            line,
+        )
+    state.last_close_round = training_round
+    if not state.last_release_checked and state.entries:
+        # Recompute at the last release before every close, whatever the spacing.
+        last_release = next(e for e in reversed(state.entries) if entry_kind(e) == RELEASE)
+        _check_recomputed_epsilon(last_release, line - 1, state, second, rel_tol, abs_tol)
+    if kind == FINAL or "epsilon" in entry:
+        stated = entry.get("epsilon")
+        if not (isinstance(stated, (int, float)) and not isinstance(stated, bool)) or not (
+            abs(float(stated) - state.last_epsilon) <= 1e-9 * max(1.0, state.last_epsilon)
+        ):
+            raise _Discrepancy(
+                f"line {line}: {kind} record states epsilon={stated!r} but the last release "
+                f"recorded {state.last_epsilon!r}",
+                line,
+            )
+    if kind == INTERRUPTED and not isinstance(entry.get("reason", ""), str):
+        raise _Discrepancy(f"line {line}: reason={entry.get('reason')!r} is not a string", line)
 
 
 def _recompute_indices(count: int, max_checks: int) -> set[int]:
@@ -243,33 +529,39 @@ def _recompute_indices(count: int, max_checks: int) -> set[int]:
     return {round(k * step) for k in range(max_checks)} | {count - 1}
 
 
+def _second_accountants(accountant: str | Sequence[str] | None) -> tuple[str, ...]:
+    if accountant is None:
+        return ()
+    if isinstance(accountant, str):
+        return (accountant,)
+    return tuple(accountant)
+
+
+def _sound_accountants(entry: Mapping[str, Any]) -> tuple[str, ...]:
+    """Accountants sound for this release's mechanism, sampling and neighbouring."""
+    from . import vocabulary
+
+    sound = getattr(vocabulary, "sound_accountants", None)
+    if sound is not None:
+        return tuple(sound(entry["mechanism"], entry["sampling"], entry["neighbouring"]))
+    return supported_accountants(entry["sampling"], entry["neighbouring"])
+
+
 def _check_recomputed_epsilon(
     entry: Mapping[str, Any],
     line: int,
     state: _State,
-    accountant: str | None,
+    second: tuple[str, ...],
     rel_tol: float,
     abs_tol: float,
 ) -> None:
-    name = accountant or entry["accountant"]
-    try:
-        recomputed = compute_epsilon(state.events, entry["delta"], name)
-    except ValueError as error:
-        raise _Discrepancy(
-            f"line {line}: cannot recompute epsilon ({error})", line, entry["round"]
-        ) from None
     stored = float(entry["epsilon"])
+    recomputed = _epsilon(state.events, entry, entry["accountant"], line)
     tolerance = max(abs_tol, rel_tol * recomputed)
-    if accountant is None or accountant == entry["accountant"]:
-        bad = abs(stored - recomputed) > tolerance
-        relation = "differs from"
-    else:
-        bad = stored < recomputed - tolerance  # stored must stay an upper bound
-        relation = "is below"
-    if bad:
+    if abs(stored - recomputed) > tolerance:
         raise _Discrepancy(
-            f"line {line}: recorded epsilon {stored!r} {relation} the "
-            f"recomputed {recomputed!r} ({name})",
+            f"line {line}: recorded epsilon {stored!r} differs from the recomputed "
+            f"{recomputed!r} ({entry['accountant']})",
             line,
             entry["round"],
         )
@@ -280,16 +572,100 @@ def _check_recomputed_epsilon(
             line,
             entry["round"],
         )
+    if second:
+        _check_second_accountants(entry, line, state, second, stored, abs_tol)
     state.recomputed += 1
     state.final_epsilon = recomputed
+    state.last_release_checked = True
+
+
+def _check_second_accountants(
+    entry: Mapping[str, Any],
+    line: int,
+    state: _State,
+    second: tuple[str, ...],
+    stored: float,
+    abs_tol: float,
+) -> None:
+    """Pass iff stored >= (1 - 0.001) * min over the named sound accountants."""
+    sound = _sound_accountants(entry)
+    names = sound if ALL_SOUND in second else second
+    unsound = [name for name in names if name not in sound]
+    if unsound or not names:
+        raise _Discrepancy(
+            f"line {line}: second accountant {unsound or list(second)} is not sound for "
+            f"mechanism={entry['mechanism']!r}, sampling={entry['sampling']!r}, "
+            f"neighbouring={entry['neighbouring']!r}; allowed: {list(sound)} or {ALL_SOUND!r}",
+            line,
+            entry["round"],
+        )
+    bounds = {name: _epsilon(state.events, entry, name, line) for name in names}
+    tightest = min(bounds, key=lambda name: bounds[name])
+    floor = (1 - SECOND_ACCOUNTANT_REL_TOL) * bounds[tightest] - abs_tol
+    if stored < floor:
+        raise _Discrepancy(
+            f"line {line}: recorded epsilon {stored!r} is below the recomputed "
+            f"{bounds[tightest]!r} ({tightest}, the tightest of {list(names)}) by more "
+            f"than {SECOND_ACCOUNTANT_REL_TOL:.1%}",
+            line,
+            entry["round"],
+        )
+
+
+def _epsilon(
+    events: list[PrivacyEvent], entry: Mapping[str, Any], accountant: str, line: int
+) -> float:
+    try:
+        return compute_epsilon(events, entry["delta"], accountant)
+    except ValueError as error:
+        raise _Discrepancy(
+            f"line {line}: cannot recompute epsilon ({error})", line, entry["round"]
+        ) from None
+
+
+def _check_witnesses(witnesses: list[Mapping[str, Any]], state: _State) -> None:
+    """Every head a device witnessed must be in the chain, signature and all."""
+    end = len(state.entries)
+    for number, head in enumerate(witnesses, start=1):
+        missing = [name for name in WITNESS_FIELDS if name not in head]
+        if missing:
+            raise _Discrepancy(f"witness {number}: missing fields {missing}", None)
+        if head["run_id"] != state.run_id:
+            raise _Discrepancy(
+                f"witness {number}: a head of run {head['run_id']!r}, but this ledger is run "
+                f"{state.run_id!r}",
+                None,
+            )
+        seq = head["seq"]
+        if not (isinstance(seq, int) and not isinstance(seq, bool) and seq >= 1):
+            raise _Discrepancy(f"witness {number}: seq={seq!r} is not an integer >= 1", None)
+        if seq > end:
+            raise _Discrepancy(
+                f"witness {number}: a device saw seq {seq}, but the ledger ends at seq {end} "
+                "(rolled back or truncated)",
+                end + 1,
+            )
+        entry = state.entries[seq - 1]
+        differs = [
+            name for name in ("hash", "key_id", "signature") if head[name] != entry.get(name)
+        ]
+        if differs:
+            raise _Discrepancy(
+                f"line {seq}: the entry differs from the head a device witnessed ({differs}): "
+                "the chain was rewritten or re-signed",
+                seq,
+                entry.get("round"),
+            )
+        state.witnesses += 1
 
 
 def _check_anchors(
-    entries: list[Mapping[str, Any]],
     state: _State,
     expected_entries: int | None,
     expected_head_hash: str | None,
+    anchors: Iterable[str],
 ) -> None:
+    entries = state.entries
     if expected_entries is not None and len(entries) != expected_entries:
         raise _Discrepancy(
             f"ledger has {len(entries)} entries but {expected_entries} were "
@@ -301,4 +677,28 @@ def _check_anchors(
             f"ledger head hash {state.prev_hash} differs from the expected "
             f"{expected_head_hash} (truncated or extended)",
             len(entries),
+        )
+    hashes = {entry["hash"] for entry in entries} | {GENESIS_HASH}
+    for anchor in anchors:
+        if anchor not in hashes:
+            raise _Discrepancy(
+                f"anchored head {anchor} is not in the ledger (rolled back, truncated or "
+                "rewritten)",
+                len(entries) + 1,
+            )
+
+
+def _check_closed(state: _State) -> None:
+    if not state.entries:
+        raise _Discrepancy(
+            "empty ledger: no final or interruption record (truncated, or the run wrote none)",
+            1,
+        )
+    last = state.entries[-1]
+    if entry_kind(last) not in CLOSE_KINDS:
+        raise _Discrepancy(
+            f"truncated: the ledger ends with release round {last.get('round')} at line "
+            f"{len(state.entries)}, not with a signed final or interruption record (lines "
+            "removed, or the run is still going)",
+            len(state.entries) + 1,
         )

@@ -1,13 +1,17 @@
 import pytest
 
 from fedveil.privacy.dp import DpConfig, Ledger, PrivacyBudget
+from fedveil.privacy.dp.signing import load_or_create_signer
 
 
 @pytest.fixture
 def make_ledger(tmp_path):
-    """Write a small, valid central-DP ledger and return (path, config, budget)."""
+    """Write a small, valid, signed central-DP ledger and return (path, config, budget).
 
-    def build(rounds=6, accountant="rdp", name="ledger.jsonl"):
+    `close` ("final", "interrupted" or None) is the record that ends it.
+    """
+
+    def build(rounds=6, accountant="rdp", name="ledger.jsonl", close="final", run_id="run-1"):
         cfg = DpConfig(
             mechanism="central_gaussian",
             noise_multiplier=1.1,
@@ -20,16 +24,20 @@ def make_ledger(tmp_path):
             accountant=accountant,
         )
         path = tmp_path / name
-        ledger, budget = Ledger(path), PrivacyBudget(cfg)
+        ledger = Ledger(path, run_id=run_id, signer=load_or_create_signer())
+        budget = PrivacyBudget(cfg)
         for number in range(1, rounds + 1):
             budget.record_release(
                 ledger,
                 round_number=number,
                 event=cfg.round_event(),
                 clip_norm=0.5 + 0.01 * number,
-                cohort_planned=20,
-                cohort_aggregated=20 - number % 3,
+                extra={"training_round": number},
             )
+        if close == "final":
+            ledger.close("final", {"training_round": rounds, "epsilon": budget.spent()})
+        elif close == "interrupted":
+            ledger.close("interrupted", {"training_round": rounds, "reason": "stopped"})
         return path, cfg, budget
 
     return build

@@ -20,15 +20,8 @@ def config(**overrides):
     return DpConfig(**values)
 
 
-def release(budget, ledger, round_number, event, aggregated=10):
-    return budget.record_release(
-        ledger,
-        round_number=round_number,
-        event=event,
-        clip_norm=1.0,
-        cohort_planned=10,
-        cohort_aggregated=aggregated,
-    )
+def release(budget, ledger, round_number, event):
+    return budget.record_release(ledger, round_number=round_number, event=event, clip_norm=1.0)
 
 
 def test_would_exceed_is_decided_before_the_round(tmp_path):

@@ -13,9 +13,12 @@ def test_entries_form_a_hash_chain_from_genesis(make_ledger):
     for previous, entry in itertools.pairwise(entries):
         assert entry["prev_hash"] == previous["hash"]
     assert all(entry["hash"] == entry_hash(entry) for entry in entries)
-    assert [entry["round"] for entry in entries] == [1, 2, 3, 4]
+    assert [entry["round"] for entry in Ledger(path).releases] == [1, 2, 3, 4]
+    assert [entry["seq"] for entry in entries] == [1, 2, 3, 4, 5]
+    assert [entry["kind"] for entry in entries] == ["release"] * 4 + ["final"]
+    assert {entry["run_id"] for entry in entries} == {"run-1"}
     lines = path.read_bytes().split(b"\n")
-    assert lines[-1] == b"" and len(lines) == 5  # one terminated line per entry
+    assert lines[-1] == b"" and len(lines) == 6  # one terminated line per entry
     required = {
         "round",
         "mechanism",
@@ -25,8 +28,6 @@ def test_entries_form_a_hash_chain_from_genesis(make_ledger):
         "sampling",
         "neighbouring",
         "privacy_unit",
-        "cohort_planned",
-        "cohort_aggregated",
         "delta",
         "epsilon",
         "accountant",
@@ -34,8 +35,16 @@ def test_entries_form_a_hash_chain_from_genesis(make_ledger):
         "timestamp",
         "prev_hash",
         "hash",
+        "run_id",
+        "kind",
+        "seq",
+        "key_id",
+        "signature",
     }
-    assert required <= set(json.loads(lines[0]))
+    first = json.loads(lines[0])
+    assert required <= set(first)
+    # Per-round counts reveal who took part: they are not public ledger fields.
+    assert "cohort_planned" not in first and "cohort_aggregated" not in first
 
 
 def test_record_is_durable_before_returning(make_ledger, monkeypatch):
@@ -44,13 +53,13 @@ def test_record_is_durable_before_returning(make_ledger, monkeypatch):
     synced = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
-    path, _, _ = make_ledger(rounds=2, name="durable.jsonl")
+    path, _, _ = make_ledger(rounds=2, name="durable.jsonl", close=None)
     assert len(synced) >= 3  # each append, plus the directory when the file was created
     assert len(Ledger(path)) == 2
 
 
 def test_rounds_must_be_contiguous(make_ledger):
-    path, _, _ = make_ledger(rounds=2)
+    path, _, _ = make_ledger(rounds=2, close=None)
     ledger = Ledger(path)
     fields = {k: v for k, v in ledger.entries[-1].items() if k not in ("hash", "prev_hash")}
     with pytest.raises(ValueError, match="expected 3"):
@@ -60,7 +69,7 @@ def test_rounds_must_be_contiguous(make_ledger):
 
 
 def test_partial_last_line_is_reported_not_accepted(make_ledger):
-    path, _, _ = make_ledger(rounds=3)
+    path, _, _ = make_ledger(rounds=3, close=None)
     with path.open("ab") as handle:
         handle.write(b'{"round": 4, "mechan')  # crash in the middle of an append
     with pytest.raises(LedgerCorruptError, match="partial last line") as error:
@@ -78,7 +87,7 @@ def test_opening_an_edited_ledger_fails(make_ledger):
 
 
 def test_a_second_writer_is_detected(make_ledger):
-    path, _, _ = make_ledger(rounds=2)
+    path, _, _ = make_ledger(rounds=2, close=None)
     first, second = Ledger(path), Ledger(path)
     fields = {k: v for k, v in first.entries[-1].items() if k not in ("hash", "prev_hash")}
     first.record({**fields, "round": 3})

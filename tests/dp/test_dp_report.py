@@ -6,7 +6,7 @@ from fedveil.privacy.dp import DpConfig, Ledger, build_report, render_html, veri
 
 def test_report_json_has_the_guarantee_and_per_round_series(make_ledger):
     path, cfg, budget = make_ledger(rounds=5)
-    entries = Ledger(path).entries
+    entries = Ledger(path).releases
     report = build_report(entries, verification=verify_ledger(path))
     assert report["epsilon"] == entries[-1]["epsilon"] == budget.spent()
     assert report["delta"] == cfg.delta and report["budget_epsilon"] == cfg.budget_epsilon
@@ -27,7 +27,7 @@ def test_report_json_has_the_guarantee_and_per_round_series(make_ledger):
 
 def test_html_is_self_contained_with_charts_and_assumptions(make_ledger):
     path, _, _ = make_ledger(rounds=5)
-    html = render_html(build_report(Ledger(path).entries, verification=verify_ledger(path)))
+    html = render_html(build_report(Ledger(path).releases, verification=verify_ledger(path)))
     assert html.startswith("<!DOCTYPE html>")
     assert html.count("<svg") == 3
     for title in ("Cumulative epsilon vs budget", "Clip norm per round", "Participation per round"):

@@ -18,6 +18,7 @@ from fedveil.privacy.dp import (
     render_html,
     verify_ledger,
 )
+from fedveil.privacy.dp.signing import load_or_create_signer
 
 
 def test_central_dp_with_adaptive_clipping(tmp_path):
@@ -34,7 +35,9 @@ def test_central_dp_with_adaptive_clipping(tmp_path):
         accountant="rdp",
     )
     rng = np.random.default_rng(3)
-    ledger, budget = Ledger(tmp_path / "ledger.jsonl"), PrivacyBudget(cfg)
+    signer = load_or_create_signer()
+    ledger = Ledger(tmp_path / "ledger.jsonl", run_id="central", signer=signer)
+    budget = PrivacyBudget(cfg)
     clip, dim = cfg.clip_norm, 50
     for number in range(1, cfg.rounds + 1):
         event = cfg.round_event()
@@ -53,20 +56,20 @@ def test_central_dp_with_adaptive_clipping(tmp_path):
             round_number=number,
             event=event,
             clip_norm=clip,
-            cohort_planned=cfg.cohort_size,
-            cohort_aggregated=len(updates),
             extra={"next_clip_norm": following},
         )
         _model_delta = noised / cfg.cohort_size  # released only after the entry is durable
         clip = following
         if number == 10:  # simulate a restart: state comes back from the ledger alone
-            ledger = Ledger(ledger.path)
-            budget = PrivacyBudget.from_ledger(cfg, ledger.entries)
-            clip = ledger.entries[-1]["next_clip_norm"]
-    entries = Ledger(ledger.path).entries
+            ledger.close("interrupted", {"training_round": number, "reason": "restart"})
+            ledger = Ledger(ledger.path, run_id="central", signer=signer)
+            budget = PrivacyBudget.from_ledger(cfg, ledger)
+            clip = ledger.releases[-1]["next_clip_norm"]
+    ledger.close("final", {"training_round": cfg.rounds, "epsilon": budget.spent()})
+    entries = Ledger(ledger.path).releases
     assert len(entries) == cfg.rounds
     assert entries[-1]["clip_norm"] > 5 * cfg.clip_norm  # grew toward the median norm (~7)
-    result = verify_ledger(ledger.path, expected_entries=len(entries))
+    result = verify_ledger(ledger.path, expected_entries=len(entries) + 2)
     assert result.ok, result.message
     html = render_html(build_report(entries, verification=result))
     assert "Central DP" in html
@@ -92,7 +95,8 @@ def test_distributed_dp_accounts_for_the_survivors(tmp_path):
         min_clients=8,
         bits=cfg.modulus_bits,
     )
-    ledger, budget = Ledger(tmp_path / "ledger.jsonl"), PrivacyBudget(cfg)
+    ledger = Ledger(tmp_path / "ledger.jsonl", run_id="skellam", signer=load_or_create_signer())
+    budget = PrivacyBudget(cfg)
     rng = np.random.default_rng(4)
     for number in range(1, cfg.rounds + 1):
         # Check with the worst case the round may end with: min_clients survivors.
@@ -110,11 +114,11 @@ def test_distributed_dp_accounts_for_the_survivors(tmp_path):
             round_number=number,
             event=event,
             clip_norm=cfg.clip_norm,
-            cohort_planned=cfg.cohort_size,
-            cohort_aggregated=len(survivors),
+            extra={"skellam": params.to_dict(), "noise_shares": len(survivors)},
         )
         assert decoded.shape == (200,)
-    entries = Ledger(ledger.path).entries
+    ledger.close("final", {"training_round": cfg.rounds, "epsilon": budget.spent()})
+    entries = Ledger(ledger.path).releases
     assert len({entry["noise_multiplier"] for entry in entries}) > 1
     assert min(entry["noise_multiplier"] for entry in entries) == pytest.approx(1.0)
     assert verify_ledger(ledger.path).ok

@@ -4,6 +4,8 @@ import json
 import pytest
 
 from fedveil.privacy.dp import Ledger, canonical_json, entry_hash, verify_ledger
+from fedveil.privacy.dp.ledger import signed_message
+from fedveil.privacy.dp.signing import load_or_create_signer
 
 
 def test_clean_ledger_verifies_from_path_bytes_stream_and_entries(make_ledger):
@@ -17,15 +19,16 @@ def test_clean_ledger_verifies_from_path_bytes_stream_and_entries(make_ledger):
     ):
         result = verify_ledger(source)
         assert result.ok, result.message
-        assert result.entries == 6 and result.epsilon_recomputed == 6
+        assert result.status == "final" and result.exit_code == 0
+        assert result.entries == 7 and result.releases == 6 and result.epsilon_recomputed == 6
         assert result.final_epsilon == pytest.approx(budget.spent())
-    assert verify_ledger(path, expected_entries=6, expected_head_hash=Ledger(path).head_hash)
+    assert verify_ledger(path, expected_entries=7, expected_head_hash=Ledger(path).head_hash)
 
 
 def test_a_tampered_byte_fails_at_its_line(make_ledger):
     path, _, _ = make_ledger(rounds=6)
     lines = path.read_bytes().split(b"\n")
-    lines[2] = lines[2].replace(b'"cohort_aggregated":', b'"cohort_aggregated":1', 1)
+    lines[2] = lines[2].replace(b'"clip_norm":0.53', b'"clip_norm":0.63', 1)
     path.write_bytes(b"\n".join(lines))
     result = verify_ledger(path)
     assert not result.ok and result.line == 3
@@ -42,15 +45,17 @@ def test_flipping_any_byte_fails(make_ledger, offset):
 
 
 def test_truncation_fails(make_ledger):
-    path, _, _ = make_ledger(rounds=5)
+    path, _, _ = make_ledger(rounds=5, close=None)
     full = path.read_bytes()
     head, count = Ledger(path).head_hash, len(Ledger(path))
     path.write_bytes(full[:-40])  # mid-line
     result = verify_ledger(path)
     assert not result.ok and result.line == 5 and "partial last line" in result.message
-    cut = full[: full.rstrip(b"\n").rfind(b"\n") + 1]  # at a line boundary: needs an anchor
+    cut = full[: full.rstrip(b"\n").rfind(b"\n") + 1]  # at a line boundary
     path.write_bytes(cut)
-    assert verify_ledger(path).ok
+    result = verify_ledger(path)  # no final or interruption record: truncated
+    assert not result.ok and result.exit_code == 1 and "truncated" in result.message
+    assert "training_round" not in result.message
     assert not verify_ledger(path, expected_head_hash=head).ok
     result = verify_ledger(path, expected_entries=count)
     assert not result.ok and "truncated" in result.message
@@ -66,11 +71,13 @@ def test_reordered_lines_fail_at_the_first_moved_line(make_ledger):
 
 
 def rewrite_chain(entries):
-    """Re-hash edited entries, as a buggy (not malicious-forging) writer would."""
+    """Re-hash and re-sign edited entries with the run's own key, as a buggy writer would."""
+    signer = load_or_create_signer()
     previous = "0" * 64
     for entry in entries:
         entry["prev_hash"] = previous
         entry["hash"] = entry_hash(entry)
+        entry["signature"] = signer.sign(signed_message(entry["hash"])).hex()
         previous = entry["hash"]
     return "".join(canonical_json(entry) + "\n" for entry in entries).encode()
 
@@ -109,7 +116,7 @@ def test_recomputation_with_a_tighter_accountant_accepts_upper_bounds(make_ledge
 def test_the_first_discrepancy_wins_over_later_garbage(make_ledger):
     path, _, _ = make_ledger(rounds=5)
     lines = path.read_bytes().split(b"\n")
-    lines[2] = lines[2].replace(b'"cohort_planned":20', b'"cohort_planned":21')  # line 3
+    lines[2] = lines[2].replace(b'"clip_norm":0.53', b'"clip_norm":0.54')  # line 3
     lines[4] = b"\xff garbage"  # line 5
     path.write_bytes(b"\n".join(lines))
     result = verify_ledger(path)
