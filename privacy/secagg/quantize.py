@@ -13,12 +13,21 @@ quantizing and appends two extra coordinates [w, 1]; the server's unmasked sum t
 carries Σ w_i and the number of contributors, and `decode_weighted_mean` returns
 Σ w_i x_i / Σ w_i. `pack` / `unpack` append or strip arbitrary extra integer coordinates.
 
+Under DP the update's L2 norm must stay <= the clip C after rounding too (rounding alone can
+add up to one step per coordinate). `encode_weighted(..., l2_bound=C)` bounds the dequantized
+first part of `values` (the model update) with certainty, by conditional rounding: pre-clip
+to the largest norm from which rounding stays under C with probability >= 1 - ROUNDING_BETA
+(Kairouz et al. 2021, Thm 2: the margin is a few steps, not the worst case sqrt(d) steps),
+round, measure the rounded norm while each chunk is in cache, and round again in the rare
+case it exceeds C. Nothing above C is ever returned.
+
 The rounding randomness is an AES-CTR keystream under a fresh OS-random key (pass `seed` only
 for reproducible tests and benchmarks).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +42,10 @@ WEIGHT_COORDINATES = 2  # [weight, count]
 # Coordinates per pass: the float work buffers (128 KiB each) stay in the CPU cache.
 _CHUNK = 1 << 14
 _local = threading.local()
+# Conditional rounding: the pre-clip leaves room for rounding with probability >= 1 - beta;
+# a draw above the bound is redone, at most this many times in all.
+ROUNDING_BETA = 1e-6
+ROUNDING_TRIES = 20
 
 
 def _buffers() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -88,12 +101,17 @@ class Quantizer:
         *,
         extra: int = 0,
         scale: float = 1.0,
+        l2_bound: float | None = None,
     ) -> np.ndarray:
         """Clip x · scale to [-r, r], map to [0, L-1] with stochastic rounding.
 
         `values` is an array or a sequence of arrays, quantized as if concatenated (any real
         dtype; no float64 copy is made). Returns a `dtype` vector with `extra` trailing zero
         coordinates for the caller to fill. NaN is refused (ValueError); ±inf clip to ±r.
+
+        `l2_bound` (None: no bound): the dequantized first array of `values`, divided by
+        `scale`, has L2 norm <= l2_bound with certainty (conditional rounding; see the module
+        docstring). Its values must then be finite.
         """
         parts = (
             [np.asarray(values).ravel()]
@@ -107,8 +125,26 @@ class Quantizer:
         # probability to about L · 2^-52 (2^-30 at Flower's default of 2^22 levels).
         stream = Keystream(seed if seed is not None else randomness.random_bytes(32))
         units_per_value = scale / self.step
+        if l2_bound is None:
+            self._fill(parts, out, stream, [units_per_value] * len(parts), measure=False)
+        else:
+            self._fill_bounded(parts, out, stream, units_per_value, l2_bound * scale)
+        return out
+
+    def _fill(
+        self,
+        parts: list[np.ndarray],
+        out: np.ndarray,
+        stream: Keystream,
+        units_per_value: list[float],
+        *,
+        measure: bool,
+    ) -> float:
+        """Quantize `parts` into `out`; with `measure`, return the squared L2 norm of the
+        first part's dequantized values in steps (computed while each chunk is in cache)."""
+        squares = 0.0
         start = 0
-        for part in parts:
+        for index, part in enumerate(parts):
             for begin in range(0, part.size, _CHUNK):
                 chunk = part[begin : begin + _CHUNK]
                 n = chunk.size
@@ -116,18 +152,73 @@ class Quantizer:
                 try:
                     # NaN raises FloatingPointError at the latest in the cast to integers.
                     with np.errstate(invalid="raise"):
-                        self._quantize_chunk(chunk, target, stream, units_per_value)
+                        squares += self._quantize_chunk(
+                            chunk, target, stream, units_per_value[index], measure and index == 0
+                        )
                 except FloatingPointError:
                     raise ValueError(
                         f"values: NaN among coordinates {start}..{start + n - 1}"
                     ) from None
                 start += n
-        return out
+        return squares
+
+    def _fill_bounded(
+        self,
+        parts: list[np.ndarray],
+        out: np.ndarray,
+        stream: Keystream,
+        units_per_value: float,
+        bound: float,
+    ) -> None:
+        """Conditional rounding: the first part's dequantized norm <= `bound` (in values)."""
+        if not (math.isfinite(bound) and bound > 0):
+            raise ValueError(
+                f"l2_bound x scale = {bound!r}: must be a finite number > 0 (dp.clip > 0, "
+                "weight > 0)"
+            )
+        dim = parts[0].size
+        target = bound / self.step  # in steps
+        room = rounding_room(target, dim)
+        if room is None:
+            raise ValueError(
+                f"dp.clip = {bound:g} cannot hold after rounding {dim} coordinates onto a "
+                f"grid of step {self.step:.3g} = 2 · secagg.clip_range ({self.clip_range:g}) / "
+                f"(secagg.levels ({self.levels}) - 1): rounding alone adds a norm of about "
+                f"{math.sqrt(dim) / 2 * self.step:.3g}. Raise secagg.levels, lower "
+                "secagg.clip_range, or raise dp.clip."
+            )
+        # First try: assume the caller clipped to the bound (the client runtime does) and
+        # shrink by room / bound, a factor 1 - O(1/bound) that costs no input-norm pass.
+        # Only if the rounded norm is over the bound is the input's norm measured, and the
+        # model part pre-clipped to `room` from it.
+        norm = target
+        # A hair under the bound, so the float error of dequantizing cannot cross it.
+        limit = (target * (1 - 1e-12)) ** 2
+        for attempt in range(ROUNDING_TRIES):
+            shrink = room / norm
+            scales = [units_per_value * shrink] + [units_per_value] * (len(parts) - 1)
+            if self._fill(parts, out, stream, scales, measure=True) <= limit:
+                return
+            if attempt == 0:
+                norm = math.sqrt(_sum_squares(parts[0])) * abs(units_per_value)  # in steps
+                if not math.isfinite(norm):
+                    raise ValueError("values: Inf in the update; an l2_bound needs finite values")
+                norm = max(norm, target)
+        raise RuntimeError(
+            f"conditional rounding exceeded the L2 bound {bound:g} {ROUNDING_TRIES} times "
+            f"(probability < {ROUNDING_BETA}^{ROUNDING_TRIES} for a sound margin)"
+        )
 
     def _quantize_chunk(
-        self, chunk: np.ndarray, target: np.ndarray, stream: Keystream, units_per_value: float
-    ) -> None:
-        """Quantize one chunk into `target`: seven passes over buffers that stay in cache."""
+        self,
+        chunk: np.ndarray,
+        target: np.ndarray,
+        stream: Keystream,
+        units_per_value: float,
+        measure: bool = False,
+    ) -> float:
+        """Quantize one chunk into `target`: seven passes over buffers that stay in cache.
+        With `measure`, three more give the chunk's squared dequantized norm in steps."""
         n = chunk.size
         work, noise, fraction = _buffers()
         half_range = self.clip_range / self.step
@@ -144,7 +235,13 @@ class Quantizer:
         # give 0, at or above L-1 both give L-1. y + U >= 0, so the cast (truncation) is the
         # floor.
         np.clip(units, 0.0, float(self.levels - 1), out=units)
+        if not measure:
+            np.copyto(target, units, casting="unsafe")
+            return 0.0
+        np.floor(units, out=units)  # the integers the cast below stores, exactly
         np.copyto(target, units, casting="unsafe")
+        units -= (self.levels - 1) / 2.0  # the grid's zero (exact below 2^53)
+        return float(np.square(units, out=units).sum())
 
     def dequantize_sum(self, total: np.ndarray, count: int) -> np.ndarray:
         """Σ clip(x_i) (approximately) from the integer sum of `count` quantized vectors."""
@@ -155,13 +252,26 @@ class Quantizer:
         return count * self.step
 
     def encode_weighted(
-        self, values: np.ndarray | Sequence[np.ndarray], weight: int, seed: bytes | None = None
+        self,
+        values: np.ndarray | Sequence[np.ndarray],
+        weight: int,
+        seed: bytes | None = None,
+        *,
+        l2_bound: float | None = None,
     ) -> np.ndarray:
         """quantize(x · w / W) followed by the extra coordinates [w, 1] (`values` as in
-        `quantize`)."""
+        `quantize`). `l2_bound` (central DP: the clip C; None: no bound) bounds the update
+        the server decodes from the first array of `values`, dequantized · W / w, in L2
+        norm with certainty; later arrays (loss, indicators) are not bounded."""
         if not 0 <= weight <= self.max_weight:
             raise ValueError(f"weight {weight} outside [0, max_weight={self.max_weight}]")
-        out = self.quantize(values, seed, extra=WEIGHT_COORDINATES, scale=weight / self.max_weight)
+        out = self.quantize(
+            values,
+            seed,
+            extra=WEIGHT_COORDINATES,
+            scale=weight / self.max_weight,
+            l2_bound=l2_bound,
+        )
         out[-WEIGHT_COORDINATES:] = (weight, 1)
         return out
 
@@ -172,6 +282,35 @@ class Quantizer:
             raise ValueError("the total weight is zero")
         weighted = self.dequantize_sum(body, count) * (self.max_weight / weight_sum)
         return weighted, weight_sum, count
+
+
+def rounding_room(target: float, dim: int, beta: float = ROUNDING_BETA) -> float | None:
+    """The largest L2 norm (in steps) from which stochastic rounding of `dim` coordinates
+    stays within `target` steps with probability >= 1 - beta, or None if none does.
+
+    Rounding x to x + e (E e = 0, e_i in an interval of length 1) gives, with probability
+    >= 1 - beta, ||x + e||^2 <= ||x||^2 + d/4 + t (||x|| + sqrt(d)/2), t = sqrt(2 ln(1/beta))
+    (Kairouz et al. 2021, Thm 2); always ||x + e|| < ||x|| + sqrt(d). The larger of the two
+    rooms is taken; the caller still checks every draw.
+    """
+    tail = math.sqrt(2 * math.log(1 / beta))
+    root_d = math.sqrt(dim)
+    constant = dim / 4 + tail * root_d / 2 - target**2
+    probable = (-tail + math.sqrt(tail * tail - 4 * constant)) / 2 if constant <= 0 else -math.inf
+    room = max(probable, target - root_d)
+    return room if room >= 0 else None
+
+
+def _sum_squares(values: np.ndarray) -> float:
+    """Σ x_i^2 in float64, through the cached work buffer (no float64 copy of `values`)."""
+    work = _buffers()[0]
+    total = 0.0
+    for begin in range(0, values.size, _CHUNK):
+        chunk = values[begin : begin + _CHUNK]
+        buf = work[: chunk.size]
+        np.copyto(buf, chunk, casting="unsafe")
+        total += float(np.dot(buf, buf))
+    return total
 
 
 def pack(values: np.ndarray, extras: Sequence[int]) -> np.ndarray:
