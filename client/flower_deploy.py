@@ -165,6 +165,9 @@ class EdgeClient:
                 None if identity is None else (lambda _cid: identity),
                 # Flower's run id, from this device's own context: sessions bind it.
                 run_id=flower_run_id(run_id),
+                # The run config this device accepted: distributed-DP parameters come
+                # from it, never from a request.
+                run_config=cfg,
             )
             self._num_examples = len(task.client_data(self.client_id))
         except MessageError:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,6 +23,10 @@ from fedveil.privacy.secagg.identity import ClientIdentity
 from fedveil.tasks import Task
 
 from .training import DpSgdResult, LocalTraining, train_local, train_local_dp_sgd
+
+if TYPE_CHECKING:
+    from fedveil.config import RunConfig
+    from fedveil.privacy.dp.plan import DistributedDpPlan
 
 TRAIN_FIELDS = (
     ("local_epochs", int),
@@ -65,7 +69,11 @@ class ClientRuntime:
     `identities` gives a client's secure-aggregation identity (key and roster), which
     malicious-server sessions need; None: this runtime has none. `run_id` is the run this
     runtime serves, from its own context (a deployment's Flower run id, see
-    `flower_run_id`): secure-aggregation sessions naming another run are refused."""
+    `flower_run_id`): secure-aggregation sessions naming another run are refused.
+    `run_config` is the run's config as this client holds it (in simulation the run's own,
+    on a device the one it accepted): under distributed DP the client computes the run's
+    noise-share parameters and survivor floor from it, refuses a server that asks for
+    others, and reveals no unmasking share below that floor."""
 
     def __init__(
         self,
@@ -74,10 +82,13 @@ class ClientRuntime:
         identities: IdentitySource | None = None,
         *,
         run_id: bytes = SIMULATION_RUN_ID,
+        run_config: RunConfig | None = None,
     ) -> None:
         self.task = task
         self.identities = identities
         self.run_id = run_id
+        self.run_config = run_config
+        self._dp_plan: DistributedDpPlan | None = None
         self.model = FlatModel(task.model_fn(), device)
         # Local training; the in-process engine may hand back results it computed for
         # several clients at once (same signature, same arithmetic).
@@ -110,10 +121,35 @@ class ClientRuntime:
             from .secagg_stages import handle_secagg
 
             identity = None if self.identities is None else self.identities(client_id)
+            plan = self.distributed_dp_plan()
             return handle_secagg(
-                client_id, msg, state, self._train_update, identity, run_id=self.run_id
+                client_id,
+                msg,
+                state,
+                self._train_update,
+                identity,
+                run_id=self.run_id,
+                min_survivors=0 if plan is None else plan.min_survivors,
+                expected_skellam=None if plan is None else plan.params,
             )
         raise MessageError(f"unknown message kind {msg.kind!r}")
+
+    def distributed_dp_plan(self) -> DistributedDpPlan | None:
+        """The run's distributed-DP plan as this client computes it from its own run config
+        (once per run); None when the run is not distributed DP or no config was given."""
+        cfg = self.run_config
+        if cfg is None or cfg.dp.mechanism != "distributed":
+            return None
+        if self._dp_plan is None:
+            from fedveil.privacy.dp.plan import plan_distributed_dp
+
+            # The model size as the server's pipeline counts it (parameters only).
+            model_size = sum(p.numel() for p in self.task.model_fn().parameters())
+            try:
+                self._dp_plan = plan_distributed_dp(cfg, model_size, self.task.num_clients)
+            except ValueError as exc:
+                raise MessageError(f"this client's distributed-DP plan: {exc}") from None
+        return self._dp_plan
 
     def _global(self, msg: Envelope) -> torch.Tensor:
         return msg.tensor("model", numel=self.model.size)

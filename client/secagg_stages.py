@@ -16,6 +16,7 @@ so the plain vector is never stored between messages.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -61,8 +62,52 @@ def wrap(kind: str, round_num: int, message: Any) -> Envelope:
     )
 
 
-def encode_update(msg: Envelope, reply: dict[str, Any], delta: torch.Tensor) -> np.ndarray:
-    """The client's integer input vector for this round's encoding."""
+def check_skellam_params(received: SkellamParams, expected: SkellamParams | None) -> None:
+    """Refuse distributed-DP parameters other than the ones this client holds for the run.
+
+    Floats are compared to 1e-9 relative: both sides compute them with the same code from
+    the same config, but a device's maths library may differ from the server's in the
+    last bit."""
+    if expected is None:
+        raise MessageError(
+            "distributed-DP parameters: this client holds none for this run (it was given no "
+            "run config for distributed DP), so it does not take them from the server"
+        )
+    for name in SkellamParams.__dataclass_fields__:
+        got, mine = getattr(received, name), getattr(expected, name)
+        same = (
+            math.isclose(got, mine, rel_tol=1e-9, abs_tol=0.0)
+            if isinstance(mine, float)
+            else got == mine
+        )
+        if not same:
+            raise MessageError(
+                f"distributed-DP parameters differ from this client's: field {name} = {got!r} "
+                f"in the request, {mine!r} in this client's plan for the run"
+            )
+
+
+def checked_skellam_params(msg: Envelope, expected: SkellamParams | None) -> SkellamParams:
+    """The client's own distributed-DP parameters, once the request's match them (the
+    client encodes with its own, never with what the server sent)."""
+    try:
+        params = SkellamParams.from_dict(json.loads(msg.get(ENC + "params", str)))
+    except (TypeError, ValueError, KeyError) as exc:
+        raise MessageError(f"{msg.kind} message: enc.params unreadable: {exc}") from None
+    check_skellam_params(params, expected)
+    assert expected is not None
+    return expected
+
+
+def encode_update(
+    msg: Envelope,
+    reply: dict[str, Any],
+    delta: torch.Tensor,
+    expected_skellam: SkellamParams | None = None,
+) -> np.ndarray:
+    """The client's integer input vector for this round's encoding. `expected_skellam`: the
+    distributed-DP parameters the client holds for the run; a request with others is
+    refused (the server never sets them)."""
     kind = msg.get(ENC + "kind", str)
     vector = delta.detach().cpu().numpy()
     if kind == "quantized":
@@ -79,7 +124,7 @@ def encode_update(msg: Envelope, reply: dict[str, Any], delta: torch.Tensor) -> 
         # The quantizer reads float32 directly and the parts in order: no float64 copy.
         return q.encode_weighted([vector, np.array(extras)], weight)
     if kind == "skellam":
-        params = SkellamParams.from_dict(json.loads(msg.get(ENC + "params", str)))
+        params = checked_skellam_params(msg, expected_skellam)
         seed = msg.get(ENC + "rotation_seed", int)
         return SkellamEncoder(params, seed).encode(vector)
     raise MessageError(f"{msg.kind} message: unknown encoding {kind!r}")
@@ -149,10 +194,13 @@ def handle_secagg(
     identity: ClientIdentity | None = None,
     run_id: bytes = SIMULATION_RUN_ID,
     min_survivors: int = 0,
+    expected_skellam: SkellamParams | None = None,
 ) -> Envelope:
     """The reply to one stage's request. `run_id`: the run this client serves, from its own
     context; a session of another run, or of a round other than `msg.round`, is refused.
-    `min_survivors`: the client's own floor on the survivor set it unmasks for."""
+    `min_survivors`: the client's own floor on the survivor set it unmasks for;
+    `expected_skellam`: the distributed-DP parameters it holds for the run (both from its
+    own run config, see ClientRuntime)."""
     stage = msg.kind.removeprefix("secagg.")
     config, arrays = protocol_part(msg)
     try:
@@ -178,8 +226,10 @@ def handle_secagg(
         vector = None
         if stage == TRAINING_STAGE:
             client.check_masked_input(request)  # a stale or foreign request costs no training
+            if msg.config.get(ENC + "kind") == "skellam":  # nor do parameters we refuse
+                checked_skellam_params(msg, expected_skellam)
             reply, delta = train(client_id, msg)
-            vector = encode_update(msg, reply, delta)
+            vector = encode_update(msg, reply, delta, expected_skellam)
         # The encoded vector exists for this reply only: mask it in place.
         answer = client.respond(request, vector=vector, overwrite_input=True)
     except SecAggError as exc:

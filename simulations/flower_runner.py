@@ -32,7 +32,7 @@ class _RuntimeFactory:
         self.cfg, self.identities = cfg, identities
 
     def __call__(self) -> ClientRuntime:
-        return ClientRuntime(make_task(self.cfg), "cpu", self.identities)
+        return ClientRuntime(make_task(self.cfg), "cpu", self.identities, run_config=self.cfg)
 
 
 def run_on_flower(

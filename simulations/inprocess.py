@@ -22,8 +22,10 @@ import numpy as np
 import torch
 
 from fedveil.client.runtime import IdentitySource
+from fedveil.config import RunConfig
 from fedveil.envelope import Envelope
 from fedveil.evaluation import summarize
+from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.server.transport import ClientFailure
 from fedveil.tasks import Task
 
@@ -50,8 +52,13 @@ class InProcessTransport:
         task_factory: Callable[[], Task] | None = None,
         on_progress: Progress | None = None,
         identities: IdentitySource | None = None,
+        run_id: bytes = SIMULATION_RUN_ID,
+        run_config: RunConfig | None = None,
     ) -> None:
-        """`identities`: the clients' secure-aggregation identities (malicious mode)."""
+        """`identities`: the clients' secure-aggregation identities (malicious mode).
+        `run_id`, `run_config`: what the clients hold fixed for the run (ClientRuntime):
+        the run id their sessions must name, and the config they derive distributed-DP
+        parameters from."""
         if workers < 1:
             raise ValueError(f"simulation.workers = {workers}: must be >= 1 once resolved")
         keep_freed_memory()
@@ -72,6 +79,8 @@ class InProcessTransport:
                 unit_size=unit_size,
                 task_factory=task_factory,
                 identities=identities,
+                run_id=run_id,
+                run_config=run_config,
             )
             # The workers own the cores. This process's share of a round (copying,
             # checking and summing updates, evaluating) is small, and intra-op threads
@@ -80,7 +89,14 @@ class InProcessTransport:
             self._threads = torch.get_num_threads()
             torch.set_num_threads(1)
         else:
-            self.lane = ClientLane(task, self.device, unit_size=unit_size, identities=identities)
+            self.lane = ClientLane(
+                task,
+                self.device,
+                unit_size=unit_size,
+                identities=identities,
+                run_id=run_id,
+                run_config=run_config,
+            )
 
     @property
     def workers(self) -> int:

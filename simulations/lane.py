@@ -30,10 +30,12 @@ from fedveil.client.runtime import (
 )
 from fedveil.client.secagg_stages import retain_recent
 from fedveil.client.training import LocalResult, LocalTraining, LossFn, train_local
+from fedveil.config import RunConfig
 from fedveil.envelope import Envelope
 from fedveil.evaluation import evaluate_batches
 from fedveil.params import FlatModel
 from fedveil.piggyback import latest_round
+from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.tasks import ClientData, PartitionedData, Task
 
 from .batched import BatchedTrainer
@@ -111,13 +113,20 @@ class ClientLane:
         *,
         unit_size: int = 1,
         identities: IdentitySource | None = None,
+        run_id: bytes = SIMULATION_RUN_ID,
+        run_config: RunConfig | None = None,
     ) -> None:
+        """`run_id`, `run_config`: what the clients hold fixed for the run (ClientRuntime)."""
         self.task = task
         keep_data_on(task, device)
         self._fetched: dict[int, ClientData] = {}  # data loaded for a unit, used once
         # The runtime reads client data through the lane, so a unit's data is loaded once.
         self.runtime = ClientRuntime(
-            dataclasses.replace(task, client_data=self._data), device, identities
+            dataclasses.replace(task, client_data=self._data),
+            device,
+            identities,
+            run_id=run_id,
+            run_config=run_config,
         )
         self.runtime.trainer = self._train
         self._done: dict[int, LocalResult] = {}  # a unit's results, until its clients ask

@@ -42,8 +42,10 @@ from typing import Any
 import torch
 
 from fedveil.client.runtime import IdentitySource
+from fedveil.config import RunConfig
 from fedveil.envelope import Envelope
 from fedveil.piggyback import latest_round
+from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.tasks import Task
 
 from .lane import ClientLane, Unit
@@ -96,6 +98,8 @@ class WorkerSetup:
     task: Task | None
     task_factory: Callable[[], Task] | None
     identities: IdentitySource | None = None
+    run_id: bytes = SIMULATION_RUN_ID
+    run_config: RunConfig | None = None
 
 
 # -- worker side ------------------------------------------------------------
@@ -118,7 +122,12 @@ def _worker_main(conn: Connection, setup: WorkerSetup) -> None:
         torch.set_num_threads(setup.threads)
         task = setup.task if setup.task is not None else setup.task_factory()  # type: ignore[misc]
         lane = ClientLane(
-            task, setup.device, unit_size=setup.unit_size, identities=setup.identities
+            task,
+            setup.device,
+            unit_size=setup.unit_size,
+            identities=setup.identities,
+            run_id=setup.run_id,
+            run_config=setup.run_config,
         )
         request = Arena.attach(setup.request, setup.inherited)
         replies = [Arena.attach(r, setup.inherited) for r in setup.replies]
@@ -191,12 +200,15 @@ class WorkerPool:
         unit_size: int = 1,
         task_factory: Callable[[], Task] | None = None,
         identities: IdentitySource | None = None,
+        run_id: bytes = SIMULATION_RUN_ID,
+        run_config: RunConfig | None = None,
     ) -> None:
         if workers < 2:
             raise ValueError(f"simulation.workers = {workers}: a worker pool needs at least 2")
         self.task, self.device, self.task_factory = task, device, task_factory
         self.unit_size = unit_size
         self.identities = identities
+        self.run_id, self.run_config = run_id, run_config
         self.threads = threads or max(1, cpu_cores() // workers)
         # GNU OpenMP (torch's intra-op pool) and CUDA break in forked children.
         self.method = "fork" if self.threads == 1 and device == "cpu" else "spawn"
@@ -243,6 +255,8 @@ class WorkerPool:
             task=self.task if self.method == "fork" else None,
             task_factory=None if self.method == "fork" else self.task_factory,
             identities=self.identities,
+            run_id=self.run_id,
+            run_config=self.run_config,
         )
         parent, child = self.ctx.Pipe(duplex=True)
         proc = self.ctx.Process(
