@@ -4,10 +4,16 @@ An UpdateChannel runs whatever exchanges it needs over the transport and
 returns only the sum: in the clear (PlainChannel) or through secure
 aggregation, where the server never sees a single client's update. The round
 engine averages whatever sum the channel hands back.
+
+Under central DP the accountant assumes every update has L2 norm <= C and weight 1.
+In the clear the server enforces both (PlainChannel). Under secure aggregation it
+cannot: it only sees the sum, so the sensitivity C holds only for honest clients,
+whose runtime clips and whose quantizer bounds the rounded update.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,8 +22,11 @@ from typing import Protocol
 import torch
 
 from fedveil.envelope import Envelope, MessageError
+from fedveil.privacy.dp.clipping import clip_l2, l2_norm
 
 from .transport import ClientFailure, Transport
+
+log = logging.getLogger("fedveil.aggregation")
 
 # A client may not claim more examples than this: its weight in the average.
 MAX_EXAMPLES = 10_000_000
@@ -54,6 +63,8 @@ class UpdateChannel(Protocol):
 
 # Per-client counters a train reply may carry, each summed over the cohort.
 COUNTERS = ("unclipped",)
+# Aggregate.extras key: updates the server re-clipped to C or re-weighted to 1 (central DP).
+RECLIPPED = "server_reclipped"
 
 
 @dataclass
@@ -90,8 +101,34 @@ def check_train_reply(reply: Envelope, round_num: int, model_size: int) -> Train
     return TrainReply(delta, weight, loss, counters)
 
 
+def request_clip_norm(request: Envelope) -> float | None:
+    """The clip norm C a training request asks for (central DP), or None without one."""
+    clip = float(request.config.get("clip_norm", 0.0) or 0.0)
+    return clip if clip > 0 else None
+
+
+def enforce_clip(reply: TrainReply, clip_norm: float) -> tuple[TrainReply, bool]:
+    """The reply with its update re-clipped to L2 norm <= `clip_norm` and weight 1, and
+    whether anything had to change. An honest client's update (clipped, weight 1) comes
+    back bit for bit."""
+    changed = reply.weight != 1.0
+    delta = reply.delta
+    if l2_norm(delta) > clip_norm:
+        clipped = torch.from_numpy(clip_l2(delta, clip_norm))
+        delta, changed = clipped.to(reply.delta.device), True
+    return TrainReply(delta, 1.0, reply.loss, reply.counters), changed
+
+
 class PlainChannel:
-    """Updates in the clear, summed in client-id order (deterministic float sums)."""
+    """Updates in the clear, summed in client-id order (deterministic float sums).
+
+    Under central DP (the request carries `clip_norm`) the server does not trust the
+    client's clip: it re-clips every update to that norm with `clip_l2` and sets its
+    weight to 1, so one client moves the sum by at most C whatever it sends. The number
+    of updates it had to change is `Aggregate.extras["server_reclipped"]`; it is logged
+    at debug level only, without client ids. NaN or Inf updates are refused and the
+    client dropped. With secure aggregation no such check is possible (the server sees
+    only the sum): the sensitivity then holds only for honest clients."""
 
     def __init__(self, on_drop: Callable[[int, str], None] | None = None) -> None:
         self.on_drop = on_drop
@@ -112,6 +149,7 @@ class PlainChannel:
         extras: dict[str, float] = {}
         contributors: list[int] = []
         dropped: dict[int, str] = {}
+        clipped_by_server: int | None = None  # None: no request under central DP
         for cid in sorted(requests):
             reply = replies.get(cid, ClientFailure(cid, "no reply"))
             if isinstance(reply, ClientFailure):
@@ -122,6 +160,10 @@ class PlainChannel:
             except MessageError as exc:
                 dropped[cid] = str(exc)
                 continue
+            clip = request_clip_norm(requests[cid])
+            if clip is not None:
+                r, changed = enforce_clip(r, clip)
+                clipped_by_server = (clipped_by_server or 0) + int(changed)
             w = r.weight
             total = r.delta * w if total is None else total.add_(r.delta.to(total.device), alpha=w)
             weight += w
@@ -129,6 +171,15 @@ class PlainChannel:
             for key, value in r.counters.items():
                 extras[key] = extras.get(key, 0.0) + value
             contributors.append(cid)
+        if clipped_by_server is not None:
+            extras[RECLIPPED] = float(clipped_by_server)
+            if clipped_by_server:
+                log.debug(
+                    "round %d: %d of %d updates re-clipped to the clip norm or re-weighted to 1",
+                    round_num,
+                    clipped_by_server,
+                    len(contributors),
+                )
         if self.on_drop:
             for cid, reason in dropped.items():
                 self.on_drop(cid, reason)
