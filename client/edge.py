@@ -36,6 +36,7 @@ import httpx
 from fedveil.procs import child_env, flwr_command, free_port, spawn, stop_group, wait_port
 
 from .flower_deploy import CLIENTAPP_REF, FAB_ID, EdgeClient, answer
+from .witness import WitnessStore
 
 log = logging.getLogger("fedveil.edge")
 
@@ -96,6 +97,10 @@ class EdgeNode:
     def __init__(self, opts: EdgeOptions, edge: EdgeClient) -> None:
         opts.check()
         self.opts, self.edge = opts, edge
+        if edge.on_ledger_head is None:
+            # Keep every privacy-ledger head the coordinator shows this device: the
+            # operator's auditor checks them with `fedveil privacy verify --witness`.
+            edge.on_ledger_head = WitnessStore(opts.state_dir / "witness").record
         # Set by the signal handler. A plain attribute on purpose: a handler that takes a
         # lock (threading.Event.set) can deadlock against the main thread holding it.
         self.stopping = False

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,9 +78,12 @@ class EdgeClient:
         policy: LocalPolicy | None = None,
         device: str = "cpu",
         identity: ClientIdentity | None = None,
+        on_ledger_head: Callable[[str], None] | None = None,
     ) -> None:
         """`identity`: this device's secure-aggregation identity key and the operator's
-        roster; with one, the device takes part only in malicious-server sessions."""
+        roster; with one, the device takes part only in malicious-server sessions.
+        `on_ledger_head` keeps each privacy-ledger head a request carries (the edge node
+        wires it to the device's witness store)."""
         if client_id < 0:
             raise ValueError(f"client id {client_id}: must be >= 0")
         if identity is not None and identity.client_id != client_id:
@@ -91,6 +94,7 @@ class EdgeClient:
         self.identity = identity
         self.policy = policy or LocalPolicy()
         self.device = device
+        self.on_ledger_head = on_ledger_head
         self._run_id: int | None = None
         self._runtime: ClientRuntime | None = None
         self._num_examples = 0
@@ -168,6 +172,7 @@ class EdgeClient:
                 # The run config this device accepted: distributed-DP parameters come
                 # from it, never from a request.
                 run_config=cfg,
+                on_ledger_head=self.on_ledger_head,
             )
             self._num_examples = len(task.client_data(self.client_id))
         except MessageError:

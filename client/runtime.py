@@ -18,6 +18,7 @@ from fedveil.envelope import Envelope, MessageError
 from fedveil.evaluation import evaluate
 from fedveil.params import FlatModel
 from fedveil.piggyback import detach, join_replies
+from fedveil.privacy.dp.ledger import WITNESS_CONFIG_KEY
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.privacy.secagg.identity import ClientIdentity
 from fedveil.tasks import Task
@@ -83,11 +84,14 @@ class ClientRuntime:
         *,
         run_id: bytes = SIMULATION_RUN_ID,
         run_config: RunConfig | None = None,
+        on_ledger_head: Callable[[str], None] | None = None,
     ) -> None:
         self.task = task
         self.identities = identities
         self.run_id = run_id
         self.run_config = run_config
+        # Receives the privacy-ledger head a request carries (a device keeps it as a witness).
+        self.on_ledger_head = on_ledger_head
         self._dp_plan: DistributedDpPlan | None = None
         self.model = FlatModel(task.model_fn(), device)
         # Local training; the in-process engine may hand back results it computed for
@@ -111,6 +115,14 @@ class ClientRuntime:
             return f"{type(exc).__name__}: {exc}"
 
     def handle_one(self, client_id: int, msg: Envelope, state: dict[str, Any]) -> Envelope:
+        head = msg.config.get(WITNESS_CONFIG_KEY)
+        if head is not None and self.on_ledger_head is not None:
+            if not isinstance(head, str):
+                raise MessageError(f"{WITNESS_CONFIG_KEY}={head!r}: expected a JSON string")
+            try:
+                self.on_ledger_head(head)
+            except ValueError as exc:
+                raise MessageError(str(exc)) from None
         if msg.kind == "hello":
             return Envelope("hello", msg.round, {"client_id": client_id, "size": self.model.size})
         if msg.kind == "train":

@@ -67,6 +67,8 @@ RECORD_FIELDS = ("run_id", "kind", "seq", "timestamp", "prev_hash", "hash")
 SIGNATURE_FIELDS = ("key_id", "signature")
 _RESERVED = frozenset({*RECORD_FIELDS, *SIGNATURE_FIELDS, "round", "releases"})
 WITNESS_FIELDS = ("run_id", "seq", "hash", "key_id", "signature")
+# The request config entry that carries canonical_json(ledger.witness_head()) to devices.
+WITNESS_CONFIG_KEY = "ledger.head"
 
 
 class LedgerCorruptError(ValueError):

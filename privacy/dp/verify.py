@@ -639,21 +639,24 @@ def _check_witnesses(witnesses: list[Mapping[str, Any]], state: _State) -> None:
         seq = head["seq"]
         if not (isinstance(seq, int) and not isinstance(seq, bool) and seq >= 1):
             raise _Discrepancy(f"witness {number}: seq={seq!r} is not an integer >= 1", None)
-        if seq > end:
-            raise _Discrepancy(
-                f"witness {number}: a device saw seq {seq}, but the ledger ends at seq {end} "
-                "(rolled back or truncated)",
-                end + 1,
-            )
-        entry = state.entries[seq - 1]
+    # A head beyond the end first: a rollback also rewrites the entries it re-appends.
+    furthest = max((head["seq"] for head in witnesses), default=0)
+    if furthest > end:
+        raise _Discrepancy(
+            f"a device saw the ledger at seq {furthest}, but it ends at seq {end} "
+            "(rolled back or truncated)",
+            end + 1,
+        )
+    for head in witnesses:
+        entry = state.entries[head["seq"] - 1]
         differs = [
             name for name in ("hash", "key_id", "signature") if head[name] != entry.get(name)
         ]
         if differs:
             raise _Discrepancy(
-                f"line {seq}: the entry differs from the head a device witnessed ({differs}): "
-                "the chain was rewritten or re-signed",
-                seq,
+                f"line {head['seq']}: the entry differs from the head a device witnessed "
+                f"({differs}): the chain was rewritten or re-signed",
+                head["seq"],
                 entry.get("round"),
             )
         state.witnesses += 1
