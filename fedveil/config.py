@@ -176,11 +176,16 @@ class DpSection:
     delta: float = spec(1e-5, lo=0.0, lo_open=True, hi=0.1, help="privacy budget delta")
     neighbouring: str = spec(
         "auto",
-        choices=("auto", "add_remove", "replace_one"),
-        help="neighbouring relation; auto: add_remove for Poisson, replace_one for fixed",
+        choices=("auto", "add_remove", "replace_one", "zero_out"),
+        help="neighbouring relation; auto: replace_one for fixed sampling; for Poisson, "
+        "add_remove (central) or zero_out (distributed: the client still takes part, its "
+        "update replaced by zeros; hides what it sent, not that it took part)",
     )
     accountant: str = spec(
-        "auto", choices=("auto", "pld", "prv", "rdp", "dpa_rdp"), help="privacy accountant"
+        "auto",
+        choices=("auto", "pld", "prv", "rdp", "dpa_rdp", "skellam_rdp"),
+        help="privacy accountant; auto: pld (central, Poisson), dpa_rdp (central, fixed), "
+        "skellam_rdp (distributed: the only one sound for Skellam noise)",
     )
     adaptive_clip: bool = spec(False, help="adapt C toward a quantile of update norms")
     target_quantile: float = spec(0.5, lo=0.0, hi=1.0, help="adaptive clipping target quantile")
@@ -386,6 +391,7 @@ def _check_cross_fields(cfg: RunConfig) -> None:
             "dp.neighbouring = 'add_remove' with server.sampling = 'fixed': no accountant bounds "
             "this pair; use Poisson sampling or replace_one"
         )
+    _check_dp_soundness(cfg)
     if dp.mechanism == "distributed" and not cfg.secagg.enabled:
         raise ConfigError(
             "dp.mechanism = 'distributed' needs secure aggregation (secagg.enabled = true, "
@@ -412,6 +418,35 @@ def _check_cross_fields(cfg: RunConfig) -> None:
             )
     if task is not None and (task.count(":") != 1 or not all(task.split(":"))):
         raise ConfigError(f"model.task = {task!r}: must look like 'package.module:function'")
+
+
+def _check_dp_soundness(cfg: RunConfig) -> None:
+    # Only accountants proven for the mechanism (privacy/dp/vocabulary.sound_accountants).
+    dp, sampling = cfg.dp, cfg.server.sampling
+    if dp.mechanism == "none":
+        return
+    if dp.neighbouring == "zero_out" and sampling == "fixed":
+        raise ConfigError(
+            "dp.neighbouring = 'zero_out' with server.sampling = 'fixed': no accountant bounds "
+            "this pair; use replace_one (or 'auto')"
+        )
+    if dp.mechanism == "distributed":
+        if dp.neighbouring == "add_remove":
+            fix = "replace_one" if sampling == "fixed" else "zero_out"
+            raise ConfigError(
+                "dp.neighbouring = 'add_remove': not sound for distributed DP (the target's "
+                f"noise share leaves with it); use 'auto' or {fix!r}"
+            )
+        if dp.accountant not in ("auto", "skellam_rdp"):
+            raise ConfigError(
+                f"dp.accountant = {dp.accountant!r}: not sound for distributed DP (Skellam); "
+                "use 'auto' or 'skellam_rdp'"
+            )
+    elif dp.accountant == "skellam_rdp":
+        raise ConfigError(
+            "dp.accountant = 'skellam_rdp': only for dp.mechanism = 'distributed'; "
+            "use 'auto' for central DP"
+        )
 
 
 def config_from_dict(values: dict[str, Any]) -> RunConfig:

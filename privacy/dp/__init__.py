@@ -4,7 +4,7 @@ Pure logic, no transport: nothing here imports Flower or FastAPI or knows the ru
 directory layout; files are passed in as paths or file objects.
 """
 
-from .accounting import compute_epsilon
+from .accounting import compute_epsilon, individual_epsilon
 from .adaptive_clipping import (
     clip_indicator,
     next_clip_norm,
@@ -20,12 +20,13 @@ from .config import DpConfig
 from .dpsgd import DpSgdSession, make_private_dp_sgd
 from .events import PrivacyEvent, group_events
 from .html_report import render_html
+from .individual import coordinator_epsilon_after, individual_epsilon_summary, individual_epsilons
 from .ledger import GENESIS_HASH, Ledger, LedgerCorruptError, canonical_json, entry_hash
 from .report import build_report
 from .rng import secure_generator
 from .skellam import SkellamEncoder, SkellamParams
 from .verify import VerifyResult, verify_ledger
-from .vocabulary import supported_accountants
+from .vocabulary import sound_accountants, supported_accountants
 
 __all__ = [
     "GENESIS_HASH",
@@ -46,16 +47,21 @@ __all__ = [
     "clip_indicator",
     "clip_l2",
     "compute_epsilon",
+    "coordinator_epsilon_after",
     "entry_fields",
     "entry_hash",
     "event_from_entry",
     "group_events",
+    "individual_epsilon",
+    "individual_epsilon_summary",
+    "individual_epsilons",
     "l2_norm",
     "make_private_dp_sgd",
     "next_clip_norm",
     "noised_count",
     "render_html",
     "secure_generator",
+    "sound_accountants",
     "supported_accountants",
     "total_noise_multiplier",
     "update_noise_multiplier",

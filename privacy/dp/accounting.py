@@ -1,14 +1,17 @@
-"""Accountant facade over Opacus (RDP, PRV) and Google dp-accounting (PLD, RDP).
+"""Accountant facade over Opacus (RDP, PRV), Google dp-accounting (PLD, RDP) and the
+general subsampled-RDP bounds of subsampled_rdp.py (skellam_rdp).
 
-No privacy math lives here: events are grouped into constant-parameter blocks
-and handed to the libraries, which recompute epsilon from (q, z, T) each time.
+Events are grouped into constant-parameter blocks and handed to the libraries, which
+recompute epsilon from (q, z, T) each time. skellam_rdp composes the Gaussian-equivalent
+curve of distributed Skellam (skellam.py), amplified by bounds valid for any mechanism.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -19,9 +22,12 @@ from .vocabulary import (
     ACCOUNTANTS,
     FIXED,
     PLD,
+    POISSON,
     PRV,
     RDP,
     REPLACE_ONE,
+    SKELLAM_RDP,
+    sound_accountants,
     supported_accountants,
 )
 
@@ -39,11 +45,24 @@ def _dpa_relation(neighbouring: str) -> Any:
     return {
         "add_remove": dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
         "replace_one": dp_accounting.NeighboringRelation.REPLACE_ONE,
+        # Zero-out: the target's record becomes a zero contribution. With central
+        # noise a Poisson-sampled Gaussian composes exactly as under add/remove.
+        "zero_out": dp_accounting.NeighboringRelation.REPLACE_SPECIAL,
     }[neighbouring]
 
 
-def compute_epsilon(events: Iterable[PrivacyEvent], delta: float, accountant: str) -> float:
-    """Epsilon at `delta` of the composition of `events` (an upper bound; inf if unbounded)."""
+def compute_epsilon(
+    events: Iterable[PrivacyEvent],
+    delta: float,
+    accountant: str,
+    *,
+    mechanism: str | None = None,
+) -> float:
+    """Epsilon at `delta` of the composition of `events` (an upper bound; inf if unbounded).
+
+    With `mechanism` given, an accountant that is not sound for it is refused
+    (vocabulary.sound_accountants), e.g. 'pld' for 'distributed_skellam'.
+    """
     if not 0 < delta < 1:
         raise ValueError(f"delta={delta!r} is invalid; allowed: (0, 1)")
     grouped = group_events(events)
@@ -64,7 +83,35 @@ def compute_epsilon(events: Iterable[PrivacyEvent], delta: float, accountant: st
             f"accountant={accountant!r} does not model sampling={sampling!r} with "
             f"neighbouring={neighbouring!r}; allowed: {allowed}"
         )
+    if mechanism is not None and accountant not in sound_accountants(
+        mechanism, sampling, neighbouring
+    ):
+        allowed = sound_accountants(mechanism, sampling, neighbouring)
+        raise ValueError(
+            f"accountant={accountant!r} is not sound for mechanism={mechanism!r} with "
+            f"sampling={sampling!r}, neighbouring={neighbouring!r}; allowed: {allowed}"
+        )
     return _cached_epsilon(grouped, float(delta), accountant)
+
+
+def individual_epsilon(events: Sequence[PrivacyEvent], delta: float) -> float:
+    """One client's epsilon against an adversary who knows the cohorts (the coordinator).
+
+    Composes the client's OWN releases (the rounds it took part in) without sampling
+    amplification, q treated as 1 (individual accounting, Feldman and Zrnic 2021,
+    "Individual privacy accounting via a Renyi filter": per-client RDP composes
+    when each round's noise is fixed before the round). Uses the Skellam RDP curve
+    alpha / (2 z^2) of each event's Gaussian-equivalent z (skellam_rdp at q = 1), so
+    it is sound for distributed Skellam and, a fortiori, for Gaussian noise. The events'
+    neighbouring relation must be zero_out or replace_one (not add_remove).
+    """
+    unsampled = [
+        replace(event, sampling_rate=1.0, sampling=POISSON, population_size=None)
+        for event in events
+    ]
+    if not unsampled:
+        return 0.0
+    return compute_epsilon(unsampled, delta, SKELLAM_RDP)
 
 
 @lru_cache(maxsize=512)
@@ -77,7 +124,55 @@ def _cached_epsilon(grouped: tuple[PrivacyEvent, ...], delta: float, accountant:
         return _opacus_prv_epsilon(grouped, delta)
     if accountant == PLD:
         return _pld_epsilon(grouped, delta)
+    if accountant == SKELLAM_RDP:
+        return _skellam_rdp_epsilon(grouped, delta)
     return _dpa_rdp_epsilon(grouped, delta)
+
+
+def _skellam_rdp_epsilon(grouped: tuple[PrivacyEvent, ...], delta: float) -> float:
+    from .subsampled_rdp import DEFAULT_ORDERS, rdp_to_epsilon
+
+    rdp = sum(event.steps * skellam_rdp_curve(event) for event in grouped)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _finite_or_inf(rdp_to_epsilon(np.asarray(DEFAULT_ORDERS), rdp, delta))
+
+
+def skellam_rdp_curve(event: PrivacyEvent) -> np.ndarray:
+    """Per-step RDP of `event` under skellam_rdp, at subsampled_rdp.DEFAULT_ORDERS.
+
+    The base curve is alpha / (2 z^2) with z the Gaussian-equivalent noise multiplier
+    (skellam.py); under replace-one two outputs differ by 2B, so z/2 (the events.py
+    convention). Sampling: q = 1 -> the base curve; Poisson -> the mixture bound
+    (the sampled target adds its own noise share); fixed-size -> Wang, Balle and
+    Kasiviswanathan's general bound.
+    """
+    return _skellam_rdp_curve(
+        event.noise_multiplier, event.sampling_rate, event.sampling, event.neighbouring
+    )
+
+
+@lru_cache(maxsize=4096)
+def _skellam_rdp_curve(
+    noise_multiplier: float, sampling_rate: float, sampling: str, neighbouring: str
+) -> np.ndarray:
+    from .subsampled_rdp import (
+        DEFAULT_ORDERS,
+        gaussian_curve,
+        poisson_mixture_rdp,
+        without_replacement_general_rdp,
+    )
+
+    z = noise_multiplier / 2 if neighbouring == REPLACE_ONE else noise_multiplier
+    base = gaussian_curve(z)
+    orders = np.asarray(DEFAULT_ORDERS, dtype=np.float64)
+    if sampling_rate >= 1.0:
+        curve = base(orders)
+    elif sampling == FIXED:
+        curve = without_replacement_general_rdp(base, sampling_rate, orders)
+    else:
+        curve = poisson_mixture_rdp(base, sampling_rate, orders)
+    curve.setflags(write=False)  # shared through the cache
+    return curve
 
 
 def _opacus_rdp_epsilon(grouped: tuple[PrivacyEvent, ...], delta: float) -> float:

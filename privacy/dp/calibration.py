@@ -6,7 +6,14 @@ import math
 
 from .accounting import compute_epsilon
 from .events import PrivacyEvent
-from .vocabulary import ADD_REMOVE, AUTO, CENTRAL_GAUSSIAN, POISSON, default_accountant
+from .vocabulary import (
+    AUTO,
+    CENTRAL_GAUSSIAN,
+    POISSON,
+    default_accountant,
+    default_neighbouring,
+    sound_accountants,
+)
 
 _MAX_BRACKET_DOUBLINGS = 40
 
@@ -18,7 +25,7 @@ def calibrate_noise_multiplier(
     sampling_rate: float,
     *,
     sampling: str = POISSON,
-    neighbouring: str = ADD_REMOVE,
+    neighbouring: str = AUTO,
     population_size: int | None = None,
     steps_per_round: int = 1,
     accountant: str = AUTO,
@@ -28,7 +35,10 @@ def calibrate_noise_multiplier(
     """Smallest z (within `rel_tol`) such that `rounds` rounds cost <= target_epsilon.
 
     Brackets by doubling, then solves epsilon(z) = target; the returned z is always
-    checked to meet the target, never a hair below the needed noise.
+    checked to meet the target, never a hair below the needed noise. `neighbouring`
+    and `accountant` may be 'auto' (vocabulary.default_neighbouring/default_accountant
+    for `mechanism`); an accountant that is not sound for `mechanism` is refused.
+    For distributed Skellam the result is the Gaussian-equivalent z to reach.
     """
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"target_epsilon={target_epsilon!r} is invalid; allowed: > 0")
@@ -36,8 +46,16 @@ def calibrate_noise_multiplier(
         raise ValueError(f"rounds={rounds!r} is invalid; allowed: an integer >= 1")
     from scipy import optimize  # lazy: not needed by clients importing this package
 
+    if neighbouring == AUTO:
+        neighbouring = default_neighbouring(mechanism, sampling)
     if accountant == AUTO:
         accountant = default_accountant(mechanism, sampling, neighbouring)
+    sound = sound_accountants(mechanism, sampling, neighbouring)
+    if accountant not in sound:
+        raise ValueError(
+            f"accountant={accountant!r} is not sound for mechanism={mechanism!r} with "
+            f"sampling={sampling!r}, neighbouring={neighbouring!r}; allowed: {sound}"
+        )
 
     def epsilon(z: float) -> float:
         event = PrivacyEvent(

@@ -10,7 +10,6 @@ from typing import Any
 from .events import PrivacyEvent
 from .vocabulary import (
     ACCOUNTANTS,
-    ADD_REMOVE,
     AUTO,
     CENTRAL_GAUSSIAN,
     DISTRIBUTED_SKELLAM,
@@ -25,6 +24,8 @@ from .vocabulary import (
     SAMPLING_SCHEMES,
     USER,
     default_accountant,
+    default_neighbouring,
+    sound_accountants,
     supported_accountants,
 )
 
@@ -53,7 +54,7 @@ class DpConfig:
     budget_epsilon: float
     privacy_unit: str = USER
     sampling: str = POISSON
-    neighbouring: str = ADD_REMOVE
+    neighbouring: str = AUTO  # resolved on construction (vocabulary.default_neighbouring)
     population_size: int | None = None
     cohort_size: int | None = None  # planned (fixed) or expected (Poisson) cohort
     steps_per_round: int = 1  # DP-SGD: optimizer steps per accounting entry
@@ -65,6 +66,10 @@ class DpConfig:
     modulus_bits: int = 20  # distributed DP: secure-aggregation modulus 2**bits
 
     def __post_init__(self) -> None:
+        if self.neighbouring == AUTO and self.mechanism in MECHANISMS:
+            # frozen: the resolved relation is what the ledger records and checks.
+            resolved = default_neighbouring(self.mechanism, self.sampling)
+            object.__setattr__(self, "neighbouring", resolved)
         self._validate_vocabulary()
         self._validate_numbers()
         self._validate_sampling()
@@ -151,12 +156,24 @@ class DpConfig:
             if self.sampling == FIXED
             else NEIGHBOURING_RELATIONS,
         )
+        sound = sound_accountants(self.mechanism, self.sampling, self.neighbouring)
+        # Distributed DP under add/remove: the target's noise share leaves with it,
+        # a change of variance that no shift-based bound covers.
+        _check(
+            bool(sound),
+            "neighbouring",
+            self.neighbouring,
+            f"{default_neighbouring(self.mechanism, self.sampling)!r} for mechanism "
+            f"{self.mechanism!r} with sampling {self.sampling!r}"
+            + (f" (or {REPLACE_ONE!r})" if self.sampling != FIXED else ""),
+        )
         if self.accountant != AUTO:
             _check(
-                self.accountant in supported,
+                self.accountant in sound,
                 "accountant",
                 self.accountant,
-                f"{supported} for sampling={self.sampling!r}, neighbouring={self.neighbouring!r}",
+                f"{sound} for mechanism {self.mechanism!r} with sampling={self.sampling!r}, "
+                f"neighbouring={self.neighbouring!r}",
             )
 
     def _validate_numbers(self) -> None:

@@ -22,7 +22,11 @@ class PrivacyEvent:
     `noise_multiplier` is the noise standard deviation divided by the bound on ONE
     record's contribution (the clip norm C). Under replace-one two neighbouring
     outputs may differ by 2C; the accounting facade handles that factor, callers
-    never halve z themselves.
+    never halve z themselves. Under add/remove and zero-out they differ by C.
+
+    For distributed Skellam, `noise_multiplier` is the Gaussian-equivalent z of the
+    decoded sum (SkellamParams.noise_multiplier_for): the RDP curve alpha / (2 z^2)
+    bounds the mechanism at every order, which is what the skellam_rdp accountant uses.
     """
 
     noise_multiplier: float

@@ -20,23 +20,34 @@ SAMPLING_SCHEMES = (POISSON, FIXED)
 
 ADD_REMOVE = "add_remove"
 REPLACE_ONE = "replace_one"
-NEIGHBOURING_RELATIONS = (ADD_REMOVE, REPLACE_ONE)
+# dp-accounting's REPLACE_SPECIAL: the target's record is replaced by a zero
+# contribution; the target still takes part (and, under distributed DP, still adds
+# its noise share). Hides what a client sent, not whether it took part.
+ZERO_OUT = "zero_out"
+NEIGHBOURING_RELATIONS = (ADD_REMOVE, REPLACE_ONE, ZERO_OUT)
 
 PLD = "pld"  # Google dp-accounting privacy loss distributions
 PRV = "prv"  # Opacus privacy random variables
 RDP = "rdp"  # Opacus Renyi DP
 DPA_RDP = "dpa_rdp"  # Google dp-accounting Renyi DP (the only one for fixed-size sampling)
+# RDP from the Skellam curve (Gaussian-equivalent z) amplified with bounds that hold
+# for ANY mechanism (subsampled_rdp.py): the only accountant sound for distributed DP.
+SKELLAM_RDP = "skellam_rdp"
 AUTO = "auto"
-ACCOUNTANTS = (PLD, PRV, RDP, DPA_RDP)
+ACCOUNTANTS = (PLD, PRV, RDP, DPA_RDP, SKELLAM_RDP)
 
 # Which accountants model which (sampling, neighbouring) pair. Opacus only models
-# Poisson add/remove; dp-accounting's PLD adds Poisson replace-one; only
-# dp-accounting's RDP models fixed-size sampling without replacement (replace-one,
-# Wang-Balle-Kasiviswanathan 2019). Fixed-size with add/remove is modelled by none.
+# Poisson add/remove; dp-accounting's PLD adds Poisson replace-one and zero-out
+# (which for a Poisson-sampled Gaussian with central noise composes exactly like
+# add/remove); only dp-accounting's RDP models fixed-size sampling without
+# replacement (replace-one, Wang-Balle-Kasiviswanathan 2019). Fixed-size with
+# add/remove or zero-out is modelled by none. skellam_rdp models the pairs under
+# which a distributed mechanism's noise variance is the same in both worlds.
 SUPPORTED_ACCOUNTANTS: dict[tuple[str, str], tuple[str, ...]] = {
     (POISSON, ADD_REMOVE): (PLD, PRV, RDP, DPA_RDP),
-    (POISSON, REPLACE_ONE): (PLD,),
-    (FIXED, REPLACE_ONE): (DPA_RDP,),
+    (POISSON, REPLACE_ONE): (PLD, SKELLAM_RDP),
+    (POISSON, ZERO_OUT): (PLD, DPA_RDP, SKELLAM_RDP),
+    (FIXED, REPLACE_ONE): (DPA_RDP, SKELLAM_RDP),
 }
 
 
@@ -45,18 +56,43 @@ def supported_accountants(sampling: str, neighbouring: str) -> tuple[str, ...]:
     return SUPPORTED_ACCOUNTANTS.get((sampling, neighbouring), ())
 
 
-def default_accountant(mechanism: str, sampling: str, neighbouring: str) -> str:
-    """The tightest valid accountant for the combination.
+def sound_accountants(mechanism: str, sampling: str, neighbouring: str) -> tuple[str, ...]:
+    """Accountants whose epsilon is a proven upper bound for this mechanism and setting.
 
-    Distributed Skellam defaults to RDP: its Gaussian equivalence is proven at the
-    level of RDP curves (see skellam.py), so RDP is the conservative choice there.
+    Distributed Skellam is only dominated by a Gaussian at the level of RDP curves
+    (skellam.py), and its noise grows with the cohort, so only skellam_rdp (that curve,
+    amplified by bounds valid for any mechanism) is sound for it; and never under
+    add/remove, where the target's noise share leaves with it (a change of variance,
+    which no shift-based bound covers). The Gaussian mechanisms use the tight
+    Gaussian-specific accountants; skellam_rdp is not offered for them.
     """
     supported = supported_accountants(sampling, neighbouring)
-    if not supported:
+    if mechanism == DISTRIBUTED_SKELLAM:
+        if neighbouring == ADD_REMOVE:
+            return ()
+        return tuple(a for a in supported if a == SKELLAM_RDP)
+    return tuple(a for a in supported if a != SKELLAM_RDP)
+
+
+def default_neighbouring(mechanism: str, sampling: str) -> str:
+    """What `auto` means for dp.neighbouring.
+
+    Central DP keeps add/remove (Poisson) and replace-one (fixed), so existing
+    central-DP epsilons do not change. Distributed DP uses zero-out under Poisson
+    sampling (the target's honest noise share stays) and replace-one for fixed-size.
+    """
+    if sampling == FIXED:
+        return REPLACE_ONE
+    return ZERO_OUT if mechanism == DISTRIBUTED_SKELLAM else ADD_REMOVE
+
+
+def default_accountant(mechanism: str, sampling: str, neighbouring: str) -> str:
+    """The tightest sound accountant for the combination (what `auto` resolves to)."""
+    sound = sound_accountants(mechanism, sampling, neighbouring)
+    if not sound:
         raise ValueError(
-            f"no accountant models sampling={sampling!r} with neighbouring={neighbouring!r}; "
-            f"supported pairs: {sorted(SUPPORTED_ACCOUNTANTS)}"
+            f"no accountant is sound for mechanism={mechanism!r} with sampling={sampling!r} "
+            f"and neighbouring={neighbouring!r}; "
+            f"use neighbouring={default_neighbouring(mechanism, sampling)!r}"
         )
-    if mechanism == DISTRIBUTED_SKELLAM and RDP in supported:
-        return RDP
-    return supported[0]
+    return sound[0]

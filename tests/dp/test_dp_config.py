@@ -19,7 +19,9 @@ def base(**overrides):
 
 def test_valid_config_resolves_the_tightest_accountant():
     assert base().accountant_name == "pld"
-    assert base(mechanism="distributed_skellam").accountant_name == "rdp"
+    # Distributed DP: auto resolves to zero-out adjacency and the general-bound RDP.
+    skellam = base(mechanism="distributed_skellam")
+    assert (skellam.neighbouring, skellam.accountant_name) == ("zero_out", "skellam_rdp")
     fixed = base(
         sampling="fixed",
         neighbouring="replace_one",
@@ -47,7 +49,10 @@ def test_valid_config_resolves_the_tightest_accountant():
         (dict(mechanism="dp_sgd"), "privacy_unit"),
         (dict(sampling="systematic"), "sampling"),
         (dict(neighbouring="swap"), "neighbouring"),
-        (dict(sampling="fixed", population_size=1000, cohort_size=10), "neighbouring"),
+        (
+            dict(sampling="fixed", neighbouring="add_remove", population_size=1000, cohort_size=10),
+            "neighbouring",
+        ),
         (dict(sampling="fixed", neighbouring="replace_one", cohort_size=10), "population_size"),
         (
             dict(
