@@ -12,11 +12,11 @@ integer sensitivities D1, D2) give, for alpha > 1,
 Because (2 alpha - 1) D2^2 + 6 D1 <= alpha (2 D2^2 + 6 D1) for alpha >= 1, this is at
 most alpha / (2 z^2) with
     1/z^2 = D2^2/mu + (D2^2 + 3 D1)/mu^2,
-i.e. the RDP curve of a Gaussian with noise multiplier z at EVERY order. Without
-sampling (q = 1) the RDP accountants therefore give a rigorous bound. With sampling
-the amplification is computed for that Gaussian: an approximation (exact as
-mu -> infinity; the correction here is ~(2/(z B))^2 with B ~ 1e4..1e5), since no
-library models subsampled Skellam directly. This is why 'auto' picks RDP for it.
+i.e. the RDP curve of a Gaussian with noise multiplier z at EVERY order. Only that
+curve is known, so the sole sound accountant is 'skellam_rdp' (accounting.py): the
+curve, amplified under sampling by bounds valid for any mechanism (subsampled_rdp.py).
+Adjacency is zero-out or replace-one: under add/remove the target's noise share would
+leave with it (a change of variance, which no shift-based bound covers).
 """
 
 from __future__ import annotations
