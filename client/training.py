@@ -152,7 +152,7 @@ def train_local_dp_sgd(
     A fresh module per call (Opacus hooks stay off the shared model); the
     noise comes from a generator seeded by the OS CSPRNG.
     """
-    from fedveil.privacy.dp import make_private_dp_sgd
+    from fedveil.privacy.dp.dpsgd import dp_sgd_step, make_private_dp_sgd
 
     n = int(x.shape[0])
     model = FlatModel(module)
@@ -173,13 +173,10 @@ def train_local_dp_sgd(
     loss_sum, batches = 0.0, 0
     for _ in range(max(1, hp.local_epochs)):
         for xb, yb in session.data_loader:
-            if len(yb) == 0:
-                continue  # Poisson sampling can draw an empty batch
-            session.optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(session.module(xb), yb)
-            loss.backward()
-            session.optimizer.step()
-            loss_sum += float(loss)
-            batches += 1
+            # An empty Poisson batch takes a noise-only step: the accountant counts it.
+            loss = dp_sgd_step(session, loss_fn, xb, yb)
+            if loss is not None:
+                loss_sum += loss
+                batches += 1
     delta = model.flat.detach() - global_vector.cpu()
     return DpSgdResult(delta, n, session.steps, loss_sum / max(batches, 1), noise_multiplier, rate)

@@ -1,8 +1,15 @@
-"""Sample-level DP on a client: DP-SGD through Opacus, accounted per client."""
+"""Sample-level DP on a client: DP-SGD through Opacus, accounted per client.
+
+Poisson sampling draws empty batches now and then (with probability (1 - q)^n). The
+accountant counts every batch as a step that adds noise, so an empty batch must still
+take a noise-only step (`dp_sgd_step`): skipping it would make the number of steps, and
+so the released model, depend on whether the batches happened to be empty.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +47,28 @@ class DpSgdSession:
         """This client's example-level epsilon at `delta` for all steps so far."""
         event = self.event()
         return 0.0 if event is None else compute_epsilon([event], delta, self.accountant)
+
+
+def dp_sgd_step(
+    session: DpSgdSession,
+    loss_fn: Callable[[Any, Any], Any],
+    features: Any,
+    labels: Any,
+) -> float | None:
+    """One DP-SGD step on one Poisson batch: the batch's loss, or None if it was empty.
+
+    An empty batch still steps: its clipped gradient sum is zero and Opacus adds the full
+    noise N(0, (z · max_grad_norm)^2), as the accountant assumes of every step. The loss
+    `0 · sum(output)` keeps Opacus' per-sample gradient hooks on the graph (with zero
+    samples) without asking `loss_fn` for the mean of nothing (NaN).
+    """
+    session.optimizer.zero_grad(set_to_none=True)
+    output = session.module(features)
+    empty = len(labels) == 0
+    loss = output.sum() * 0.0 if empty else loss_fn(output, labels)
+    loss.backward()
+    session.optimizer.step()
+    return None if empty else float(loss.detach())
 
 
 def make_private_dp_sgd(
