@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.privacy.dp import DpConfig, VerifyResult, build_report, render_html, verify_ledger
-from fedveil.privacy.dp.ledger import RELEASE, entry_kind
 from fedveil.privacy.dp.verify import read_witness_file
 
 from .runstore import atomic_write_bytes
@@ -28,7 +27,9 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
     """Verify the ledger, then write privacy/report.json and privacy/report.html.
 
     `config` lets a run that stopped before its first release (budget too small
-    for even one round) still get a report saying so.
+    for even one round) still get a report saying so. The operator's private annex
+    (private/rounds.jsonl), when readable here, gives the coordinator's per-client
+    epsilon distribution; an auditor without it gets the ledger's largest figure.
     """
     run_dir = Path(run_dir)
     path = ledger_path(run_dir)
@@ -38,22 +39,68 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
     verification = None
     if path.exists():
         verification = verify_ledger(path)
-        # Releases only: the interruption/final records spend nothing.
-        entries = [
-            entry
-            for entry in (json.loads(line) for line in path.read_text().splitlines() if line)
-            if entry_kind(entry) == RELEASE
-        ]
+        # Every entry: build_report composes the releases and reads the closing record.
+        entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     path.parent.mkdir(parents=True, exist_ok=True)
+    run_config = _run_config(run_dir)
+    dp_section = run_config.get("dp", {}) if isinstance(run_config.get("dp"), dict) else {}
     report = build_report(
         entries,
         config=config,
         verification=verification,
         secure_aggregation=secure_aggregation_mode(run_dir),
+        cohort_source=cohort_source(run_dir, dp_section),
+        private_records=private_annex(run_dir),
+        budget_against=dp_section.get("budget_against"),
     )
-    atomic_write_bytes(path.parent / "report.json", (json.dumps(report, indent=2) + "\n").encode())
-    atomic_write_bytes(path.parent / "report.html", render_html(report).encode())
+    # Public files, like the ledger: readable by an auditor (atomic writes default to 600).
+    data = (json.dumps(report, indent=2) + "\n").encode()
+    atomic_write_bytes(path.parent / "report.json", data, mode=0o644)
+    atomic_write_bytes(path.parent / "report.html", render_html(report).encode(), mode=0o644)
     return report
+
+
+def cohort_source(run_dir: Path, dp_section: dict[str, Any] | None = None) -> str | None:
+    """ "csprng" or "seed": summary.json's record, else dp.seeded_cohorts in config.toml
+    (None when neither says)."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+    recorded = summary.get("cohort_source") if isinstance(summary, dict) else None
+    if recorded in ("csprng", "seed"):
+        return str(recorded)
+    section = dp_section if dp_section is not None else _run_config(run_dir).get("dp", {})
+    if isinstance(section, dict) and "seeded_cohorts" in section:
+        return "seed" if section["seeded_cohorts"] else "csprng"
+    return None
+
+
+def private_annex(run_dir: Path) -> list[dict[str, Any]] | None:
+    """The operator's private round records (None where absent or unreadable: an
+    auditor's copy of the run has only the public files)."""
+    path = Path(run_dir) / "private" / "rounds.jsonl"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a torn last line (crash mid-append); the ledger still has its charge
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def _run_config(run_dir: Path) -> dict[str, Any]:
+    try:
+        values = tomllib.loads((Path(run_dir) / "config.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+    return values
 
 
 def secure_aggregation_mode(run_dir: Path) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from html import escape
 from typing import Any
@@ -15,7 +16,13 @@ h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
 table.summary { border-collapse: collapse; }
 table.summary td, table.summary th { border: 1px solid #ccc; padding: 4px 10px;
        text-align: left; }
-.headline { font-size: 1.2em; background: #f3f6fa; padding: .6em 1em; border-radius: 6px; }
+.headline { background: #f3f6fa; padding: .6em 1em; border-radius: 6px; margin: .6em 0; }
+.headline .who { font-size: .85em; text-transform: uppercase; letter-spacing: .04em;
+       color: #57606a; }
+.headline .figure { font-size: 1.2em; margin: .15em 0; }
+.headline .note { font-size: .92em; color: #333; }
+.param { font-size: 1.05em; }
+table.summary td { vertical-align: top; } table.summary th { white-space: nowrap; }
 .ok { color: #1a7f37; } .bad { color: #b42318; }
 svg.chart { display: block; margin: 1em 0; background: #fff; }
 svg .axis { stroke: #444; } svg .grid { stroke: #e5e5e5; }
@@ -25,14 +32,18 @@ svg .chart-title { font-size: 13px; font-weight: 600; fill: #222; }
 
 _LABELS = {
     "mechanism": "Mechanism",
+    "noise_multiplier": "Noise multiplier z",
     "privacy_unit": "Privacy unit",
     "neighbouring": "Neighbouring relation",
+    "neighbouring_protects": "What the relation protects",
     "sampling": "Sampling",
-    "sampling_rate": "Sampling rate",
+    "sampling_rate": "Sampling rate q",
+    "cohort_source": "Cohort source",
     "accountant": "Accountant",
     "rounds": "Released rounds",
     "delta": "Delta",
     "budget_epsilon": "Epsilon budget",
+    "budget_against": "Budget applies to",
     "ledger_head_hash": "Ledger head hash",
 }
 
@@ -42,45 +53,52 @@ def render_html(report: Mapping[str, Any]) -> str:
     series = report["series"]
     rounds = [float(r) for r in series["round"]]
     budget = float(report["budget_epsilon"])
-    epsilon_chart = line_chart(
-        "Cumulative epsilon vs budget",
-        rounds,
-        [
-            Series("epsilon", series["epsilon"], "#1f6feb"),
-            Series("budget", [budget] * len(rounds), "#b42318", dashed=True),
-        ],
-        "epsilon",
-    )
+    lines = [
+        Series("observers' epsilon", _floats(series["epsilon"]), "#1f6feb"),
+        Series("budget", [budget] * len(rounds), "#b42318", dashed=True),
+    ]
+    if "epsilon_coordinator_max" in series:
+        lines.insert(
+            1,
+            Series("coordinator max", _floats(series["epsilon_coordinator_max"]), "#9a6700"),
+        )
+    epsilon_chart = line_chart("Cumulative epsilon vs budget", rounds, lines, "epsilon")
     clip_chart = line_chart(
-        "Clip norm per round", rounds, [Series("clip norm C", series["clip_norm"], "#8250df")], "C"
-    )
-    participation_chart = line_chart(
-        "Participation per round",
+        "Clip norm per round",
         rounds,
-        [
-            Series("planned", series["cohort_planned"], "#9a6700", dashed=True),
-            Series("aggregated", series["cohort_aggregated"], "#1a7f37"),
-        ],
-        "clients",
+        [Series("clip norm C", _floats(series["clip_norm"]), "#8250df")],
+        "C",
     )
+    adversaries = report.get("adversaries", {})
     body = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         "<title>fedveil privacy report</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>Differential privacy report</h1>",
-        f'<p class="headline">(&epsilon; = {report["epsilon"]:.4g}, &delta; = '
-        f"{report['delta']:.3g}) for each {escape(str(report['privacy_unit']))}, "
-        f"budget &epsilon; = {budget:.4g}.</p>",
+        "<h2>One guarantee per adversary</h2>",
+        _observers(report, adversaries.get("observers", {})),
+        _coordinator(report, adversaries.get("coordinator", {})),
+        _cohort_members(adversaries.get("cohort_members", {})),
+        f'<p class="param">Noise multiplier <b>z = {float(report["noise_multiplier"]):.4g}</b>'
+        " (noise standard deviation / clip norm).</p>",
+        f"<p><b>Sampling.</b> {escape(str(report.get('sampling_statement', '')))}</p>"
+        if report.get("sampling_statement")
+        else "",
+        _ledger_state(report),
         _verification(report.get("verification")),
         "<h2>Parameters</h2>",
         _summary_table(report),
+        _distribution(adversaries.get("coordinator", {}).get("distribution")),
+        "<h2>Published statistics and how each is protected</h2>",
+        _published(report.get("published_statistics", [])),
+        f"<p><b>Sensitivity.</b> {escape(str(report['sensitivity']))}</p>"
+        if report.get("sensitivity")
+        else "",
         "<h2>Privacy spent</h2>",
         epsilon_chart,
         "<h2>Clipping</h2>",
         clip_chart,
-        "<h2>Participation</h2>",
-        participation_chart,
         "<h2>Assumptions</h2>",
         _assumptions(report["assumptions"]),
         "</body></html>",
@@ -88,11 +106,119 @@ def render_html(report: Mapping[str, Any]) -> str:
     return "\n".join(part for part in body if part)
 
 
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
+
+
+def _floats(values: list[Any]) -> list[float]:
+    return [math.nan if value is None else float(value) for value in values]
+
+
+def _observers(report: Mapping[str, Any], observers: Mapping[str, Any]) -> str:
+    budget = float(report["budget_epsilon"])
+    applies = " (the budget applies here)" if report.get("budget_against") != "coordinator" else ""
+    holds = "; ".join(str(item) for item in observers.get("holds_if", []))
+    return (
+        '<div class="headline"><div class="who">Observers of what is published</div>'
+        f'<div class="figure">(&epsilon; = {float(report["epsilon"]):.4g}, &delta; = '
+        f"{float(report['delta']):.3g}) for each {escape(str(report['privacy_unit']))}, "
+        f"budget &epsilon; = {budget:.4g}{applies}</div>"
+        + (f'<div class="note">Holds if: {escape(holds)}.</div>' if holds else "")
+        + "</div>"
+    )
+
+
+def _coordinator(report: Mapping[str, Any], coordinator: Mapping[str, Any]) -> str:
+    title = '<div class="who">The coordinator</div>'
+    if not coordinator:
+        return ""
+    if "epsilon_max" not in coordinator:
+        statement = escape(_sentence(str(coordinator.get("statement", ""))))
+        return f'<div class="headline">{title}<div class="figure">{statement}</div></div>'
+    maximum = coordinator["epsilon_max"]
+    budget = float(report["budget_epsilon"])
+    if report.get("budget_against") == "coordinator":
+        applies = " (the budget applies here)"
+    elif maximum is not None and float(maximum) > budget:
+        applies = f" (above the budget {budget:.4g}, which caps the observers' figure)"
+    else:
+        applies = ""
+    figure = (
+        "not recorded"
+        if maximum is None
+        else f"largest per-client &epsilon; = {float(maximum):.4g}, &delta; = "
+        f"{float(coordinator.get('delta', report['delta'])):.3g}{applies}"
+    )
+    distribution = coordinator.get("distribution")
+    spread = (
+        f"median {float(distribution['p50']):.4g}, 90th percentile "
+        f"{float(distribution['p90']):.4g} over {int(distribution['clients'])} clients that "
+        "took part"
+        if distribution
+        else "distribution not available: the operator's private annex is not here"
+    )
+    accounting = escape(str(coordinator.get("accounting", "")))
+    return (
+        f'<div class="headline">{title}<div class="figure">{figure}</div>'
+        f'<div class="note">{escape(spread)}; {accounting}.</div></div>'
+    )
+
+
+def _cohort_members(members: Mapping[str, Any]) -> str:
+    if not members:
+        return ""
+    return (
+        '<div class="headline"><div class="who">Cohort members</div>'
+        f'<div class="note">{escape(str(members.get("sees", "")))} What holds against them: '
+        f"{escape(str(members.get('bound', '')))}.</div></div>"
+    )
+
+
+def _ledger_state(report: Mapping[str, Any]) -> str:
+    state = report.get("ledger_state")
+    if not state:
+        return ""
+    css = "ok" if state == "final" else "bad"
+    return f'<p>Ledger state: <b class="{css}">{escape(str(state))}</b></p>'
+
+
+def _distribution(distribution: Mapping[str, Any] | None) -> str:
+    if not distribution:
+        return ""
+    rows = "".join(
+        f"<tr><td>{_range(row['lo'], row['hi'])}</td><td>{int(row['clients'])}</td></tr>"
+        for row in distribution.get("histogram", [])
+        if int(row["clients"])
+    )
+    return (
+        "<h2>The coordinator's epsilon per client</h2>"
+        f"<p>{int(distribution['clients'])} clients took part; largest "
+        f"{float(distribution['max']):.4g}, median {float(distribution['p50']):.4g}, "
+        f"90th percentile {float(distribution['p90']):.4g}.</p>"
+        '<table class="summary"><tr><th>&epsilon; per client</th><th>clients</th></tr>'
+        f"{rows}</table>"
+    )
+
+
+def _range(lo: float, hi: float) -> str:
+    if math.isinf(float(lo)):
+        return "unbounded"
+    return f"{float(lo):.3g} &ndash; {float(hi):.3g}"
+
+
+def _published(statistics: list[Mapping[str, Any]]) -> str:
+    rows = "".join(
+        f"<tr><td>{escape(str(item['name']))}</td><td>{escape(str(item['protection']))}</td></tr>"
+        for item in statistics
+    )
+    return f'<table class="summary"><tr><th>statistic</th><th>protection</th></tr>{rows}</table>'
+
+
 def _summary_table(report: Mapping[str, Any]) -> str:
     rows = "".join(
         f"<tr><th>{escape(label)}</th><td>{escape(str(report[key]))}</td></tr>"
         for key, label in _LABELS.items()
-        if key in report
+        if key in report and report[key] is not None
     )
     return f'<table class="summary">{rows}</table>'
 
@@ -101,10 +227,11 @@ def _verification(verification: Mapping[str, Any] | None) -> str:
     if not verification:
         return "<p>Ledger not verified in this report.</p>"
     css = "ok" if verification["ok"] else "bad"
-    if verification["ok"]:
-        # The verifier's message already reads "ledger verified: ...".
-        return f'<p class="{css}">{escape(str(verification["message"]).capitalize())}</p>'
     message = escape(str(verification["message"]))
+    if verification["ok"]:
+        return f'<p class="{css}">Verified: {message}</p>'
+    if verification.get("status") == "interrupted":
+        return f'<p class="{css}">Verified up to an interruption: {message}</p>'
     return f'<p class="{css}">Ledger FAILED verification: {message}</p>'
 
 

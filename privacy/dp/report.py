@@ -1,24 +1,34 @@
-"""report.json: the run's final privacy guarantee and its per-round series."""
+"""report.json: the run's privacy guarantee per adversary and its per-round series.
+
+`epsilon` stays the observers' figure (what the published models reveal, amplified by
+sampling while cohorts are secret); `adversaries` states one figure for each of the
+observers, the coordinator and cohort members.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .assumptions import assumptions_for
+from .adversaries import coordinator_figure
+from .assumptions import (
+    assumptions_for,
+    cohort_members_bound,
+    cohort_members_text,
+    neighbouring_protects,
+    observers_holds_if,
+    published_statistics,
+    sampling_statement,
+    sensitivity_statement,
+)
 from .config import DpConfig
-from .ledger import GENESIS_HASH
+from .ledger import GENESIS_HASH, RELEASE, entry_kind
 from .verify import VerifyResult
 
-REPORT_SCHEMA = "fedveil.dp.report/1"
-_SERIES_FIELDS = (
-    "round",
-    "epsilon",
-    "clip_norm",
-    "noise_multiplier",
-    "cohort_planned",
-    "cohort_aggregated",
-)
+REPORT_SCHEMA = "fedveil.dp.report/2"
+_SERIES_FIELDS = ("round", "epsilon", "clip_norm", "noise_multiplier")
+_COORDINATOR_SERIES = "epsilon_coordinator_max"
 
 
 def build_report(
@@ -27,56 +37,155 @@ def build_report(
     config: DpConfig | None = None,
     verification: VerifyResult | None = None,
     secure_aggregation: str | None = None,
+    cohort_source: str | None = None,
+    private_records: Iterable[Mapping[str, Any]] | None = None,
+    budget_against: str | None = None,
 ) -> dict[str, Any]:
     """Summarise ledger entries (JSON-serialisable dict).
 
     `config` fills in the run's parameters when no round was released yet.
     `verification` (from verify_ledger) is embedded so a reader sees whether the
-    numbers were recomputed independently. `secure_aggregation` ("off", "semi_honest",
-    "malicious"), when known, adds how updates travelled to the trust assumptions.
+    numbers were recomputed independently, and gives the ledger's state.
+    `secure_aggregation` ("off", "semi_honest", "malicious"), when known, says how
+    updates travelled. `cohort_source` ("csprng" or "seed", from summary.json) says
+    whether cohorts were secret. `private_records` are the operator's private annex
+    (private/rounds.jsonl; None where it is absent, e.g. on an auditor's machine):
+    its charge records give the coordinator's per-client epsilon under distributed DP.
+    `budget_against` (dp.budget_against) is used when no release records it.
     """
     entries = [dict(entry) for entry in ledger_entries]
-    if not entries and config is None:
-        raise ValueError("build_report needs at least one ledger entry or a config")
-    last = entries[-1] if entries else _entry_from_config(config)  # type: ignore[arg-type]
-    epsilon = float(last["epsilon"]) if entries else 0.0
+    releases = [entry for entry in entries if entry_kind(entry) == RELEASE]
+    closing = entries[-1] if entries and entry_kind(entries[-1]) != RELEASE else None
+    if not releases and config is None:
+        raise ValueError("build_report needs at least one release entry or a config")
+    last = releases[-1] if releases else _entry_from_config(config)  # type: ignore[arg-type]
+    epsilon = float(last["epsilon"]) if releases else 0.0
+    mechanism = str(last["mechanism"])
+    sampling_rate = float(last["sampling_rate"])
+    delta = float(last["delta"])
+    budget_against = str(last.get("budget_against", budget_against or "observers"))
+    noise_shares = last.get("noise_shares")
+
+    coordinator = coordinator_figure(mechanism, releases, closing, private_records, delta)
+    adversaries = {
+        "observers": {
+            "epsilon": epsilon,
+            "delta": delta,
+            "accountant": last["accountant"],
+            "amplified_by_sampling": sampling_rate < 1.0,
+            "holds_if": observers_holds_if(
+                mechanism, sampling_rate, cohort_source, secure_aggregation, noise_shares
+            ),
+        },
+        "coordinator": coordinator,
+        "cohort_members": {
+            "sees": cohort_members_text(secure_aggregation),
+            "bound": cohort_members_bound(mechanism, secure_aggregation),
+        },
+    }
+    budgeted = epsilon
+    if budget_against == "coordinator" and coordinator.get("epsilon_max") is not None:
+        budgeted = float(coordinator["epsilon_max"])
+    series = {name: [entry.get(name) for entry in releases] for name in _SERIES_FIELDS}
+    if any(_COORDINATOR_SERIES in entry for entry in releases):
+        series[_COORDINATOR_SERIES] = [entry.get(_COORDINATOR_SERIES) for entry in releases]
     report: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
         "epsilon": epsilon,
-        "delta": last["delta"],
+        "delta": delta,
         "budget_epsilon": last["budget_epsilon"],
-        "budget_remaining": max(0.0, float(last["budget_epsilon"]) - epsilon),
-        "mechanism": last["mechanism"],
+        "budget_against": budget_against,
+        "budget_remaining": max(0.0, float(last["budget_epsilon"]) - budgeted),
+        "mechanism": mechanism,
+        "noise_multiplier": float(last["noise_multiplier"]),
         "sampling": last["sampling"],
-        "sampling_rate": last["sampling_rate"],
+        "sampling_rate": sampling_rate,
+        "sampling_statement": sampling_statement(
+            str(last["sampling"]), sampling_rate, cohort_source
+        ),
+        "cohort_source": cohort_source,
         "privacy_unit": last["privacy_unit"],
         "neighbouring": last["neighbouring"],
+        "neighbouring_protects": neighbouring_protects(
+            str(last["neighbouring"]), str(last["privacy_unit"])
+        ),
         "accountant": last["accountant"],
-        "rounds": len(entries),
+        "adversaries": adversaries,
+        "sensitivity": sensitivity_statement(mechanism, secure_aggregation),
+        "published_statistics": published_statistics(
+            mechanism,
+            str(last["neighbouring"]),
+            secure_aggregation,
+            adaptive_clipping=any("next_clip_norm" in entry for entry in releases)
+            or bool(config is not None and config.adaptive_clipping),
+            has_coordinator_epsilon=coordinator.get("epsilon_max") is not None,
+            has_cohort_commitment=bool(releases and "cohort_commitment" in releases[0]),
+        ),
+        "ledger_state": ledger_state(entries, verification),
+        "rounds": len(releases),
         "ledger_entries": len(entries),
         "ledger_head_hash": entries[-1]["hash"] if entries else GENESIS_HASH,
-        "series": {name: [entry[name] for entry in entries] for name in _SERIES_FIELDS},
+        "series": series,
         "assumptions": assumptions_for(
-            last["mechanism"],
-            last["privacy_unit"],
-            last["neighbouring"],
-            last["sampling"],
+            mechanism,
+            str(last["privacy_unit"]),
+            str(last["neighbouring"]),
+            str(last["sampling"]),
             epsilon,
-            last["delta"],
+            delta,
             secure_aggregation,
         ),
     }
     if secure_aggregation is not None:
         report["secure_aggregation"] = secure_aggregation
     if verification is not None:
-        report["verification"] = {
-            "ok": verification.ok,
-            "message": verification.message,
-            "line": verification.line,
-            "epsilon_recomputed": verification.epsilon_recomputed,
-            "recomputed_epsilon": verification.final_epsilon,
-        }
+        report["verification"] = _verification(verification)
     return report
+
+
+def ledger_state(entries: list[dict[str, Any]], verification: VerifyResult | None = None) -> str:
+    """ "final", "interrupted at round N (resumable)", "failed: ...", or, unverified, what
+    the last entry says."""
+    found = _fields(verification)
+    status = found.get("status")
+    if status == "final":
+        return "final"
+    if status == "interrupted":
+        return f"interrupted at round {found.get('training_round')} (resumable)"
+    if verification is not None and not verification.ok:
+        return f"failed: {verification.message}"
+    if verification is not None and status is None:
+        return "verified"  # a verifier without run states
+    if not entries:
+        return "empty: nothing released yet"
+    last = entries[-1]
+    kind = entry_kind(last)
+    if kind == RELEASE:
+        return "open: no final or interruption record (still running, or truncated)"
+    where = f" at round {last.get('training_round')}" if kind != "final" else ""
+    return f"{kind}{where} (not verified)"
+
+
+def _fields(verification: VerifyResult | None) -> dict[str, Any]:
+    # The verifier grows fields over time: read the ones this version has.
+    if verification is None or not dataclasses.is_dataclass(verification):
+        return {}
+    return dataclasses.asdict(verification)
+
+
+def _verification(verification: VerifyResult) -> dict[str, Any]:
+    found = _fields(verification)
+    result = {
+        "ok": verification.ok,
+        "message": verification.message,
+        "line": verification.line,
+        "epsilon_recomputed": verification.epsilon_recomputed,
+        "recomputed_epsilon": verification.final_epsilon,
+    }
+    for name in ("status", "training_round", "run_id", "key_id", "witnesses"):
+        if name in found:
+            result[name] = found[name]
+    return result
 
 
 def _entry_from_config(config: DpConfig) -> dict[str, Any]:
@@ -84,6 +193,7 @@ def _entry_from_config(config: DpConfig) -> dict[str, Any]:
         "delta": config.delta,
         "budget_epsilon": config.budget_epsilon,
         "mechanism": config.mechanism,
+        "noise_multiplier": config.noise_multiplier,
         "sampling": config.sampling,
         "sampling_rate": config.sampling_rate,
         "privacy_unit": config.privacy_unit,

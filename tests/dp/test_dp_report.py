@@ -6,9 +6,10 @@ from fedveil.privacy.dp import DpConfig, Ledger, build_report, render_html, veri
 
 def test_report_json_has_the_guarantee_and_per_round_series(make_ledger):
     path, cfg, budget = make_ledger(rounds=5)
-    entries = Ledger(path).releases
+    entries = Ledger(path).entries  # releases and the closing record
     report = build_report(entries, verification=verify_ledger(path))
-    assert report["epsilon"] == entries[-1]["epsilon"] == budget.spent()
+    assert report["epsilon"] == Ledger(path).releases[-1]["epsilon"] == budget.spent()
+    assert report["rounds"] == 5 and report["ledger_entries"] == 6
     assert report["delta"] == cfg.delta and report["budget_epsilon"] == cfg.budget_epsilon
     for key, value in [
         ("mechanism", "central_gaussian"),
@@ -19,7 +20,9 @@ def test_report_json_has_the_guarantee_and_per_round_series(make_ledger):
     ]:
         assert report[key] == value
     assert report["series"]["round"] == [1, 2, 3, 4, 5]
-    assert len(report["series"]["cohort_aggregated"]) == 5
+    assert set(report["series"]) == {"round", "epsilon", "clip_norm", "noise_multiplier"}
+    assert report["ledger_state"] == "final"
+    assert report["noise_multiplier"] == cfg.noise_multiplier
     assert report["ledger_head_hash"] == Ledger(path).head_hash
     assert report["verification"]["ok"]
     assert json.loads(json.dumps(report)) == report
@@ -29,9 +32,10 @@ def test_html_is_self_contained_with_charts_and_assumptions(make_ledger):
     path, _, _ = make_ledger(rounds=5)
     html = render_html(build_report(Ledger(path).releases, verification=verify_ledger(path)))
     assert html.startswith("<!DOCTYPE html>")
-    assert html.count("<svg") == 3
-    for title in ("Cumulative epsilon vs budget", "Clip norm per round", "Participation per round"):
+    assert html.count("<svg") == 2
+    for title in ("Cumulative epsilon vs budget", "Clip norm per round"):
         assert title in html
+    assert "Participation per round" not in html  # counts reveal participation
     assert "<polyline" in html and "stroke-dasharray" in html  # series and budget line
     assert "trusts" in html.lower() or "trusted" in html.lower()
     assert "Secure aggregation" in html and "What is not protected" in html
@@ -53,4 +57,4 @@ def test_report_before_any_release_uses_the_config():
     report = build_report([], config=cfg)
     assert report["epsilon"] == 0.0 and report["accountant"] == "skellam_rdp"
     html = render_html(report)
-    assert "Distributed DP" in html and html.count("<svg") == 3
+    assert "Distributed DP" in html and html.count("<svg") == 2
