@@ -398,6 +398,15 @@ def _check_release(entry: Mapping[str, Any], line: int, state: _State) -> None:
                 f"line {line}: {name}={value!r} is not a finite number", line, round_number
             )
     if state.first is None:
+        sound = _sound_accountants(entry)
+        if entry["accountant"] not in sound:
+            raise _Discrepancy(
+                f"line {line}: accountant {entry['accountant']!r} is not sound for "
+                f"mechanism={entry['mechanism']!r}, sampling={entry['sampling']!r}, "
+                f"neighbouring={entry['neighbouring']!r}; sound: {list(sound)}",
+                line,
+                round_number,
+            )
         state.first = entry
     for name in RUN_CONSTANT_FIELDS:
         if entry[name] != state.first[name]:

@@ -312,7 +312,7 @@ def test_report_json_anchors_its_head(finished_run, capsys):
 # -- Skellam and second accountants ----------------------------------------------------
 
 
-def skellam_ledger(tmp_path, shares=(8, 10, 9)):
+def skellam_ledger(tmp_path, shares=(8, 10, 9), name="skellam.jsonl"):
     cfg = config(
         rounds=len(shares),
         mechanism="distributed_skellam",
@@ -325,7 +325,7 @@ def skellam_ledger(tmp_path, shares=(8, 10, 9)):
     params = SkellamParams.calibrate(
         dim=200, clip_norm=1.0, noise_multiplier=1.0, num_clients=12, min_clients=8, bits=20
     )
-    path = tmp_path / "skellam.jsonl"
+    path = tmp_path / name
     ledger = Ledger(path, run_id=RUN_ID, signer=load_or_create_signer())
     budget = PrivacyBudget(cfg)
     for number, survivors in enumerate(shares, start=1):
@@ -355,6 +355,14 @@ def test_skellam_z_is_rechecked_from_the_discrete_parameters(tmp_path):
     write_chain(path, entries, load_or_create_signer())
     result = verify_ledger(path)
     assert not result.ok and result.line == 2 and "changed" in result.message
+    entries = read_entries(path)
+    for entry in entries:
+        entry["accountant"] = "pld"  # a Gaussian-only PLD: no analysis makes it sound here
+    write_chain(path, entries, load_or_create_signer())
+    result = verify_ledger(path)
+    assert not result.ok and result.line == 1 and "not sound" in result.message
+    path = skellam_ledger(tmp_path, name="fresh.jsonl")
+    entries = read_entries(path)
     for entry in entries:
         entry.pop("skellam", None), entry.pop("noise_shares", None)
     write_chain(path, entries, load_or_create_signer())
