@@ -8,12 +8,16 @@ Layout:
   checkpoint/          the last completed round (atomic replace), for resume
   privacy/ledger.jsonl every privacy release, hash-chained (DP runs)
   privacy/report.json  and report.html: what the run spent
+  private/             the operator's alone (dir 700, files 600), never served publicly:
+    run.json           the run id and, under DP, the secret key cohorts are drawn from
+    rounds.jsonl       each round's cohort, survivors, drop reasons, counts and aborts
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,11 +25,16 @@ from typing import Any
 import torch
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temp file + fsync + rename, so readers see old or new, never half."""
+def atomic_write_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write via a temp file + fsync + rename, so readers see old or new, never half.
+
+    The file is created 600 (mkstemp); `mode` changes that before any byte is written.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -58,7 +67,7 @@ class RunStore:
         """Start a new run here: remove the files of a previous run (and only those)."""
         for name in ("metrics.jsonl", "summary.json", "model.safetensors", "partition.json"):
             (self.path / name).unlink(missing_ok=True)
-        for sub in ("checkpoint", "privacy"):
+        for sub in ("checkpoint", "privacy", "private"):
             for f in (self.path / sub).glob("*") if (self.path / sub).is_dir() else []:
                 f.unlink()
 
@@ -102,7 +111,59 @@ class RunStore:
 
         buf = io.BytesIO()
         torch.save(state, buf)
-        atomic_write_bytes(self.checkpoint_path, buf.getvalue())
+        # The checkpoint holds the sampler's state and the next cohort: operator-only.
+        self.checkpoint_path.parent.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(self.checkpoint_path.parent, 0o700)
+        atomic_write_bytes(self.checkpoint_path, buf.getvalue(), mode=0o600)
+
+    # -- the operator's private files -------------------------------------
+    @property
+    def private_dir(self) -> Path:
+        path = self.path / "private"
+        path.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(path, 0o700)
+        return path
+
+    def run_identity(self) -> dict[str, str]:
+        """This run's id and, under DP, the secret its cohorts are drawn from: made once
+        (OS CSPRNG) and kept for resumes; only ever in private/run.json (mode 600)."""
+        path = self.private_dir / "run.json"
+        if path.exists():
+            return dict(json.loads(path.read_text()))
+        identity = {"run_id": secrets.token_hex(16), "cohort_key": secrets.token_hex(32)}
+        atomic_write_bytes(path, json.dumps(identity).encode(), mode=0o600)
+        return identity
+
+    @property
+    def private_rounds_path(self) -> Path:
+        return self.private_dir / "rounds.jsonl"
+
+    def append_private(self, record: dict[str, Any]) -> None:
+        """One round's operator-only record (cohort, survivors, drop reasons, counts)."""
+        path = self.private_rounds_path
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read_private(self) -> list[dict[str, Any]]:
+        path = self.path / "private" / "rounds.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def truncate_private(self, last_round: int) -> None:
+        """Drop private round lines after the checkpoint; charges stay (they were spent)."""
+        if not (self.path / "private" / "rounds.jsonl").exists():
+            return
+        kept = [
+            m
+            for m in self.read_private()
+            if m.get("round", 0) <= last_round or m.get("kind") == "charge"
+        ]
+        data = "".join(json.dumps(m, sort_keys=True) + "\n" for m in kept).encode()
+        atomic_write_bytes(self.private_rounds_path, data, mode=0o600)
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         if not self.checkpoint_path.exists():

@@ -1,16 +1,19 @@
 """Cohort sampling: fixed size without replacement, or Poisson with rate q.
 
 The two schemes have different privacy amplification (and accountants), so
-which one ran is part of every round's record. The generator is seeded from
-the run seed so a run is reproducible; its state is checkpointed.
+which one ran is part of every round's record. Without DP the generator is
+seeded from the run seed so a run is reproducible; its state is checkpointed.
+Under DP cohorts come from a secret key instead (SecretCohortSampler).
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 
 @dataclass
@@ -47,3 +50,68 @@ class CohortSampler:
 
     def restore(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state
+
+
+class SecretCohortSampler:
+    """Cohorts for DP runs: drawn from a secret 256-bit key (OS CSPRNG), never the seed.
+
+    Amplification by sampling holds only against someone who cannot recompute the
+    cohorts, and the run seed is public (config.toml, summary.json). Round r's cohort
+    is a function of (key, r) through AES-256-CTR, a cryptographic PRG: resuming needs
+    only the key and the draw count, and an auditor given the key (whose SHA-256
+    commitment opens the ledger) can recompute every cohort afterwards.
+    """
+
+    COMMIT_LABEL = b"fedveil-cohort-key/1"
+
+    def __init__(
+        self, num_clients: int, scheme: str, per_round: int, rate: float, key: bytes
+    ) -> None:
+        CohortSampler(num_clients, scheme, per_round, rate, 0)  # same checks, same messages
+        if len(key) != 32:
+            raise ValueError("cohort key must be 32 bytes")
+        self.num_clients, self.scheme, self.per_round, self.rate = (
+            num_clients,
+            scheme,
+            per_round,
+            rate,
+        )
+        self._key = key
+        self.draws = 0
+
+    @property
+    def expected_size(self) -> float:
+        return self.per_round if self.scheme == "fixed" else self.rate * self.num_clients
+
+    @property
+    def commitment(self) -> str:
+        """SHA-256 of the label and the key: published, binds the operator to the key."""
+        return hashlib.sha256(self.COMMIT_LABEL + self._key).hexdigest()
+
+    def uniforms(self, label: bytes, index: int, count: int) -> np.ndarray:
+        """`count` independent uniforms in [0, 1) from (key, label, index)."""
+        nonce = hashlib.sha256(label + index.to_bytes(8, "big")).digest()[:16]
+        stream = Cipher(algorithms.AES(self._key), modes.CTR(nonce)).encryptor()
+        words = np.frombuffer(stream.update(bytes(8 * count)), dtype="<u8")
+        return (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+    def sample(self) -> list[int]:
+        self.draws += 1
+        u = self.uniforms(b"cohort", self.draws, self.num_clients)
+        if self.scheme == "fixed":
+            # The per_round clients with the smallest uniforms: a uniform random subset.
+            chosen = np.argpartition(u, self.per_round - 1)[: self.per_round]
+        else:
+            chosen = np.flatnonzero(u < self.rate)
+        return sorted(int(c) for c in chosen)
+
+    def choice(self, label: bytes, index: int, k: int) -> list[int]:
+        """k distinct clients for another private purpose (federated evaluation)."""
+        u = self.uniforms(label, index, self.num_clients)
+        return sorted(int(c) for c in np.argpartition(u, k - 1)[:k])
+
+    def state(self) -> dict[str, Any]:
+        return {"draws": self.draws}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.draws = int(state["draws"])

@@ -1,0 +1,194 @@
+"""A run's DP plan from its config: the accounting config, and for distributed DP the
+noise-share parameters and the survivor threshold that both server and clients hold.
+
+Pure functions of the run config, so a client computes the same plan as the server
+and can refuse a server that changes it mid-run (issue: the client holds the
+parameters). Only the noise multiplier may need the accountant (when it is
+calibrated from epsilon); clients without dp-accounting get it resolved in the
+run config they accept.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from fedveil.config import RunConfig
+
+from .calibration import calibrate_noise_multiplier
+from .config import DpConfig
+from .skellam import SkellamParams
+from .vocabulary import ADD_REMOVE, FIXED, POISSON, REPLACE_ONE, ZERO_OUT
+
+MECHANISM_NAMES = {"central": "central_gaussian", "distributed": "distributed_skellam"}
+
+
+def resolve_neighbouring(cfg: RunConfig) -> str:
+    """The adjacency the run is accounted under.
+
+    auto: replace-one for fixed-size cohorts; under Poisson sampling zero-out whenever
+    updates travel through secure aggregation (a round's survivor count then decides
+    whether it aborts, and under add/remove that count reveals participation; zero-out
+    keeps the target in the round with a zero update), add/remove otherwise.
+    """
+    if cfg.dp.neighbouring != "auto":
+        return cfg.dp.neighbouring
+    if cfg.server.sampling == FIXED:
+        return REPLACE_ONE
+    return ZERO_OUT if cfg.secagg.enabled else ADD_REMOVE
+
+
+def cohorts_are_secret(cfg: RunConfig) -> bool:
+    """Amplification by sampling needs cohorts an observer cannot recompute."""
+    return not cfg.dp.seeded_cohorts
+
+
+def max_cohort(cfg: RunConfig, num_clients: int) -> int:
+    """Largest cohort a round can have (Poisson: mean + 5 sd, capped by the population)."""
+    s = cfg.server
+    if s.sampling == FIXED:
+        return s.per_round
+    mean = cfg.poisson_rate * num_clients
+    return min(num_clients, math.ceil(mean + 5 * math.sqrt(max(mean, 1.0))))
+
+
+def dp_config(cfg: RunConfig, num_clients: int) -> DpConfig:
+    """The DP layer's config for this run; z is calibrated from the budget when not given.
+
+    With seeded (public) cohorts the events are accounted with q = 1: an observer holding
+    the run files knows every cohort, so there is no amplification by sampling.
+    """
+    key = json.dumps(
+        {"dp": cfg.dp.__dict__, "server": cfg.server.__dict__, "secagg": cfg.secagg.enabled},
+        sort_keys=True,
+        default=str,
+    )
+    return _dp_config(key, num_clients)
+
+
+@lru_cache(maxsize=16)
+def _dp_config(key: str, num_clients: int) -> DpConfig:
+    values = json.loads(key)
+    dp, s = values["dp"], values["server"]
+    poisson = s["sampling"] == POISSON
+    rate = float(s["sample_rate"]) if poisson else s["per_round"] / num_clients
+    expected = rate * num_clients if poisson else s["per_round"]
+    neighbouring = _neighbouring(dp["neighbouring"], s["sampling"], values["secagg"])
+    secret = not dp["seeded_cohorts"]
+    # Public cohorts: one unamplified Gaussian per round.
+    sampling = s["sampling"] if secret else POISSON
+    q = rate if secret else 1.0
+    mechanism = MECHANISM_NAMES[dp["mechanism"]]
+    z = float(dp["noise_multiplier"])
+    accountant = dp["accountant"]
+    if z == 0:
+        z = calibrate_noise_multiplier(
+            dp["epsilon"],
+            dp["delta"],
+            s["rounds"],
+            q,
+            sampling=sampling,
+            neighbouring=neighbouring,
+            population_size=num_clients,
+            accountant=accountant,
+            mechanism=mechanism,
+        )
+    return DpConfig(
+        mechanism=mechanism,
+        noise_multiplier=z,
+        clip_norm=dp["clip"],
+        sampling_rate=q,
+        rounds=s["rounds"],
+        delta=dp["delta"],
+        budget_epsilon=dp["epsilon"],
+        sampling=sampling,
+        neighbouring=neighbouring,
+        population_size=num_clients,
+        cohort_size=max(1, round(expected)),
+        accountant=accountant,
+        adaptive_clipping=dp["adaptive_clip"],
+        target_quantile=dp["target_quantile"],
+        clip_learning_rate=dp["clip_lr"],
+        modulus_bits=dp["modulus_bits"],
+    )
+
+
+def _neighbouring(chosen: str, sampling: str, secagg: bool) -> str:
+    if chosen != "auto":
+        return chosen
+    if sampling == FIXED:
+        return REPLACE_ONE
+    return ZERO_OUT if secagg else ADD_REMOVE
+
+
+@dataclass(frozen=True)
+class DistributedDpPlan:
+    """Run-constant distributed-DP parameters, held by the server and by every client.
+
+    `min_survivors`: fewest masked inputs a round may unmask. Of those, up to `corrupt`
+    may belong to clients that `secagg.adversarial_rate` allows to be corrupt (their
+    noise shares do not count), so at least `min_honest` honest shares are in every
+    unmasked sum; the shares are sized so that `min_honest` of them reach z.
+    """
+
+    params: SkellamParams
+    min_survivors: int
+    min_honest: int
+    corrupt: int
+    neighbouring: str
+
+    @property
+    def noise_multiplier(self) -> float:
+        """Gaussian-equivalent z of every unmasked sum (at `min_honest` honest shares)."""
+        return self.params.noise_multiplier_for(self.min_honest, self.neighbouring)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "params": self.params.to_dict(),
+            "min_survivors": self.min_survivors,
+            "min_honest": self.min_honest,
+            "corrupt": self.corrupt,
+            "neighbouring": self.neighbouring,
+        }
+
+
+def plan_distributed_dp(cfg: RunConfig, model_size: int, num_clients: int) -> DistributedDpPlan:
+    """The noise shares and thresholds of a distributed-DP run (raises ValueError naming the
+    setting when no round could ever be released)."""
+    from fedveil.privacy.secagg import ThreatModel, find_parameters
+
+    privacy = dp_config(cfg, num_clients)
+    s = cfg.secagg
+    cohort = max_cohort(cfg, num_clients)
+    threat = ThreatModel(s.adversarial_rate, s.dropout_rate, s.threat)
+    t = find_parameters(
+        cohort, threat, neighbors=s.neighbors or None, threshold=s.threshold or None
+    ).threshold
+    fixed = cfg.server.sampling == FIXED
+    expected = cfg.server.per_round if fixed else cfg.poisson_rate * num_clients
+    # A small cohort (Poisson: mean - 2 sd) less the expected dropouts.
+    low = expected if fixed else expected - 2 * math.sqrt(expected)
+    survivors_low = math.floor(low * (1 - s.dropout_rate))
+    min_survivors = min(max(t, 2, survivors_low), cohort)
+    corrupt = math.ceil(s.adversarial_rate * cohort)
+    min_honest = min_survivors - corrupt
+    if min_honest < 1:
+        raise ValueError(
+            f"secagg.adversarial_rate = {s.adversarial_rate}: up to {corrupt} corrupt clients "
+            f"in a cohort of up to {cohort}, but a round may unmask with {min_survivors} "
+            "survivors, so no honest noise share would be guaranteed; lower "
+            "secagg.adversarial_rate or sample larger cohorts"
+        )
+    neighbouring = privacy.neighbouring
+    params = SkellamParams.calibrate(
+        dim=model_size,
+        clip_norm=cfg.dp.clip,
+        noise_multiplier=privacy.noise_multiplier,
+        num_clients=cohort,
+        min_clients=min_honest,
+        bits=cfg.dp.modulus_bits,
+    )
+    return DistributedDpPlan(params, min_survivors, min_honest, corrupt, neighbouring)
