@@ -191,6 +191,18 @@ class DpSection:
     target_quantile: float = spec(0.5, lo=0.0, hi=1.0, help="adaptive clipping target quantile")
     clip_lr: float = spec(0.2, lo=0.0, lo_open=True, hi=10.0, help="adaptive clipping step")
     modulus_bits: int = spec(20, lo=8, hi=22, help="distributed DP: bits of the integer modulus")
+    budget_against: str = spec(
+        "observers",
+        choices=("observers", "coordinator"),
+        help="whose epsilon the budget caps: observers of the published models (amplified by "
+        "secret cohorts), or the coordinator and cohort members (distributed DP only: each "
+        "client's own participations, unamplified)",
+    )
+    seeded_cohorts: bool = spec(
+        False,
+        help="draw DP cohorts from the public run seed (reproducible); anyone holding the run "
+        "files then knows the cohorts, so the run is accounted without amplification (q = 1)",
+    )
 
 
 @dataclass
@@ -396,6 +408,12 @@ def _check_cross_fields(cfg: RunConfig) -> None:
         raise ConfigError(
             "dp.mechanism = 'distributed' needs secure aggregation (secagg.enabled = true, "
             "--secagg): the noise shares only protect a sum the server cannot see"
+        )
+    if dp.budget_against == "coordinator" and dp.mechanism != "distributed":
+        raise ConfigError(
+            f"dp.budget_against = 'coordinator' with dp.mechanism = {dp.mechanism!r}: under "
+            "central DP the coordinator is a trusted curator and no epsilon holds against it; "
+            "use dp.mechanism = 'distributed' (or budget_against = 'observers')"
         )
     if dp.mechanism == "distributed" and dp.adaptive_clip:
         raise ConfigError("dp.adaptive_clip is not supported with dp.mechanism = 'distributed'")

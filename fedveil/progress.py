@@ -28,12 +28,17 @@ class RoundProgress:
 
     def update(self, record: Any) -> None:
         post: dict[str, str] = {}
-        if record.train_loss is not None:
+        dp = "epsilon" in record.extra
+        # Under DP, client losses and drop counts are not published: the bar shows the
+        # server's own evaluation and the epsilon spent.
+        if record.train_loss is not None and not dp:
             post["train_loss"] = f"{record.train_loss:.3f}"
         if record.test_accuracy is not None:
             post["test_acc"] = f"{record.test_accuracy:.4f}"
-        if record.dropped:
+        if record.dropped and not dp:
             post["dropped"] = str(record.dropped)
+        if dp:
+            post["epsilon"] = f"{record.extra['epsilon']:.3g}"
         self.post = post
         self.bar.set_postfix(post, refresh=False)
         self.bar.n = record.round

@@ -26,7 +26,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedveil.config import load_config
 from fedveil.identity_files import load_roster
 from fedveil.server.deploy_transport import DeployTransport
-from fedveil.server.pipeline import make_privacy_pipeline
+from fedveil.server.pipeline import make_privacy_pipeline, private_run_args
 from fedveil.server.privacy_report import write_privacy_report
 from fedveil.server.rounds import RoundEngine, RoundRecord
 from fedveil.server.runstore import RunStore, atomic_write_bytes
@@ -36,6 +36,9 @@ from fedveil.server.service.superlink import RUN_ID_KEY, STATE_ENV
 from fedveil.tasks import make_task
 
 log = logging.getLogger("fedveil.serverapp")
+
+# The coordinator's ledger-signing key, in its state directory (mode 600).
+LEDGER_SIGNING_KEY = "ledger-signing.key"
 
 app = ServerApp()
 
@@ -114,14 +117,17 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
             rounds=cfg.server.rounds,
             connected=len(transport.connected()),
         )
-        log.info(
-            "round %d: %d/%d aggregated, %d dropped, %.2f s",
-            record.round,
-            record.cohort_aggregated,
-            record.cohort_planned,
-            record.dropped,
-            record.duration_s,
-        )
+        if privacy is None:
+            log.info(
+                "round %d: %d/%d aggregated, %d dropped, %.2f s",
+                record.round,
+                record.cohort_aggregated,
+                record.cohort_planned,
+                record.dropped,
+                record.duration_s,
+            )
+        else:  # counts reveal participation: the private annex has them
+            log.info("round %d: %s, %.2f s", record.round, record.extra.get("status"), record.duration_s)
 
     # The same privacy pipeline as `fedveil simulate` (secure aggregation channel, central
     # or distributed DP); its accountant is rebuilt from the run's ledger on every attempt.
@@ -133,7 +139,15 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
             len(roster),
             roster.fingerprint(),
         )
-    privacy, channel = make_privacy_pipeline(cfg, task, store.ledger_path, roster)
+    privacy, channel = make_privacy_pipeline(
+        cfg,
+        task,
+        store.ledger_path,
+        roster,
+        **private_run_args(
+            cfg, store, run_id=rd.run_id, signing_key=state_dir / LEDGER_SIGNING_KEY
+        ),
+    )
     engine = RoundEngine(
         cfg,
         task,
@@ -149,6 +163,7 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
     if state is not None:
         engine.restore(state)
         store.truncate_metrics(engine.round)
+        store.truncate_private(engine.round)
         log.info("resuming after round %d of %d", engine.round, cfg.server.rounds)
     want = deploy.wait_for_clients or cfg.server.min_clients
     rd.write_status(phase="waiting_for_clients", round=engine.round, rounds=cfg.server.rounds)
@@ -166,10 +181,13 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
         transport="deployment",
         flower_run_id=flower_run_id,
         out=str(rd.path),
-        rounds_applied=sum(bool(r.get("applied")) for r in records),
-        dropped_total=sum(int(r.get("dropped") or 0) for r in records),
         attempt_wall_s=time.perf_counter() - start,
     )
+    if privacy is None:
+        summary.update(
+            rounds_applied=sum(bool(r.get("applied")) for r in records),
+            dropped_total=sum(int(r.get("dropped") or 0) for r in records),
+        )
     summary.pop("wall_s", None)
     save_model(engine, rd / "model.safetensors", {"task": task.name, "round": str(engine.round)})
     if privacy is not None:

@@ -11,27 +11,48 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from fedveil.config import RunConfig
-from fedveil.privacy.dp import SkellamParams
-from fedveil.privacy.secagg import ThreatModel, find_parameters
+from fedveil.privacy.dp.plan import max_cohort, plan_distributed_dp
 from fedveil.tasks import Task
 
 from .aggregation import PlainChannel, UpdateChannel
 from .privacy_stage import CentralDP, DistributedDP
+from .runstore import RunStore
 from .secagg_channel import QuantizedEncoding, SecAggChannel, SkellamEncoding
 
+__all__ = ["make_privacy_pipeline", "max_cohort", "private_run_args"]
 
-def max_cohort(cfg: RunConfig, num_clients: int) -> int:
-    """Largest cohort a round can have (Poisson: mean + 5 sd, capped by the population)."""
-    s = cfg.server
-    if s.sampling == "fixed":
-        return s.per_round
-    mean = cfg.poisson_rate * num_clients
-    return min(num_clients, math.ceil(mean + 5 * math.sqrt(max(mean, 1.0))))
+
+def private_run_args(
+    cfg: RunConfig,
+    store: RunStore,
+    *,
+    run_id: str | None = None,
+    signing_key: Path | None = None,
+) -> dict[str, Any]:
+    """What a DP stage needs from the run directory: the run id its ledger is bound to,
+    the key that signs it (`signing_key`; None: the user's key store), the operator's
+    private annex, and (on resume) how often each client took part in a charged round
+    (the coordinator's epsilon per client)."""
+    if cfg.dp.mechanism == "none":
+        return {}
+    from fedveil.privacy.dp.signing import load_or_create_signer
+
+    participations: dict[int, int] = {}
+    for line in store.read_private():
+        if line.get("kind") == "charge":
+            for cid in line.get("survivors", []):
+                participations[int(cid)] = participations.get(int(cid), 0) + 1
+    return {
+        "run_id": run_id or store.run_identity()["run_id"],
+        "signer": load_or_create_signer(signing_key),
+        "private": store.append_private,
+        "participations": participations,
+    }
 
 
 def make_privacy_pipeline(
@@ -39,9 +60,11 @@ def make_privacy_pipeline(
     task: Task,
     ledger_path: Path,
     roster: Mapping[int, bytes] | None = None,
+    **privacy_args: Any,
 ) -> tuple[CentralDP | None, UpdateChannel]:
     """The run's DP accounting and update channel. `roster` (client id -> Ed25519
-    identity public key) is required for secagg.threat = 'malicious'."""
+    identity public key) is required for secagg.threat = 'malicious'. `privacy_args`
+    go to the DP stage (run_id, signer, private sink, participations)."""
     mechanism = cfg.dp.mechanism
     if cfg.secagg.enabled and cfg.secagg.threat == "malicious" and roster is None:
         raise ValueError(
@@ -49,39 +72,32 @@ def make_privacy_pipeline(
             "(deployment: [secagg] roster in server.toml; simulation makes its own)"
         )
     if not cfg.secagg.enabled:
-        privacy = CentralDP(cfg, task.num_clients, ledger_path) if mechanism == "central" else None
+        privacy = (
+            CentralDP(cfg, task.num_clients, ledger_path, **privacy_args)
+            if mechanism == "central"
+            else None
+        )
         return privacy, PlainChannel()
     if mechanism == "distributed":
-        privacy = DistributedDP(cfg, task.num_clients, ledger_path)
-        cohort = max_cohort(cfg, task.num_clients)
-        s = cfg.secagg
-        threat = ThreatModel(s.adversarial_rate, s.dropout_rate, s.threat)
-        t = find_parameters(
-            cohort, threat, neighbors=s.neighbors or None, threshold=s.threshold or None
-        ).threshold
-        # Noise shares are sized so that even the fewest survivors a round may
-        # decode add up to z: a small cohort (Poisson: mean - 2 sd) less the
-        # expected dropouts. Fewer survivors abort the round; nothing is released.
-        expected = privacy.expected_cohort
-        low = expected if cfg.server.sampling == "fixed" else expected - 2 * math.sqrt(expected)
-        min_clients = max(t, 2, math.floor(low * (1 - s.dropout_rate)))
+        privacy = DistributedDP(cfg, task.num_clients, ledger_path, **privacy_args)
         model_size = sum(p.numel() for p in task.model_fn().parameters())
-        params = SkellamParams.calibrate(
-            dim=model_size,
-            clip_norm=cfg.dp.clip,
-            noise_multiplier=privacy.config.noise_multiplier,
-            num_clients=cohort,
-            min_clients=min(min_clients, cohort),
-            bits=cfg.dp.modulus_bits,
+        plan = plan_distributed_dp(cfg, model_size, task.num_clients)
+        privacy.bind(plan)
+        channel = SecAggChannel(
+            cfg.secagg, SkellamEncoding(plan.params), roster, gate=privacy, quiet_counts=True
         )
-        privacy.bind(params)
-        return privacy, SecAggChannel(cfg.secagg, SkellamEncoding(params), roster)
-    privacy = CentralDP(cfg, task.num_clients, ledger_path) if mechanism == "central" else None
+        return privacy, channel
+    privacy = (
+        CentralDP(cfg, task.num_clients, ledger_path, **privacy_args)
+        if mechanism == "central"
+        else None
+    )
     max_weight = 1 if privacy is not None else cfg.secagg.max_weight or _largest_client(task)
     return privacy, SecAggChannel(
         cfg.secagg,
         QuantizedEncoding(cfg.secagg.clip_range, cfg.secagg.levels, max_weight),
         roster,
+        quiet_counts=privacy is not None,
     )
 
 

@@ -1,15 +1,29 @@
-"""Central DP on the server: budget check before a round, noise and ledger entry after it.
+"""DP on the server: budget check before a round, charge and ledger entry, release.
 
-DP-FedAvg (McMahan et al. 2018): clients clip their update to L2 norm C and
-send it with weight 1; the server adds N(0, (zC)^2) to the sum, writes the
-release to the ledger (durably) and only then publishes sum / expected cohort.
-With adaptive clipping the count of unclipped clients is noised too and moves
-C toward the target quantile (Andrew et al. 2021).
+Central DP (DP-FedAvg, McMahan et al. 2018): clients clip their update to L2 norm C
+and send it with weight 1; the server adds N(0, (zC)^2) to the sum, writes the
+release to the ledger (durably) and only then publishes sum / expected cohort. The
+coordinator sees the sum before the noise: it is a trusted curator, and no epsilon
+holds against it. With adaptive clipping the count of unclipped clients is noised
+too and moves C toward the target quantile (Andrew et al. 2021).
+
+Distributed DP: clients add Skellam noise shares under secure aggregation, so the
+sum is noised before anyone sees it. Every unmasking is charged first: the survivor
+check (honest shares >= the plan's minimum) and the ledger entry come before the
+first unmasking request (`before_unmask`), and the charge counts against both the
+observers of the published models and, per client and unamplified, the coordinator.
+
+Two adversaries, two epsilons: `epsilon()` is the observers' (amplified by sampling,
+valid while cohorts are secret); `coordinator_epsilon()` is the worst client's
+epsilon from its own participations, which the coordinator and cohort members know.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,98 +31,85 @@ import torch
 
 from fedveil.config import RunConfig
 from fedveil.privacy.dp import (
-    DpConfig,
     Ledger,
     PrivacyBudget,
-    SkellamParams,
     add_gaussian_noise,
-    calibrate_noise_multiplier,
     next_clip_norm,
     noised_count,
 )
+from fedveil.privacy.dp.accounting import individual_epsilon
+from fedveil.privacy.dp.plan import DistributedDpPlan, cohorts_are_secret, dp_config
+from fedveil.privacy.dp.signing import LedgerSigner
+from fedveil.privacy.secagg import SecAggAborted
 
 from .aggregation import Aggregate
 
 log = logging.getLogger("fedveil.privacy")
 
-MECHANISM_NAMES = {"central": "central_gaussian", "distributed": "distributed_skellam"}
+# A private record sink: the run's operator-only annex (RunStore.append_private).
+PrivateSink = Callable[[dict[str, Any]], None]
 
 
-def resolve_neighbouring(cfg: RunConfig) -> str:
-    if cfg.dp.neighbouring != "auto":
-        return cfg.dp.neighbouring
-    return "replace_one" if cfg.server.sampling == "fixed" else "add_remove"
+@dataclass
+class Release:
+    """An update the engine may apply, with the figures the round's record shows."""
 
-
-def dp_config(cfg: RunConfig, num_clients: int) -> DpConfig:
-    """The DP layer's config for this run; z is calibrated from the budget when not given."""
-    dp, s = cfg.dp, cfg.server
-    poisson = s.sampling == "poisson"
-    q = cfg.poisson_rate if poisson else s.per_round / num_clients
-    expected = q * num_clients if poisson else s.per_round
-    neighbouring = resolve_neighbouring(cfg)
-    mechanism = MECHANISM_NAMES[dp.mechanism]
-    z = dp.noise_multiplier
-    if z == 0:
-        z = calibrate_noise_multiplier(
-            dp.epsilon,
-            dp.delta,
-            s.rounds,
-            q,
-            sampling=s.sampling,
-            neighbouring=neighbouring,
-            population_size=num_clients,
-            accountant=dp.accountant,
-            mechanism=mechanism,
-        )
-        log.info(
-            "calibrated noise multiplier z=%.4f for epsilon=%g over %d rounds",
-            z,
-            dp.epsilon,
-            s.rounds,
-        )
-    return DpConfig(
-        mechanism=mechanism,
-        noise_multiplier=z,
-        clip_norm=dp.clip,
-        sampling_rate=q,
-        rounds=s.rounds,
-        delta=dp.delta,
-        budget_epsilon=dp.epsilon,
-        sampling=s.sampling,
-        neighbouring=neighbouring,
-        population_size=num_clients,
-        cohort_size=max(1, round(expected)),
-        accountant=dp.accountant,
-        adaptive_clipping=dp.adaptive_clip,
-        target_quantile=dp.target_quantile,
-        clip_learning_rate=dp.clip_lr,
-        modulus_bits=dp.modulus_bits,
-    )
+    update: torch.Tensor
+    metrics: dict[str, Any]
 
 
 class CentralDP:
-    def __init__(self, cfg: RunConfig, num_clients: int, ledger_path: Path) -> None:
+    adversary_note = (
+        "central DP: the coordinator sees the un-noised sum (a trusted curator); "
+        "no epsilon holds against it"
+    )
+    # SHA-256 commitment to the secret cohort key, set by the engine: opens the ledger.
+    cohort_commitment: str | None = None
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        num_clients: int,
+        ledger_path: Path,
+        *,
+        run_id: str | None = None,
+        signer: LedgerSigner | None = None,
+        private: PrivateSink | None = None,
+        participations: Mapping[int, int] | None = None,
+    ) -> None:
         self.config = dp_config(cfg, num_clients)
-        self.expected_cohort = self.config.sampling_rate * num_clients
+        s = cfg.server
+        # Divide by the expected cohort, never by the number that arrived (not private).
+        self.expected_cohort = (
+            s.per_round if s.sampling == "fixed" else cfg.poisson_rate * num_clients
+        )
+        self.cohorts_secret = cohorts_are_secret(cfg)
+        self.budget_against = cfg.dp.budget_against
         ledger_path.parent.mkdir(parents=True, exist_ok=True)
-        self.ledger = Ledger(ledger_path)
-        self.budget = PrivacyBudget.from_ledger(self.config, self.ledger.entries)
-        entries = self.ledger.entries
+        self.ledger = Ledger(ledger_path, run_id=run_id, signer=signer)
+        self.budget = PrivacyBudget.from_ledger(self.config, self.ledger.releases)
+        self.private = private
+        self.participations: dict[int, int] = dict(participations or {})
+        releases = self.ledger.releases
         self.clip = (
-            float(entries[-1].get("next_clip_norm", self.config.clip_norm))
-            if entries
+            float(releases[-1].get("next_clip_norm", self.config.clip_norm))
+            if releases
             else self.config.clip_norm
         )
 
     @property
     def last_round(self) -> int:
         """The training round of the last release (ledger rounds count releases)."""
-        entries = self.ledger.entries
-        return int(entries[-1].get("training_round", entries[-1]["round"])) if entries else 0
+        releases = self.ledger.releases
+        return int(releases[-1].get("training_round", releases[-1]["round"])) if releases else 0
 
     def epsilon(self) -> float:
+        """The observers' epsilon: what the published models and run files reveal."""
         return self.budget.spent()
+
+    def coordinator_epsilon(self) -> float | None:
+        """None: under central DP nothing bounds what the coordinator learns."""
+        return None
 
     def admits_next_round(self) -> tuple[bool, float]:
         """(allowed, epsilon after the round) — checked BEFORE a round runs."""
@@ -116,16 +117,22 @@ class CentralDP:
         return eps <= self.config.budget_epsilon, eps
 
     def client_config(self) -> dict[str, Any]:
-        return {
+        config: dict[str, Any] = {
             "clip_norm": self.clip,
             "weighting": "uniform",
             "clip_indicator": self.config.adaptive_clipping,
         }
+        if len(self.ledger):
+            # Devices keep the heads they saw: witnesses against a rewritten ledger.
+            config["ledger.head"] = json.dumps(self.ledger.witness_head(), sort_keys=True)
+        return config
 
-    def release(
-        self, round_num: int, agg: Aggregate | None, model_size: int, planned: int
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Noise the sum, write the ledger entry, return the update to publish."""
+    def release(self, round_num: int, agg: Aggregate | None, model_size: int) -> Release | None:
+        """Noise the sum, write the ledger entry, return the update to publish.
+
+        `agg` None (nobody arrived, or an empty Poisson cohort) still releases noise:
+        the accountant charges every round the sampling scheme ran.
+        """
         total = torch.zeros(model_size) if agg is None else agg.total.detach().cpu()
         noised = add_gaussian_noise(total.numpy(), self.config.update_noise_multiplier, self.clip)
         extra: dict[str, Any] = {}
@@ -141,70 +148,133 @@ class CentralDP:
                 self.config.clip_learning_rate,
             )
             extra["next_clip_norm"] = next_clip
-        extra["training_round"] = round_num
-        entry = self.budget.record_release(
-            self.ledger,
-            round_number=self.ledger.last_round + 1,
-            event=self.config.round_event(),
-            clip_norm=self.clip,
-            cohort_planned=planned,
-            cohort_aggregated=0 if agg is None else len(agg.contributors),
-            extra=extra,
-        )
+        entry = self._charge(round_num, self.config.round_event(), self.clip, extra)
         metrics = {
             "epsilon": entry["epsilon"],
             "clip_norm": self.clip,
             "noise_multiplier": self.config.noise_multiplier,
         }
         self.clip = next_clip
-        # Divide by the expected cohort, never by the number that arrived (not private).
-        return torch.from_numpy(noised) / self.expected_cohort, metrics
+        return Release(torch.from_numpy(noised) / self.expected_cohort, metrics)
 
-
-class DistributedDP(CentralDP):
-    """Clients add the noise (Skellam shares under secure aggregation); the server only
-    accounts: the event of a round uses the noise of the clients that actually survived."""
-
-    params: SkellamParams | None = None
-
-    def bind(self, params: SkellamParams) -> None:
-        self.params = params
-
-    def _event_for(self, survivors: int) -> Any:
-        assert self.params is not None
-        z = self.params.noise_multiplier_for(
-            max(survivors, self.params.min_clients), self.config.neighbouring
-        )
-        return self.config.round_event(z)
-
-    def admits_next_round(self) -> tuple[bool, float]:
-        # Worst case before the round: only the fewest decodable survivors' noise.
-        assert self.params is not None
-        eps = self.budget.epsilon_after(self._event_for(self.params.min_clients))
-        return eps <= self.config.budget_epsilon, eps
-
-    def client_config(self) -> dict[str, Any]:
-        return {"clip_norm": self.config.clip_norm, "weighting": "uniform"}
-
-    def release(
-        self, round_num: int, agg: Aggregate | None, model_size: int, planned: int
-    ) -> tuple[torch.Tensor, dict[str, Any]] | None:
-        if agg is None:
-            return None  # aborted: the server holds nothing, so nothing is released
-        survivors = len(agg.contributors)
-        event = self._event_for(survivors)
-        entry = self.budget.record_release(
+    def _charge(
+        self, round_num: int, event: Any, clip: float, extra: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        fields = {"training_round": round_num, "budget_against": self.budget_against, **extra}
+        if not len(self.ledger) and self.cohort_commitment is not None:
+            fields["cohort_commitment"] = self.cohort_commitment
+        return self.budget.record_release(
             self.ledger,
             round_number=self.ledger.last_round + 1,
             event=event,
-            clip_norm=self.config.clip_norm,
-            cohort_planned=planned,
-            cohort_aggregated=survivors,
-            extra={"training_round": round_num},
+            clip_norm=clip,
+            extra=fields,
         )
+
+    def close(self, kind: str, training_round: int, reason: str | None = None) -> None:
+        """The ledger's signed closing record: 'final' or 'interrupted' (a resume goes on)."""
+        if self.ledger.closed:
+            return  # a finished run's ledger takes nothing more (a resume of a done run)
+        fields: dict[str, Any] = {"training_round": training_round, "epsilon": self.epsilon()}
+        coordinator = self.coordinator_epsilon()
+        if coordinator is not None:
+            fields["epsilon_coordinator_max"] = coordinator
+        if reason:
+            fields["reason"] = reason
+        self.ledger.close(kind, fields)
+
+
+class DistributedDP(CentralDP):
+    """Clients add the noise (Skellam shares under secure aggregation); the server checks
+    the survivors and charges before unmasking, then releases the decoded sum."""
+
+    adversary_note = (
+        "distributed DP: the coordinator only sees sums that already carry the honest "
+        "clients' noise shares; each client's epsilon counts its own participations, "
+        "unamplified"
+    )
+
+    def __init__(self, cfg: RunConfig, num_clients: int, ledger_path: Path, **kwargs: Any) -> None:
+        super().__init__(cfg, num_clients, ledger_path, **kwargs)
+        self.plan: DistributedDpPlan | None = None
+        self._charged: dict[int, dict[str, Any]] = {}
+        self._individual: dict[int, float] = {}
+
+    def bind(self, plan: DistributedDpPlan) -> None:
+        self.plan = plan
+
+    def _event(self) -> Any:
+        assert self.plan is not None, "bind(plan) first"
+        return self.config.round_event(self.plan.noise_multiplier)
+
+    def _client_epsilon(self, participations: int) -> float:
+        if participations not in self._individual:
+            events = [self._event()] * participations
+            self._individual[participations] = individual_epsilon(events, self.config.delta)
+        return self._individual[participations]
+
+    def coordinator_epsilon(self) -> float:
+        most = max(self.participations.values(), default=0)
+        return self._client_epsilon(most) if most else 0.0
+
+    def admits_next_round(self) -> tuple[bool, float]:
+        if self.budget_against == "coordinator":
+            most = max(self.participations.values(), default=0)
+            eps = self._client_epsilon(most + 1)
+        else:
+            eps = self.budget.epsilon_after(self._event())
+        return eps <= self.config.budget_epsilon, eps
+
+    def client_config(self) -> dict[str, Any]:
+        config = {"clip_norm": self.config.clip_norm, "weighting": "uniform"}
+        if len(self.ledger):
+            config["ledger.head"] = json.dumps(self.ledger.witness_head(), sort_keys=True)
+        return config
+
+    def before_unmask(self, round_num: int, survivors: frozenset[int]) -> None:
+        """The UnmaskGate: refuse too few honest shares, else charge durably, then unmask."""
+        plan = self.plan
+        assert plan is not None, "bind(plan) first"
+        if len(survivors) < plan.min_survivors:
+            raise SecAggAborted(
+                f"{len(survivors)} survivors < {plan.min_survivors} (at least "
+                f"{plan.min_honest} honest noise shares after up to {plan.corrupt} corrupt "
+                "clients): too little noise to unmask; nothing unmasked"
+            )
+        allowed, eps = self.admits_next_round()
+        if not allowed:
+            raise SecAggAborted(
+                f"unmasking would bring epsilon to {eps:.4g} > budget "
+                f"{self.config.budget_epsilon:g}; nothing unmasked"
+            )
+        for cid in survivors:
+            self.participations[cid] = self.participations.get(cid, 0) + 1
+        extra = {
+            "skellam": plan.params.to_dict(),
+            "noise_shares": plan.min_honest,
+            "epsilon_coordinator_max": self.coordinator_epsilon(),
+        }
+        entry = self._charge(round_num, self._event(), self.config.clip_norm, extra)
+        if self.private is not None:
+            # Who took part: the coordinator's epsilon per client is rebuilt from this.
+            self.private(
+                {
+                    "round": round_num,
+                    "kind": "charge",
+                    "ledger_seq": entry.get("seq"),
+                    "survivors": sorted(survivors),
+                }
+            )
+        self._charged[round_num] = entry
+
+    def release(self, round_num: int, agg: Aggregate | None, model_size: int) -> Release | None:
+        entry = self._charged.pop(round_num, None)
+        if agg is None or entry is None:
+            return None  # aborted, or nothing unmasked: nothing to publish
         metrics = {
             "epsilon": entry["epsilon"],
+            "epsilon_coordinator_max": entry["epsilon_coordinator_max"],
             "clip_norm": self.config.clip_norm,
-            "noise_multiplier": event.noise_multiplier,
+            "noise_multiplier": entry["noise_multiplier"],
         }
-        return agg.total.detach().cpu() / self.expected_cohort, metrics
+        return Release(agg.total.detach().cpu() / self.expected_cohort, metrics)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -23,12 +24,13 @@ from fedveil.evaluation import evaluate
 from fedveil.params import FlatModel
 from fedveil.tasks import Task
 
-from .aggregation import PlainChannel, UpdateChannel
+from .aggregation import Aggregate, PlainChannel, UpdateChannel
 from .dpsgd_accounting import ClientDpSgdAccountant
 from .optimizers import make_optimizer
+from .outcome import Aborted
 from .privacy_stage import CentralDP
 from .runstore import RunStore
-from .sampling import CohortSampler
+from .sampling import CohortSampler, SecretCohortSampler
 from .transport import ClientFailure, Transport
 
 log = logging.getLogger("fedveil.server")
@@ -53,6 +55,35 @@ class RoundRecord:
         d = asdict(self)
         d.update(d.pop("extra"))
         return d
+
+    def public_json(self) -> dict[str, Any]:
+        """What a DP run may publish about the round: accounted figures and the server's
+        own evaluation. Counts, drops, client losses and federated metrics come from
+        clients' data or reveal participation: they go to the private annex only."""
+        full = self.to_json()
+        return {k: v for k, v in full.items() if k in PUBLIC_UNDER_DP}
+
+
+# Round-record keys a DP run publishes (metrics.jsonl, the API, the dashboard).
+PUBLIC_UNDER_DP = frozenset(
+    {
+        "round",
+        "status",
+        "test_loss",
+        "test_accuracy",
+        "duration_s",
+        "epsilon",
+        "epsilon_coordinator_max",
+        "clip_norm",
+        "next_clip_norm",
+        "noise_multiplier",
+        "secagg_threat",
+        "secagg_neighbors",
+        "secagg_threshold",
+        "dp_sgd_epsilon_max",
+        "clients_connected",
+    }
+)
 
 
 def initial_model(task: Task, seed: int) -> torch.nn.Module:
@@ -97,9 +128,26 @@ class RoundEngine:
                 f"transport has {len(ids)} clients, the task has {task.num_clients}; "
                 "client ids must be 0..num_clients-1"
             )
-        self.sampler = CohortSampler(
-            task.num_clients, s.sampling, s.per_round, cfg.poisson_rate, cfg.seed
-        )
+        # Under DP the cohorts must stay secret (amplification by sampling depends on it),
+        # so they come from a secret key, not the public seed, unless the run asks for
+        # seeded cohorts (then it is accounted with q = 1).
+        self.secret_sampler: SecretCohortSampler | None = None
+        self.sampler: CohortSampler | SecretCohortSampler
+        if privacy is not None and privacy.cohorts_secret:
+            key = (
+                bytes.fromhex(store.run_identity()["cohort_key"])
+                if store is not None
+                else secrets.token_bytes(32)
+            )
+            self.secret_sampler = SecretCohortSampler(
+                task.num_clients, s.sampling, s.per_round, cfg.poisson_rate, key
+            )
+            self.sampler = self.secret_sampler
+            privacy.cohort_commitment = self.secret_sampler.commitment
+        else:
+            self.sampler = CohortSampler(
+                task.num_clients, s.sampling, s.per_round, cfg.poisson_rate, cfg.seed
+            )
         self.dp_sgd: ClientDpSgdAccountant | None = None
         if cfg.client.dp_sgd_noise > 0 and task.client_sizes is not None:
             self.dp_sgd = ClientDpSgdAccountant(
@@ -175,33 +223,41 @@ class RoundEngine:
         cohort = self.upcoming if self.upcoming is not None else self.sampler.sample()
         self.upcoming = self.sampler.sample() if round_num < self.cfg.server.rounds else None
         record = RoundRecord(round_num, len(cohort), 0, 0, applied=False)
-        agg = None
+        outcome: Aggregate | Aborted | None = None
         if cohort:
             request = self.train_request(round_num)
             requests = {cid: request for cid in cohort}
             timeout = self.cfg.server.round_timeout or None
-            agg = self.channel.collect(
+            outcome = self.channel.collect(
                 self.transport, requests, self.model.size, timeout, upcoming=self.upcoming
             )
+        agg = outcome if isinstance(outcome, Aggregate) else None
+        aborted = outcome if isinstance(outcome, Aborted) else None
+        dropped = agg.dropped if agg is not None else aborted.dropped if aborted else {}
+        # Under DP, who dropped and why is the operator's alone (private annex, debug log).
+        level = logging.DEBUG if self.privacy is not None else logging.WARNING
+        for cid, reason in dropped.items():
+            log.log(level, "round %d: client %d dropped: %s", round_num, cid, reason)
         if agg is not None:
             record.dropped = len(agg.dropped)
             record.cohort_aggregated = len(agg.contributors)
-            for cid, reason in agg.dropped.items():
-                log.warning("round %d: client %d dropped: %s", round_num, cid, reason)
             if self.dp_sgd is not None:
                 record.extra["dp_sgd_epsilon_max"] = self.dp_sgd.record_round(agg.contributors)
         else:
             record.dropped = len(cohort)
+        if aborted is not None:
+            # Aborted before unmasking: nothing revealed, applied or charged. After it: the
+            # sum may have been seen; under distributed DP it was charged first.
+            record.extra.update(status="aborted", aborted_stage=aborted.stage)
+            record.extra["abort_reason"] = aborted.reason
         released = None
-        if self.privacy is not None:
-            # Central DP releases every round (noise alone when nobody arrived), so the
-            # accounting matches the sampling; distributed DP has nothing to release
-            # when secure aggregation aborted.
-            released = self.privacy.release(round_num, agg, self.model.size, len(cohort))
+        if self.privacy is not None and aborted is None:
+            released = self.privacy.release(round_num, agg, self.model.size)
         if released is not None:
-            update, metrics = released
-            record.extra.update(metrics)
-            self.weights = self.optimizer.step(self.weights, update.to(self.weights.device))
+            record.extra.update(released.metrics)
+            self.weights = self.optimizer.step(
+                self.weights, released.update.to(self.weights.device)
+            )
             record.applied = True
             record.train_loss = None if agg is None or math.isnan(agg.loss) else agg.loss
         elif (
@@ -213,7 +269,7 @@ class RoundEngine:
             self.weights = self.optimizer.step(self.weights, update)
             record.applied = True
             record.train_loss = agg.loss
-        elif cohort:
+        elif cohort and aborted is None and self.privacy is None:
             log.warning(
                 "round %d: %d of %d clients aggregated, fewer than min_clients=%d; "
                 "global model unchanged",
@@ -222,6 +278,9 @@ class RoundEngine:
                 len(cohort),
                 self.cfg.server.min_clients,
             )
+        record.extra.setdefault("status", "applied" if record.applied else "skipped")
+        if self.privacy is not None and "epsilon" not in record.extra:
+            record.extra["epsilon"] = self.privacy.epsilon()
         self.round = round_num
         self._evaluate(record)
         # A transport or channel may add facts about the round only it knows (simulated
@@ -235,7 +294,15 @@ class RoundEngine:
             annotate(record)
         self.history.append(record)
         if self.store is not None:
-            self.store.append_metrics(record.to_json())
+            if self.privacy is None:
+                self.store.append_metrics(record.to_json())
+            else:
+                private = record.to_json()
+                private.update(cohort=cohort, dropped_reasons={str(c): r for c, r in dropped.items()})
+                if agg is not None:
+                    private["survivors"] = list(agg.contributors)
+                self.store.append_private(private)
+                self.store.append_metrics(record.public_json())
             self.store.save_checkpoint(self.state())
         if self.on_round:
             self.on_round(record)
@@ -258,9 +325,12 @@ class RoundEngine:
             record.test_loss, record.test_accuracy = result[0], result[1]
         if e.federated_every and (record.round % e.federated_every == 0 or last):
             k = min(e.federated_clients, self.task.num_clients)
-            chosen = sorted(
-                int(c) for c in self.eval_rng.choice(self.task.num_clients, k, replace=False)
-            )
+            if self.secret_sampler is not None:
+                chosen = self.secret_sampler.choice(b"federated-eval", record.round, k)
+            else:
+                chosen = sorted(
+                    int(c) for c in self.eval_rng.choice(self.task.num_clients, k, replace=False)
+                )
             req = Envelope("evaluate", record.round, {}, {"model": self.weights})
             replies = self.transport.exchange({c: req for c in chosen}, None)
             n_total, loss_sum, correct = 0, 0.0, 0.0
@@ -281,18 +351,33 @@ class RoundEngine:
 
     # -- whole run --------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        """All remaining rounds. Under DP the ledger then gets its signed closing record:
+        'final' when the run ends (rounds done or budget spent), 'interrupted' when it is
+        stopped or fails (a resume continues it)."""
         start = time.perf_counter()
-        while self.round < self.cfg.server.rounds:
+        try:
+            while self.round < self.cfg.server.rounds:
+                if self.privacy is not None:
+                    allowed, eps = self.privacy.admits_next_round()
+                    if not allowed:
+                        self.stopped_reason = (
+                            f"privacy budget: round {self.round + 1} would bring epsilon "
+                            f"({self.privacy.budget_against}) to {eps:.4g} > budget "
+                            f"{self.privacy.config.budget_epsilon:g}; stopped"
+                        )
+                        log.warning(self.stopped_reason)
+                        break
+                self.run_round()
+        except BaseException as exc:
             if self.privacy is not None:
-                allowed, eps = self.privacy.admits_next_round()
-                if not allowed:
-                    self.stopped_reason = (
-                        f"privacy budget: round {self.round + 1} would bring epsilon to "
-                        f"{eps:.4g} > budget {self.privacy.config.budget_epsilon:g}; stopped"
-                    )
-                    log.warning(self.stopped_reason)
-                    break
-            self.run_round()
+                reason = f"{type(exc).__name__}: {exc}"[:200]
+                try:
+                    self.privacy.close("interrupted", self.round, reason)
+                except Exception as close_error:  # the original failure matters more
+                    log.warning("could not write the ledger's interruption record: %s", close_error)
+            raise
+        if self.privacy is not None:
+            self.privacy.close("final", self.round, self.stopped_reason)
         return self.summary(time.perf_counter() - start)
 
     def summary(self, wall_s: float) -> dict[str, Any]:
@@ -307,13 +392,21 @@ class RoundEngine:
             "seed": self.cfg.seed,
             "test_accuracy": None if last_eval is None else last_eval.test_accuracy,
             "test_loss": None if last_eval is None else last_eval.test_loss,
-            "rounds_applied": sum(r.applied for r in self.history),
-            "dropped_total": sum(r.dropped for r in self.history),
+            **self._counts(),
             "wall_s": round(wall_s, 3),
             "model_parameters": self.model.size,
             "stopped_reason": self.stopped_reason,
             **self._privacy_summary(),
             **({"dp_sgd_epsilon_max": self.dp_sgd.worst} if self.dp_sgd else {}),
+        }
+
+    def _counts(self) -> dict[str, Any]:
+        if self.privacy is not None:
+            # How many rounds applied and how many clients dropped reveal participation.
+            return {}
+        return {
+            "rounds_applied": sum(r.applied for r in self.history),
+            "dropped_total": sum(r.dropped for r in self.history),
         }
 
     def _privacy_summary(self) -> dict[str, Any]:
@@ -323,8 +416,12 @@ class RoundEngine:
         return {
             "dp": c.mechanism,
             "epsilon": self.privacy.epsilon(),
+            "epsilon_coordinator_max": self.privacy.coordinator_epsilon(),
+            "budget_against": self.privacy.budget_against,
+            "cohort_source": "csprng" if self.secret_sampler is not None else "seed",
             "delta": c.delta,
             "budget_epsilon": c.budget_epsilon,
             "noise_multiplier": c.noise_multiplier,
             "sampling_rate": c.sampling_rate,
+            "neighbouring": c.neighbouring,
         }

@@ -36,6 +36,7 @@ from fedveil.envelope import Envelope
 from fedveil.piggyback import IGNORED, attach, split_reply
 from fedveil.privacy.dp import SkellamEncoder, SkellamParams
 from fedveil.privacy.secagg import (
+    SIMULATION_RUN_ID,
     Message,
     Quantizer,
     SecAggAborted,
@@ -48,6 +49,7 @@ from fedveil.privacy.secagg import (
 from fedveil.privacy.secagg.server import ServerPhase
 
 from .aggregation import Aggregate
+from .outcome import Aborted, UnmaskGate
 from .transport import ClientFailure, Transport
 
 log = logging.getLogger("fedveil.secagg")
@@ -196,7 +198,13 @@ class SecAggChannel:
         settings: SecAggSection,
         encoding: Encoding,
         roster: Mapping[int, bytes] | None = None,
+        run_id: bytes = SIMULATION_RUN_ID,
+        *,
+        gate: UnmaskGate | None = None,
+        quiet_counts: bool = False,
     ) -> None:
+        """`run_id`: the run every session names (and clients check against the run they
+        serve): Flower's run id in deployment (`flower_run_id`), else the simulation's."""
         if settings.threat == "malicious" and roster is None:
             raise ValueError(
                 "secagg.threat = 'malicious' needs the clients' identity roster "
@@ -204,19 +212,27 @@ class SecAggChannel:
             )
         self.settings = settings
         self.encoding = encoding
+        self.gate = gate
+        # Under DP, survivor counts reveal participation: abort reasons (which name them)
+        # go to the round's private record, not to the log.
+        self.quiet_counts = quiet_counts
         self.roster = roster if settings.threat == "malicious" else None
         self.last_session: SessionConfig | None = None
         self._last_round = -1
         self._ahead: _Ahead | None = None
         self.pipelining = settings.pipeline
+        self.run_id = run_id
 
-    def session(self, cohort: list[int], model_size: int) -> SessionConfig:
+    def session(self, cohort: list[int], model_size: int, round_num: int) -> SessionConfig:
+        """A fresh session of round `round_num` of this run (both inside its digest)."""
         s = self.settings
         threat = ThreatModel(s.adversarial_rate, s.dropout_rate, s.threat)
         return SessionConfig.create(
             cohort,
             dimension=self.encoding.dimension(model_size),
             modulus_bits=self.encoding.bits(len(cohort)),
+            run_id=self.run_id,
+            round=round_num,
             threat=threat,
             neighbors=s.neighbors or None,
             threshold=s.threshold or None,
@@ -250,7 +266,7 @@ class SecAggChannel:
         if len(upcoming) < 2:
             return
         try:
-            session = self.session(upcoming, model_size)
+            session = self.session(upcoming, model_size, round_num)
             server = self._server(session)
         except (SecAggError, ValueError) as exc:
             log.info("round %d: no early key exchange: %s", round_num, exc)
@@ -264,9 +280,10 @@ class SecAggChannel:
         model_size: int,
         timeout_s: float | None,
         upcoming: list[int] | None = None,
-    ) -> Aggregate | None:
-        """The round's secure sum. `upcoming`, the next round's cohort when known, has that
-        round's key stages ride on this round's exchanges (see _Ahead)."""
+    ) -> Aggregate | Aborted:
+        """The round's secure sum, or where and why it aborted. `upcoming`, the next round's
+        cohort when known, has that round's key stages ride on this round's exchanges (see
+        _Ahead). The gate (distributed DP) checks and charges before any unmasking."""
         cohort = sorted(requests)
         round_num = requests[cohort[0]].round
         dropped: dict[int, str] = {}
@@ -276,10 +293,9 @@ class SecAggChannel:
         ahead = self._take_ahead(round_num, cohort, model_size)
         self._start_ahead(round_num + 1, upcoming, model_size)
         if len(cohort) < 2:
-            log.warning(
-                "round %d: a cohort of %d cannot be securely aggregated", round_num, len(cohort)
-            )
-            return None
+            reason = f"a cohort of {len(cohort)} cannot be securely aggregated"
+            log.warning("round %d: %s", round_num, reason)
+            return Aborted(reason, unmasked=False, dropped=dropped)
         if dropped:
             log.warning(
                 "round %d: %d sampled clients have no identity key in the roster and are "
@@ -294,14 +310,20 @@ class SecAggChannel:
                 server = ahead.server
                 dropped.update(ahead.dropped)
             else:
-                server = self._server(self.session(cohort, model_size))
+                server = self._server(self.session(cohort, model_size, round_num))
         except (SecAggError, ValueError) as exc:
             log.warning("round %d: secure aggregation not started: %s", round_num, exc)
-            return None
+            return Aborted(f"not started: {exc}", unmasked=False, dropped=dropped)
         self.last_session, self._last_round = server.session, round_num
+        unmasked = False
         try:
             stage_requests = server.next_requests()
             while stage_requests is not None:
+                if not unmasked and _is_unmask(stage_requests):
+                    # Every unmasking is charged first, and only with enough honest noise.
+                    if self.gate is not None:
+                        self.gate.before_unmask(round_num, server.survivors)
+                    unmasked = True
                 out: dict[int, Envelope] = {}
                 for cid, req in stage_requests.items():
                     env = wrap(f"secagg.{req.STAGE.value}", round_num, req)
@@ -339,10 +361,18 @@ class SecAggChannel:
             result = server.finalize()
             decoded = self.encoding.decode(result.total, len(result.survivors), model_size)
         except SecAggAborted as exc:
-            log.warning(
-                "round %d: secure aggregation aborted, nothing released: %s", round_num, exc
+            where = (
+                "after unmasking (the server may have seen the sum)"
+                if unmasked
+                else "before unmasking (nothing revealed)"
             )
-            return None
+            log.warning(
+                "round %d: secure aggregation aborted %s; nothing released: %s",
+                round_num,
+                where,
+                "(reason in the private annex)" if self.quiet_counts else exc,
+            )
+            return Aborted(str(exc), unmasked=unmasked, dropped=dropped)
         for cid in result.dropped:
             dropped.setdefault(cid, "dropped during secure aggregation")
         loss = decoded.loss if decoded.loss is not None else math.nan
@@ -382,6 +412,11 @@ class SecAggChannel:
             cid: wrap(f"secagg.{req.STAGE.value}", ahead.round, req)
             for cid, req in ahead.riders().items()
         }
+
+
+def _is_unmask(requests: Mapping[int, Message]) -> bool:
+    first = next(iter(requests.values()), None)
+    return first is not None and first.STAGE.value == "unmask"
 
 
 def _split(

@@ -13,7 +13,7 @@ import torch
 
 from fedveil.config import RunConfig, to_toml
 from fedveil.privacy.secagg.identity import DerivedIdentities
-from fedveil.server.pipeline import make_privacy_pipeline
+from fedveil.server.pipeline import make_privacy_pipeline, private_run_args
 from fedveil.server.privacy_report import write_privacy_report
 from fedveil.server.rounds import RoundEngine, RoundRecord
 from fedveil.server.runstore import RunStore
@@ -105,7 +105,9 @@ def simulate(
         DerivedIdentities() if cfg.secagg.enabled and cfg.secagg.threat == "malicious" else None
     )
     roster = None if identities is None else identities.roster
-    privacy, channel = make_privacy_pipeline(cfg, task, store.ledger_path, roster)
+    privacy, channel = make_privacy_pipeline(
+        cfg, task, store.ledger_path, roster, **private_run_args(cfg, store)
+    )
     availability = AvailabilityModel.from_config(cfg)
 
     def build_engine(transport: Any) -> RoundEngine:
@@ -125,6 +127,7 @@ def simulate(
         if state is not None:
             engine.restore(state)
             store.truncate_metrics(engine.round)
+            store.truncate_private(engine.round)
             log.info("resuming %s after round %d", store.path, engine.round)
         return engine
 
@@ -145,6 +148,7 @@ def simulate(
                 task_factory=TaskFactory(cfg),
                 on_progress=on_clients,
                 identities=identities,
+                run_config=cfg,  # the clients' own copy: distributed-DP parameters
             ) as transport:
                 engine = build_engine(transport)
                 engine.run()
