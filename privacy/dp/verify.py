@@ -53,7 +53,7 @@ from .ledger import (
 )
 from .signing import find_public_key, key_dir, key_id_for, verify_signature
 from .skellam import SkellamParams
-from .vocabulary import ADD_REMOVE, supported_accountants
+from .vocabulary import sound_accountants
 
 STATUS_FINAL = "final"
 STATUS_INTERRUPTED = "interrupted"
@@ -66,7 +66,6 @@ EXIT_CODES = {STATUS_FINAL: EXIT_FINAL, STATUS_INTERRUPTED: EXIT_INTERRUPTED}
 SECOND_ACCOUNTANT_REL_TOL = 1e-3  # recorded may sit at most 0.1% below the tightest
 SKELLAM_Z_REL_TOL = 1e-9
 ALL_SOUND = "all"  # as a second accountant: every sound accountant for the run
-ZERO_OUT = "zero_out"  # Skellam z under zero-out uses sensitivity B, as add/remove
 
 RUN_CONSTANT_FIELDS = (
     "mechanism",
@@ -471,10 +470,11 @@ def _check_skellam(entry: Mapping[str, Any], line: int, state: _State) -> None:
             round_number,
         )
     state.skellam = recorded
-    # Zero-out adjacency moves one client's contribution by up to B, as add/remove.
-    relation = ADD_REMOVE if entry["neighbouring"] == ZERO_OUT else entry["neighbouring"]
+    # Under zero-out one client's contribution moves by up to B, as under add/remove
+    # (factor 1); replace-one doubles it. noise_multiplier_for applies that factor.
     try:
-        z = SkellamParams.from_dict(dict(recorded)).noise_multiplier_for(shares, relation)
+        params = SkellamParams.from_dict(dict(recorded))
+        z = params.noise_multiplier_for(shares, entry["neighbouring"])
     except (TypeError, ValueError) as error:
         raise _Discrepancy(
             f"line {line}: cannot recompute the Skellam z ({error})", line, round_number
@@ -548,12 +548,7 @@ def _second_accountants(accountant: str | Sequence[str] | None) -> tuple[str, ..
 
 def _sound_accountants(entry: Mapping[str, Any]) -> tuple[str, ...]:
     """Accountants sound for this release's mechanism, sampling and neighbouring."""
-    from . import vocabulary
-
-    sound = getattr(vocabulary, "sound_accountants", None)
-    if sound is not None:
-        return tuple(sound(entry["mechanism"], entry["sampling"], entry["neighbouring"]))
-    return supported_accountants(entry["sampling"], entry["neighbouring"])
+    return sound_accountants(entry["mechanism"], entry["sampling"], entry["neighbouring"])
 
 
 def _check_recomputed_epsilon(
