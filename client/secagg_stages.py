@@ -34,6 +34,7 @@ from fedveil.privacy.secagg import (
     decode_message,
 )
 from fedveil.privacy.secagg.identity import ClientIdentity
+from fedveil.privacy.secagg.view import SessionView, session_from_bytes
 
 SA = "sa."  # protocol fields inside an Envelope
 ENC = "enc."  # encoding parameters (masked-input stage only)
@@ -151,15 +152,15 @@ def retain_recent(state: dict[str, Any], round_num: int) -> None:
         del state[key]
 
 
-def _saved_session(saved: dict[str, Any]) -> SessionConfig:
+def _saved_session(saved: dict[str, Any]) -> SessionConfig | SessionView:
     try:
-        return SessionConfig.from_bytes(saved["session"])
+        return session_from_bytes(saved["session"])
     except (KeyError, TypeError, ValueError) as exc:
         raise MessageError(f"secure aggregation: saved session unreadable: {exc}") from None
 
 
 def identity_for(
-    session: SessionConfig, client_id: int, identity: ClientIdentity | None
+    session: SessionConfig | SessionView, client_id: int, identity: ClientIdentity | None
 ) -> dict[str, Any]:
     """SecAggClient's identity arguments for `session`, or a refusal naming why."""
     if identity is not None and identity.client_id != client_id:
@@ -175,6 +176,7 @@ def identity_for(
                 f"advertise_request.session.threat_mode = {session.threat_mode.value!r}"
             )
         return {}
+    assert isinstance(session, SessionConfig)  # a malicious-mode client gets the full session
     if identity is None:
         raise MessageError(
             "secure aggregation in malicious-server mode needs this client's identity key "

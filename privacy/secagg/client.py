@@ -50,6 +50,7 @@ from .messages import (
     UnmaskShares,
 )
 from .session import SessionConfig
+from .view import SessionView, session_from_bytes
 from .wire import decode_members
 
 STATE_VERSION = 1
@@ -87,7 +88,7 @@ class SecAggClient:
     def __init__(
         self,
         client_id: int,
-        session: SessionConfig,
+        session: SessionConfig | SessionView,
         *,
         identity_key: Ed25519PrivateKey | None = None,
         identity_public_keys: Mapping[int, Ed25519PublicKey | bytes] | None = None,
@@ -95,6 +96,8 @@ class SecAggClient:
     ) -> None:
         if type(min_survivors) is not int or min_survivors < 0:
             raise ValueError(f"min_survivors = {min_survivors!r}: must be an int >= 0")
+        if isinstance(session, SessionView) and session.holder != client_id:
+            raise ValueError(f"the session view is client {session.holder}'s, not {client_id}'s")
         if not session.contains(client_id):
             raise ValueError(f"client {client_id} is not in the session cohort")
         if session.malicious and (identity_key is None or identity_public_keys is None):
@@ -125,7 +128,7 @@ class SecAggClient:
         self._expect(ClientStage.NEW, "advertise")
         if request is not None:
             request = self._accept(request)
-            if request.session != self.session:
+            if not self._same_session(request.session):
                 raise self._abort_protocol("advertise_request.session: differs from ours")
         mask_pair, enc_pair = crypto.KeyPair(), crypto.KeyPair()
         self._mask_pair, self._enc_pair = mask_pair, enc_pair
@@ -154,7 +157,7 @@ class SecAggClient:
         self._expect(ClientStage.ADVERTISED, "share_keys")
         request = self._accept(request)
         peers = list(request.peer_ids)
-        neighbours = self.session.graph.neighbours(self.client_id)
+        neighbours = self.session.neighbours_of(self.client_id)
         strangers = [p for p in peers if p not in neighbours]
         if strangers:
             raise self._abort_protocol(
@@ -292,7 +295,7 @@ class SecAggClient:
             raise SecAggStateError("consistency: only used in malicious mode")
         self._expect(ClientStage.MASKED, "consistency")
         request = self._accept(request)
-        self._survivors(request.survivors, "consistency_request.survivors")
+        self._survivors(request.survivors, None, "consistency_request.survivors")
         assert self._identity_key is not None
         transcript = crypto.survivors_transcript(
             self.session.digest, self.client_id, request.survivors
@@ -310,9 +313,11 @@ class SecAggClient:
         expected = ClientStage.SIGNED if self.session.malicious else ClientStage.MASKED
         self._expect(expected, "unmask")
         request = self._accept(request)
-        survivors = self._survivors(request.survivors, "unmask_request.survivors")
         if self.session.malicious:
             self._check_cosigned(request)
+        survivors = self._survivors(
+            request.survivors, request.survivor_count, "unmask_request.survivors"
+        )
         seed_ids, seed_shares, key_ids, key_shares = [self.client_id], [self._own_shares[0]], [], []
         for peer, seed_share, key_share in zip(
             self._held_ids, self._held_seed_shares, self._held_key_shares, strict=True
@@ -408,30 +413,56 @@ class SecAggClient:
                     "is not signed by its identity key"
                 )
 
-    def _survivors(self, bitmap: bytes, path: str) -> frozenset[int]:
+    def _survivor_order(self) -> np.ndarray:
+        """What a survivor bitmap is over: the cohort in malicious mode (the set is signed),
+        this client's neighbourhood in semi-honest mode."""
+        session = self.session
+        if session.malicious or isinstance(session, SessionView):
+            return session.ids_array
+        hood = session.neighbours_of(self.client_id) | {self.client_id}
+        return np.array(sorted(hood), dtype=np.uint64)
+
+    def _survivors(self, bitmap: bytes, count: int | None, path: str) -> frozenset[int]:
+        """The survivors the bitmap marks (semi-honest: those of our neighbourhood), after
+        checking `count`, the number of survivors in the whole cohort."""
         try:
-            survivors = decode_members(path, bitmap, self.session.ids_array)
+            survivors = decode_members(path, bitmap, self._survivor_order())
         except SecAggProtocolError as exc:
             raise self._abort_protocol(str(exc)) from None
+        if count is None:
+            count = len(survivors)
+        if count < len(survivors) or (self.session.malicious and count != len(survivors)):
+            raise self._abort_protocol(
+                f"{path}: survivor_count {count} contradicts the {len(survivors)} marked"
+            )
         if self.client_id not in survivors:
             raise self._abort_protocol(f"{path}: marks this client, which sent its input, dropped")
-        if len(survivors) < self.min_survivors:
+        if count < self.min_survivors:
             # Checked before anything is signed or revealed: the client's own floor.
             raise self._abort(
-                f"{path}: {len(survivors)} survivors < {self.min_survivors}, the fewest this "
+                f"{path}: {count} survivors < {self.min_survivors}, the fewest this "
                 "client unmasks for; no share revealed"
             )
         holders_alive = 1 + sum(1 for peer in self._held_ids if peer in survivors)
-        if len(survivors) < self.session.threshold or holders_alive < self.session.threshold:
+        if count < self.session.threshold or holders_alive < self.session.threshold:
             raise self._abort(f"too few survivors to unmask safely ({path})")
         return survivors
+
+    def _same_session(self, received: SessionConfig | SessionView) -> bool:
+        """The advertised session is ours (or, holding the full config, our view of it)."""
+        mine = self.session
+        if isinstance(received, SessionView) and isinstance(mine, SessionConfig):
+            if mine.malicious or not mine.contains(received.holder):
+                return False
+            mine = SessionView.of(mine, self.client_id, mine.neighbours_of(self.client_id))
+        return received == mine
 
     def _check_cosigned(self, request: UnmaskRequest) -> None:
         if request.survivors != self._signed_survivors:
             raise self._abort_protocol(
                 "unmask_request.survivors: differs from the set this client signed"
             )
-        neighbours = self.session.graph.neighbours(self.client_id)
+        neighbours = self.session.neighbours_of(self.client_id)
         for i, signer in enumerate(request.signer_ids):
             identity = self._identity_public.get(signer)
             transcript = crypto.survivors_transcript(self.session.digest, signer, request.survivors)
@@ -528,7 +559,7 @@ class SecAggClient:
                 raise ValueError("session/client_id have wrong types")
             client = cls(
                 client_id,
-                SessionConfig.from_bytes(raw_session),
+                session_from_bytes(raw_session),
                 identity_key=identity_key,
                 identity_public_keys=identity_public_keys,
                 min_survivors=min_survivors,

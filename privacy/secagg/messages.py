@@ -29,6 +29,7 @@ from .crypto import KEY_BYTES, NONCE_BYTES, SIGNATURE_BYTES, TAG_BYTES
 from .errors import SecAggProtocolError
 from .session import SESSION_ID_MAX, SESSION_ID_MIN, SessionConfig
 from .shamir import SHARE_BYTES
+from .view import VIEW_ARRAYS, SessionView
 from .wire import Arrays, Bytes, BytesList, Config, Int, IntList, Str, Vector, fail
 
 SHARE_PLAINTEXT_BYTES = 2 * SHARE_BYTES
@@ -157,12 +158,13 @@ def _signature_sizes(path: str, signatures: tuple[bytes, ...]) -> None:
 
 @dataclass(frozen=True)
 class AdvertiseRequest(Message):
-    """Server → client: the session to join (its config travels under `session.*` keys)."""
+    """Server → client: the session to join (under `session.*` keys). Malicious mode: the
+    full SessionConfig; semi-honest mode: the recipient's SessionView (no cohort list)."""
 
     KIND: ClassVar[str] = "advertise_request"
     STAGE: ClassVar[Stage] = Stage.ADVERTISE
 
-    session: SessionConfig
+    session: SessionConfig | SessionView
 
     def to_wire(self) -> tuple[Config, Arrays]:
         config, arrays = super().to_wire()
@@ -180,13 +182,22 @@ class AdvertiseRequest(Message):
         values = _decode(cls.KIND, cls.STAGE, _HEADER, own, own_arrays)
         nested = {str(k)[8:]: v for k, v in config.items() if str(k).startswith("session.")}
         nested_arrays = {str(k)[8:]: v for k, v in arrays.items() if str(k).startswith("session.")}
-        if set(nested_arrays) != {"client_ids"}:
-            raise fail(f"{cls.KIND}.session", "arrays must hold exactly client_ids")
-        expected = set(SessionConfig.__dataclass_fields__) - {"client_ids"} | {"protocol"}
+        kind: type[SessionConfig] | type[SessionView]
+        if set(nested_arrays) == {"client_ids"}:
+            kind, arrays_fields = SessionConfig, {"client_ids"}
+            expected = set(SessionConfig.__dataclass_fields__) - arrays_fields | {"protocol"}
+        elif set(nested_arrays) == VIEW_ARRAYS:
+            kind = SessionView
+            expected = set(SessionView.__dataclass_fields__) - VIEW_ARRAYS | {"protocol"}
+        else:
+            raise fail(
+                f"{cls.KIND}.session",
+                f"arrays must hold client_ids or exactly {sorted(VIEW_ARRAYS)}",
+            )
         for key in nested:
             if key not in expected:
                 raise fail(f"{cls.KIND}.session", f"unexpected key {key[:40]!r}")
-        session = SessionConfig.from_wire(nested, nested_arrays, f"{cls.KIND}.session")
+        session = kind.from_wire(nested, nested_arrays, f"{cls.KIND}.session")
         message = cls(session=session, **values)
         message.check()
         return message._mark_decoded()
@@ -196,6 +207,8 @@ class AdvertiseRequest(Message):
             raise fail(f"{self.KIND}.session_id", "differs from the session config's id")
         if not self.session.contains(self.client_id):
             raise fail(f"{self.KIND}.client_id", "recipient is not in the cohort")
+        if isinstance(self.session, SessionView) and self.session.holder != self.client_id:
+            raise fail(f"{self.KIND}.session.holder", "the view is another client's")
 
 
 @dataclass(frozen=True)
@@ -341,16 +354,20 @@ class ConsistencySignature(Message):
 
 @dataclass(frozen=True)
 class UnmaskRequest(Message):
-    """Server → client: U3, and in malicious mode the neighbours' signatures on it."""
+    """Server → client: how many survived (|U3|) and which: malicious mode, U3 as a bitmap
+    over the cohort with the neighbours' signatures on it; semi-honest mode, one bit per
+    member of the recipient's neighbourhood (SessionView.ids_array order)."""
 
     KIND: ClassVar[str] = "unmask_request"
     STAGE: ClassVar[Stage] = Stage.UNMASK
     FIELDS: ClassVar[dict[str, Any]] = {
+        "survivor_count": Int(0, 1 << 32),
         "survivors": _BITMAP,
         "signer_ids": IntList(),
         "signatures": BytesList(SIGNATURE_BYTES, SIGNATURE_BYTES),
     }
 
+    survivor_count: int
     survivors: bytes
     signer_ids: tuple[int, ...]
     signatures: tuple[bytes, ...]

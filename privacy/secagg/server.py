@@ -52,6 +52,7 @@ from .messages import (
     UnmaskShares,
 )
 from .session import SessionConfig
+from .view import SessionView
 from .wire import encode_members
 
 Observer = Callable[[str, int | None, np.ndarray], None]
@@ -234,10 +235,19 @@ class SecAggServer:
             raise SecAggStateError("server: advertise_requests() starts a round only once")
         started = self._clock()
         self._open(ServerPhase.ADVERTISE, frozenset(self.session.client_ids))
-        sid = self.session.session_id
+        session, sid = self.session, self.session.session_id
+        # Semi-honest clients get only their own neighbourhood, never the cohort list.
         requests = {
-            cid: AdvertiseRequest(session_id=sid, client_id=cid, session=self.session)
-            for cid in self.session.client_ids
+            cid: AdvertiseRequest(
+                session_id=sid,
+                client_id=cid,
+                session=(
+                    session
+                    if session.malicious
+                    else SessionView.of(session, cid, self.neighbours(cid))
+                ),
+            )
+            for cid in session.client_ids
         }
         self._timed("advertise", started)
         return requests
@@ -315,16 +325,21 @@ class SecAggServer:
             self._close_masked_input()
             round_.responders = round_.u3
         requests = {}
+        malicious, count = self.session.malicious, len(round_.u3)
         for cid in sorted(round_.responders):
             cosigners = sorted(self.neighbours(cid) & round_.responders)
+            if malicious:
+                survivors = round_.survivors_bitmap
+            else:  # one bit per member of its neighbourhood: no id outside it
+                hood = np.array(sorted(self.neighbours(cid) | {cid}), dtype=np.uint64)
+                survivors = encode_members(round_.u3 & frozenset(hood.tolist()), hood)
             requests[cid] = UnmaskRequest(
                 session_id=self.session.session_id,
                 client_id=cid,
-                survivors=round_.survivors_bitmap,
-                signer_ids=tuple(cosigners) if self.session.malicious else (),
-                signatures=(
-                    tuple(round_.signatures[s] for s in cosigners) if self.session.malicious else ()
-                ),
+                survivor_count=count,
+                survivors=survivors,
+                signer_ids=tuple(cosigners) if malicious else (),
+                signatures=tuple(round_.signatures[s] for s in cosigners) if malicious else (),
             )
         round_.seed_points = {cid: [] for cid in round_.u3}
         round_.key_points = {cid: [] for cid in round_.u2 - round_.u3}

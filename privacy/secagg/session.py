@@ -66,6 +66,22 @@ _FIELDS = {
 }
 
 
+def check_binding(
+    session_run: bytes, session_round: int, run_id: bytes, round_num: int, path: str
+) -> None:
+    """Refuse a session naming another run than `run_id` or another round than `round_num`."""
+    if session_run != run_id:
+        raise SecAggProtocolError(
+            f"{path}.run_id: {session_run[:64]!r} is not this client's run {run_id!r} "
+            "(replayed from another run?)"
+        )
+    if session_round != round_num:
+        raise SecAggProtocolError(
+            f"{path}.round: session of round {session_round} delivered in round "
+            f"{round_num} (replayed from another round?)"
+        )
+
+
 @dataclass(frozen=True, eq=False)
 class SessionConfig:
     """Round parameters. Build with `SessionConfig.create(...)` to get k and t from a threat
@@ -147,16 +163,10 @@ class SessionConfig:
     def check_binding(self, run_id: bytes, round_num: int, path: str = "session") -> None:
         """Refuse a session of another run or round. `run_id` is the run the checking party
         serves (from its own context), `round_num` the round of the message carrying it."""
-        if self.run_id != run_id:
-            raise SecAggProtocolError(
-                f"{path}.run_id: {self.run_id[:64]!r} is not this client's run {run_id!r} "
-                "(replayed from another run?)"
-            )
-        if self.round != round_num:
-            raise SecAggProtocolError(
-                f"{path}.round: session of round {self.round} delivered in round "
-                f"{round_num} (replayed from another round?)"
-            )
+        check_binding(self.run_id, self.round, run_id, round_num, path)
+
+    def neighbours_of(self, client_id: int) -> frozenset[int]:
+        return self.graph.neighbours(client_id)
 
     @property
     def n(self) -> int:

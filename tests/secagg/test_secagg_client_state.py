@@ -158,6 +158,7 @@ def test_malicious_client_only_unmasks_the_set_it_signed() -> None:
     cid = session.client_ids[0]
     other = dataclasses.replace(
         requests[cid],
+        survivor_count=6,
         survivors=encode_members(
             set(session.client_ids) - {session.client_ids[3]}, session.ids_array
         ),

@@ -67,6 +67,7 @@ def test_equivocating_about_a_survivor_never_yields_both_share_kinds() -> None:
                 request = UnmaskRequest(
                     session.session_id,
                     c,
+                    len(ids) - (views[c] == view_dropped),
                     views[c],
                     tuple(cosigners),
                     tuple(signatures[s] for s in cosigners),
