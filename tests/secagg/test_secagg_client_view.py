@@ -69,9 +69,7 @@ def test_a_semi_honest_client_receives_no_id_outside_its_neighbourhood() -> None
         return message
 
     dropouts = DropoutPattern.of(masked_input=session.client_ids[3:5])
-    inputs = {
-        c: np.arange(8, dtype=np.uint32) * (i + 1) for i, c in enumerate(session.client_ids)
-    }
+    inputs = {c: np.arange(8, dtype=np.uint32) * (i + 1) for i, c in enumerate(session.client_ids)}
     report = run_in_memory(session, inputs, dropouts=dropouts, tamper_down=record)
     assert report.result.total.tolist() == plain_sum(inputs, report.result.survivors, 24).tolist()
     stages_seen = set()
