@@ -106,7 +106,7 @@ def test_central_dp_run_spends_at_most_its_budget_and_verifies(tmp_path):
     assert summary["rounds"] == 6
     # z was calibrated from the budget: the run ends close to it, never above
     assert 0.9 * 4.0 <= summary["epsilon"] <= 4.0
-    entries = Ledger(tmp_path / "run" / "privacy" / "ledger.jsonl").entries
+    entries = Ledger(tmp_path / "run" / "privacy" / "ledger.jsonl").releases
     assert [e["round"] for e in entries] == [1, 2, 3, 4, 5, 6]
     assert all(e["epsilon"] <= 4.0 for e in entries)
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
@@ -183,7 +183,7 @@ def test_verify_fails_after_editing_one_ledger_byte(tmp_path):
     run = tmp_path / "run"
     assert verify(run).returncode == 0
     for name, edit in {
-        "byte": lambda b: b.replace(b'"cohort_aggregated":', b'"cohort_aggregatef":', 1),
+        "byte": lambda b: b.replace(b'"clip_norm":', b'"clip_norf":', 1),
         "truncated": lambda b: b[: b.rstrip(b"\n").rfind(b"\n") + 1],
         "reordered": lambda b: b"".join(
             [
@@ -238,7 +238,7 @@ def test_resume_after_a_crash_between_ledger_entry_and_checkpoint(tmp_path):
     # the crash: round 3's release is in the ledger, its checkpoint never landed
     (run / "checkpoint" / "state.pt").write_bytes(saved)
     summary = simulate(config(tmp_path, **dp), resume=True)
-    entries = Ledger(run / "privacy" / "ledger.jsonl").entries
+    entries = Ledger(run / "privacy" / "ledger.jsonl").releases
     assert [e["training_round"] for e in entries] == [1, 2, 3, 4]  # no round released twice
     assert summary["rounds"] == 4
     assert verify(run).returncode == 0
