@@ -70,15 +70,14 @@ def add_privacy(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from fedveil.privacy.dp.report import headline_lines
     from fedveil.server.privacy_report import write_privacy_report
 
     report = write_privacy_report(Path(args.run_dir))
     verdict = report.get("verification", {})
-    print(
-        f"epsilon {report['epsilon']:.4f} of budget {report['budget_epsilon']:g} "
-        f"(delta {report['delta']:g}) over {report['rounds']} releases; "
-        f"ledger {'verified' if verdict.get('ok') else 'FAILED: ' + str(verdict.get('message'))}"
-    )
+    # One figure per adversary: no single epsilon is true for everyone.
+    for line in headline_lines(report):
+        print(line)
     print(f"wrote {Path(args.run_dir) / 'privacy' / 'report.html'}")
     return 0 if verdict.get("ok", False) else 1
 

@@ -55,7 +55,8 @@ _SECURE_AGGREGATION = {
     SEMI_HONEST: "Secure aggregation ran in semi-honest mode: individual updates are "
     "hidden from a server that follows the protocol; a server that deviates from it "
     "(substitutes clients' keys, shows different clients different survivor sets) is "
-    "not guarded against, and the clients' own survivor check binds only such a server.",
+    "not guarded against, and the clients' own survivor check assumes the server shows "
+    "every client the same survivor set.",
     MALICIOUS: "Secure aggregation ran in malicious-server mode: clients checked each "
     "other's signed keys against the operator's roster and co-signed the survivor set "
     "before unmasking, so even a server that deviates learns only sums over at least the "
@@ -89,6 +90,34 @@ _NOT_PROTECTED = [
 ]
 
 
+def who_sees_what(mechanism: str, secure_aggregation: str | None) -> list[str]:
+    """Who sees what in this run's mode: the coordinator, cohort members, observers."""
+    if mechanism == DISTRIBUTED_SKELLAM:
+        coordinator = (
+            "The coordinator draws every cohort and sees each round's sum only after the "
+            "honest clients' noise shares are in it (never an individual update)."
+        )
+    elif secure_aggregation == OFF:
+        coordinator = (
+            "The coordinator draws every cohort and sees each client's clipped update and "
+            "the un-noised sum."
+        )
+    elif secure_aggregation in (SEMI_HONEST, MALICIOUS):
+        coordinator = (
+            "The coordinator draws every cohort and sees the un-noised sum (secure "
+            "aggregation hides the individual updates, not their sum)."
+        )
+    else:
+        coordinator = "The coordinator draws every cohort and sees the un-noised sum."
+    return [
+        coordinator,
+        cohort_members_text(secure_aggregation),
+        "Observers of what is published see the released models and the public run files "
+        "(ledger, metrics without counts, report); cohorts, counts, drop reasons, client "
+        "losses and federated evaluation stay in the operator's private annex.",
+    ]
+
+
 def secure_aggregation_text(secure_aggregation: str | None) -> str | None:
     return _SECURE_AGGREGATION.get(secure_aggregation or "")
 
@@ -105,19 +134,18 @@ def cohort_members_bound(mechanism: str, secure_aggregation: str | None) -> str:
     """Which figure holds against a cohort member."""
     if mechanism == DISTRIBUTED_SKELLAM:
         return (
-            "at most the coordinator's epsilon_max: a cohort member knows no more of the "
-            "cohorts than the coordinator, and sees no sum the coordinator does not"
+            "at most the coordinator's epsilon_max, since a cohort member knows no more of "
+            "the cohorts than the coordinator and sees no sum the coordinator does not"
         )
     if secure_aggregation == OFF:
         return (
-            "the observers' epsilon: a cohort member sees the published models and learns "
-            "nothing of who else was in its cohort"
+            "the observers' epsilon, since a cohort member sees only the published models "
+            "and learns nothing of who else was in its cohort"
         )
     return (
-        "the observers' epsilon assumes secret cohorts: for the clients a cohort member "
-        "learns were in its rounds (neighbours, or the survivor set in malicious mode) "
-        "only an unamplified figure holds, which this report does not compute under "
-        "central DP"
+        "the observers' epsilon for clients it does not know were in its rounds; for those "
+        "it learns were (its neighbours, or the survivor set in malicious mode) only an "
+        "unamplified figure holds, which this report does not compute under central DP"
     )
 
 
@@ -332,8 +360,9 @@ def assumptions_for(
     delta: float,
     secure_aggregation: str | None = None,
 ) -> dict[str, list[str]]:
-    """Who is trusted with what, what is protected and what is not. `secure_aggregation`:
-    "off", "semi_honest" or "malicious" when the run's config is known."""
+    """Who sees what, who is trusted with what, what is protected and what is not.
+    `secure_aggregation`: "off", "semi_honest" or "malicious" when the run's config is
+    known."""
     protected = [
         f"Against observers of what is published: every released model together is "
         f"({epsilon:.4g}, {delta:.3g})-differentially private under {sampling} sampling, "
@@ -342,6 +371,10 @@ def assumptions_for(
         "costs no privacy).",
     ]
     trust = list(_TRUST.get(mechanism, []))
+    if mechanism == CENTRAL_GAUSSIAN and secure_aggregation == OFF:
+        # The server sees each update, so it enforces the clip itself.
+        trust = [item for item in trust if not item.startswith("Clients are trusted to clip")]
+        trust.append(sensitivity_statement(mechanism, secure_aggregation))
     secagg = secure_aggregation_text(secure_aggregation)
     if secagg is not None:
         trust.append(secagg)
@@ -352,7 +385,12 @@ def assumptions_for(
             f"Whether a {privacy_unit} took part: the {neighbouring} adjacency protects "
             "the content of its data, not its participation.",
         )
-    return {"trust": trust, "protected": protected, "not_protected": not_protected}
+    return {
+        "who_sees_what": who_sees_what(mechanism, secure_aggregation),
+        "trust": trust,
+        "protected": protected,
+        "not_protected": not_protected,
+    }
 
 
 def trust_model_markdown() -> str:

@@ -13,6 +13,7 @@ _CSS = """
 body { font-family: system-ui, sans-serif; max-width: 900px; margin: 2em auto; color: #222;
        padding: 0 1em; line-height: 1.45; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
+h3 { font-size: 1em; margin-bottom: .3em; }
 table.summary { border-collapse: collapse; }
 table.summary td, table.summary th { border: 1px solid #ccc; padding: 4px 10px;
        text-align: left; }
@@ -22,7 +23,8 @@ table.summary td, table.summary th { border: 1px solid #ccc; padding: 4px 10px;
 .headline .figure { font-size: 1.2em; margin: .15em 0; }
 .headline .note { font-size: .92em; color: #333; }
 .param { font-size: 1.05em; }
-table.summary td { vertical-align: top; } table.summary th { white-space: nowrap; }
+table.summary td { vertical-align: top; overflow-wrap: anywhere; }
+table.summary th { white-space: nowrap; }
 .ok { color: #1a7f37; } .bad { color: #b42318; }
 svg.chart { display: block; margin: 1em 0; background: #fff; }
 svg .axis { stroke: #444; } svg .grid { stroke: #e5e5e5; }
@@ -237,6 +239,7 @@ def _verification(verification: Mapping[str, Any] | None) -> str:
 
 def _assumptions(assumptions: Mapping[str, list[str]]) -> str:
     sections = [
+        ("Who sees what", "who_sees_what"),
         ("Who is trusted with what", "trust"),
         ("What is protected", "protected"),
         ("What is not protected", "not_protected"),
@@ -244,5 +247,6 @@ def _assumptions(assumptions: Mapping[str, list[str]]) -> str:
     html = []
     for title, key in sections:
         items = "".join(f"<li>{escape(text)}</li>" for text in assumptions.get(key, []))
-        html.append(f"<h3>{escape(title)}</h3><ul>{items}</ul>")
+        if items:
+            html.append(f"<h3>{escape(title)}</h3><ul>{items}</ul>")
     return "\n".join(html)

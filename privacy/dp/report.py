@@ -143,6 +143,36 @@ def build_report(
     return report
 
 
+def headline_lines(report: Mapping[str, Any]) -> list[str]:
+    """One line per adversary, z and q, and the ledger's state (for the CLI)."""
+    observers = report["adversaries"]["observers"]
+    coordinator = report["adversaries"]["coordinator"]
+    against = report.get("budget_against", "observers")
+    lines = [
+        f"observers: epsilon {float(observers['epsilon']):.4f} (delta {report['delta']:g})"
+        + (f" of budget {report['budget_epsilon']:g}" if against == "observers" else "")
+        + ("; holds while cohorts stay secret" if observers["amplified_by_sampling"] else ""),
+    ]
+    if "epsilon_max" in coordinator and coordinator["epsilon_max"] is not None:
+        distribution = coordinator.get("distribution")
+        spread = (
+            f", median {float(distribution['p50']):.4f}, p90 {float(distribution['p90']):.4f} "
+            f"over {distribution['clients']} clients"
+            if distribution
+            else " (no private annex here: no distribution)"
+        )
+        lines.append(
+            f"coordinator: largest per-client epsilon {float(coordinator['epsilon_max']):.4f}"
+            + (f" of budget {report['budget_epsilon']:g}" if against == "coordinator" else "")
+            + spread
+        )
+    else:
+        lines.append(f"coordinator: {coordinator.get('statement', 'no figure')}")
+    lines.append(f"z = {float(report['noise_multiplier']):.4g}; {report['sampling_statement']}")
+    lines.append(f"ledger: {report['ledger_state']}; {report['rounds']} releases")
+    return lines
+
+
 def ledger_state(entries: list[dict[str, Any]], verification: VerifyResult | None = None) -> str:
     """ "final", "interrupted at round N (resumable)", "failed: ...", or, unverified, what
     the last entry says."""

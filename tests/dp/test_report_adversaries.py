@@ -170,6 +170,8 @@ def test_seeded_cohorts_say_q_is_one_and_why(tmp_path):
     assert observers["amplified_by_sampling"] is False
     assert not any("cohorts stay secret" in item for item in observers["holds_if"])
     assert "re-clips" in report["sensitivity"]
+    trust = report["assumptions"]["trust"]
+    assert not any(item.startswith("Clients are trusted to clip") for item in trust)
     assert Q1_SENTENCE in render_html(report)
 
 
@@ -265,3 +267,18 @@ def test_write_privacy_report_reads_the_run_and_keeps_the_page_self_contained(tm
     audited = write_privacy_report(run)["adversaries"]["coordinator"]
     assert audited["epsilon_max"] == maxima[-1] and audited["distribution"] is None
     assert "private annex is not here" in (run / "privacy" / "report.html").read_text()
+
+
+def test_the_cli_prints_one_figure_per_adversary(tmp_path, capsys):
+    from fedveil.cli import main
+
+    run = tmp_path / "run"
+    (run / "privacy").mkdir(parents=True)
+    _ledger(run / "privacy" / "ledger.jsonl", "central_gaussian", sampling_rate=1.0)
+    (run / "config.toml").write_text("[secagg]\nenabled = false\n[dp]\nseeded_cohorts = true\n")
+    assert main(["privacy", "report", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("observers: epsilon ")
+    assert "coordinator: a trusted curator" in out
+    assert Q1_SENTENCE in out and "public run seed" in out
+    assert "ledger: final; 6 releases" in out
