@@ -123,7 +123,9 @@ def encode_update(
         extras = [r * loss / LOSS_CAP, r * float(reply.get("unclipped", 0))]
         weight = min(round(reply["weight"]), q.max_weight)
         # The quantizer reads float32 directly and the parts in order: no float64 copy.
-        return q.encode_weighted([vector, np.array(extras)], weight)
+        return q.encode_weighted(
+            [vector, np.array(extras)], weight, l2_bound=msg.config.get("clip_norm") or None
+        )
     if kind == "skellam":
         params = checked_skellam_params(msg, expected_skellam)
         seed = msg.get(ENC + "rotation_seed", int)
