@@ -25,6 +25,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedveil.config import load_config
 from fedveil.identity_files import load_roster
+from fedveil.privacy.secagg import flower_run_id as flower_run_id_bytes
 from fedveil.server.deploy_transport import DeployTransport
 from fedveil.server.pipeline import make_privacy_pipeline, private_run_args
 from fedveil.server.privacy_report import write_privacy_report
@@ -36,9 +37,6 @@ from fedveil.server.service.superlink import RUN_ID_KEY, STATE_ENV
 from fedveil.tasks import make_task
 
 log = logging.getLogger("fedveil.serverapp")
-
-# The coordinator's ledger-signing key, in its state directory (mode 600).
-LEDGER_SIGNING_KEY = "ledger-signing.key"
 
 app = ServerApp()
 
@@ -127,7 +125,9 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
                 record.duration_s,
             )
         else:  # counts reveal participation: the private annex has them
-            log.info("round %d: %s, %.2f s", record.round, record.extra.get("status"), record.duration_s)
+            log.info(
+                "round %d: %s, %.2f s", record.round, record.extra.get("status"), record.duration_s
+            )
 
     # The same privacy pipeline as `fedveil simulate` (secure aggregation channel, central
     # or distributed DP); its accountant is rebuilt from the run's ledger on every attempt.
@@ -144,9 +144,10 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
         task,
         store.ledger_path,
         roster,
-        **private_run_args(
-            cfg, store, run_id=rd.run_id, signing_key=state_dir / LEDGER_SIGNING_KEY
-        ),
+        secagg_run_id=flower_run_id_bytes(flower_run_id),
+        # The ledger is signed with the coordinator user's key (the per-user key store),
+        # where `fedveil privacy verify` on this machine finds it.
+        **private_run_args(cfg, store, run_id=rd.run_id),
     )
     engine = RoundEngine(
         cfg,

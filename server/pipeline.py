@@ -17,6 +17,7 @@ from typing import Any
 
 from fedveil.config import RunConfig
 from fedveil.privacy.dp.plan import max_cohort, plan_distributed_dp
+from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.tasks import Task
 
 from .aggregation import PlainChannel, UpdateChannel
@@ -60,11 +61,15 @@ def make_privacy_pipeline(
     task: Task,
     ledger_path: Path,
     roster: Mapping[int, bytes] | None = None,
+    *,
+    secagg_run_id: bytes = SIMULATION_RUN_ID,
     **privacy_args: Any,
 ) -> tuple[CentralDP | None, UpdateChannel]:
     """The run's DP accounting and update channel. `roster` (client id -> Ed25519
-    identity public key) is required for secagg.threat = 'malicious'. `privacy_args`
-    go to the DP stage (run_id, signer, private sink, participations)."""
+    identity public key) is required for secagg.threat = 'malicious'. `secagg_run_id`
+    is the run every secure-aggregation session names (deployment: Flower's run id,
+    which devices take from their own context). `privacy_args` go to the DP stage
+    (run_id, signer, private sink, participations)."""
     mechanism = cfg.dp.mechanism
     if cfg.secagg.enabled and cfg.secagg.threat == "malicious" and roster is None:
         raise ValueError(
@@ -84,7 +89,12 @@ def make_privacy_pipeline(
         plan = plan_distributed_dp(cfg, model_size, task.num_clients)
         privacy.bind(plan)
         channel = SecAggChannel(
-            cfg.secagg, SkellamEncoding(plan.params), roster, gate=privacy, quiet_counts=True
+            cfg.secagg,
+            SkellamEncoding(plan.params),
+            roster,
+            secagg_run_id,
+            gate=privacy,
+            quiet_counts=True,
         )
         return privacy, channel
     privacy = (
@@ -97,6 +107,7 @@ def make_privacy_pipeline(
         cfg.secagg,
         QuantizedEncoding(cfg.secagg.clip_range, cfg.secagg.levels, max_weight),
         roster,
+        secagg_run_id,
         quiet_counts=privacy is not None,
     )
 

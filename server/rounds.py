@@ -298,7 +298,9 @@ class RoundEngine:
                 self.store.append_metrics(record.to_json())
             else:
                 private = record.to_json()
-                private.update(cohort=cohort, dropped_reasons={str(c): r for c, r in dropped.items()})
+                private.update(
+                    cohort=cohort, dropped_reasons={str(c): r for c, r in dropped.items()}
+                )
                 if agg is not None:
                     private["survivors"] = list(agg.contributors)
                 self.store.append_private(private)

@@ -62,7 +62,11 @@ def dp_config(cfg: RunConfig, num_clients: int) -> DpConfig:
     the run files knows every cohort, so there is no amplification by sampling.
     """
     key = json.dumps(
-        {"dp": cfg.dp.__dict__, "server": cfg.server.__dict__, "secagg": cfg.secagg.enabled},
+        {
+            "dp": cfg.dp.__dict__,
+            "server": {**cfg.server.__dict__, "sample_rate": cfg.poisson_rate},
+            "secagg": cfg.secagg.enabled,
+        },
         sort_keys=True,
         default=str,
     )
