@@ -229,12 +229,25 @@ def test_resume_after_a_crash_between_ledger_entry_and_checkpoint(tmp_path):
         "server.sampling": "poisson",
         "server.rounds": 4,
     }
-    first = config(tmp_path, **dict(dp, **{"server.rounds": 2}))
-    simulate(first)
+    cfg = config(tmp_path, **dp)
+
+    class Stop(Exception):
+        pass
+
+    def stop_after(n: int):
+        def on_round(record) -> None:
+            if record.round == n:
+                raise Stop(f"stopped after round {n}")  # after the round's checkpoint
+
+        return on_round
+
+    with pytest.raises(Stop):
+        simulate(cfg, on_round=stop_after(2))
     run = tmp_path / "run"
+    assert verify(run).returncode == 3  # interrupted at round 2, resumable
     saved = (run / "checkpoint" / "state.pt").read_bytes()
-    third = config(tmp_path, **dict(dp, **{"server.rounds": 3}))
-    simulate(third, resume=True)
+    with pytest.raises(Stop):
+        simulate(cfg, resume=True, on_round=stop_after(3))
     # the crash: round 3's release is in the ledger, its checkpoint never landed
     (run / "checkpoint" / "state.pt").write_bytes(saved)
     summary = simulate(config(tmp_path, **dp), resume=True)
