@@ -72,7 +72,8 @@ def _lines(
 
 
 def _participation(rows: Sequence[dict[str, Any]]) -> Any | None:
-    if not rows:
+    # A DP run publishes no counts (they reveal participation): no chart of them.
+    if not rows or "cohort_aggregated" not in rows[0]:
         return None
     fig, ax = _figure("participation", "clients")
     rounds = [int(r["round"]) for r in rows]
