@@ -67,6 +67,28 @@ def add_privacy(sub: argparse._SubParsersAction) -> None:
         help="also bound epsilon with NAME (pld, prv, rdp, dpa_rdp, ... or 'all'); repeatable",
     )
     ver.set_defaults(func=cmd_verify)
+    aud = psub.add_parser(
+        "audit-cohorts",
+        help="check that a DP run's cohorts and graphs followed its committed key (operator files)",
+        description="Check the secret cohort key (the run's private/run.json, or --key) "
+        "against the ledger's signed cohort_commitment, then recompute every round's "
+        "cohort and secure-aggregation graph seed from it and compare them with the "
+        "operator's private round records. Exit 0 when all followed the key, 1 otherwise.",
+    )
+    aud.add_argument("run_dir")
+    aud.add_argument("--key", metavar="HEX", help="the cohort key, when auditing elsewhere")
+    aud.set_defaults(func=cmd_audit_cohorts)
+
+
+def cmd_audit_cohorts(args: argparse.Namespace) -> int:
+    from fedveil.server.cohort_audit import audit_cohorts
+
+    audit = audit_cohorts(Path(args.run_dir), args.key)
+    for problem in audit.problems:
+        print(f"FAIL: {problem}", file=sys.stderr)
+    if audit.ok:
+        print(f"cohorts and graphs of {audit.rounds_checked} rounds followed the committed key")
+    return 0 if audit.ok else 1
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -11,7 +11,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from fedveil.tasks import Task
 from .aggregation import PlainChannel, UpdateChannel
 from .privacy_stage import CentralDP, DistributedDP
 from .runstore import RunStore
+from .sampling import committed_graph_seed
 from .secagg_channel import QuantizedEncoding, SecAggChannel, SkellamEncoding
 
 __all__ = ["make_privacy_pipeline", "max_cohort", "private_run_args"]
@@ -53,6 +55,7 @@ def private_run_args(
         "signer": load_or_create_signer(signing_key),
         "private": store.append_private,
         "participations": participations,
+        "cohort_key": bytes.fromhex(store.run_identity()["cohort_key"]),
     }
 
 
@@ -95,6 +98,7 @@ def make_privacy_pipeline(
             secagg_run_id,
             gate=privacy,
             quiet_counts=True,
+            graph_seeds=_committed_graph_seeds(privacy),
         )
         return privacy, channel
     privacy = (
@@ -109,7 +113,14 @@ def make_privacy_pipeline(
         roster,
         secagg_run_id,
         quiet_counts=privacy is not None,
+        graph_seeds=_committed_graph_seeds(privacy),
     )
+
+
+def _committed_graph_seeds(privacy: CentralDP | None) -> Callable[[int], bytes] | None:
+    if privacy is None or not privacy.cohorts_secret:
+        return None
+    return functools.partial(committed_graph_seed, privacy.cohort_key)
 
 
 def _largest_client(task: Task) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.privacy.secagg import SecAggAborted
 
 from .aggregation import Aggregate
+from .sampling import cohort_commitment
 
 log = logging.getLogger("fedveil.privacy")
 
@@ -63,8 +65,6 @@ class CentralDP:
         "central DP: the coordinator sees the un-noised sum (a trusted curator); "
         "no epsilon holds against it"
     )
-    # SHA-256 commitment to the secret cohort key, set by the engine: opens the ledger.
-    cohort_commitment: str | None = None
 
     def __init__(
         self,
@@ -76,6 +76,7 @@ class CentralDP:
         signer: LedgerSigner | None = None,
         private: PrivateSink | None = None,
         participations: Mapping[int, int] | None = None,
+        cohort_key: bytes | None = None,
     ) -> None:
         self.config = dp_config(cfg, num_clients)
         s = cfg.server
@@ -84,6 +85,10 @@ class CentralDP:
             s.per_round if s.sampling == "fixed" else cfg.poisson_rate * num_clients
         )
         self.cohorts_secret = cohorts_are_secret(cfg)
+        # The secret cohorts (and secure-aggregation graphs) are drawn from; its SHA-256
+        # commitment opens the ledger. Kept only in the run's private directory.
+        self.cohort_key = cohort_key if cohort_key is not None else secrets.token_bytes(32)
+        self.cohort_commitment = cohort_commitment(self.cohort_key) if self.cohorts_secret else None
         self.budget_against = cfg.dp.budget_against
         ledger_path.parent.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(ledger_path, run_id=run_id, signer=signer)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -134,16 +133,10 @@ class RoundEngine:
         self.secret_sampler: SecretCohortSampler | None = None
         self.sampler: CohortSampler | SecretCohortSampler
         if privacy is not None and privacy.cohorts_secret:
-            key = (
-                bytes.fromhex(store.run_identity()["cohort_key"])
-                if store is not None
-                else secrets.token_bytes(32)
-            )
             self.secret_sampler = SecretCohortSampler(
-                task.num_clients, s.sampling, s.per_round, cfg.poisson_rate, key
+                task.num_clients, s.sampling, s.per_round, cfg.poisson_rate, privacy.cohort_key
             )
             self.sampler = self.secret_sampler
-            privacy.cohort_commitment = self.secret_sampler.commitment
         else:
             self.sampler = CohortSampler(
                 task.num_clients, s.sampling, s.per_round, cfg.poisson_rate, cfg.seed

@@ -9,6 +9,7 @@ Under DP cohorts come from a secret key instead (SecretCohortSampler).
 from __future__ import annotations
 
 import hashlib
+import hmac
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,20 @@ class CohortSampler:
         self.rng.bit_generator.state = state
 
 
+COMMIT_LABEL = b"fedveil-cohort-key/1"
+
+
+def cohort_commitment(key: bytes) -> str:
+    """SHA-256 over a label and the cohort key (hex): opens the run's ledger."""
+    return hashlib.sha256(COMMIT_LABEL + key).hexdigest()
+
+
+def committed_graph_seed(key: bytes, round_num: int) -> bytes:
+    """The neighbour-graph seed of round `round_num`: HMAC-SHA256 of the committed key, so
+    the server cannot pick a graph per round after seeing who is in the cohort."""
+    return hmac.new(key, b"graph" + round_num.to_bytes(8, "big"), hashlib.sha256).digest()
+
+
 class SecretCohortSampler:
     """Cohorts for DP runs: drawn from a secret 256-bit key (OS CSPRNG), never the seed.
 
@@ -61,8 +76,6 @@ class SecretCohortSampler:
     only the key and the draw count, and an auditor given the key (whose SHA-256
     commitment opens the ledger) can recompute every cohort afterwards.
     """
-
-    COMMIT_LABEL = b"fedveil-cohort-key/1"
 
     def __init__(
         self, num_clients: int, scheme: str, per_round: int, rate: float, key: bytes
@@ -86,7 +99,11 @@ class SecretCohortSampler:
     @property
     def commitment(self) -> str:
         """SHA-256 of the label and the key: published, binds the operator to the key."""
-        return hashlib.sha256(self.COMMIT_LABEL + self._key).hexdigest()
+        return cohort_commitment(self._key)
+
+    def graph_seed(self, round_num: int) -> bytes:
+        """Round r's secure-aggregation graph seed, fixed by the committed key."""
+        return committed_graph_seed(self._key, round_num)
 
     def uniforms(self, label: bytes, index: int, count: int) -> np.ndarray:
         """`count` independent uniforms in [0, 1) from (key, label, index)."""
@@ -97,7 +114,11 @@ class SecretCohortSampler:
 
     def sample(self) -> list[int]:
         self.draws += 1
-        u = self.uniforms(b"cohort", self.draws, self.num_clients)
+        return self.cohort(self.draws)
+
+    def cohort(self, draw: int) -> list[int]:
+        """The `draw`-th cohort (round r's cohort is draw r): what an auditor recomputes."""
+        u = self.uniforms(b"cohort", draw, self.num_clients)
         if self.scheme == "fixed":
             # The per_round clients with the smallest uniforms: a uniform random subset.
             chosen = np.argpartition(u, self.per_round - 1)[: self.per_round]

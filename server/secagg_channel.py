@@ -23,7 +23,7 @@ import json
 import logging
 import math
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -202,6 +202,7 @@ class SecAggChannel:
         *,
         gate: UnmaskGate | None = None,
         quiet_counts: bool = False,
+        graph_seeds: Callable[[int], bytes] | None = None,
     ) -> None:
         """`run_id`: the run every session names (and clients check against the run they
         serve): Flower's run id in deployment (`flower_run_id`), else the simulation's."""
@@ -216,6 +217,9 @@ class SecAggChannel:
         # Under DP, survivor counts reveal participation: abort reasons (which name them)
         # go to the round's private record, not to the log.
         self.quiet_counts = quiet_counts
+        # Under DP the graph seeds follow the committed cohort key (an auditor recomputes
+        # them); otherwise each session draws a fresh one.
+        self.graph_seeds = graph_seeds
         self.roster = roster if settings.threat == "malicious" else None
         self.last_session: SessionConfig | None = None
         self._last_round = -1
@@ -233,6 +237,7 @@ class SecAggChannel:
             modulus_bits=self.encoding.bits(len(cohort)),
             run_id=self.run_id,
             round=round_num,
+            graph_seed=None if self.graph_seeds is None else self.graph_seeds(round_num),
             threat=threat,
             neighbors=s.neighbors or None,
             threshold=s.threshold or None,
@@ -385,11 +390,14 @@ class SecAggChannel:
         s = self.last_session
         if s is None or self._last_round != round_num:
             return {}
-        return {
+        report: dict[str, Any] = {
             "secagg_threat": s.threat_mode.value,
             "secagg_neighbors": s.neighbors,
             "secagg_threshold": s.threshold,
         }
+        if self.graph_seeds is not None:  # a DP run: private record only (audits)
+            report["secagg_graph_seed"] = s.graph_seed.hex()
+        return report
 
     def _riders_ignored(self, cid: int) -> None:
         """A client that does not know riders would be dropped from every early key

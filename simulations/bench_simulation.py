@@ -14,6 +14,7 @@ bare loop's.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -197,15 +198,20 @@ def bench(w: Workload, *, peer: str | None, workers: int = 0, repeat: int = 1) -
         "results": results,
         "bare_ratio": ours["round_s_median"] / bare["round_s_median"],
         "sequential_ratio": results["ours_1"]["round_s_median"] / bare["round_s_median"],
-        "bare_cpu_ratio": ours["round_cpu_s_median"] / bare["round_cpu_s_median"],
+        "bare_cpu_ratio": _ratio(ours["round_cpu_s_median"], bare["round_cpu_s_median"]),
     }
     if "flower" in results:
         peer_r = results["flower"]
         summary["ratio"] = peer_r["round_s_median"] / ours["round_s_median"]
-        summary["cpu_ratio"] = peer_r["round_cpu_s_median"] / ours["round_cpu_s_median"]
+        summary["cpu_ratio"] = _ratio(peer_r["round_cpu_s_median"], ours["round_cpu_s_median"])
         summary["end_to_end_ratio"] = peer_r["end_to_end_s"] / ours["end_to_end_s"]
         summary["startup_ratio"] = peer_r["startup_s"] / ours["startup_s"]
     return summary
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    """A CPU-time ratio; process CPU clocks tick in 10 ms, so a tiny workload can read 0."""
+    return numerator / denominator if denominator > 0 else math.nan
 
 
 def bench_population(

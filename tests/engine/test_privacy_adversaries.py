@@ -229,3 +229,26 @@ def test_ledger_entries_do_not_publish_counts(tmp_path, field):
     simulate(cfg)
     for line in (tmp_path / "run" / "privacy" / "ledger.jsonl").read_text().splitlines():
         assert field not in json.loads(line)
+
+
+def test_cohorts_and_graphs_follow_the_committed_key(tmp_path):
+    """An auditor holding the key checks afterwards that the server chose no cohort or graph
+    per round: both follow the key whose commitment opens the signed ledger."""
+    from fedveil.server.cohort_audit import audit_cohorts
+
+    cfg = config(
+        tmp_path,
+        **{"secagg.enabled": True, "secagg.threat": "malicious", "server.rounds": 2},
+    )
+    simulate(cfg)
+    run = tmp_path / "run"
+    audit = audit_cohorts(run)
+    assert audit.ok and audit.rounds_checked == 2, audit.problems
+    # A different key, or a round whose recorded cohort was swapped, is caught.
+    assert not audit_cohorts(run, "11" * 32).ok
+    rows = (run / "private" / "rounds.jsonl").read_text().splitlines()
+    first = json.loads(rows[0])
+    first["cohort"] = sorted(set(range(12)) - set(first["cohort"]))[:6]
+    (run / "private" / "rounds.jsonl").write_text("\n".join([json.dumps(first), *rows[1:]]) + "\n")
+    problems = audit_cohorts(run).problems
+    assert problems == ["round 1: the recorded cohort did not follow the key"]
