@@ -101,7 +101,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     for line in headline_lines(report):
         print(line)
     print(f"wrote {Path(args.run_dir) / 'privacy' / 'report.html'}")
-    return 0 if verdict.get("ok", False) else 1
+    if verdict.get("ok", False):
+        return 0
+    # The same codes as `verify`: 3 for an intact ledger of an interrupted run.
+    return 3 if verdict.get("status") == "interrupted" else 1
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
