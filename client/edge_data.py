@@ -11,8 +11,9 @@ before the device joins any run, with a message naming the file and the check.
   (train-* preferred), or the images file itself (the labels file is found
   next to it).
 Unsigned 8-bit images (IDX or NPZ) are scaled to [0, 1] and standardised with
-the Fashion-MNIST statistics fedveil's built-in dataset uses, so a device with
-raw Fashion-MNIST files trains the same model the simulation does.
+the Fashion-MNIST statistics fedveil's built-in dataset uses, by the same code
+(`fedveil.data`, as is the IDX reader), so a device with raw Fashion-MNIST
+files gets the very tensors the simulation trains on.
 """
 
 from __future__ import annotations
@@ -24,19 +25,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedveil.data import idx
+from fedveil.data.pixels import FASHION_MNIST_MEAN, FASHION_MNIST_STD, standardize_pixels
 from fedveil.tasks import ClientData
 
-FASHION_MNIST_MEAN = 0.2860
-FASHION_MNIST_STD = 0.3530
 LABEL_COLUMNS = ("label", "y", "target")
-_IDX_TYPES = {
-    0x08: np.dtype(">u1"),
-    0x09: np.dtype(">i1"),
-    0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"),
-    0x0D: np.dtype(">f4"),
-    0x0E: np.dtype(">f8"),
-}
 
 
 class DataError(ValueError):
@@ -57,30 +50,20 @@ def _open(path: Path) -> bytes:
 
 
 def read_idx(path: Path) -> np.ndarray:
-    data = _open(path)
-    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_TYPES:
-        raise DataError(f"{path}: not an IDX file (bad magic number)")
-    dtype, ndim = _IDX_TYPES[data[2]], data[3]
-    if not 1 <= ndim <= 4:
-        raise DataError(f"{path}: IDX with {ndim} dimensions; expected 1 to 4")
-    header = 4 + 4 * ndim
-    if len(data) < header:
-        raise DataError(f"{path}: truncated IDX header")
-    dims = tuple(int(d) for d in np.frombuffer(data, ">u4", ndim, 4))
-    expected = int(np.prod(dims)) * dtype.itemsize
-    if len(data) - header != expected:
-        raise DataError(
-            f"{path}: IDX header says {dims} ({expected} bytes), file has {len(data) - header}"
-        )
-    return np.frombuffer(data, dtype, offset=header).reshape(dims)
+    """One IDX file (raw or gzip) through `fedveil.data.idx`; its errors become DataError."""
+    try:
+        return idx.read_idx(path)
+    except idx.IdxFormatError as exc:
+        raise DataError(str(exc)) from None  # the message starts with the path
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
 def _features(x: np.ndarray, source: Path) -> torch.Tensor:
     if x.ndim < 2:
         raise DataError(f"{source}: features must have at least 2 dimensions, got shape {x.shape}")
     if x.dtype == np.uint8:
-        scaled = x.astype(np.float32) / 255.0
-        x = (scaled - FASHION_MNIST_MEAN) / FASHION_MNIST_STD
+        x = standardize_pixels(x, 255.0, FASHION_MNIST_MEAN, FASHION_MNIST_STD).numpy()
     elif not np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.complexfloating):
         raise DataError(f"{source}: features have dtype {x.dtype}; expected numbers")
     x = np.ascontiguousarray(x, dtype=np.float32)

@@ -37,7 +37,7 @@ def add_data(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    from fedveil.simulations.fashion_mnist import download_fashion_mnist
+    from fedveil.data.fashion_mnist import download_fashion_mnist
 
     dest = download_fashion_mnist(Path(args.dest) if args.dest else None)
     print(f"Fashion-MNIST saved in {dest}")
@@ -48,7 +48,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in vars(args).items() if "." in k or k == "seed"}
     overrides = {k: v for k, v in overrides.items() if v is not None}
     cfg = load_config(args.config, overrides)
-    from fedveil.simulations.partition import format_partition_report, partition_report
+    from fedveil.data.partition import format_partition_report, partition_report
     from fedveil.tasks import make_task
 
     task = make_task(cfg)

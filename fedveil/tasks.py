@@ -1,7 +1,9 @@
 """Tasks: what is trained (model factory, per-client data, loss) and how it is found.
 
 A built-in task pairs a registered model with a built-in dataset and
-partitioner. A user task is any function `module:function` taking the
+partitioner (`make_task`, for simulations); a deployed coordinator takes only
+the dataset's test set, its clients being devices with their own data
+(`make_server_task`). A user task is any function `module:function` taking the
 RunConfig and returning a `Task`, so people plug in their own model, data and
 loss without editing fedveil.
 """
@@ -24,6 +26,7 @@ from .models import build_model
 
 if TYPE_CHECKING:
     from .config import RunConfig
+    from .data.datasets import Dataset
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -98,10 +101,8 @@ class PartitionedData:
         return np.where(total >= 2, total - n_eval, total)
 
 
-def builtin_task(cfg: RunConfig) -> Task:
-    """Built-in dataset + partitioner + registered model."""
-    from fedveil.simulations.datasets import load_dataset
-    from fedveil.simulations.partition import apply_writer_style, partition
+def _builtin_dataset(cfg: RunConfig) -> Dataset:
+    from .data.datasets import load_dataset
 
     d = cfg.data
     params: dict[str, object] = {}
@@ -111,7 +112,15 @@ def builtin_task(cfg: RunConfig) -> Task:
             "alpha": d.synthetic_alpha,
             "beta": d.synthetic_beta,
         }
-    ds = load_dataset(d.dataset, data_dir=d.data_dir, seed=cfg.seed, **params)
+    return load_dataset(d.dataset, data_dir=d.data_dir, seed=cfg.seed, **params)
+
+
+def builtin_task(cfg: RunConfig) -> Task:
+    """Built-in dataset + partitioner + registered model."""
+    from .data.partition import apply_writer_style, partition
+
+    d = cfg.data
+    ds = _builtin_dataset(cfg)
     labels = ds.y_train.numpy()
     transform = None
     natural = getattr(ds, "natural_partition", None)
@@ -170,14 +179,53 @@ def load_task_function(ref: str) -> Callable[[RunConfig], Task]:
     return func
 
 
+def _no_client_data(cid: int) -> ClientData:
+    raise RuntimeError(
+        f"client {cid}: the coordinator holds no training data (each device brings its own)"
+    )
+
+
+def builtin_server_task(cfg: RunConfig) -> Task:
+    """The coordinator's side of a built-in task: model, test set, loss and population size.
+
+    No training set is partitioned: the clients are devices that bring their own data,
+    so nothing here knows their sizes (`client_sizes` is None) and `client_data` refuses.
+    """
+    d = cfg.data
+    ds = _builtin_dataset(cfg)
+    input_shape, classes, name = tuple(ds.input_shape), ds.num_classes, cfg.model.name
+    build_model(name, input_shape, classes)  # fail now, not in round 1
+    return Task(  # holds the test set only: the training tensors are freed with `ds`
+        name=f"{d.dataset}/{name}",
+        input_shape=input_shape,
+        num_classes=classes,
+        # A naturally split dataset (synthetic) is generated for d.num_clients clients.
+        num_clients=ds.num_clients or d.num_clients,
+        model_fn=lambda: build_model(name, input_shape, classes),
+        client_data=_no_client_data,
+        test_data=(ds.x_test, ds.y_test),
+    )
+
+
+def make_server_task(cfg: RunConfig) -> Task:
+    """The task a deployed coordinator runs: the user's (it builds what it needs), else the
+    built-in one without a simulated population (see `builtin_server_task`)."""
+    if cfg.model.task is None:
+        return builtin_server_task(cfg)
+    return _user_task(cfg, cfg.model.task)
+
+
+def _user_task(cfg: RunConfig, ref: str) -> Task:
+    task = load_task_function(ref)(cfg)
+    if not isinstance(task, Task):
+        raise ValueError(
+            f"model.task = {ref!r}: returned {type(task).__name__}, expected fedveil.tasks.Task"
+        )
+    return task
+
+
 def make_task(cfg: RunConfig) -> Task:
     """The task a run trains: the user's when model.task is set, else the built-in one."""
     if cfg.model.task is None:
         return builtin_task(cfg)
-    task = load_task_function(cfg.model.task)(cfg)
-    if not isinstance(task, Task):
-        raise ValueError(
-            f"model.task = {cfg.model.task!r}: returned {type(task).__name__}, "
-            "expected fedveil.tasks.Task"
-        )
-    return task
+    return _user_task(cfg, cfg.model.task)

@@ -34,7 +34,7 @@ from fedveil.server.runstore import RunStore, atomic_write_bytes
 from fedveil.server.service.clients import ClientRegistry
 from fedveil.server.service.rundir import ROSTER_FILE, RunDir
 from fedveil.server.service.superlink import RUN_ID_KEY, STATE_ENV
-from fedveil.tasks import make_task
+from fedveil.tasks import make_server_task
 
 log = logging.getLogger("fedveil.serverapp")
 
@@ -89,7 +89,7 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
     start = time.perf_counter()
     cfg = load_config(rd / "config.toml")
     deploy = rd.deploy()
-    task = make_task(cfg)
+    task = make_server_task(cfg)  # the test set and model; devices hold the training data
     store = RunStore(rd.path)
     registry = ClientRegistry(state_dir)
     enrolled = registry.node_map() if registry.path.exists() else None

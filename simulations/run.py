@@ -37,7 +37,7 @@ def write_partition_report(store: RunStore, task: Task) -> None:
     labels, parts = task.info.get("labels"), task.info.get("parts")
     if labels is None or parts is None:
         return
-    from fedveil.simulations.partition import partition_report
+    from fedveil.data.partition import partition_report
 
     report = partition_report(parts, labels, task.num_classes)
     (store.path / "partition.json").write_text(json.dumps(report, default=_jsonable) + "\n")

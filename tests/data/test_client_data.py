@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedveil.simulations.client_data import client_partitions, client_tensors
-from fedveil.simulations.datasets import load_dataset
-from fedveil.simulations.writer_style import apply_writer_style
+from fedveil.data.client_data import client_partitions, client_tensors
+from fedveil.data.datasets import load_dataset
+from fedveil.data.writer_style import apply_writer_style
 
 
 @pytest.fixture(scope="module")

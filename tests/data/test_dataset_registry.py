@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedveil.simulations.datasets import Dataset, available_datasets, load_dataset
-from fedveil.simulations.synthetic import generate_synthetic
+from fedveil.data.datasets import Dataset, available_datasets, load_dataset
+from fedveil.data.synthetic import generate_synthetic
 
 
 def test_registry_lists_builtin_datasets():

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedveil.simulations import fashion_mnist as fm
-from fedveil.simulations.datasets import DatasetNotFoundError, load_dataset
-from fedveil.simulations.idx import IdxFormatError, write_idx
+from fedveil.data import fashion_mnist as fm
+from fedveil.data.datasets import DatasetNotFoundError, load_dataset
+from fedveil.data.idx import IdxFormatError, write_idx
 
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 NAMES = [

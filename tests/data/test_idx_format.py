@@ -5,7 +5,7 @@ import gzip
 import numpy as np
 import pytest
 
-from fedveil.simulations.idx import IdxFormatError, read_idx, write_idx
+from fedveil.data.idx import IdxFormatError, read_idx, write_idx
 
 
 @pytest.mark.parametrize("compress", [True, False])

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from fedveil.simulations.partition import format_partition_report, partition, partition_report
+from fedveil.data.partition import format_partition_report, partition, partition_report
 
 
 def test_counts_histograms_and_distances():

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from fedveil.simulations.partition import SCHEMES, partition, partition_report
+from fedveil.data.partition import SCHEMES, partition, partition_report
 
 PROPS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

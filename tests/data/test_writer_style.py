@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedveil.simulations.writer_style import apply_writer_style, writer_style
+from fedveil.data.writer_style import apply_writer_style, writer_style
 
 
 def _strokes(n: int = 16, size: int = 28, offset: float = -0.4) -> torch.Tensor:

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import gzip
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from deploy_task import arrays, write_client_file, write_idx
 
-from fedveil.client.edge_data import (
-    FASHION_MNIST_MEAN,
-    FASHION_MNIST_STD,
-    DataError,
-    load_local_data,
-    read_idx,
-    with_holdout,
-)
+from fedveil.client.edge_data import DataError, load_local_data, read_idx, with_holdout
+from fedveil.data.datasets import load_dataset
+from fedveil.data.pixels import FASHION_MNIST_MEAN, FASHION_MNIST_STD
+
+DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
 @pytest.mark.parametrize("fmt", ["npz", "csv", "idx"])
@@ -44,8 +42,21 @@ def test_fashion_mnist_style_idx_images(tmp_path):
     data = load_local_data(tmp_path)  # the directory, as Debian's dataset-fashion-mnist has it
     assert tuple(data.x.shape) == (7, 1, 28, 28)
     expected = (images[2].astype(np.float32) / 255 - FASHION_MNIST_MEAN) / FASHION_MNIST_STD
-    np.testing.assert_allclose(data.x[2, 0].numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(data.x[2, 0].numpy(), expected, rtol=1e-6, atol=1e-6)
     assert data.y.tolist() == labels.tolist()
+
+
+@pytest.mark.skipif(
+    not (DEBIAN_FMNIST / "train-labels-idx1-ubyte.gz").is_file(),
+    reason="Debian package dataset-fashion-mnist not installed",
+)
+def test_raw_fashion_mnist_on_a_device_is_the_simulations_training_set(tmp_path, monkeypatch):
+    # Bit for bit, not to rounding: the device and the simulation standardise pixels by
+    # the same code, so a device with the raw files trains the simulation's model.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    ds = load_dataset("fashion-mnist", data_dir=DEBIAN_FMNIST, use_cache=False)
+    data = load_local_data(DEBIAN_FMNIST)
+    assert torch.equal(data.x, ds.x_train) and torch.equal(data.y, ds.y_train)
 
 
 def test_npz_eval_split_and_holdout(tmp_path):
@@ -79,7 +90,7 @@ def test_csv_label_column_by_name_or_last(tmp_path):
         ("a.bin", b"x", "unknown data format"),
         ("x-images-idx3-ubyte", b"\x00\x00\x08\x03\x00\x00\x00\x02", "truncated"),
         ("x-images-idx3-ubyte", b"\x01\x02\x08\x01\x00\x00\x00\x01\x05", "magic"),
-        ("y-images-idx3-ubyte", b"\x00\x00\x08\x01\x00\x00\x00\x09\x05", "header says"),
+        ("y-images-idx3-ubyte", b"\x00\x00\x08\x01\x00\x00\x00\x09\x05", "header shape"),
     ],
 )
 def test_bad_files_are_named(tmp_path, name, content, message):

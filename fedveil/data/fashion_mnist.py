@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .data_errors import DatasetDownloadError, DatasetNotFoundError
+from .errors import DatasetDownloadError, DatasetNotFoundError
 from .idx import IdxFormatError, read_idx
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Offline datasets for simulations, behind one registry.
+"""Offline datasets behind one registry (simulations train on them, the coordinator tests).
 
 ``load_dataset(name, data_dir=..., seed=..., **params)`` returns a :class:`Dataset`
 of ready-to-train torch tensors. Nothing is ever downloaded here: a missing dataset
@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .data_errors import DatasetNotFoundError
+from .errors import DatasetNotFoundError
 from .fashion_mnist import FASHION_MNIST_CLASSES, load_fashion_mnist_arrays
+from .pixels import FASHION_MNIST_MEAN, FASHION_MNIST_STD, standardize_pixels
 from .synthetic import generate_synthetic
 
 __all__ = [
@@ -27,10 +28,6 @@ __all__ = [
     "load_dataset",
     "register_dataset",
 ]
-
-# Training-set pixel statistics (of x/255), the usual Fashion-MNIST normalisation.
-FASHION_MNIST_MEAN = 0.2860
-FASHION_MNIST_STD = 0.3530
 
 
 @dataclass
@@ -132,8 +129,7 @@ def load_dataset(
 
 
 def _images_to_tensor(images: np.ndarray, scale: float, mean: float, std: float) -> torch.Tensor:
-    x = torch.from_numpy(images).to(torch.float32).unsqueeze(1)  # N x 1 x H x W
-    return x.mul_(1.0 / (scale * std)).sub_(mean / std)  # == (images/scale - mean) / std
+    return standardize_pixels(images, scale, mean, std).unsqueeze(1)  # N x 1 x H x W
 
 
 def _load_fashion_mnist(
