@@ -1,10 +1,70 @@
-"""`fedveil bench`: benchmarks, measured side by side in one invocation."""
+"""`fedveil bench`: benchmarks, measured side by side in one invocation.
+
+The benchmarks live in `benchmarks/` at the root of a source checkout, outside the
+wheel. This module owns the command's flags, finds that folder and hands the parsed
+flags to it; nothing here imports a benchmark before the command runs.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import os
 import sys
+from pathlib import Path
+from types import ModuleType
+
+# Points at a checkout's benchmarks/ folder when fedveil is not installed from that checkout.
+BENCHMARKS_ENV = "FEDVEIL_BENCHMARKS"
+NEEDS_CHECKOUT = (
+    "fedveil bench needs a source checkout (the benchmarks/ folder): git clone the fedveil "
+    "repository, install it with `pip install -e .` and run it there, or set "
+    f"{BENCHMARKS_ENV} to the checkout's benchmarks/ folder"
+)
+# `fedveil bench secagg --drop-stage`: the stages at which the failing clients raise
+# (benchmarks.bench_secagg_round.DROP_STAGES maps each to its message kinds).
+SECAGG_DROP_STAGES = ("advertise", "share_keys", "masked_input", "unmask")
+SECAGG_SUMMARY = (
+    "`fedveil bench secagg`: secure aggregation, protocol compute and whole rounds, ours vs Flower."
+)
+
+
+class BenchmarksNotFound(FileNotFoundError):
+    """No benchmarks/ folder: fedveil runs from a wheel, not from a source checkout."""
+
+
+def find_benchmarks() -> Path:
+    """The checkout's benchmarks/ folder: $FEDVEIL_BENCHMARKS, else the one next to the
+    editable install's source folders (the parent of the `fedveil/` package folder)."""
+    configured = os.environ.get(BENCHMARKS_ENV)
+    if configured:
+        folder = Path(configured).expanduser().resolve()
+        if not (folder / "__init__.py").is_file():
+            raise BenchmarksNotFound(
+                f"{BENCHMARKS_ENV} = {configured!r}: not a benchmarks/ folder "
+                f"(no __init__.py); {NEEDS_CHECKOUT}"
+            )
+        return folder
+    import fedveil
+
+    folder = Path(fedveil.__file__).resolve().parent.parent / "benchmarks"
+    if not (folder / "__init__.py").is_file():
+        raise BenchmarksNotFound(NEEDS_CHECKOUT)
+    return folder
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """Import `benchmarks.<name>` from the checkout. The checkout's root also leads
+    PYTHONPATH, so the benchmark's child processes (its contenders, Ray's workers) import
+    the same folder."""
+    root = str(find_benchmarks().parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def _positive_list(text: str) -> list[int]:
@@ -52,14 +112,66 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     s.set_defaults(func=cmd_bench_simulation)
 
-    from fedveil.simulations.bench_secagg_round import add_secagg_bench
+    p = bsub.add_parser(
+        "secagg",
+        help="secure aggregation: protocol compute and whole rounds, ours vs Flower's SecAgg+",
+        description=SECAGG_SUMMARY
+        + " Per-round times are medians of the steady rounds; --json prints one JSON object "
+        "(with ratio and compute_ratio) as the last line of stdout.",
+    )
+    add_secagg_arguments(p)
+    p.set_defaults(func=cmd_bench_secagg)
 
-    add_secagg_bench(bsub)
+
+def add_secagg_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `fedveil bench secagg` (also `python -m benchmarks.bench_secagg_round`)."""
+    p.add_argument("--clients", type=int, default=100, help="clients, all sampled [100]")
+    p.add_argument("--dim", type=int, default=100_000, help="model parameters [100000]")
+    p.add_argument("--dropout", type=float, default=0.1, help="fraction that fails [0.1]")
+    p.add_argument("--neighbors", type=int, help="neighbours k [from the threat model]")
+    p.add_argument("--threshold", type=int, help="Shamir threshold t [from the threat model]")
+    p.add_argument("--peer", choices=["flower"], help="also run Flower's SecAgg+")
+    p.add_argument(
+        "--rounds", type=int, default=4, help="rounds per run; the first and last excluded [4]"
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per round configuration, interleaved, and compute runs per side (each side "
+        "keeps its cheapest) [1]",
+    )
+    p.add_argument(
+        "--drop-stage",
+        choices=list(SECAGG_DROP_STAGES),
+        default="masked_input",
+        help="stage at which the failing clients raise [masked_input]",
+    )
+    p.add_argument(
+        "--transport",
+        choices=["flower", "inprocess"],
+        default="flower",
+        help="where our rounds run [flower]; inprocess has no peer",
+    )
+    p.add_argument("--examples", type=int, default=8, help="most examples per client [8]")
+    p.add_argument("--no-compute", action="store_true", help="skip the protocol compute part")
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run plain rounds with 1 extra empty exchange: the transport's share of "
+        "our steady secure round's overhead, and the best ratio it allows",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
+def cmd_bench_secagg(args: argparse.Namespace) -> int:
+    return load_benchmark("bench_secagg_round").cmd_bench_secagg(args)
 
 
 def cmd_bench_simulation(args: argparse.Namespace) -> int:
-    from fedveil.simulations import bench_simulation as bs
-    from fedveil.simulations.bench_workload import Workload
+    bs = load_benchmark("bench_simulation")
+    Workload = load_benchmark("bench_workload").Workload
 
     if args.workers < 0:
         raise ValueError(f"--workers = {args.workers}: must be >= 0")

@@ -1,1 +1,1 @@
-"""Datasets, partitioners, in-process engine, Flower simulation runner, benchmarks."""
+"""Datasets, partitioners, in-process engine, Flower simulation runner."""

@@ -9,6 +9,9 @@ import pytest
 
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))  # tests/tiny_task.py is importable as `tiny_task`
+# The checkout's benchmarks/ (outside the wheel) import as `benchmarks`, also under `pytest`.
+if str(TESTS.parent) not in sys.path:
+    sys.path.insert(1, str(TESTS.parent))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -5,20 +5,16 @@ Nothing here asserts a timing or a ratio's size: the targets live in the benchma
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
 import numpy as np
 import pytest
 
-from fedveil.envelope import Envelope
-from fedveil.piggyback import attach, split_reply
-from fedveil.simulations import bench_secagg, bench_secagg_round
-from fedveil.simulations.bench_secagg_round import (
+from benchmarks import bench_secagg, bench_secagg_round
+from benchmarks.bench_secagg_round import (
     DroppingRuntime,
     Workload,
-    add_secagg_bench,
     bench,
     expected_contributors,
     graph_parameters,
@@ -26,6 +22,11 @@ from fedveil.simulations.bench_secagg_round import (
     reference_mean,
     run_ours,
 )
+from fedveil import bench_cli
+from fedveil.cli import build_parser
+from fedveil.cli import main as cli_main
+from fedveil.envelope import Envelope
+from fedveil.piggyback import attach, split_reply
 
 TINY = Workload(clients=6, dim=1000, dropout=0.17, seed=3)
 KEYS = {"ratio", "compute_ratio", "round", "checks", "compute", "neighbors", "threshold"}
@@ -98,22 +99,24 @@ def test_clients_failing_at_unmask_still_count_in_the_secure_sum():
     assert np.max(np.abs(secure["_mean"] - reference_mean(w, range(6)))) <= bound
 
 
-def test_registers_on_a_bench_group_and_rejects_bad_flags(capsys):
-    parser = argparse.ArgumentParser(prog="fedveil")
-    group = parser.add_subparsers(dest="command").add_parser("bench").add_subparsers()
-    add_secagg_bench(group)
+def test_fedveil_bench_secagg_parses_the_flags_and_rejects_bad_ones(capsys):
+    parser = build_parser()
     flags = "--clients 6 --dim 1000 --dropout 0.2 --peer flower --rounds 2 --json"
     args = parser.parse_args(["bench", "secagg", *flags.split(" ")])
     assert (args.clients, args.dim, args.peer, args.rounds) == (6, 1000, "flower", 2)
     assert args.json is True
-    assert args.func is bench_secagg_round.cmd_bench_secagg
+    assert args.func is bench_cli.cmd_bench_secagg
+    # The CLI's --drop-stage choices are the stages the benchmark can drop clients at.
+    assert tuple(bench_secagg_round.DROP_STAGES) == bench_cli.SECAGG_DROP_STAGES
+    assert cli_main(["bench", "secagg", "--clients", "6", "--rounds", "1"]) == 2
+    assert "--rounds 1" in capsys.readouterr().err
     assert main(["--clients", "6", "--rounds", "1", "--transport", "inprocess"]) == 2
     assert "--rounds 1" in capsys.readouterr().err
 
 
 def test_content_size_follows_wire_size_rules():
     flwr = pytest.importorskip("flwr.app")
-    from fedveil.simulations.flower_secaggplus_peer import content_size
+    from benchmarks.flower_secaggplus_peer import content_size
 
     content = flwr.RecordDict(
         {

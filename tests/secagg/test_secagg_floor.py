@@ -7,14 +7,14 @@ import time
 import pytest
 from secagg_helpers import make_session, random_inputs
 
-from fedveil.privacy.secagg import DropoutPattern, Stage, crypto, run_in_memory, shamir
-from fedveil.privacy.secagg.masking import MaskApplier
-from fedveil.simulations import bench_secagg
-from fedveil.simulations.secagg_floor import (
+from benchmarks import bench_secagg
+from benchmarks.secagg_floor import (
     instrumented_primitives,
     primitive_counts,
     primitive_floor,
 )
+from fedveil.privacy.secagg import DropoutPattern, Stage, crypto, run_in_memory, shamir
+from fedveil.privacy.secagg.masking import MaskApplier
 
 
 @pytest.mark.parametrize(("n", "neighbors", "threshold"), [(12, 6, 4), (7, None, 4)])

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from secagg_helpers import make_session
 
+from benchmarks import bench_secagg
 from fedveil.privacy.secagg import SecAggClient, randomness
-from fedveil.simulations import bench_secagg
 
 SOURCES = pathlib.Path(randomness.__file__).parent
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from benchmarks.bench_workload import Workload, bench_task
 from fedveil.client.runtime import client_generator
 from fedveil.client.training import LocalTraining, train_local
 from fedveil.config import load_config
@@ -13,7 +14,6 @@ from fedveil.envelope import Envelope
 from fedveil.params import FlatModel
 from fedveil.server.rounds import RoundEngine
 from fedveil.simulations.batched import BatchedTrainer
-from fedveil.simulations.bench_workload import Workload, bench_task
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.lane import ClientLane, plan_units
 

@@ -28,12 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedveil.client.runtime import client_generator
-from fedveil.client.training import LocalTraining, train_local
-from fedveil.params import FlatModel
-from fedveil.server.rounds import initial_model
-
-from .bench_secagg_round import (
+from benchmarks.bench_secagg_round import (
     CLIP_RANGE,
     DROP_MARKER,
     DROP_STAGES,
@@ -45,6 +40,10 @@ from .bench_secagg_round import (
     steady_rounds,
     wire_size,
 )
+from fedveil.client.runtime import client_generator
+from fedveil.client.training import LocalTraining, train_local
+from fedveil.params import FlatModel
+from fedveil.server.rounds import initial_model
 
 
 def array_nbytes(array: Any) -> int:

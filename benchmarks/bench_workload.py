@@ -16,10 +16,9 @@ import numpy as np
 import torch
 from torch.nn import functional
 
+from benchmarks.memwatch import RoundClock
 from fedveil.models import build_model
 from fedveil.tasks import ClientData, Task
-
-from .memwatch import RoundClock
 
 INPUT_SHAPE = (1, 28, 28)
 CLASSES = 10
@@ -142,7 +141,7 @@ def run_bare(w: Workload) -> dict[str, Any]:
     and the engine's allocator setting (freed memory kept for reuse), so the bound
     is not loosened by costs the engine avoids.
     """
-    from .workers import keep_freed_memory
+    from fedveil.simulations.workers import keep_freed_memory
 
     keep_freed_memory()
     torch.set_num_threads(1)

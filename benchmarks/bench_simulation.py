@@ -23,8 +23,9 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from .bench_workload import Workload
-from .memwatch import PeakWatcher, RoundClock
+from benchmarks import child_env
+from benchmarks.bench_workload import Workload
+from benchmarks.memwatch import PeakWatcher, RoundClock
 
 T0_ENV = "FEDVEIL_BENCH_T0"
 MB = 1024 * 1024
@@ -33,11 +34,10 @@ MB = 1024 * 1024
 # -- children: one contender each ---------------------------------------------
 def run_ours(w: Workload, workers: int) -> dict[str, Any]:
     """The workload on fedveil's round engine over the in-process engine."""
+    from benchmarks.bench_workload import BenchTaskFactory, bench_task
     from fedveil.config import load_config
     from fedveil.server.rounds import RoundEngine
-
-    from .bench_workload import BenchTaskFactory, bench_task
-    from .inprocess import InProcessTransport, auto_workers
+    from fedveil.simulations.inprocess import InProcessTransport, auto_workers
 
     cfg = load_config(
         None,
@@ -91,11 +91,11 @@ def child_main(role: str, workload: dict[str, Any], workers: int) -> None:
         torch.set_num_threads(1)
         result = run_ours(w, 1)
     elif role == "bare":
-        from .bench_workload import run_bare
+        from benchmarks.bench_workload import run_bare
 
         result = run_bare(w)
     elif role == "flower":
-        from .flower_peer import run_flower
+        from benchmarks.flower_peer import run_flower
 
         result = run_flower(w)
     else:
@@ -109,12 +109,12 @@ def measure(role: str, w: Workload, workers: int = 0, timeout_s: float = 3600) -
     cmd = [
         sys.executable,
         "-m",
-        "fedveil.simulations.bench_simulation",
+        "benchmarks.bench_simulation",
         role,
         json.dumps(w.to_dict()),
         str(workers),
     ]
-    env = dict(os.environ)
+    env = child_env()
     t0 = time.time()
     env[T0_ENV] = repr(t0)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)

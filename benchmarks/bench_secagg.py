@@ -16,7 +16,7 @@ pairwise masks: the expensive recovery path. Quantization uses Flower's workflow
   `SecAggPlusWorkflow` (server) compute, stage by stage, calling Flower's own functions
   (P-384 keys as PEM, Fernet, pycryptodome Shamir over 16-byte chunks, NumPy MT masks).
 
-Run: `python -m fedveil.simulations.bench_secagg --n 100 --dim 100000 --dropout 0.1`.
+Run: `python -m benchmarks.bench_secagg --n 100 --dim 100000 --dropout 0.1`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from benchmarks.secagg_floor import PrimitiveLog, instrumented_primitives, primitive_floor
 from fedveil.privacy.secagg import (
     DropoutPattern,
     Quantizer,
@@ -48,7 +49,6 @@ from fedveil.privacy.secagg import (
 from fedveil.privacy.secagg.crypto import KeystreamBuffer
 from fedveil.privacy.secagg.masking import MaskApplier
 from fedveil.privacy.secagg.params import ThreatMode
-from fedveil.simulations.secagg_floor import PrimitiveLog, instrumented_primitives, primitive_floor
 
 # SecAggPlusWorkflow defaults, used on both sides.
 CLIP_RANGE = 8.0

@@ -23,7 +23,7 @@ always drops its clients at masked input, the expensive recovery path.)
 Per-round time is the median of the steady rounds (rounds 2..R of every repeat; round 1 and
 start-up excluded). Bytes are payload bytes per surviving client per round (array data, raw
 bytes and strings, 8 per number, key names), counted on the messages each server sends and
-receives. Run: `python -m fedveil.simulations.bench_secagg_round --clients 100 --dim 100000
+receives. Run: `python -m benchmarks.bench_secagg_round --clients 100 --dim 100000
 --dropout 0.1 --peer flower`.
 """
 
@@ -49,6 +49,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from benchmarks import bench_secagg
+from fedveil.bench_cli import add_secagg_arguments
 from fedveil.client.runtime import ClientRuntime, client_generator
 from fedveil.client.training import LocalTraining, train_local
 from fedveil.config import RunConfig, config_from_dict
@@ -61,8 +63,6 @@ from fedveil.server.pipeline import make_privacy_pipeline
 from fedveil.server.rounds import RoundEngine, initial_model
 from fedveil.server.transport import ClientFailure, Transport
 from fedveil.tasks import ClientData, Task
-
-from . import bench_secagg
 
 CLASSES = 10
 LR = 0.05
@@ -433,14 +433,14 @@ def run_ours(
         )
 
     if transport == "inprocess":
-        from .inprocess import InProcessTransport
+        from fedveil.simulations.inprocess import InProcessTransport
 
         base = DroppingTransport(InProcessTransport(task), w.dropped, drop_kinds(w, secagg))
         engine = build(base)
         cpu_marks[0] = time.process_time()
         engine.run()
     else:
-        from .flower_runner import run_on_flower
+        from fedveil.simulations.flower_runner import run_on_flower
 
         with _client_runtime(DroppingRuntimeFactory(w, secagg)):
             engine = run_on_flower(cfg, w.clients, build)["engine"]
@@ -626,7 +626,7 @@ def bench(
         if floor:
             runs["fedveil_floor"].append(run_ours(w, False, k, t, rounds, transport, floor=True))
         if peer == "flower":
-            from .flower_secaggplus_peer import run_flower
+            from benchmarks.flower_secaggplus_peer import run_flower
 
             runs["flower_plain"].append(run_flower(w, False, k, t, rounds))
             runs["flower_secagg"].append(run_flower(w, True, k, t, rounds))
@@ -795,47 +795,6 @@ def _capture(fn: Any, *args: Any) -> str:
 # -- command line -------------------------------------------------------------------------
 
 
-def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--clients", type=int, default=100, help="clients, all sampled [100]")
-    p.add_argument("--dim", type=int, default=100_000, help="model parameters [100000]")
-    p.add_argument("--dropout", type=float, default=0.1, help="fraction that fails [0.1]")
-    p.add_argument("--neighbors", type=int, help="neighbours k [from the threat model]")
-    p.add_argument("--threshold", type=int, help="Shamir threshold t [from the threat model]")
-    p.add_argument("--peer", choices=["flower"], help="also run Flower's SecAgg+")
-    p.add_argument(
-        "--rounds", type=int, default=4, help="rounds per run; the first and last excluded [4]"
-    )
-    p.add_argument(
-        "--repeat",
-        type=int,
-        default=1,
-        help="runs per round configuration, interleaved, and compute runs per side (each side "
-        "keeps its cheapest) [1]",
-    )
-    p.add_argument(
-        "--drop-stage",
-        choices=list(DROP_STAGES),
-        default="masked_input",
-        help="stage at which the failing clients raise [masked_input]",
-    )
-    p.add_argument(
-        "--transport",
-        choices=["flower", "inprocess"],
-        default="flower",
-        help="where our rounds run [flower]; inprocess has no peer",
-    )
-    p.add_argument("--examples", type=int, default=8, help="most examples per client [8]")
-    p.add_argument("--no-compute", action="store_true", help="skip the protocol compute part")
-    p.add_argument(
-        "--floor",
-        action="store_true",
-        help="also run plain rounds with 1 extra empty exchange: the transport's share of "
-        "our steady secure round's overhead, and the best ratio it allows",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
-
-
 def cmd_bench_secagg(args: argparse.Namespace) -> int:
     w = Workload(
         clients=args.clients,
@@ -911,25 +870,12 @@ def _quiet_dropouts() -> Iterator[None]:
             logger.removeFilter(filt)
 
 
-def add_secagg_bench(subparsers: argparse._SubParsersAction) -> None:
-    """Register `secagg` on a `fedveil bench` sub-command group."""
-    p = subparsers.add_parser(
-        "secagg",
-        help="secure aggregation: protocol compute and whole rounds, ours vs Flower's SecAgg+",
-        description=__doc__.split("\n\n")[0]
-        + " Per-round times are medians of the steady rounds; --json prints one JSON object "
-        "(with ratio and compute_ratio) as the last line of stdout.",
-    )
-    _add_arguments(p)
-    p.set_defaults(func=cmd_bench_secagg)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m fedveil.simulations.bench_secagg_round",
+        prog="python -m benchmarks.bench_secagg_round",
         description=__doc__.split("\n\n")[0],
     )
-    _add_arguments(parser)
+    add_secagg_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     try:

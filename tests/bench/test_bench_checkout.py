@@ -1,0 +1,112 @@
+"""`fedveil bench` runs the benchmarks from a source checkout; the wheel leaves them out.
+
+The wheel is built for real from a copy of this checkout (a stale build/ folder next to the
+sources cannot leak into it) and installed with pip; `fedveil` then runs from that install,
+from a folder outside the checkout, as it would on a user's machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = ("pyproject.toml", "README.md", "fedveil", "server", "client", "privacy", "simulations")
+
+
+def _ignore(_folder: str, names: list[str]) -> set[str]:
+    return {n for n in names if n == "__pycache__" or n.endswith(".egg-info")}
+
+
+@pytest.fixture(scope="module")
+def wheel_install(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the built wheel, a folder where it is installed without dependencies)."""
+    work = tmp_path_factory.mktemp("wheel")
+    src = work / "src"
+    src.mkdir()
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=_ignore)
+        else:
+            shutil.copy2(ROOT / name, src / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    build = [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(work), str(src)]
+    subprocess.run(build, check=True, capture_output=True, timeout=300)
+    (wheel,) = work.glob("fedveil-*.whl")
+    site = work / "site"
+    install = [*pip, "install", "--no-deps", "--no-compile", "--target", str(site), str(wheel)]
+    subprocess.run(install, check=True, capture_output=True, timeout=300)
+    return wheel, site
+
+
+def _fedveil(site: Path, cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FEDVEIL_BENCHMARKS")}
+    # The wheel's folder comes first on sys.path: it shadows the editable install of this
+    # checkout (whose finder only answers after the path entries).
+    environ.update(PYTHONPATH=str(site), **env)
+    return subprocess.run(
+        [sys.executable, "-m", "fedveil.cli", *args],
+        cwd=cwd,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_wheel_ships_no_benchmark(wheel_install):
+    wheel, _site = wheel_install
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "fedveil/simulations/inprocess.py" in names  # the simulations themselves ship
+    moved = {path.stem for path in (ROOT / "benchmarks").glob("*.py")} - {"__init__"}
+    assert "bench_secagg_round" in moved and "flower_peer" in moved
+    shipped = [n for n in names if n.startswith("benchmarks/") or Path(n).stem in moved]
+    assert shipped == []
+
+
+def test_from_the_wheel_bench_says_it_needs_a_checkout(wheel_install, tmp_path):
+    _wheel, site = wheel_install
+    run = subprocess.run(
+        [sys.executable, "-c", "import fedveil; print(fedveil.__file__)"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+    )
+    assert run.stdout.strip().startswith(str(site))  # the wheel, not this checkout
+    # The command and its flags are all there: only running a benchmark needs the checkout.
+    assert _fedveil(site, tmp_path, "bench", "secagg", "--help").returncode == 0
+    for bench in (["simulation", "--clients", "4", "--rounds", "1"], ["secagg", "--clients", "6"]):
+        proc = _fedveil(site, tmp_path, "bench", *bench)
+        assert proc.returncode == 2, proc.stderr
+        assert "fedveil bench needs a source checkout (the benchmarks/ folder)" in proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_fedveil_benchmarks_points_the_wheel_at_a_checkout(wheel_install, tmp_path):
+    _wheel, site = wheel_install
+    wrong = _fedveil(site, tmp_path, "bench", "secagg", FEDVEIL_BENCHMARKS=str(tmp_path))
+    assert wrong.returncode == 2
+    assert f"FEDVEIL_BENCHMARKS = '{tmp_path}': not a benchmarks/ folder" in wrong.stderr
+    flags = "--clients 6 --dim 1000 --dropout 0.17 --seed 3 --rounds 2 --transport inprocess"
+    proc = _fedveil(
+        site,
+        tmp_path,
+        "bench",
+        "secagg",
+        *flags.split(),
+        "--no-compute",
+        "--json",
+        FEDVEIL_BENCHMARKS=str(ROOT / "benchmarks"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (out["clients"], out["neighbors"], out["threshold"], out["dropped"]) == (6, 5, 2, 1)
+    assert out["checks"]["fedveil"]["secagg_ok"]
