@@ -54,10 +54,11 @@ from fedveil.bench_cli import add_secagg_arguments
 from fedveil.client.runtime import ClientRuntime, client_generator
 from fedveil.client.training import LocalTraining, train_local
 from fedveil.config import RunConfig, config_from_dict
-from fedveil.envelope import Envelope
 from fedveil.params import FlatModel
-from fedveil.piggyback import detach, join_replies
 from fedveil.privacy.secagg.wire import wire_size
+from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.kinds import Kind, Stage
+from fedveil.protocol.riders import detach, join_replies
 from fedveil.server.aggregation import Aggregate, UpdateChannel
 from fedveil.server.pipeline import make_privacy_pipeline
 from fedveil.server.rounds import RoundEngine, initial_model
@@ -71,10 +72,10 @@ LEVELS = bench_secagg.LEVELS
 ADVERSARIAL_RATE = bench_secagg.ADVERSARIAL_RATE
 # Our stage -> (our message kind, Flower's SecAgg+ stage name).
 DROP_STAGES = {
-    "advertise": ("secagg.advertise", "setup"),
-    "share_keys": ("secagg.share_keys", "share_keys"),
-    "masked_input": ("secagg.masked_input", "collect_masked_vectors"),
-    "unmask": ("secagg.unmask", "unmask"),
+    Stage.ADVERTISE.value: (Kind.SECAGG_ADVERTISE.value, "setup"),
+    Stage.SHARE_KEYS.value: (Kind.SECAGG_SHARE_KEYS.value, "share_keys"),
+    Stage.MASKED_INPUT.value: (Kind.SECAGG_MASKED_INPUT.value, "collect_masked_vectors"),
+    Stage.UNMASK.value: (Kind.SECAGG_UNMASK.value, "unmask"),
 }
 # Issue targets, printed next to the measurements (never asserted in tests).
 TARGETS = {"ratio": 10.0, "compute_ratio": 30.0, "masking_over_prg": 2.0}
@@ -262,7 +263,7 @@ class DroppingTransport:
 
 
 def drop_kinds(w: Workload, secagg: bool) -> frozenset[str]:
-    return frozenset({DROP_STAGES[w.drop_stage][0] if secagg else "train"})
+    return frozenset({DROP_STAGES[w.drop_stage][0] if secagg else Kind.TRAIN.value})
 
 
 class DroppingRuntimeFactory:
@@ -365,7 +366,7 @@ class ExtraExchangesChannel:
     ) -> Aggregate | None:
         rnd = next(iter(requests.values())).round
         for _ in range(self.extra):
-            transport.exchange({cid: Envelope("hello", rnd) for cid in requests}, timeout_s)
+            transport.exchange({cid: Envelope(Kind.HELLO, rnd) for cid in requests}, timeout_s)
         return self.inner.collect(transport, requests, model_size, timeout_s, upcoming)
 
 

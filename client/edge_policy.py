@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fedveil.envelope import Envelope, MessageError
-
-TRAINING_KINDS = ("train", "secagg.masked_input")
+from fedveil.protocol.envelope import Envelope, MessageError
+from fedveil.protocol.fields import BATCH_SIZE, CLIP_NORM, DP_SGD_NOISE, LOCAL_EPOCHS, LOCAL_STEPS
+from fedveil.protocol.kinds import TRAINING_KINDS, Kind
 
 
 class PolicyRefusal(MessageError):
@@ -72,13 +72,13 @@ class LocalPolicy:
         if request.kind not in TRAINING_KINDS:
             return request, False
         config = dict(request.config)
-        if self.require_secagg and request.kind == "train":
+        if self.require_secagg and request.kind == Kind.TRAIN:
             raise PolicyRefusal(
                 "local policy: this device requires secure aggregation; "
                 "the server asked for an update in the clear"
             )
         if self.max_clip_norm > 0:
-            clip = config.get("clip_norm")
+            clip = config.get(CLIP_NORM)
             ok = isinstance(clip, (int, float)) and not isinstance(clip, bool)
             if not ok or not 0 < clip <= self.max_clip_norm:
                 raise PolicyRefusal(
@@ -86,7 +86,7 @@ class LocalPolicy:
                     f"{self.max_clip_norm:g}; the server asked for clip_norm = {clip!r}"
                 )
         if self.min_dp_noise > 0:
-            noise = config.get("dp_sgd_noise")
+            noise = config.get(DP_SGD_NOISE)
             if (
                 not isinstance(noise, (int, float))
                 or isinstance(noise, bool)
@@ -100,7 +100,7 @@ class LocalPolicy:
         if steps is None:
             return request, False  # malformed: the runtime rejects it with the field name
         cap = steps
-        per_epoch = max(1, -(-num_examples // max(1, int(config["batch_size"]))))
+        per_epoch = max(1, -(-num_examples // max(1, int(config[BATCH_SIZE]))))
         if self.max_local_epochs:
             cap = min(cap, self.max_local_epochs * per_epoch)
         if self.max_local_steps:
@@ -109,7 +109,7 @@ class LocalPolicy:
             cap = min(cap, max(1, int(self.max_train_seconds / seconds_per_step)))
         if cap >= steps:
             return request, False
-        config["local_steps"] = int(cap)
+        config[LOCAL_STEPS] = int(cap)
         return Envelope(request.kind, request.round, config, request.arrays), True
 
 
@@ -117,9 +117,7 @@ def planned_steps(request: Envelope, num_examples: int) -> int | None:
     """The local steps a training request asks for (None if its fields are malformed)."""
     config = request.config
     try:
-        steps, epochs, batch = (
-            int(config[k]) for k in ("local_steps", "local_epochs", "batch_size")
-        )
+        steps, epochs, batch = (int(config[k]) for k in (LOCAL_STEPS, LOCAL_EPOCHS, BATCH_SIZE))
     except (KeyError, TypeError, ValueError):
         return None
     if batch < 1:

@@ -17,16 +17,17 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 
-from fedveil.envelope import MessageError
-from fedveil.flower_codec import KINDS, from_content, message_type, to_content
+from fedveil.protocol.envelope import MessageError
+from fedveil.protocol.flower_codec import KINDS, from_content, message_type, to_content
+from fedveil.protocol.kinds import ErrorCode
 
 from .runtime import ClientRuntime
 
 log = logging.getLogger("fedveil.client")
 
 # Error codes in Flower error replies.
-BAD_MESSAGE = 4001
-CLIENT_FAILURE = 4002
+BAD_MESSAGE = ErrorCode.BAD_MESSAGE.value
+CLIENT_FAILURE = ErrorCode.CLIENT_FAILURE.value
 
 
 def client_id_of(context: Context) -> int:

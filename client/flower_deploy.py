@@ -27,16 +27,18 @@ from flwr.app import Context, Error, Message
 from flwr.clientapp import ClientApp
 
 from fedveil.config import ConfigError, RunConfig, config_from_dict
-from fedveil.envelope import Envelope, MessageError
-from fedveil.flower_codec import KINDS, from_content, message_type, to_content
 from fedveil.models import MODELS, build_model
-from fedveil.piggyback import FAILED
 from fedveil.privacy.secagg import flower_run_id
 from fedveil.privacy.secagg.identity import ClientIdentity
+from fedveil.protocol.deployment import CONFIG_KEY
+from fedveil.protocol.envelope import Envelope, MessageError
+from fedveil.protocol.flower_codec import KINDS, from_content, message_type, to_content
+from fedveil.protocol.kinds import TRAINING_KINDS, ErrorCode, Kind
+from fedveil.protocol.riders import FAILED
 from fedveil.tasks import ClientData, Task, load_task_function
 
 from .edge_data import load_local_data, with_holdout
-from .edge_policy import TRAINING_KINDS, LocalPolicy, planned_steps
+from .edge_policy import LocalPolicy, planned_steps
 from .runtime import ClientRuntime
 from .secagg_stages import retain_recent
 
@@ -47,12 +49,10 @@ else:  # pragma: no cover
 
 log = logging.getLogger("fedveil.edge")
 
-# The contract with the coordinator's FAB (server/service/superlink.py builds it).
-CONFIG_KEY = "fedveil-config"  # the run's client-facing config (TOML) in Flower's run config
-FAB_ID = "fedveil/fedveil-service"
-CLIENTAPP_REF = "fedveil.client.flower_deploy:app"
-BAD_MESSAGE = 4001
-CLIENT_FAILURE = 4002
+# The contract with the coordinator's FAB (its builder reads the same names) and the
+# error codes of a device's replies: fedveil.protocol, defined once.
+BAD_MESSAGE = ErrorCode.BAD_MESSAGE.value
+CLIENT_FAILURE = ErrorCode.CLIENT_FAILURE.value
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,7 @@ class EdgeClient:
                 steps,
                 self._num_examples,
                 elapsed,
-                "; the update leaves masked" if request.kind != "train" else "",
+                "; the update leaves masked" if request.kind != Kind.TRAIN else "",
                 " (capped by local policy)" if capped else "",
             )
         return reply

@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from fedveil.envelope import Envelope, MessageError
 from fedveil.evaluation import evaluate
 from fedveil.params import FlatModel
-from fedveil.piggyback import detach, join_replies
 from fedveil.privacy.dp.ledger import WITNESS_CONFIG_KEY
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.privacy.secagg.identity import ClientIdentity
+from fedveil.protocol import fields as F
+from fedveil.protocol.envelope import Envelope, MessageError
+from fedveil.protocol.kinds import SECAGG, Kind
+from fedveil.protocol.riders import detach, join_replies
 from fedveil.tasks import Task
 
 from .training import DpSgdResult, LocalTraining, train_local, train_local_dp_sgd
@@ -29,15 +31,7 @@ if TYPE_CHECKING:
     from fedveil.config import RunConfig
     from fedveil.privacy.dp.plan import DistributedDpPlan
 
-TRAIN_FIELDS = (
-    ("local_epochs", int),
-    ("local_steps", int),
-    ("batch_size", int),
-    ("lr", float),
-    ("momentum", float),
-    ("weight_decay", float),
-    ("prox_mu", float),
-)
+TRAIN_FIELDS = F.HYPERPARAMETERS
 
 
 def client_generator(seed: int, round_num: int, client_id: int) -> torch.Generator:
@@ -123,13 +117,14 @@ class ClientRuntime:
                 self.on_ledger_head(head)
             except ValueError as exc:
                 raise MessageError(str(exc)) from None
-        if msg.kind == "hello":
-            return Envelope("hello", msg.round, {"client_id": client_id, "size": self.model.size})
-        if msg.kind == "train":
+        if msg.kind == Kind.HELLO:
+            hello = {F.CLIENT_ID: client_id, F.SIZE: self.model.size}
+            return Envelope(Kind.HELLO, msg.round, hello)
+        if msg.kind == Kind.TRAIN:
             return self._train(client_id, msg)
-        if msg.kind == "evaluate":
+        if msg.kind == Kind.EVALUATE:
             return self._evaluate(client_id, msg)
-        if msg.kind.startswith("secagg."):
+        if msg.kind.startswith(SECAGG):
             from .secagg_stages import handle_secagg
 
             identity = None if self.identities is None else self.identities(client_id)
@@ -164,21 +159,21 @@ class ClientRuntime:
         return self._dp_plan
 
     def _global(self, msg: Envelope) -> torch.Tensor:
-        return msg.tensor("model", numel=self.model.size)
+        return msg.tensor(F.MODEL, numel=self.model.size)
 
     def _train(self, client_id: int, msg: Envelope) -> Envelope:
         reply, delta = self._train_update(client_id, msg)
-        return Envelope("train", msg.round, reply, {"delta": delta})
+        return Envelope(Kind.TRAIN, msg.round, reply, {F.DELTA: delta})
 
     def _train_update(self, client_id: int, msg: Envelope) -> tuple[dict[str, Any], torch.Tensor]:
         """Train on the client's data; the reply fields and the (clipped) update."""
         hp = parse_training(msg)
-        seed = msg.get("seed", int)
+        seed = msg.get(F.SEED, int)
         global_vector = self._global(msg)
         data = self.task.client_data(client_id)
-        dp_noise = float(msg.config.get("dp_sgd_noise", 0.0) or 0.0)
+        dp_noise = float(msg.config.get(F.DP_SGD_NOISE, 0.0) or 0.0)
         if dp_noise > 0:
-            clip = float(msg.get("dp_sgd_clip", (int, float)))
+            clip = float(msg.get(F.DP_SGD_CLIP, (int, float)))
             result = train_local_dp_sgd(
                 self.task.model_fn(),
                 global_vector,
@@ -201,31 +196,31 @@ class ClientRuntime:
                 client_generator(seed, msg.round, client_id),
             )
         reply: dict[str, Any] = {
-            "num_examples": result.num_examples,
-            "loss": result.loss,
-            "steps": result.steps,
+            F.NUM_EXAMPLES: result.num_examples,
+            F.LOSS: result.loss,
+            F.STEPS: result.steps,
         }
         delta = result.delta
         if isinstance(result, DpSgdResult):
             delta = delta.to(delta_device)
-            reply["dp_sgd_steps"] = result.steps
-            reply["dp_sgd_rate"] = result.sample_rate
-        clip = float(msg.config.get("clip_norm", 0.0) or 0.0)
+            reply[F.DP_SGD_STEPS] = result.steps
+            reply[F.DP_SGD_RATE] = result.sample_rate
+        clip = float(msg.config.get(F.CLIP_NORM, 0.0) or 0.0)
         if clip < 0 or not math.isfinite(clip):
             raise MessageError(f"train message: clip_norm = {clip}: must be a finite number >= 0")
         if clip > 0:
             # User-level DP: the update's L2 norm is bounded by C on the client,
             # because the server may only ever see the sum.
             norm = float(torch.linalg.vector_norm(delta))
-            if msg.config.get("clip_indicator", False):
-                reply["unclipped"] = int(norm <= clip)
+            if msg.config.get(F.CLIP_INDICATOR, False):
+                reply[F.UNCLIPPED] = int(norm <= clip)
             if norm > clip:
                 # A hair under C, so float32 rounding can never push the norm above it.
                 delta = delta * (clip / norm * (1 - 2**-20))
-        weighting = msg.config.get("weighting", "examples")
-        if weighting not in ("examples", "uniform"):
+        weighting = msg.config.get(F.WEIGHTING, F.WEIGHT_BY_EXAMPLES)
+        if weighting not in (F.WEIGHT_BY_EXAMPLES, F.WEIGHT_UNIFORM):
             raise MessageError(f"train message: weighting = {weighting!r}: examples or uniform")
-        reply["weight"] = 1.0 if weighting == "uniform" else float(result.num_examples)
+        reply[F.WEIGHT] = 1.0 if weighting == F.WEIGHT_UNIFORM else float(result.num_examples)
         return reply, delta
 
     def _evaluate(self, client_id: int, msg: Envelope) -> Envelope:
@@ -236,4 +231,6 @@ class ClientRuntime:
         else:
             x, y = data.x_eval, data.y_eval
         loss, acc, n = evaluate(self.model, vector, x, y, self.task.loss_fn)
-        return Envelope("evaluate", msg.round, {"loss": loss, "accuracy": acc, "num_examples": n})
+        return Envelope(
+            Kind.EVALUATE, msg.round, {F.LOSS: loss, F.ACCURACY: acc, F.NUM_EXAMPLES: n}
+        )

@@ -4,7 +4,7 @@ The first stage ("secagg.advertise") starts a session: the client makes its
 keys, keeps its protocol state in the runtime's state dict, under the round's
 slot, and answers with its public keys; later stages restore the SecAggClient
 from that slot. Two sessions may be open at once: the server runs the next
-round's key stages inside this round's exchanges (see fedveil.piggyback), so
+round's key stages inside this round's exchanges (see fedveil.protocol.riders), so
 a client can be sharing keys for round r+1 while it still has to unmask
 round r. Older slots are dropped, and a slot ends with its unmask stage. The
 masked-input stage ("secagg.masked_input") carries the training request: the
@@ -15,7 +15,6 @@ so the plain vector is never stored between messages.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from typing import Any
@@ -23,11 +22,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedveil.envelope import Envelope, MessageError
-from fedveil.privacy.dp import SkellamEncoder, SkellamParams
+from fedveil.privacy.dp import SkellamParams
+from fedveil.privacy.encodings import (
+    QuantizedEncoding,
+    SkellamEncoding,
+    encoding_name,
+    is_skellam,
+)
 from fedveil.privacy.secagg import (
     SIMULATION_RUN_ID,
-    Quantizer,
     SecAggClient,
     SecAggError,
     SessionConfig,
@@ -35,32 +38,12 @@ from fedveil.privacy.secagg import (
 )
 from fedveil.privacy.secagg.identity import ClientIdentity
 from fedveil.privacy.secagg.view import SessionView, session_from_bytes
+from fedveil.protocol.envelope import Envelope, MessageError
+from fedveil.protocol.fields import CLIP_NORM, SA
+from fedveil.protocol.kinds import TRAINING_STAGE, Stage, stage_of
+from fedveil.protocol.secagg_frame import protocol_part, wrap
 
-SA = "sa."  # protocol fields inside an Envelope
-ENC = "enc."  # encoding parameters (masked-input stage only)
-STATE = "sa.state."  # + "<round>." + the SecAggClient's state keys
-STAGES = ("advertise", "share_keys", "masked_input", "consistency", "unmask")
-TRAINING_STAGE = "masked_input"  # the stage whose request is also a training request
-KINDS = [f"secagg.{stage}" for stage in STAGES]
-
-# Extra coordinates carried masked with the update, each scaled into [0, r].
-LOSS_CAP = 16.0
-
-
-def protocol_part(msg: Envelope) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    config = {k[len(SA) :]: v for k, v in msg.config.items() if k.startswith(SA)}
-    arrays = {k[len(SA) :]: np.asarray(v) for k, v in msg.arrays.items() if k.startswith(SA)}
-    return config, arrays
-
-
-def wrap(kind: str, round_num: int, message: Any) -> Envelope:
-    config, arrays = message.to_wire()
-    return Envelope(
-        kind,
-        round_num,
-        {SA + k: v for k, v in config.items()},
-        {SA + k: v for k, v in arrays.items()},
-    )
+STATE = SA + "state."  # + "<round>." + the SecAggClient's state keys
 
 
 def check_skellam_params(received: SkellamParams, expected: SkellamParams | None) -> None:
@@ -91,10 +74,7 @@ def check_skellam_params(received: SkellamParams, expected: SkellamParams | None
 def checked_skellam_params(msg: Envelope, expected: SkellamParams | None) -> SkellamParams:
     """The client's own distributed-DP parameters, once the request's match them (the
     client encodes with its own, never with what the server sent)."""
-    try:
-        params = SkellamParams.from_dict(json.loads(msg.get(ENC + "params", str)))
-    except (TypeError, ValueError, KeyError) as exc:
-        raise MessageError(f"{msg.kind} message: enc.params unreadable: {exc}") from None
+    params = SkellamEncoding.requested_params(msg)
     check_skellam_params(params, expected)
     assert expected is not None
     return expected
@@ -109,27 +89,14 @@ def encode_update(
     """The client's integer input vector for this round's encoding. `expected_skellam`: the
     distributed-DP parameters the client holds for the run; a request with others is
     refused (the server never sets them)."""
-    kind = msg.get(ENC + "kind", str)
+    kind = encoding_name(msg)
     vector = delta.detach().cpu().numpy()
-    if kind == "quantized":
-        q = Quantizer(
-            clip_range=float(msg.get(ENC + "clip_range", (int, float))),
-            levels=msg.get(ENC + "levels", int),
-            max_clients=msg.get(ENC + "max_clients", int),
-            max_weight=msg.get(ENC + "max_weight", int),
-        )
-        r = q.clip_range
-        loss = min(max(float(reply["loss"]), 0.0), LOSS_CAP)
-        extras = [r * loss / LOSS_CAP, r * float(reply.get("unclipped", 0))]
-        weight = min(round(reply["weight"]), q.max_weight)
-        # The quantizer reads float32 directly and the parts in order: no float64 copy.
-        return q.encode_weighted(
-            [vector, np.array(extras)], weight, l2_bound=msg.config.get("clip_norm") or None
-        )
-    if kind == "skellam":
+    if kind == QuantizedEncoding.NAME:
+        encoding = QuantizedEncoding.from_request(msg)
+        return encoding.encode(vector, reply, l2_bound=msg.config.get(CLIP_NORM) or None)
+    if kind == SkellamEncoding.NAME:
         params = checked_skellam_params(msg, expected_skellam)
-        seed = msg.get(ENC + "rotation_seed", int)
-        return SkellamEncoder(params, seed).encode(vector)
+        return SkellamEncoding.from_request(msg, params).encode(vector)
     raise MessageError(f"{msg.kind} message: unknown encoding {kind!r}")
 
 
@@ -205,12 +172,12 @@ def handle_secagg(
     `min_survivors`: the client's own floor on the survivor set it unmasks for;
     `expected_skellam`: the distributed-DP parameters it holds for the run (both from its
     own run config, see ClientRuntime)."""
-    stage = msg.kind.removeprefix("secagg.")
+    stage = stage_of(msg.kind)
     config, arrays = protocol_part(msg)
     try:
         request = decode_message(config, arrays)
         slot = _slot(msg.round)
-        if stage == "advertise":
+        if stage is Stage.ADVERTISE:
             # A new session: only the previous round's (which may still unmask) survives.
             previous = _slot(msg.round - 1)
             for key in [k for k in state if k.startswith(SA) and not k.startswith(previous)]:
@@ -228,9 +195,9 @@ def handle_secagg(
             client = SecAggClient.from_state(saved, min_survivors=min_survivors, **keys)
             client.session.check_binding(run_id, msg.round, "saved session")
         vector = None
-        if stage == TRAINING_STAGE:
+        if stage is TRAINING_STAGE:
             client.check_masked_input(request)  # a stale or foreign request costs no training
-            if msg.config.get(ENC + "kind") == "skellam":  # nor do parameters we refuse
+            if is_skellam(msg):  # nor do parameters we refuse
                 checked_skellam_params(msg, expected_skellam)
             reply, delta = train(client_id, msg)
             vector = encode_update(msg, reply, delta, expected_skellam)
@@ -239,7 +206,7 @@ def handle_secagg(
     except SecAggError as exc:
         raise MessageError(f"{msg.kind}: {exc}") from None
     _clear(state, slot)
-    if stage != "unmask":  # after unmasking the session is over: nothing to keep
+    if stage is not Stage.UNMASK:  # after unmasking the session is over: nothing to keep
         for key, value in client.to_state().items():
             state[slot + key] = value
     return wrap(msg.kind, msg.round, answer)

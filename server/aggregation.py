@@ -21,8 +21,10 @@ from typing import Protocol
 
 import torch
 
-from fedveil.envelope import Envelope, MessageError
 from fedveil.privacy.dp.clipping import clip_l2, l2_norm
+from fedveil.protocol.envelope import Envelope, MessageError
+from fedveil.protocol.fields import CLIP_NORM, DELTA, LOSS, NUM_EXAMPLES, UNCLIPPED, WEIGHT
+from fedveil.protocol.kinds import Kind
 
 from .transport import ClientFailure, Transport
 
@@ -62,7 +64,7 @@ class UpdateChannel(Protocol):
 
 
 # Per-client counters a train reply may carry, each summed over the cohort.
-COUNTERS = ("unclipped",)
+COUNTERS = (UNCLIPPED,)
 # Aggregate.extras key: updates the server re-clipped to C or re-weighted to 1 (central DP).
 RECLIPPED = "server_reclipped"
 
@@ -77,17 +79,17 @@ class TrainReply:
 
 def check_train_reply(reply: Envelope, round_num: int, model_size: int) -> TrainReply:
     """The checked contents of a train reply, or MessageError naming the check."""
-    if reply.kind != "train":
+    if reply.kind != Kind.TRAIN:
         raise MessageError(f"expected a train reply, got {reply.kind!r}")
     if reply.round != round_num:
         raise MessageError(f"reply is for round {reply.round}, this is round {round_num}")
-    n = reply.get("num_examples", int)
+    n = reply.get(NUM_EXAMPLES, int)
     if not 0 < n <= MAX_EXAMPLES:
         raise MessageError(f"num_examples = {n}: must be in [1, {MAX_EXAMPLES}]")
-    loss = float(reply.get("loss", (int, float)))
+    loss = float(reply.get(LOSS, (int, float)))
     if not math.isfinite(loss):
         raise MessageError(f"loss = {loss}: must be finite")
-    weight = float(reply.get("weight", (int, float))) if "weight" in reply.config else float(n)
+    weight = float(reply.get(WEIGHT, (int, float))) if WEIGHT in reply.config else float(n)
     if not 0 < weight <= MAX_EXAMPLES:
         raise MessageError(f"weight = {weight}: must be in (0, {MAX_EXAMPLES}]")
     counters: dict[str, float] = {}
@@ -97,13 +99,13 @@ def check_train_reply(reply: Envelope, round_num: int, model_size: int) -> Train
             if value not in (0.0, 1.0):
                 raise MessageError(f"{key} = {value}: must be 0 or 1")
             counters[key] = value
-    delta = reply.tensor("delta", numel=model_size)
+    delta = reply.tensor(DELTA, numel=model_size)
     return TrainReply(delta, weight, loss, counters)
 
 
 def request_clip_norm(request: Envelope) -> float | None:
     """The clip norm C a training request asks for (central DP), or None without one."""
-    clip = float(request.config.get("clip_norm", 0.0) or 0.0)
+    clip = float(request.config.get(CLIP_NORM, 0.0) or 0.0)
     return clip if clip > 0 else None
 
 

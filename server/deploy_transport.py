@@ -19,8 +19,10 @@ from typing import Any
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from fedveil.envelope import Envelope, MessageError
-from fedveil.flower_codec import from_content, message_type, to_content
+from fedveil.protocol.envelope import Envelope, MessageError
+from fedveil.protocol.fields import CLIENT_ID, SIZE
+from fedveil.protocol.flower_codec import from_content, message_type, to_content
+from fedveil.protocol.kinds import Kind
 
 from .transport import ClientFailure
 
@@ -91,8 +93,8 @@ class DeployTransport:
             if now - self._hello_sent.get(n, -HELLO_RETRY_S) >= HELLO_RETRY_S
         ]
         if fresh:
-            hello = self._with_setup(Envelope("hello", 0))
-            messages = [Message(to_content(hello), n, message_type("hello")) for n in fresh]
+            hello = self._with_setup(Envelope(Kind.HELLO, 0))
+            messages = [Message(to_content(hello), n, message_type(Kind.HELLO)) for n in fresh]
             for node, msg_id in zip(fresh, self.grid.push_messages(messages), strict=True):
                 self._hello_sent[node] = now
                 if msg_id:
@@ -115,8 +117,8 @@ class DeployTransport:
             return
         try:
             env = from_content(reply.content)
-            cid = env.get("client_id", int)
-            size = env.get("size", int)
+            cid = env.get(CLIENT_ID, int)
+            size = env.get(SIZE, int)
         except MessageError as exc:
             log.warning("node %d: bad hello reply dropped: %s", node, exc)
             return

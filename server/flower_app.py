@@ -14,8 +14,10 @@ from flwr.app import Context, Message
 from flwr.server import Grid
 from flwr.serverapp import ServerApp
 
-from fedveil.envelope import Envelope, MessageError
-from fedveil.flower_codec import from_content, message_type, to_content
+from fedveil.protocol.envelope import Envelope, MessageError
+from fedveil.protocol.fields import CLIENT_ID
+from fedveil.protocol.flower_codec import from_content, message_type, to_content
+from fedveil.protocol.kinds import Kind
 
 from .transport import ClientFailure
 
@@ -43,15 +45,15 @@ class FlowerTransport:
             if len(node_ids) >= expected:
                 break
             time.sleep(0.5)
-        hello = Envelope("hello", 0)
+        hello = Envelope(Kind.HELLO, 0)
         messages = [
-            Message(to_content(hello), node_id, message_type("hello")) for node_id in node_ids
+            Message(to_content(hello), node_id, message_type(Kind.HELLO)) for node_id in node_ids
         ]
         for reply in self.grid.send_and_receive(messages, timeout=wait_s):
             if reply.has_error():
                 continue
             try:
-                cid = from_content(reply.content).get("client_id", int)
+                cid = from_content(reply.content).get(CLIENT_ID, int)
             except MessageError as exc:
                 log.warning("node %d: bad hello reply: %s", reply.metadata.src_node_id, exc)
                 continue

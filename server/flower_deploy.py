@@ -26,6 +26,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedveil.config import load_config
 from fedveil.identity_files import load_roster
 from fedveil.privacy.secagg import flower_run_id as flower_run_id_bytes
+from fedveil.protocol.deployment import RUN_ID_KEY
 from fedveil.server.deploy_transport import DeployTransport
 from fedveil.server.pipeline import make_privacy_pipeline, private_run_args
 from fedveil.server.privacy_report import write_privacy_report
@@ -33,7 +34,7 @@ from fedveil.server.rounds import RoundEngine, RoundRecord
 from fedveil.server.runstore import RunStore, atomic_write_bytes
 from fedveil.server.service.clients import ClientRegistry
 from fedveil.server.service.rundir import ROSTER_FILE, RunDir
-from fedveil.server.service.superlink import RUN_ID_KEY, STATE_ENV
+from fedveil.server.service.superlink import STATE_ENV
 from fedveil.tasks import make_server_task
 
 log = logging.getLogger("fedveil.serverapp")

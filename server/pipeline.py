@@ -18,6 +18,7 @@ from typing import Any
 
 from fedveil.config import RunConfig
 from fedveil.privacy.dp.plan import max_cohort, plan_distributed_dp
+from fedveil.privacy.encodings import QuantizedEncoding, SkellamEncoding
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.tasks import Task
 
@@ -25,7 +26,7 @@ from .aggregation import PlainChannel, UpdateChannel
 from .privacy_stage import CentralDP, DistributedDP
 from .runstore import RunStore
 from .sampling import committed_graph_seed
-from .secagg_channel import QuantizedEncoding, SecAggChannel, SkellamEncoding
+from .secagg_channel import SecAggChannel
 
 __all__ = ["make_privacy_pipeline", "max_cohort", "private_run_args"]
 

@@ -42,6 +42,7 @@ from fedveil.privacy.dp.accounting import individual_epsilon
 from fedveil.privacy.dp.plan import DistributedDpPlan, cohorts_are_secret, dp_config
 from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.privacy.secagg import SecAggAborted
+from fedveil.protocol import fields as F
 
 from .aggregation import Aggregate
 from .sampling import cohort_commitment
@@ -123,13 +124,13 @@ class CentralDP:
 
     def client_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {
-            "clip_norm": self.clip,
-            "weighting": "uniform",
-            "clip_indicator": self.config.adaptive_clipping,
+            F.CLIP_NORM: self.clip,
+            F.WEIGHTING: F.WEIGHT_UNIFORM,
+            F.CLIP_INDICATOR: self.config.adaptive_clipping,
         }
         if len(self.ledger):
             # Devices keep the heads they saw: witnesses against a rewritten ledger.
-            config["ledger.head"] = json.dumps(self.ledger.witness_head(), sort_keys=True)
+            config[F.LEDGER_HEAD] = json.dumps(self.ledger.witness_head(), sort_keys=True)
         return config
 
     def release(self, round_num: int, agg: Aggregate | None, model_size: int) -> Release | None:
@@ -143,7 +144,7 @@ class CentralDP:
         extra: dict[str, Any] = {}
         next_clip = self.clip
         if self.config.adaptive_clipping:
-            unclipped = 0.0 if agg is None else agg.extras.get("unclipped", 0.0)
+            unclipped = 0.0 if agg is None else agg.extras.get(F.UNCLIPPED, 0.0)
             count = noised_count(unclipped, self.config.count_stddev)
             next_clip = next_clip_norm(
                 self.clip,
@@ -231,9 +232,9 @@ class DistributedDP(CentralDP):
         return eps <= self.config.budget_epsilon, eps
 
     def client_config(self) -> dict[str, Any]:
-        config = {"clip_norm": self.config.clip_norm, "weighting": "uniform"}
+        config = {F.CLIP_NORM: self.config.clip_norm, F.WEIGHTING: F.WEIGHT_UNIFORM}
         if len(self.ledger):
-            config["ledger.head"] = json.dumps(self.ledger.witness_head(), sort_keys=True)
+            config[F.LEDGER_HEAD] = json.dumps(self.ledger.witness_head(), sort_keys=True)
         return config
 
     def before_unmask(self, round_num: int, survivors: frozenset[int]) -> None:

@@ -18,9 +18,11 @@ import numpy as np
 import torch
 
 from fedveil.config import RunConfig
-from fedveil.envelope import Envelope
 from fedveil.evaluation import evaluate
 from fedveil.params import FlatModel
+from fedveil.protocol import fields as F
+from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.kinds import Kind
 from fedveil.tasks import Task
 
 from .aggregation import Aggregate, PlainChannel, UpdateChannel
@@ -195,20 +197,20 @@ class RoundEngine:
     def train_request(self, round_num: int) -> Envelope:
         c = self.cfg.client
         config: dict[str, Any] = {
-            "seed": self.cfg.seed,
-            "local_epochs": c.local_epochs,
-            "local_steps": c.local_steps,
-            "batch_size": c.batch_size,
-            "lr": c.lr,
-            "momentum": c.momentum,
-            "weight_decay": c.weight_decay,
-            "prox_mu": c.prox_mu,
+            F.SEED: self.cfg.seed,
+            F.LOCAL_EPOCHS: c.local_epochs,
+            F.LOCAL_STEPS: c.local_steps,
+            F.BATCH_SIZE: c.batch_size,
+            F.LR: c.lr,
+            F.MOMENTUM: c.momentum,
+            F.WEIGHT_DECAY: c.weight_decay,
+            F.PROX_MU: c.prox_mu,
         }
         if c.dp_sgd_noise > 0:
-            config.update({"dp_sgd_noise": c.dp_sgd_noise, "dp_sgd_clip": c.dp_sgd_clip})
+            config.update({F.DP_SGD_NOISE: c.dp_sgd_noise, F.DP_SGD_CLIP: c.dp_sgd_clip})
         if self.privacy is not None:
             config.update(self.privacy.client_config())
-        return Envelope("train", round_num, config, {"model": self.weights})
+        return Envelope(Kind.TRAIN, round_num, config, {F.MODEL: self.weights})
 
     def run_round(self) -> RoundRecord:
         round_num = self.round + 1
@@ -326,17 +328,17 @@ class RoundEngine:
                 chosen = sorted(
                     int(c) for c in self.eval_rng.choice(self.task.num_clients, k, replace=False)
                 )
-            req = Envelope("evaluate", record.round, {}, {"model": self.weights})
+            req = Envelope(Kind.EVALUATE, record.round, {}, {F.MODEL: self.weights})
             replies = self.transport.exchange({c: req for c in chosen}, None)
             n_total, loss_sum, correct = 0, 0.0, 0.0
             for cid in chosen:
                 r = replies.get(cid)
                 if r is None or isinstance(r, ClientFailure):
                     continue
-                n = int(r.config.get("num_examples", 0))
+                n = int(r.config.get(F.NUM_EXAMPLES, 0))
                 if n > 0:
                     n_total += n
-                    loss_sum += float(r.config["loss"]) * n
+                    loss_sum += float(r.config[F.LOSS]) * n
                     correct += float(r.config["accuracy"]) * n
             if n_total:
                 record.federated_loss, record.federated_accuracy = (

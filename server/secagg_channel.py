@@ -8,7 +8,7 @@ with every message).
 
 Pipelining: the key stages do not depend on the model, so when the engine
 knows the next round's cohort, that round's advertise and share-keys stages
-ride on this round's exchanges (fedveil.piggyback; clients in the next
+ride on this round's exchanges (fedveil.protocol.riders; clients in the next
 cohort only get them alone). A round whose keys were shared early starts at
 masked input: one exchange beyond a plain round instead of three. Every
 round still has fresh keys, seeds, session id and neighbour graph; only the
@@ -19,26 +19,17 @@ survivors abort the round (nothing is released) and the next round proceeds.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
-import torch
-
-from fedveil.client.secagg_stages import ENC, LOSS_CAP, TRAINING_STAGE, protocol_part, wrap
 from fedveil.config import SecAggSection
-from fedveil.envelope import Envelope
-from fedveil.piggyback import IGNORED, attach, split_reply
-from fedveil.privacy.dp import SkellamEncoder, SkellamParams
+from fedveil.privacy.encodings import Decoded, Encoding, QuantizedEncoding, SkellamEncoding
 from fedveil.privacy.secagg import (
     SIMULATION_RUN_ID,
     Message,
-    Quantizer,
     SecAggAborted,
     SecAggError,
     SecAggServer,
@@ -47,6 +38,10 @@ from fedveil.privacy.secagg import (
     decode_message,
 )
 from fedveil.privacy.secagg.server import ServerPhase
+from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.kinds import TRAINING_STAGE, Kind, Stage
+from fedveil.protocol.riders import IGNORED, attach, split_reply
+from fedveil.protocol.secagg_frame import protocol_part, wrap
 
 from .aggregation import Aggregate
 from .outcome import Aborted, UnmaskGate
@@ -54,103 +49,8 @@ from .transport import ClientFailure, Transport
 
 log = logging.getLogger("fedveil.secagg")
 
-# Coordinates appended to the update under the quantized encoding: loss, unclipped.
-EXTRAS = 2
-
-
-@dataclass
-class Decoded:
-    total: torch.Tensor  # Σ w_i x_i (float)
-    weight: float
-    loss: float | None
-    extras: dict[str, float]
-
-
-class Encoding(Protocol):
-    def client_config(self, cohort: int) -> dict[str, Any]: ...
-    def dimension(self, model_size: int) -> int: ...
-    def bits(self, cohort: int) -> int: ...
-    def decode(self, total: np.ndarray, survivors: int, model_size: int) -> Decoded: ...
-
-
-class QuantizedEncoding:
-    """Clip to [-r, r], stochastic rounding to L levels, weight carried masked."""
-
-    def __init__(self, clip_range: float, levels: int, max_weight: int) -> None:
-        self.clip_range, self.levels, self.max_weight = clip_range, levels, max_weight
-        self._cohort = 0
-
-    def quantizer(self, cohort: int) -> Quantizer:
-        return Quantizer(self.clip_range, self.levels, max(cohort, 1), self.max_weight)
-
-    def client_config(self, cohort: int) -> dict[str, Any]:
-        self._cohort = cohort
-        return {
-            ENC + "kind": "quantized",
-            ENC + "clip_range": self.clip_range,
-            ENC + "levels": self.levels,
-            ENC + "max_clients": cohort,
-            ENC + "max_weight": self.max_weight,
-        }
-
-    def dimension(self, model_size: int) -> int:
-        return model_size + EXTRAS + 2  # + [weight, count]
-
-    def bits(self, cohort: int) -> int:
-        return self.quantizer(cohort).bits
-
-    def decode(self, total: np.ndarray, survivors: int, model_size: int) -> Decoded:
-        q = self.quantizer(self._cohort)
-        mean, weight_sum, count = q.decode_weighted_mean(total)
-        if count != survivors:
-            raise SecAggAborted(f"sum counts {count} contributors, {survivors} survived")
-        r = self.clip_range
-        body, loss_c, unclipped_c = mean[:model_size], mean[model_size], mean[model_size + 1]
-        return Decoded(
-            torch.from_numpy((body * weight_sum).astype(np.float32)),
-            float(weight_sum),
-            float(loss_c / r * LOSS_CAP),
-            # unclipped is a 0/1 counter; weights are 1 whenever it is used (DP)
-            {"unclipped": float(unclipped_c / r * weight_sum)},
-        )
-
-
-class SkellamEncoding:
-    """Distributed DP: clients add Skellam noise shares; the sum decodes already noised."""
-
-    def __init__(self, params: SkellamParams) -> None:
-        self.params = params
-        self.rotation_seed = 0
-
-    def client_config(self, cohort: int) -> dict[str, Any]:
-        if cohort > self.params.num_clients:
-            raise SecAggAborted(
-                f"cohort of {cohort} exceeds the {self.params.num_clients} clients the "
-                "distributed-DP modulus was sized for"
-            )
-        # Public per-round randomness for the shared rotation.
-        self.rotation_seed = secrets.randbits(63)
-        return {
-            ENC + "kind": "skellam",
-            ENC + "params": json.dumps(self.params.to_dict()),
-            ENC + "rotation_seed": self.rotation_seed,
-        }
-
-    def dimension(self, model_size: int) -> int:
-        return self.params.padded_dim
-
-    def bits(self, cohort: int) -> int:
-        return self.params.bits
-
-    def decode(self, total: np.ndarray, survivors: int, model_size: int) -> Decoded:
-        if survivors < self.params.min_clients:
-            raise SecAggAborted(
-                f"{survivors} survivors < {self.params.min_clients}: too little noise to release"
-            )
-        noised = SkellamEncoder(self.params, self.rotation_seed).decode(total, survivors)
-        return Decoded(
-            torch.from_numpy(np.asarray(noised, dtype=np.float32)), float(survivors), None, {}
-        )
+# The update encodings live in fedveil.privacy.encodings (one class each, both sides).
+__all__ = ["Decoded", "Encoding", "QuantizedEncoding", "SecAggChannel", "SkellamEncoding"]
 
 
 @dataclass
@@ -331,8 +231,8 @@ class SecAggChannel:
                     unmasked = True
                 out: dict[int, Envelope] = {}
                 for cid, req in stage_requests.items():
-                    env = wrap(f"secagg.{req.STAGE.value}", round_num, req)
-                    if req.STAGE.value == TRAINING_STAGE:
+                    env = wrap(Kind.secagg(req.STAGE), round_num, req)
+                    if req.STAGE is TRAINING_STAGE:
                         env.config.update(requests[cid].config)
                         env.config.update(enc_config)
                         env.arrays.update(requests[cid].arrays)
@@ -417,14 +317,14 @@ class SecAggChannel:
         if ahead is None:
             return {}
         return {
-            cid: wrap(f"secagg.{req.STAGE.value}", ahead.round, req)
+            cid: wrap(Kind.secagg(req.STAGE), ahead.round, req)
             for cid, req in ahead.riders().items()
         }
 
 
 def _is_unmask(requests: Mapping[int, Message]) -> bool:
     first = next(iter(requests.values()), None)
-    return first is not None and first.STAGE.value == "unmask"
+    return first is not None and first.STAGE is Stage.UNMASK
 
 
 def _split(

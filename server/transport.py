@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from fedveil.envelope import Envelope
+from fedveil.protocol.envelope import Envelope
 
 
 class ClientFailure(Exception):

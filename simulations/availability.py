@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedveil.envelope import Envelope
+from fedveil.protocol.envelope import Envelope
 from fedveil.server.transport import ClientFailure, Transport
 
 if TYPE_CHECKING:
@@ -185,7 +185,7 @@ class AvailabilityTransport:
         # Per round, since one exchange can carry two (secure aggregation sends the next
         # round's key stages with this round's messages): clients lost earlier in the
         # round, counts, simulated time. A message is judged at its own (primary) round
-        # and stage; a rider (fedveil.piggyback) shares its message's fate.
+        # and stage; a rider (fedveil.protocol.riders) shares its message's fate.
         self._latest: int | None = None
         self._gone: dict[int, dict[int, str]] = {}
         self._counts: dict[int, dict[str, int]] = {}

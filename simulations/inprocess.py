@@ -23,9 +23,9 @@ import torch
 
 from fedveil.client.runtime import IdentitySource
 from fedveil.config import RunConfig
-from fedveil.envelope import Envelope
 from fedveil.evaluation import summarize
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
+from fedveil.protocol.envelope import Envelope
 from fedveil.server.transport import ClientFailure
 from fedveil.tasks import Task
 

@@ -31,11 +31,13 @@ from fedveil.client.runtime import (
 from fedveil.client.secagg_stages import retain_recent
 from fedveil.client.training import LocalResult, LocalTraining, LossFn, train_local
 from fedveil.config import RunConfig
-from fedveil.envelope import Envelope
 from fedveil.evaluation import evaluate_batches
 from fedveil.params import FlatModel
-from fedveil.piggyback import latest_round
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
+from fedveil.protocol import fields as F
+from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.kinds import Kind
+from fedveil.protocol.riders import latest_round
 from fedveil.tasks import ClientData, PartitionedData, Task
 
 from .batched import BatchedTrainer
@@ -47,7 +49,7 @@ Unit = list[tuple[int, Envelope]]
 CENTRAL_EVAL = "server.evaluate"
 # A training request may be batched only when the trainer knows every field in it: a
 # field added later (DP-SGD settings, say) sends it through the ClientRuntime's own path.
-BATCHABLE_FIELDS = frozenset(name for name, _ in TRAIN_FIELDS) | {"seed"}
+BATCHABLE_FIELDS = frozenset(name for name, _ in TRAIN_FIELDS) | {F.SEED}
 
 
 def plan_units(
@@ -66,7 +68,7 @@ def plan_units(
     groups: dict[tuple, Unit] = {}
     for cid, msg in sorted(requests, key=lambda r: r[0]):
         if unit_size > 1 and sizes is not None and cid not in seen and _batchable(msg):
-            key = (int(sizes[cid]), msg.round, id(msg.arrays["model"]), _config_key(msg))
+            key = (int(sizes[cid]), msg.round, id(msg.arrays[F.MODEL]), _config_key(msg))
             groups.setdefault(key, []).append((cid, msg))
         else:
             units.append([(cid, msg)])
@@ -88,8 +90,8 @@ def _split(group: Unit, unit_size: int) -> list[Unit]:
 
 def _batchable(msg: Envelope) -> bool:
     return (
-        msg.kind == "train"
-        and set(msg.arrays) == {"model"}
+        msg.kind == Kind.TRAIN
+        and set(msg.arrays) == {F.MODEL}
         and msg.config.keys() <= (BATCHABLE_FIELDS)
     )
 
@@ -99,7 +101,7 @@ def _config_key(msg: Envelope) -> tuple:
 
 
 def _client_seed(msg: Envelope, cid: int) -> int:
-    seed = msg.config.get("seed", 0)
+    seed = msg.config.get(F.SEED, 0)
     seed = seed if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0 else 0
     state = np.random.SeedSequence([seed, msg.round, cid, 0x6C0BA1]).generate_state(2)
     return int(state[0]) << 32 | int(state[1])
@@ -224,8 +226,8 @@ class ClientLane:
         msg = unit[0][1]
         try:
             hp = parse_training(msg)
-            seed = msg.get("seed", int)
-            global_vector = msg.tensor("model", numel=self.runtime.model.size)
+            seed = msg.get(F.SEED, int)
+            global_vector = msg.tensor(F.MODEL, numel=self.runtime.model.size)
             data = [self.task.client_data(cid) for cid, _ in unit]
             generators = [client_generator(seed, msg.round, cid) for cid, _ in unit]
             results = self.batcher.train(global_vector, data, hp, generators)

@@ -43,9 +43,9 @@ import torch
 
 from fedveil.client.runtime import IdentitySource
 from fedveil.config import RunConfig
-from fedveil.envelope import Envelope
-from fedveil.piggyback import latest_round
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
+from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.riders import latest_round
 from fedveil.tasks import Task
 
 from .lane import ClientLane, Unit

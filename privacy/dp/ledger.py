@@ -32,6 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedveil.protocol.fields import LEDGER_HEAD
+
 if TYPE_CHECKING:
     from .signing import LedgerSigner
 
@@ -68,7 +70,7 @@ SIGNATURE_FIELDS = ("key_id", "signature")
 _RESERVED = frozenset({*RECORD_FIELDS, *SIGNATURE_FIELDS, "round", "releases"})
 WITNESS_FIELDS = ("run_id", "seq", "hash", "key_id", "signature")
 # The request config entry that carries canonical_json(ledger.witness_head()) to devices.
-WITNESS_CONFIG_KEY = "ledger.head"
+WITNESS_CONFIG_KEY = LEDGER_HEAD
 
 
 class LedgerCorruptError(ValueError):

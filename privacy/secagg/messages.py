@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
+
+from fedveil.protocol.kinds import Stage  # the stage names on the wire, defined once
 
 from .crypto import KEY_BYTES, NONCE_BYTES, SIGNATURE_BYTES, TAG_BYTES
 from .errors import SecAggProtocolError
@@ -34,14 +35,6 @@ from .wire import Arrays, Bytes, BytesList, Config, Int, IntList, Str, Vector, f
 
 SHARE_PLAINTEXT_BYTES = 2 * SHARE_BYTES
 SHARE_CIPHERTEXT_BYTES = NONCE_BYTES + SHARE_PLAINTEXT_BYTES + TAG_BYTES
-
-
-class Stage(str, Enum):
-    ADVERTISE = "advertise"
-    SHARE_KEYS = "share_keys"
-    MASKED_INPUT = "masked_input"
-    CONSISTENCY = "consistency"
-    UNMASK = "unmask"
 
 
 _HEADER = {

@@ -26,16 +26,20 @@ from cryptography import x509
 
 from fedveil import __version__
 from fedveil.certs import TlsFiles, create_ca, create_server_cert
-from fedveil.client.flower_deploy import CLIENTAPP_REF, CONFIG_KEY, FAB_ID
 from fedveil.procs import child_env, flwr_command, spawn, stop_group, wait_port
+from fedveil.protocol.deployment import (
+    CLIENTAPP_REF,
+    CONFIG_KEY,
+    FAB_ID,
+    RUN_ID_KEY,
+    SERVERAPP_REF,
+)
 
 from .settings import ServerSettings
 
 log = logging.getLogger("fedveil.service")
 
 STATE_ENV = "FEDVEIL_STATE_DIR"
-RUN_ID_KEY = "fedveil-run-id"
-SERVERAPP_REF = "fedveil.server.flower_deploy:app"
 
 
 def fab_pyproject() -> str:

@@ -25,8 +25,8 @@ from benchmarks.bench_secagg_round import (
 from fedveil import bench_cli
 from fedveil.cli import build_parser
 from fedveil.cli import main as cli_main
-from fedveil.envelope import Envelope
-from fedveil.piggyback import attach, split_reply
+from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.riders import attach, split_reply
 
 TINY = Workload(clients=6, dim=1000, dropout=0.17, seed=3)
 KEYS = {"ratio", "compute_ratio", "round", "checks", "compute", "neighbors", "threshold"}

@@ -11,10 +11,10 @@ from fedveil.client.flower_deploy import EdgeClient, TaskSource
 from fedveil.client.runtime import ClientRuntime
 from fedveil.client.witness import WitnessStore
 from fedveil.config import RunConfig
-from fedveil.envelope import Envelope, MessageError
 from fedveil.privacy.dp import DpConfig, Ledger, PrivacyBudget
 from fedveil.privacy.dp.ledger import WITNESS_CONFIG_KEY, canonical_json
 from fedveil.privacy.dp.signing import load_or_create_signer
+from fedveil.protocol.envelope import Envelope, MessageError
 
 
 def heads(tmp_path, rounds=3):

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import pytest
 import torch
 
-from fedveil.envelope import Envelope
+from fedveil.protocol.envelope import Envelope
 from fedveil.server.aggregation import PlainChannel
 from fedveil.server.optimizers import make_optimizer
 from fedveil.server.transport import ClientFailure

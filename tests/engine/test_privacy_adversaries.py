@@ -20,8 +20,8 @@ import torch
 
 import tiny_task
 from fedveil.config import load_config
-from fedveil.envelope import Envelope
 from fedveil.privacy.dp.plan import plan_distributed_dp
+from fedveil.protocol.envelope import Envelope
 from fedveil.server.pipeline import make_privacy_pipeline
 from fedveil.server.rounds import RoundEngine
 from fedveil.server.runstore import RunStore

@@ -9,8 +9,8 @@ import pytest
 
 import tiny_task
 from fedveil.config import load_config
-from fedveil.envelope import Envelope, MessageError
-from fedveil.piggyback import RIDER_KIND, attach, detach, join_replies, split_reply
+from fedveil.protocol.envelope import Envelope, MessageError
+from fedveil.protocol.riders import RIDER_KIND, attach, detach, join_replies, split_reply
 from fedveil.server.pipeline import make_privacy_pipeline
 from fedveil.server.rounds import RoundEngine
 from fedveil.server.runstore import RunStore

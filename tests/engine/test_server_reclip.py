@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedveil.envelope import Envelope
+from fedveil.protocol.envelope import Envelope
 from fedveil.server.aggregation import RECLIPPED, Aggregate, PlainChannel
 from fedveil.server.transport import ClientFailure
 

@@ -16,10 +16,11 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from fedveil.client.secagg_stages import ENC, encode_update
-from fedveil.envelope import Envelope
+from fedveil.client.secagg_stages import encode_update
 from fedveil.privacy.secagg import Quantizer
 from fedveil.privacy.secagg.quantize import rounding_room
+from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.fields import ENC
 
 # Float error of dequantizing (q · step - r) on the server, relative.
 TOLERANCE = 1e-6

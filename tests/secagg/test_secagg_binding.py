@@ -9,8 +9,7 @@ import pytest
 import torch
 from secagg_helpers import identity_keys, make_session
 
-from fedveil.client.secagg_stages import handle_secagg, wrap
-from fedveil.envelope import Envelope, MessageError
+from fedveil.client.secagg_stages import handle_secagg
 from fedveil.privacy.secagg import (
     AdvertiseRequest,
     SecAggClient,
@@ -20,6 +19,8 @@ from fedveil.privacy.secagg import (
     ThreatMode,
     crypto,
 )
+from fedveil.protocol.envelope import Envelope, MessageError
+from fedveil.protocol.secagg_frame import wrap
 
 RUN = b"run-A"
 

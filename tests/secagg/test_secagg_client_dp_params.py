@@ -10,10 +10,12 @@ import pytest
 import torch
 from secagg_helpers import make_session
 
-from fedveil.client.secagg_stages import ENC, handle_secagg, protocol_part, wrap
-from fedveil.envelope import Envelope, MessageError
+from fedveil.client.secagg_stages import handle_secagg
 from fedveil.privacy.dp import SkellamParams
 from fedveil.privacy.secagg import SecAggServer, decode_message
+from fedveil.protocol.envelope import Envelope, MessageError
+from fedveil.protocol.fields import ENC
+from fedveil.protocol.secagg_frame import protocol_part, wrap
 
 DIM = 6
 PARAMS = SkellamParams.calibrate(

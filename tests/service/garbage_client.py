@@ -18,7 +18,7 @@ import torch
 
 from fedveil.client.edge import EdgeNode, EdgeOptions
 from fedveil.client.flower_deploy import EdgeClient, TaskSource
-from fedveil.envelope import Envelope
+from fedveil.protocol.envelope import Envelope
 
 
 class GarbageClient(EdgeClient):

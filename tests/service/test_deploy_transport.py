@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterable
 from flwr.app import Error, Message
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedveil.envelope import Envelope
-from fedveil.flower_codec import from_content, to_content
+from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.flower_codec import from_content, to_content
 from fedveil.server.deploy_transport import DeployTransport
 from fedveil.server.transport import ClientFailure
 

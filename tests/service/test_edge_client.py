@@ -21,10 +21,10 @@ from fedveil.client.flower_deploy import (
     answer,
 )
 from fedveil.config import load_config
-from fedveil.envelope import Envelope, MessageError
-from fedveil.flower_codec import from_content, message_type, to_content
 from fedveil.models import build_model
 from fedveil.params import FlatModel
+from fedveil.protocol.envelope import Envelope, MessageError
+from fedveil.protocol.flower_codec import from_content, message_type, to_content
 from fedveil.server.service.runs import client_facing_toml
 
 N = 5

@@ -11,8 +11,8 @@ import tiny_task
 from fedveil.client.flower_app import make_client_app
 from fedveil.client.runtime import ClientRuntime
 from fedveil.config import load_config
-from fedveil.envelope import Envelope
-from fedveil.flower_codec import from_content, message_type, to_content
+from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.flower_codec import from_content, message_type, to_content
 from fedveil.tasks import Task
 
 BUILT: list[Task] = []

@@ -9,7 +9,7 @@ import pytest
 
 import tiny_task
 from fedveil.config import ConfigError, load_config
-from fedveil.envelope import Envelope
+from fedveil.protocol.envelope import Envelope
 from fedveil.server.transport import ClientFailure
 from fedveil.simulations.availability import (
     DROPPED,

@@ -10,8 +10,8 @@ from benchmarks.bench_workload import Workload, bench_task
 from fedveil.client.runtime import client_generator
 from fedveil.client.training import LocalTraining, train_local
 from fedveil.config import load_config
-from fedveil.envelope import Envelope
 from fedveil.params import FlatModel
+from fedveil.protocol.envelope import Envelope
 from fedveil.server.rounds import RoundEngine
 from fedveil.simulations.batched import BatchedTrainer
 from fedveil.simulations.inprocess import InProcessTransport

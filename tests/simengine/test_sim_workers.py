@@ -11,8 +11,8 @@ import torch
 import tiny_task
 from fedveil.client.runtime import ClientRuntime
 from fedveil.config import load_config
-from fedveil.envelope import Envelope
 from fedveil.evaluation import evaluate
+from fedveil.protocol.envelope import Envelope
 from fedveil.server.rounds import RoundEngine
 from fedveil.server.transport import ClientFailure
 from fedveil.simulations.inprocess import InProcessTransport

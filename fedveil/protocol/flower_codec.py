@@ -12,26 +12,19 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from .envelope import Envelope, MessageError
+from .kinds import Kind
 
 R = TypeVar("R", ConfigRecord, ArrayRecord)
 
 # Flower message types are "<category>.<action>"; every fedveil kind rides on
 # one of Flower's categories with the kind as the action.
-CATEGORY = {"hello": "query", "evaluate": "evaluate"}
-# Every kind a ClientApp answers; protocols that add kinds extend this list.
-KINDS = [
-    "hello",
-    "train",
-    "evaluate",
-    *(
-        f"secagg.{stage}"
-        for stage in ("advertise", "share_keys", "masked_input", "consistency", "unmask")
-    ),
-]
+CATEGORY = {Kind.HELLO: "query", Kind.EVALUATE: "evaluate"}
+# Every kind a ClientApp answers; protocols that add kinds extend Kind.
+KINDS = [kind.value for kind in Kind]
 
 
 def message_type(kind: str) -> str:
-    category = CATEGORY.get(kind, "train")
+    category = CATEGORY.get(kind, Kind.TRAIN.value)
     return f"{category}.{kind.replace('.', '_')}"
 
 

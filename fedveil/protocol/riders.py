@@ -1,7 +1,7 @@
 """One exchange, two protocol messages: a request with a rider.
 
 Secure aggregation runs the next round's key stages inside this round's
-exchanges (server/secagg_channel.py), so one Envelope may carry two messages:
+exchanges (fedveil/server/secagg_channel.py), so one Envelope may carry two messages:
 the primary, whose kind and round are the Envelope's own (transports, device
 policies and the availability model see it as before), and a rider for
 another round under RIDER-prefixed fields. The reply carries both answers
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fedveil.envelope import ArrayValue, ConfigValue, Envelope, MessageError
+from .envelope import ArrayValue, ConfigValue, Envelope, MessageError
 
 RIDER = "rider."  # prefix of the rider's own fields
 RIDER_KIND = "rider:kind"

@@ -29,6 +29,12 @@ class Envelope:
     config: dict[str, ConfigValue] = field(default_factory=dict)
     arrays: dict[str, ArrayValue] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # A Kind member becomes its plain value: the wire, logs and error messages see
+        # "train", never the Enum.
+        if type(self.kind) is not str and isinstance(self.kind, str):
+            self.kind = str.__str__(self.kind)
+
     def get(self, key: str, kind: type | tuple[type, ...]) -> Any:
         """A config value of the expected type, or a MessageError naming it."""
         if key not in self.config:
