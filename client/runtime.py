@@ -16,6 +16,7 @@ import torch
 
 from fedveil.evaluation import evaluate
 from fedveil.params import FlatModel
+from fedveil.privacy.dp.clipping import clip_update
 from fedveil.privacy.dp.ledger import WITNESS_CONFIG_KEY
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.privacy.secagg.identity import ClientIdentity
@@ -25,7 +26,7 @@ from fedveil.protocol.kinds import SECAGG, Kind
 from fedveil.protocol.riders import detach, join_replies
 from fedveil.tasks import Task
 
-from .training import DpSgdResult, LocalTraining, train_local, train_local_dp_sgd
+from .training import DpSgdResult, LocalTraining, Trainer, train_local, train_local_dp_sgd
 
 if TYPE_CHECKING:
     from fedveil.config import RunConfig
@@ -68,7 +69,9 @@ class ClientRuntime:
     `run_config` is the run's config as this client holds it (in simulation the run's own,
     on a device the one it accepted): under distributed DP the client computes the run's
     noise-share parameters and survivor floor from it, refuses a server that asks for
-    others, and reveals no unmasking share below that floor."""
+    others, and reveals no unmasking share below that floor. `trainer` runs local training
+    (the in-process engine passes one that hands back results it computed for several
+    clients at once: same signature, same arithmetic)."""
 
     def __init__(
         self,
@@ -79,6 +82,7 @@ class ClientRuntime:
         run_id: bytes = SIMULATION_RUN_ID,
         run_config: RunConfig | None = None,
         on_ledger_head: Callable[[str], None] | None = None,
+        trainer: Trainer = train_local,
     ) -> None:
         self.task = task
         self.identities = identities
@@ -88,9 +92,7 @@ class ClientRuntime:
         self.on_ledger_head = on_ledger_head
         self._dp_plan: DistributedDpPlan | None = None
         self.model = FlatModel(task.model_fn(), device)
-        # Local training; the in-process engine may hand back results it computed for
-        # several clients at once (same signature, same arithmetic).
-        self.trainer = train_local
+        self.trainer = trainer
 
     def handle(self, client_id: int, msg: Envelope, state: dict[str, Any]) -> Envelope:
         """The reply to `msg`; a request carrying a rider gets both answered, each on
@@ -209,14 +211,14 @@ class ClientRuntime:
         if clip < 0 or not math.isfinite(clip):
             raise MessageError(f"train message: clip_norm = {clip}: must be a finite number >= 0")
         if clip > 0:
-            # User-level DP: the update's L2 norm is bounded by C on the client,
-            # because the server may only ever see the sum.
-            norm = float(torch.linalg.vector_norm(delta))
+            # User-level DP: the update's L2 norm is bounded by C on the client, because
+            # the server may only ever see the sum. The one clip of the update: encoders
+            # downstream (Skellam) check the bound, they do not clip again.
+            clipped = clip_update(delta, clip)
             if msg.config.get(F.CLIP_INDICATOR, False):
-                reply[F.UNCLIPPED] = int(norm <= clip)
-            if norm > clip:
-                # A hair under C, so float32 rounding can never push the norm above it.
-                delta = delta * (clip / norm * (1 - 2**-20))
+                reply[F.UNCLIPPED] = int(clipped.norm <= clip)
+            if clipped.changed:
+                delta = torch.from_numpy(clipped.vector).to(delta.device)
         weighting = msg.config.get(F.WEIGHTING, F.WEIGHT_BY_EXAMPLES)
         if weighting not in (F.WEIGHT_BY_EXAMPLES, F.WEIGHT_UNIFORM):
             raise MessageError(f"train message: weighting = {weighting!r}: examples or uniform")

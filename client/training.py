@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch.optim.sgd import sgd as sgd_update
@@ -38,6 +39,22 @@ class LocalResult:
     num_examples: int
     steps: int
     loss: float  # mean training loss over the local steps
+
+
+class Trainer(Protocol):
+    """Local training as the client runtime calls it (`train_local`, or the in-process
+    engine's, which may hand back a result it computed for several clients at once)."""
+
+    def __call__(
+        self,
+        model: FlatModel,
+        global_vector: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        hp: LocalTraining,
+        loss_fn: LossFn,
+        generator: torch.Generator,
+    ) -> LocalResult: ...
 
 
 def train_local(

@@ -28,10 +28,9 @@ from fedveil.identity_files import load_roster
 from fedveil.privacy.secagg import flower_run_id as flower_run_id_bytes
 from fedveil.protocol.deployment import RUN_ID_KEY
 from fedveil.server.deploy_transport import DeployTransport
-from fedveil.server.pipeline import make_privacy_pipeline, private_run_args
-from fedveil.server.privacy_report import write_privacy_report
-from fedveil.server.rounds import RoundEngine, RoundRecord
-from fedveil.server.runstore import RunStore, atomic_write_bytes
+from fedveil.server.lifecycle import RunLifecycle
+from fedveil.server.rounds import RoundRecord
+from fedveil.server.runstore import RunStore
 from fedveil.server.service.clients import ClientRegistry
 from fedveil.server.service.rundir import ROSTER_FILE, RunDir
 from fedveil.server.service.superlink import STATE_ENV
@@ -58,13 +57,6 @@ def _log_to(path: Path) -> logging.Handler:
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     return handler
-
-
-def save_model(engine: RoundEngine, path: Path, metadata: dict[str, str]) -> None:
-    from safetensors.torch import save
-
-    tensors = engine.model.named_tensors(engine.weights.detach().cpu())
-    atomic_write_bytes(path, save(tensors, metadata=metadata))
 
 
 def run_deployed(grid: Grid, state_dir: Path, run_id: str, *, flower_run_id: int) -> dict[str, Any]:
@@ -94,10 +86,32 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
     store = RunStore(rd.path)
     registry = ClientRegistry(state_dir)
     enrolled = registry.node_map() if registry.path.exists() else None
+
+    # The same privacy pipeline as `fedveil simulate` (secure aggregation channel, central
+    # or distributed DP); its accountant is rebuilt from the run's ledger on every attempt.
+    roster = None
+    if cfg.secagg.enabled and cfg.secagg.threat == "malicious":
+        roster = load_roster(rd / ROSTER_FILE, "the run's roster")
+        log.info(
+            "secure aggregation in malicious-server mode: roster of %d clients, fingerprint %s",
+            len(roster),
+            roster.fingerprint(),
+        )
+    run = RunLifecycle(
+        cfg,
+        task,
+        store,
+        roster=roster,
+        secagg_run_id=flower_run_id_bytes(flower_run_id),
+        # The ledger is signed with the coordinator user's key (the per-user key store),
+        # where `fedveil privacy verify` on this machine finds it.
+        ledger_run_id=rd.run_id,
+    )
+    privacy = run.privacy
     transport = DeployTransport(
         grid,
         num_clients=task.num_clients,
-        model_size=0,  # set below, once the engine has flattened the model (before any hello)
+        model_size=run.model_size,  # a device whose model differs is refused at hello
         enrolled=enrolled,
         setup={
             "run_num_classes": int(task.num_classes),
@@ -107,9 +121,7 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
 
     def on_round(record: RoundRecord) -> None:
         # After the engine's checkpoint: the published model is always a checkpointed one.
-        save_model(
-            engine, rd / "model.safetensors", {"task": task.name, "round": str(record.round)}
-        )
+        run.save_model(engine, {"task": task.name, "round": str(record.round)})
         rd.write_status(
             phase="training",
             round=record.round,
@@ -130,43 +142,8 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
                 "round %d: %s, %.2f s", record.round, record.extra.get("status"), record.duration_s
             )
 
-    # The same privacy pipeline as `fedveil simulate` (secure aggregation channel, central
-    # or distributed DP); its accountant is rebuilt from the run's ledger on every attempt.
-    roster = None
-    if cfg.secagg.enabled and cfg.secagg.threat == "malicious":
-        roster = load_roster(rd / ROSTER_FILE, "the run's roster")
-        log.info(
-            "secure aggregation in malicious-server mode: roster of %d clients, fingerprint %s",
-            len(roster),
-            roster.fingerprint(),
-        )
-    privacy, channel = make_privacy_pipeline(
-        cfg,
-        task,
-        store.ledger_path,
-        roster,
-        secagg_run_id=flower_run_id_bytes(flower_run_id),
-        # The ledger is signed with the coordinator user's key (the per-user key store),
-        # where `fedveil privacy verify` on this machine finds it.
-        **private_run_args(cfg, store, run_id=rd.run_id),
-    )
-    engine = RoundEngine(
-        cfg,
-        task,
-        transport,
-        store=store,
-        channel=channel,
-        on_round=on_round,
-        privacy=privacy,
-    )
-    transport.model_size = engine.model.size
+    engine = run.engine(transport, on_round=on_round)  # restored from the checkpoint, if any
     engine.annotators.append(lambda r: r.extra.update(clients_connected=len(transport.connected())))
-    state = store.load_checkpoint()
-    if state is not None:
-        engine.restore(state)
-        store.truncate_metrics(engine.round)
-        store.truncate_private(engine.round)
-        log.info("resuming after round %d of %d", engine.round, cfg.server.rounds)
     want = deploy.wait_for_clients or cfg.server.min_clients
     rd.write_status(phase="waiting_for_clients", round=engine.round, rounds=cfg.server.rounds)
     have = transport.wait_for(want, deploy.wait_timeout_s)
@@ -191,10 +168,7 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
             dropped_total=sum(int(r.get("dropped") or 0) for r in records),
         )
     summary.pop("wall_s", None)
-    save_model(engine, rd / "model.safetensors", {"task": task.name, "round": str(engine.round)})
-    if privacy is not None:
-        write_privacy_report(rd.path, privacy.config)
-    store.write_summary(summary)
+    run.finish(engine, summary, model_metadata={"task": task.name, "round": str(engine.round)})
     rd.write_status(phase="completed", round=engine.round, rounds=cfg.server.rounds)
     log.info("run %s completed: %s", rd.run_id, summary)
     return summary

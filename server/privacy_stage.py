@@ -137,7 +137,9 @@ class CentralDP:
         """Noise the sum, write the ledger entry, return the update to publish.
 
         `agg` None (nobody arrived, or an empty Poisson cohort) still releases noise:
-        the accountant charges every round the sampling scheme ran.
+        the accountant charges every round the sampling scheme ran. Central DP never
+        returns None; the type is the release step's for every mechanism, because
+        `DistributedDP.release` returns None when the round published nothing.
         """
         total = torch.zeros(model_size) if agg is None else agg.total.detach().cpu()
         noised = add_gaussian_noise(total.numpy(), self.config.update_noise_multiplier, self.clip)
@@ -274,6 +276,8 @@ class DistributedDP(CentralDP):
         self._charged[round_num] = entry
 
     def release(self, round_num: int, agg: Aggregate | None, model_size: int) -> Release | None:
+        """The decoded, already-noised sum to publish; None when the round was aborted or
+        nothing was unmasked (and so nothing charged): the engine then applies nothing."""
         entry = self._charged.pop(round_num, None)
         if agg is None or entry is None:
             return None  # aborted, or nothing unmasked: nothing to publish

@@ -29,10 +29,10 @@ from .aggregation import Aggregate, PlainChannel, UpdateChannel
 from .dpsgd_accounting import ClientDpSgdAccountant
 from .optimizers import make_optimizer
 from .outcome import Aborted
-from .privacy_stage import CentralDP
+from .privacy_stage import CentralDP, Release
 from .runstore import RunStore
 from .sampling import CohortSampler, SecretCohortSampler
-from .transport import ClientFailure, Transport
+from .transport import CentralEvaluator, ClientFailure, RoundReporter, Transport
 
 log = logging.getLogger("fedveil.server")
 
@@ -106,13 +106,19 @@ class RoundEngine:
         device: torch.device | str = "cpu",
         on_round: Callable[[RoundRecord], None] | None = None,
         privacy: CentralDP | None = None,
+        model: FlatModel | None = None,
     ) -> None:
+        """`model`: the global model, already built from `initial_model(task, cfg.seed)`
+        (the run lifecycle builds it first, so a transport can know the model's size);
+        None: built here on `device`."""
         self.cfg, self.task, self.transport, self.store = cfg, task, transport, store
         self.privacy = privacy
         self.stopped_reason: str | None = None
         self.channel = channel or PlainChannel()
         self.on_round = on_round
-        self.model = FlatModel(initial_model(task, cfg.seed), device)
+        self.model = (
+            model if model is not None else FlatModel(initial_model(task, cfg.seed), device)
+        )
         self.weights = self.model.get()
         s = cfg.server
         self.optimizer = make_optimizer(
@@ -245,7 +251,9 @@ class RoundEngine:
             # sum may have been seen; under distributed DP it was charged first.
             record.extra.update(status="aborted", aborted_stage=aborted.stage)
             record.extra["abort_reason"] = aborted.reason
-        released = None
+        # None: nothing to publish (central DP always releases; distributed DP does not
+        # when nothing was unmasked and charged).
+        released: Release | None = None
         if self.privacy is not None and aborted is None:
             released = self.privacy.release(round_num, agg, self.model.size)
         if released is not None:
@@ -281,9 +289,8 @@ class RoundEngine:
         # A transport or channel may add facts about the round only it knows (simulated
         # dropouts; the secure-aggregation mode and parameters).
         for part in (self.transport, self.channel):
-            report = getattr(part, "round_report", None)
-            if report is not None:
-                record.extra.update(report(round_num))
+            if isinstance(part, RoundReporter):
+                record.extra.update(part.round_report(round_num))
         record.duration_s = time.perf_counter() - start
         for annotate in self.annotators:
             annotate(record)
@@ -314,8 +321,9 @@ class RoundEngine:
             and (record.round % e.central_every == 0 or last)
         ):
             # A transport with idle workers (the in-process engine's) may evaluate for us.
-            central = getattr(self.transport, "evaluate_central", None)
-            result = central(self.weights, record.round, e.batch_size) if central else None
+            result = None
+            if isinstance(self.transport, CentralEvaluator):
+                result = self.transport.evaluate_central(self.weights, record.round, e.batch_size)
             if result is None:
                 x, y = self.task.test_data
                 result = evaluate(self.model, self.weights, x, y, self.task.loss_fn, e.batch_size)

@@ -1,17 +1,25 @@
-"""The small interface the round engine is written against.
+"""The interface the round engine is written against.
 
 A transport knows which clients exist and can deliver one Envelope to each of
 a set of clients and collect their replies by a deadline. Flower (simulation
 and deployment) and the in-process engine implement it; the round logic,
 secure aggregation and DP run unchanged over any of them.
+
+Two optional capabilities, declared here and checked with `isinstance`:
+`CentralEvaluator` (a transport with idle workers may evaluate the global model
+on the task's test set for the server) and `RoundReporter` (a transport or
+update channel adds facts only it knows to the round's record).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from fedveil.protocol.envelope import Envelope
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ClientFailure(Exception):
@@ -35,3 +43,30 @@ class Transport(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+# (mean loss, accuracy, examples) of the global model on the task's test set.
+CentralResult = tuple[float, float, int]
+
+
+@runtime_checkable
+class CentralEvaluator(Protocol):
+    """A transport that can run the server's own evaluation (the in-process engine's
+    workers, idle between exchanges)."""
+
+    def evaluate_central(
+        self, weights: torch.Tensor, round_num: int, batch_size: int
+    ) -> CentralResult | None:
+        """The evaluation of `weights`, or None: the engine evaluates in its own process.
+        Must equal the engine's own evaluation bit for bit."""
+        ...
+
+
+@runtime_checkable
+class RoundReporter(Protocol):
+    """A transport or update channel with facts about a round that only it knows
+    (simulated dropouts; the secure-aggregation mode and parameters)."""
+
+    def round_report(self, round_num: int) -> Mapping[str, Any]:
+        """Fields for round `round_num`'s record (empty: nothing to add)."""
+        ...

@@ -21,12 +21,17 @@ import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.transport import ClientFailure, Transport
+from fedveil.server.transport import (
+    CentralEvaluator,
+    ClientFailure,
+    RoundReporter,
+    Transport,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -228,8 +233,9 @@ class AvailabilityTransport:
         self, weights: torch.Tensor, round_num: int, batch_size: int
     ) -> tuple[float, float, int] | None:
         """The server's own evaluation is no client's: the availability model does not apply."""
-        inner = getattr(self.inner, "evaluate_central", None)
-        return inner(weights, round_num, batch_size) if inner is not None else None
+        if isinstance(self.inner, CentralEvaluator):
+            return self.inner.evaluate_central(weights, round_num, batch_size)
+        return None
 
     def _see(self, round_num: int) -> None:
         latest = self._latest
@@ -246,12 +252,11 @@ class AvailabilityTransport:
             self._counts[round_num] = {"dropouts": 0, "stragglers": 0}
             self._time[round_num] = 0.0
 
-    def round_report(self, round_num: int) -> dict[str, float]:
+    def round_report(self, round_num: int) -> dict[str, Any]:
         """Simulated dropouts, stragglers and (with a latency model) simulated time."""
-        report: dict[str, float] = {}
-        inner = getattr(self.inner, "round_report", None)
-        if inner is not None:
-            report.update(inner(round_num))
+        report: dict[str, Any] = {}
+        if isinstance(self.inner, RoundReporter):
+            report.update(self.inner.round_report(round_num))
         if round_num in self._counts:
             report["sim_dropouts"] = self._counts[round_num]["dropouts"]
             report["sim_stragglers"] = self._counts[round_num]["stragglers"]

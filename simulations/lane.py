@@ -122,15 +122,16 @@ class ClientLane:
         self.task = task
         keep_data_on(task, device)
         self._fetched: dict[int, ClientData] = {}  # data loaded for a unit, used once
-        # The runtime reads client data through the lane, so a unit's data is loaded once.
+        # The runtime reads client data through the lane, so a unit's data is loaded once,
+        # and trains through it, so a client of a unit trained at once gets its result.
         self.runtime = ClientRuntime(
             dataclasses.replace(task, client_data=self._data),
             device,
             identities,
             run_id=run_id,
             run_config=run_config,
+            trainer=self._train,
         )
-        self.runtime.trainer = self._train
         self._done: dict[int, LocalResult] = {}  # a unit's results, until its clients ask
         self._replay: LocalResult | None = None
         self.states: dict[int, dict[str, Any]] = {}

@@ -13,8 +13,7 @@ import torch
 
 from fedveil.config import RunConfig, to_toml
 from fedveil.privacy.secagg.identity import DerivedIdentities
-from fedveil.server.pipeline import make_privacy_pipeline, private_run_args
-from fedveil.server.privacy_report import write_privacy_report
+from fedveil.server.lifecycle import RunLifecycle
 from fedveil.server.rounds import RoundEngine, RoundRecord
 from fedveil.server.runstore import RunStore
 from fedveil.tasks import Task, make_task
@@ -105,31 +104,13 @@ def simulate(
         DerivedIdentities() if cfg.secagg.enabled and cfg.secagg.threat == "malicious" else None
     )
     roster = None if identities is None else identities.roster
-    privacy, channel = make_privacy_pipeline(
-        cfg, task, store.ledger_path, roster, **private_run_args(cfg, store)
-    )
+    run = RunLifecycle(cfg, task, store, device=device, roster=roster)
     availability = AvailabilityModel.from_config(cfg)
 
     def build_engine(transport: Any) -> RoundEngine:
         if availability is not None:
             transport = AvailabilityTransport(transport, availability)
-        engine = RoundEngine(
-            cfg,
-            task,
-            transport,
-            store=store,
-            device=device,
-            on_round=on_round,
-            privacy=privacy,
-            channel=channel,
-        )
-        state = store.load_checkpoint() if resume else None
-        if state is not None:
-            engine.restore(state)
-            store.truncate_metrics(engine.round)
-            store.truncate_private(engine.round)
-            log.info("resuming %s after round %d", store.path, engine.round)
-        return engine
+        return run.engine(transport, on_round=on_round, resume=resume)
 
     quiet = _QuietSimulatedDrops()
     server_log = logging.getLogger("fedveil.server")
@@ -167,13 +148,9 @@ def simulate(
     summary["out"] = str(Path(cfg.out))
     if workers is not None:
         summary["workers"] = workers
-    engine.model.save(engine.weights, str(store.path / "model.safetensors"), {"task": task.name})
-    if privacy is not None:
-        write_privacy_report(store.path, privacy.config)
-    if cfg.simulation.plots:
+    if cfg.simulation.plots:  # from metrics.jsonl, complete once the rounds are done
         summary["plots"] = _plots(store.path)
-    store.write_summary(summary)
-    return summary
+    return run.finish(engine, summary, model_metadata={"task": task.name})
 
 
 def _plots(run_dir: Path) -> list[str]:

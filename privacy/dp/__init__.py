@@ -15,7 +15,7 @@ from .adaptive_clipping import (
 from .budget import BudgetExceededError, PrivacyBudget, entry_fields, event_from_entry
 from .calibration import calibrate_noise_multiplier
 from .central import add_gaussian_noise
-from .clipping import clip_l2, l2_norm
+from .clipping import Clipped, check_l2_bound, clip_l2, clip_update, l2_norm
 from .config import DpConfig
 from .dpsgd import DpSgdSession, make_private_dp_sgd
 from .events import PrivacyEvent, group_events
@@ -31,6 +31,7 @@ from .vocabulary import sound_accountants, supported_accountants
 __all__ = [
     "GENESIS_HASH",
     "BudgetExceededError",
+    "Clipped",
     "DpConfig",
     "DpSgdSession",
     "Ledger",
@@ -44,8 +45,10 @@ __all__ = [
     "build_report",
     "calibrate_noise_multiplier",
     "canonical_json",
+    "check_l2_bound",
     "clip_indicator",
     "clip_l2",
+    "clip_update",
     "compute_epsilon",
     "coordinator_epsilon_after",
     "entry_fields",

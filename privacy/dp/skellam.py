@@ -1,7 +1,8 @@
 """Distributed DP with the Skellam mechanism (Agarwal, Kairouz, Liu 2021).
 
-Client:  clip -> randomized Hadamard rotation -> scale by s -> conditional randomized
-rounding to integers -> + Skellam(mu_local) noise share -> reduce mod 2**bits.
+Client:  (an update already clipped to C, checked) -> randomized Hadamard rotation -> scale
+by s -> conditional randomized rounding to integers -> + Skellam(mu_local) noise share ->
+reduce mod 2**bits.
 Server:  secure aggregation sums mod 2**bits; `decode` maps back to signed integers,
 unscales and unrotates. Sums of Skellam shares are Skellam, so the server only ever
 sees the sum already carrying noise of variance n * mu_local.
@@ -27,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .clipping import clip_l2
+from .clipping import check_l2_bound
 from .hadamard import padded_dimension, rotate, unrotate
 from .rng import resolve_generator
 from .vectors import as_vector
@@ -163,14 +164,19 @@ class SkellamEncoder:
         self._rng = rng  # None: a CSPRNG-seeded generator per encode
 
     def encode(self, update: Any) -> np.ndarray:
-        """Client side: clipped, rotated, rounded, noised update in Z_{2**bits} (uint32)."""
+        """Client side: the rotated, rounded, noised update in Z_{2**bits} (uint32).
+
+        `update` must already be clipped to `clip_norm` (the client runtime clips once,
+        with privacy.dp.clipping): an update above it is refused, never encoded, because
+        the noise is calibrated to that sensitivity.
+        """
         p = self.params
         vector = as_vector(update, np.float64)
         if vector.shape[0] != p.dim:
             raise ValueError(f"update has dimension {vector.shape[0]}, expected {p.dim}")
+        check_l2_bound(vector, p.clip_norm)
         rng = resolve_generator(self._rng)
-        clipped = clip_l2(vector, p.clip_norm).astype(np.float64)
-        scaled = rotate(clipped, self.rotation_seed) * p.scale
+        scaled = rotate(vector, self.rotation_seed) * p.scale
         rounded = _conditional_round(scaled, p.norm_bound, rng)
         noise = skellam_noise(p.local_variance, rounded.shape[0], rng)
         return np.mod(rounded + noise, p.modulus).astype(np.uint32)

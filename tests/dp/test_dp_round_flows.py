@@ -105,7 +105,8 @@ def test_distributed_dp_accounts_for_the_survivors(tmp_path):
         encoder = SkellamEncoder(params, rotation_seed=1000 + number, rng=rng)
         survivors = [rng.normal(size=200) for _ in range(8 + number % 5)]
         modular_sum = np.mod(
-            sum(encoder.encode(u).astype(np.int64) for u in survivors), params.modulus
+            sum(encoder.encode(clip_l2(u, cfg.clip_norm)).astype(np.int64) for u in survivors),
+            params.modulus,
         )
         decoded = encoder.decode(modular_sum, len(survivors))
         event = cfg.round_event(params.noise_multiplier_for(len(survivors)))

@@ -15,7 +15,8 @@ def signed(codes, modulus):
 
 def run_round(params, updates, seed=5, rotation_seed=2024):
     encoder = SkellamEncoder(params, rotation_seed, rng=np.random.default_rng(seed))
-    codes = [encoder.encode(update) for update in updates]
+    # Clients clip once (the runtime); the encoder only checks the bound.
+    codes = [encoder.encode(clip_l2(update, params.clip_norm)) for update in updates]
     for code in codes:
         assert code.dtype == np.uint32 and int(code.max()) < params.modulus
     unreduced = sum(signed(code, params.modulus) for code in codes)  # what wrapping would hide
@@ -100,3 +101,19 @@ def test_decoding_refuses_too_few_noise_shares_and_params_are_validated():
             dim=2**16, clip_norm=1.0, noise_multiplier=1.0, num_clients=1000, bits=10
         )
     assert SkellamParams.from_dict(params.to_dict()) == params
+
+
+def test_encoder_refuses_an_update_above_the_clip_instead_of_encoding_it():
+    params = SkellamParams.calibrate(
+        dim=64, clip_norm=1.0, noise_multiplier=1.0, num_clients=10, min_clients=6, bits=16
+    )
+    encoder = SkellamEncoder(params, rotation_seed=3)
+    unclipped = np.full(64, 1.0, np.float32)  # norm 8: the noise is calibrated for 1
+    with pytest.raises(ValueError, match="exceeds clip_norm"):
+        encoder.encode(unclipped)
+    just_above = np.zeros(64, np.float32)
+    just_above[0] = np.nextafter(np.float32(1.0), np.float32(2.0))
+    with pytest.raises(ValueError, match="exceeds clip_norm"):
+        encoder.encode(just_above)
+    clipped = clip_l2(unclipped, 1.0)
+    assert encoder.encode(clipped).shape == (params.padded_dim,)

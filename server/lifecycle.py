@@ -1,0 +1,138 @@
+"""One run's lifecycle around the round engine, shared by `fedveil simulate` and the
+deployed ServerApp.
+
+    task (the caller's) -> privacy pipeline + global model -> engine over a transport
+    -> restore -> run -> save model -> privacy report -> summary
+
+What differs stays with each caller and comes in as arguments: the task (a simulated
+population or the coordinator's test set), the transport (built once the model's size is
+known), `on_round` hooks, status writes and the summary's own keys. Resume semantics are
+the same for both: the checkpoint is restored, then metric and private lines of rounds it
+does not hold are dropped, so no round is applied or recorded twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedveil.config import RunConfig
+from fedveil.params import FlatModel
+from fedveil.privacy.secagg import SIMULATION_RUN_ID
+from fedveil.tasks import Task
+
+from .aggregation import UpdateChannel
+from .pipeline import make_privacy_pipeline, private_run_args
+from .privacy_report import write_privacy_report
+from .privacy_stage import CentralDP
+from .rounds import RoundEngine, RoundRecord, initial_model
+from .runstore import RunStore, atomic_write_bytes
+from .transport import Transport
+
+log = logging.getLogger("fedveil.server")
+
+MODEL_FILE = "model.safetensors"
+
+
+class RunLifecycle:
+    """The steps of one run (or one attempt of it, after a crash) into `store`.
+
+    Built before any transport: the privacy pipeline (its accountant rebuilt from the
+    run's ledger) and the global model, whose size `model_size` a transport may need.
+    `roster`: the clients' identity keys (malicious-server secure aggregation);
+    `secagg_run_id`: the run every secure-aggregation session names; `ledger_run_id`:
+    the run id the DP ledger is bound to (None: the run directory's own identity).
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        task: Task,
+        store: RunStore,
+        *,
+        device: torch.device | str = "cpu",
+        roster: Mapping[int, bytes] | None = None,
+        secagg_run_id: bytes = SIMULATION_RUN_ID,
+        ledger_run_id: str | None = None,
+    ) -> None:
+        self.cfg, self.task, self.store = cfg, task, store
+        self.device = torch.device(device)
+        self.privacy: CentralDP | None
+        self.channel: UpdateChannel
+        self.privacy, self.channel = make_privacy_pipeline(
+            cfg,
+            task,
+            store.ledger_path,
+            roster,
+            secagg_run_id=secagg_run_id,
+            **private_run_args(cfg, store, run_id=ledger_run_id),
+        )
+        # Built first so a transport can be told the model's size at construction; a
+        # function of the seed alone, so the same model as the engine would build.
+        self._model: FlatModel | None = FlatModel(initial_model(task, cfg.seed), self.device)
+        self.model_size = self._model.size
+
+    def engine(
+        self,
+        transport: Transport,
+        *,
+        on_round: Callable[[RoundRecord], None] | None = None,
+        resume: bool = True,
+    ) -> RoundEngine:
+        """The round engine over `transport`, restored from the checkpoint if `resume`
+        and there is one."""
+        model, self._model = self._model, None  # the first engine takes the model built
+        engine = RoundEngine(
+            self.cfg,
+            self.task,
+            transport,
+            store=self.store,
+            channel=self.channel,
+            device=self.device,
+            on_round=on_round,
+            privacy=self.privacy,
+            model=model,
+        )
+        if resume:
+            self.restore(engine)
+        return engine
+
+    def restore(self, engine: RoundEngine) -> bool:
+        """Restore the last checkpoint (if any) and drop the metric and private lines of
+        rounds after it; whether there was one."""
+        state = self.store.load_checkpoint()
+        if state is None:
+            return False
+        engine.restore(state)
+        self.store.truncate_metrics(engine.round)
+        self.store.truncate_private(engine.round)
+        log.info(
+            "resuming %s after round %d of %d",
+            self.store.path,
+            engine.round,
+            self.cfg.server.rounds,
+        )
+        return True
+
+    def save_model(self, engine: RoundEngine, metadata: Mapping[str, str]) -> Path:
+        """The global model as safetensors, written atomically (a reader never sees half)."""
+        from safetensors.torch import save
+
+        path = self.store.path / MODEL_FILE
+        tensors = engine.model.named_tensors(engine.weights.detach().cpu())
+        atomic_write_bytes(path, save(tensors, metadata=dict(metadata)))
+        return path
+
+    def finish(
+        self, engine: RoundEngine, summary: dict[str, Any], *, model_metadata: Mapping[str, str]
+    ) -> dict[str, Any]:
+        """The run's closing files: the model, the privacy report under DP, the summary."""
+        self.save_model(engine, model_metadata)
+        if self.privacy is not None:
+            write_privacy_report(self.store.path, self.privacy.config)
+        self.store.write_summary(summary)
+        return summary
