@@ -7,9 +7,8 @@
 * `secagg_frame`  – a secure-aggregation message inside an Envelope
 * `deployment`    – names shared by the coordinator's FAB and the device's ClientApp
 * `flower_codec`  – Envelope <-> Flower records (imports flwr: not re-exported here)
+
+Importing the package loads nothing heavy (no torch, no flwr): edge clients import the
+DP layer, which names protocol fields, without the accounting or training stacks.
+Import the Envelope from `fedveil.protocol.envelope`.
 """
-
-from .envelope import Envelope, MessageError
-from .kinds import ErrorCode, Kind, Stage
-
-__all__ = ["Envelope", "ErrorCode", "Kind", "MessageError", "Stage"]
