@@ -48,6 +48,7 @@ test: data browser
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	LINT_IMPORTS=$(abspath $(VENV))/bin/lint-imports .ci/lint-imports
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -418,8 +418,6 @@ def _check_cross_fields(cfg: RunConfig) -> None:
     if dp.mechanism == "distributed" and dp.adaptive_clip:
         raise ConfigError("dp.adaptive_clip is not supported with dp.mechanism = 'distributed'")
     if cfg.simulation.dropout_stages:
-        from fedveil.simulations.availability import parse_stage_dropout
-
         try:
             parse_stage_dropout(cfg.simulation.dropout_stages)
         except ValueError as exc:
@@ -465,6 +463,26 @@ def _check_dp_soundness(cfg: RunConfig) -> None:
             "dp.accountant = 'skellam_rdp': only for dp.mechanism = 'distributed'; "
             "use 'auto' for central DP"
         )
+
+
+def parse_stage_dropout(text: str) -> dict[str, float]:
+    """'train=0.1,evaluate=0' -> {'train': 0.1, 'evaluate': 0.0}; ValueError naming the item."""
+    out: dict[str, float] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        stage, sep, value = item.partition("=")
+        stage = stage.strip()
+        if not sep or not stage:
+            raise ValueError(f"{item!r}: expected STAGE=PROBABILITY, e.g. 'train=0.1'")
+        try:
+            p = float(value)
+        except ValueError:
+            raise ValueError(f"{item!r}: {value.strip()!r} is not a number") from None
+        if not 0.0 <= p <= 0.99:
+            raise ValueError(f"{item!r}: probability must be in [0, 0.99]")
+        out[stage] = p
+    return out
 
 
 def config_from_dict(values: dict[str, Any]) -> RunConfig:

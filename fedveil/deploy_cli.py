@@ -136,7 +136,7 @@ def cmd_client(args: argparse.Namespace) -> int:
     if bool(args.identity_key) != bool(args.roster):
         raise ValueError("--identity-key and --roster go together: give both or neither")
     if args.identity_key:
-        from fedveil.identity_files import load_client_identity
+        from fedveil.privacy.secagg.identity_files import load_client_identity
 
         identity = load_client_identity(args.client_id, Path(args.identity_key), Path(args.roster))
         fingerprint = identity.roster.fingerprint()

@@ -45,7 +45,7 @@ def add_identity(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from .identity_files import write_identity_key
+    from fedveil.privacy.secagg.identity_files import write_identity_key
 
     key, pub = write_identity_key(Path(args.out), args.name, force=args.force)
     print(f"wrote {key} (private, mode 0600: keep it on this device)")
@@ -55,8 +55,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 def cmd_roster(args: argparse.Namespace) -> int:
     from fedveil.privacy.secagg.identity import Roster, RosterError
-
-    from .identity_files import read_public_key
+    from fedveil.privacy.secagg.identity_files import read_public_key
 
     keys: dict[int, bytes] = {}
     for entry in args.entries:
@@ -76,7 +75,7 @@ def cmd_roster(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from .identity_files import load_roster
+    from fedveil.privacy.secagg.identity_files import load_roster
 
     roster = load_roster(Path(args.roster), "roster")
     ids = list(roster)

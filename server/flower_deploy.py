@@ -24,8 +24,8 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedveil.config import load_config
-from fedveil.identity_files import load_roster
 from fedveil.privacy.secagg import flower_run_id as flower_run_id_bytes
+from fedveil.privacy.secagg.identity_files import load_roster
 from fedveil.protocol.deployment import RUN_ID_KEY
 from fedveil.server.deploy_transport import DeployTransport
 from fedveil.server.lifecycle import RunLifecycle

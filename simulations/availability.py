@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedveil.config import parse_stage_dropout
 from fedveil.protocol.envelope import Envelope
 from fedveil.server.transport import (
     CentralEvaluator,
@@ -43,26 +44,6 @@ _PROPENSITY, _SLOWNESS, _DROP, _LATENCY = 0xD7, 0x51, 0xD2, 0x1A
 
 DROPPED = "simulated dropout"
 LATE = "simulated straggler"
-
-
-def parse_stage_dropout(text: str) -> dict[str, float]:
-    """'train=0.1,evaluate=0' -> {'train': 0.1, 'evaluate': 0.0}; ValueError naming the item."""
-    out: dict[str, float] = {}
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        stage, sep, value = item.partition("=")
-        stage = stage.strip()
-        if not sep or not stage:
-            raise ValueError(f"{item!r}: expected STAGE=PROBABILITY, e.g. 'train=0.1'")
-        try:
-            p = float(value)
-        except ValueError:
-            raise ValueError(f"{item!r}: {value.strip()!r} is not a number") from None
-        if not 0.0 <= p <= 0.99:
-            raise ValueError(f"{item!r}: probability must be in [0, 0.99]")
-        out[stage] = p
-    return out
 
 
 def _uniforms(key: Sequence[int], cids: Sequence[int], count: int) -> np.ndarray:

@@ -224,7 +224,7 @@ class RunManager:
         )
         roster = None
         if cfg.secagg.enabled and cfg.secagg.threat == "malicious" and roster_path is not None:
-            from fedveil.identity_files import load_roster
+            from fedveil.privacy.secagg.identity_files import load_roster
 
             # Read now, not at start-up: the operator may have enrolled devices since.
             try:

@@ -193,7 +193,7 @@ def settings_from_dict(
             )
     roster = path(values["secagg"]["roster"])
     if roster is not None:
-        from fedveil.identity_files import load_roster
+        from fedveil.privacy.secagg.identity_files import load_roster
 
         try:
             load_roster(roster, "secagg.roster =")  # a broken roster fails at start-up

@@ -13,10 +13,10 @@ from safetensors.torch import load_file
 import tiny_task
 from fedveil.client.runtime import ClientRuntime
 from fedveil.config import load_config
-from fedveil.identity_files import DeviceIdentity, RosterFile
 from fedveil.privacy.secagg import SIMULATION_RUN_ID, SessionConfig, ThreatModel, crypto
 from fedveil.privacy.secagg import decode_message as decode
 from fedveil.privacy.secagg.identity import DerivedIdentities, Roster, public_bytes
+from fedveil.privacy.secagg.identity_files import DeviceIdentity, RosterFile
 from fedveil.privacy.secagg.messages import AdvertiseRequest
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.secagg_frame import protocol_part, wrap

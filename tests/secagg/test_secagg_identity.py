@@ -11,12 +11,6 @@ import sys
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedveil.identity_files import (
-    load_client_identity,
-    load_identity_key,
-    load_roster,
-    write_identity_key,
-)
 from fedveil.privacy.secagg.identity import (
     ROSTER_FORMAT,
     ClientIdentity,
@@ -24,6 +18,12 @@ from fedveil.privacy.secagg.identity import (
     RosterError,
     encode_public,
     public_bytes,
+)
+from fedveil.privacy.secagg.identity_files import (
+    load_client_identity,
+    load_identity_key,
+    load_roster,
+    write_identity_key,
 )
 
 
@@ -160,7 +160,7 @@ def test_a_device_takes_a_changed_roster_file_at_its_next_request(tmp_path, capl
     assert identity.roster.refresh() is False  # unchanged: not read again
     listed[2] = public_bytes(Ed25519PrivateKey.generate())
     publish(path, listed)
-    with caplog.at_level(logging.INFO, logger="fedveil.identity_files"):
+    with caplog.at_level(logging.INFO, logger="fedveil.privacy.secagg.identity_files"):
         assert identity.peer_keys([0, 1, 2]) == listed
     assert f"re-read: 3 clients, fingerprint {Roster(listed).fingerprint()}" in caplog.text
     # Rewritten in place (same file, no rename) is noticed too.
@@ -195,7 +195,7 @@ def test_a_bad_new_roster_file_is_refused_and_the_last_good_one_stays(
         path.unlink()
     else:
         path.write_text(version(listed))
-    with caplog.at_level(logging.INFO, logger="fedveil.identity_files"):
+    with caplog.at_level(logging.INFO, logger="fedveil.privacy.secagg.identity_files"):
         assert identity.peer_keys([0, 1]) == listed
         assert identity.roster.refresh() is False
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
