@@ -17,11 +17,10 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 
+from fedveil.client.runtime import ClientRuntime
 from fedveil.protocol.envelope import MessageError
 from fedveil.protocol.flower_codec import KINDS, from_content, message_type, to_content
 from fedveil.protocol.kinds import ErrorCode
-
-from .runtime import ClientRuntime
 
 log = logging.getLogger("fedveil.client")
 

@@ -26,6 +26,10 @@ import torch
 from flwr.app import Context, Error, Message
 from flwr.clientapp import ClientApp
 
+from fedveil.client.edge_data import load_local_data, with_holdout
+from fedveil.client.edge_policy import LocalPolicy, planned_steps
+from fedveil.client.runtime import ClientRuntime
+from fedveil.client.secagg_stages import retain_recent
 from fedveil.config import ConfigError, RunConfig, config_from_dict
 from fedveil.models import MODELS, build_model
 from fedveil.privacy.secagg import flower_run_id
@@ -36,11 +40,6 @@ from fedveil.protocol.flower_codec import KINDS, from_content, message_type, to_
 from fedveil.protocol.kinds import TRAINING_KINDS, ErrorCode, Kind
 from fedveil.protocol.riders import FAILED
 from fedveil.tasks import ClientData, Task, load_task_function
-
-from .edge_data import load_local_data, with_holdout
-from .edge_policy import LocalPolicy, planned_steps
-from .runtime import ClientRuntime
-from .secagg_stages import retain_recent
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -14,6 +14,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from fedveil.client.training import (
+    DpSgdResult,
+    LocalTraining,
+    Trainer,
+    train_local,
+    train_local_dp_sgd,
+)
 from fedveil.evaluation import evaluate
 from fedveil.params import FlatModel
 from fedveil.privacy.dp.clipping import clip_update
@@ -25,8 +32,6 @@ from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.kinds import SECAGG, Kind
 from fedveil.protocol.riders import detach, join_replies
 from fedveil.tasks import Task
-
-from .training import DpSgdResult, LocalTraining, Trainer, train_local, train_local_dp_sgd
 
 if TYPE_CHECKING:
     from fedveil.config import RunConfig
@@ -127,7 +132,7 @@ class ClientRuntime:
         if msg.kind == Kind.EVALUATE:
             return self._evaluate(client_id, msg)
         if msg.kind.startswith(SECAGG):
-            from .secagg_stages import handle_secagg
+            from fedveil.client.secagg_stages import handle_secagg
 
             identity = None if self.identities is None else self.identities(client_id)
             plan = self.distributed_dp_plan()

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .config import ConfigError, load_config
+from fedveil.config import ConfigError, load_config
 
 # Command-line flag -> dotted config key. Every flag overrides the TOML file.
 SIMULATE_FLAGS: list[tuple[str, str, type, str]] = [
@@ -98,9 +98,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             overrides[key] = value
     cfg = load_config(args.config, overrides)
 
+    from fedveil.progress import RoundProgress
     from fedveil.simulations.run import simulate
-
-    from .progress import RoundProgress
 
     progress = RoundProgress(cfg.server.rounds, disable=args.quiet)
     try:
@@ -137,11 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommands() -> list:
     """Each further command lives in its own module and registers itself here."""
-    from .bench_cli import add_bench
-    from .data_cli import add_data
-    from .deploy_cli import add_certs, add_client, add_clients, add_run, add_server
-    from .identity_cli import add_identity
-    from .privacy_cli import add_privacy
+    from fedveil.bench_cli import add_bench
+    from fedveil.data_cli import add_data
+    from fedveil.deploy_cli import add_certs, add_client, add_clients, add_run, add_server
+    from fedveil.identity_cli import add_identity
+    from fedveil.privacy_cli import add_privacy
 
     return [
         add_data,

@@ -424,7 +424,7 @@ def _check_cross_fields(cfg: RunConfig) -> None:
             raise ConfigError(f"simulation.dropout_stages: {exc}") from None
     task = cfg.model.task
     if task is None:
-        from .models import MODELS
+        from fedveil.models import MODELS
 
         if cfg.model.name not in MODELS:
             known = ", ".join(sorted(MODELS))

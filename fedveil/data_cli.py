@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .config import load_config
+from fedveil.config import load_config
 
 
 def add_data(sub: argparse._SubParsersAction) -> None:

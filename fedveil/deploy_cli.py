@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from .api_client import ApiCallError, ApiClient, add_api_args
-from .config import ConfigError
+from fedveil.api_client import ApiCallError, ApiClient, add_api_args
+from fedveil.config import ConfigError
 
 
 def _service_logging(state_dir: Path | None, name: str) -> None:
@@ -332,7 +332,7 @@ def add_clients(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_clients_keygen(args: argparse.Namespace) -> int:
-    from .certs import create_client_key
+    from fedveil.certs import create_client_key
 
     key, pub = create_client_key(Path(args.out), args.name, force=args.force)
     print(f"private key {key} (stays on the device), public key {pub} (enroll it)")
@@ -397,7 +397,7 @@ def add_certs(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
-    from .certs import DEFAULT_HOSTS, CertError, create_test_deployment
+    from fedveil.certs import DEFAULT_HOSTS, CertError, create_test_deployment
 
     if not 0 <= args.clients <= 10_000:
         raise ConfigError(f"--clients {args.clients}: must be in [0, 10000]")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from .params import FlatModel
+from fedveil.params import FlatModel
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -22,11 +22,11 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from .models import build_model
+from fedveil.models import build_model
 
 if TYPE_CHECKING:
-    from .config import RunConfig
-    from .data.datasets import Dataset
+    from fedveil.config import RunConfig
+    from fedveil.data.datasets import Dataset
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -102,7 +102,7 @@ class PartitionedData:
 
 
 def _builtin_dataset(cfg: RunConfig) -> Dataset:
-    from .data.datasets import load_dataset
+    from fedveil.data.datasets import load_dataset
 
     d = cfg.data
     params: dict[str, object] = {}
@@ -117,7 +117,7 @@ def _builtin_dataset(cfg: RunConfig) -> Dataset:
 
 def builtin_task(cfg: RunConfig) -> Task:
     """Built-in dataset + partitioner + registered model."""
-    from .data.partition import apply_writer_style, partition
+    from fedveil.data.partition import apply_writer_style, partition
 
     d = cfg.data
     ds = _builtin_dataset(cfg)

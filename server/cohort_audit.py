@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedveil.config import load_config
-
-from .runstore import RunStore
-from .sampling import SecretCohortSampler, cohort_commitment, committed_graph_seed
+from fedveil.server.runstore import RunStore
+from fedveil.server.sampling import SecretCohortSampler, cohort_commitment, committed_graph_seed
 
 
 @dataclass

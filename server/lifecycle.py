@@ -23,15 +23,14 @@ import torch
 from fedveil.config import RunConfig
 from fedveil.params import FlatModel
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
+from fedveil.server.aggregation import UpdateChannel
+from fedveil.server.pipeline import make_privacy_pipeline, private_run_args
+from fedveil.server.privacy_report import write_privacy_report
+from fedveil.server.privacy_stage import CentralDP
+from fedveil.server.rounds import RoundEngine, RoundRecord, initial_model
+from fedveil.server.runstore import RunStore, atomic_write_bytes
+from fedveil.server.transport import Transport
 from fedveil.tasks import Task
-
-from .aggregation import UpdateChannel
-from .pipeline import make_privacy_pipeline, private_run_args
-from .privacy_report import write_privacy_report
-from .privacy_stage import CentralDP
-from .rounds import RoundEngine, RoundRecord, initial_model
-from .runstore import RunStore, atomic_write_bytes
-from .transport import Transport
 
 log = logging.getLogger("fedveil.server")
 

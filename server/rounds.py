@@ -23,16 +23,15 @@ from fedveil.params import FlatModel
 from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
+from fedveil.server.aggregation import Aggregate, PlainChannel, UpdateChannel
+from fedveil.server.dpsgd_accounting import ClientDpSgdAccountant
+from fedveil.server.optimizers import make_optimizer
+from fedveil.server.outcome import Aborted
+from fedveil.server.privacy_stage import CentralDP, Release
+from fedveil.server.runstore import RunStore
+from fedveil.server.sampling import CohortSampler, SecretCohortSampler
+from fedveil.server.transport import CentralEvaluator, ClientFailure, RoundReporter, Transport
 from fedveil.tasks import Task
-
-from .aggregation import Aggregate, PlainChannel, UpdateChannel
-from .dpsgd_accounting import ClientDpSgdAccountant
-from .optimizers import make_optimizer
-from .outcome import Aborted
-from .privacy_stage import CentralDP, Release
-from .runstore import RunStore
-from .sampling import CohortSampler, SecretCohortSampler
-from .transport import CentralEvaluator, ClientFailure, RoundReporter, Transport
 
 log = logging.getLogger("fedveil.server")
 

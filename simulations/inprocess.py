@@ -27,10 +27,9 @@ from fedveil.evaluation import summarize
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.protocol.envelope import Envelope
 from fedveil.server.transport import ClientFailure
+from fedveil.simulations.lane import CENTRAL_EVAL, ClientLane, plan_units
+from fedveil.simulations.workers import WorkerPool, cpu_cores, keep_freed_memory
 from fedveil.tasks import Task
-
-from .lane import CENTRAL_EVAL, ClientLane, plan_units
-from .workers import WorkerPool, cpu_cores, keep_freed_memory
 
 # on_progress(done, total): clients finished so far in the current exchange.
 Progress = Callable[[int, int], None]

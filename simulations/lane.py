@@ -38,9 +38,8 @@ from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
 from fedveil.protocol.riders import latest_round
+from fedveil.simulations.batched import BatchedTrainer
 from fedveil.tasks import ClientData, PartitionedData, Task
-
-from .batched import BatchedTrainer
 
 log = logging.getLogger("fedveil.inprocess")
 

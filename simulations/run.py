@@ -16,10 +16,9 @@ from fedveil.privacy.secagg.identity import DerivedIdentities
 from fedveil.server.lifecycle import RunLifecycle
 from fedveil.server.rounds import RoundEngine, RoundRecord
 from fedveil.server.runstore import RunStore
+from fedveil.simulations.availability import DROPPED, LATE, AvailabilityModel, AvailabilityTransport
+from fedveil.simulations.plots import PLOTS
 from fedveil.tasks import Task, make_task
-
-from .availability import DROPPED, LATE, AvailabilityModel, AvailabilityTransport
-from .plots import PLOTS
 
 log = logging.getLogger("fedveil.simulate")
 
@@ -59,7 +58,7 @@ class TaskFactory:
 
 
 def resolve_workers(cfg: RunConfig, device: torch.device) -> int:
-    from .inprocess import auto_workers
+    from fedveil.simulations.inprocess import auto_workers
 
     return cfg.simulation.workers or auto_workers(device)
 
@@ -118,7 +117,7 @@ def simulate(
         server_log.addFilter(quiet)
     try:
         if cfg.transport == "inprocess":
-            from .inprocess import InProcessTransport
+            from fedveil.simulations.inprocess import InProcessTransport
 
             workers = resolve_workers(cfg, device)
             with InProcessTransport(
@@ -134,7 +133,7 @@ def simulate(
                 engine = build_engine(transport)
                 engine.run()
         else:
-            from .flower_runner import run_on_flower
+            from fedveil.simulations.flower_runner import run_on_flower
 
             workers = None
             engine = run_on_flower(cfg, task.num_clients, build_engine, identities=identities)[
@@ -155,7 +154,7 @@ def simulate(
 
 def _plots(run_dir: Path) -> list[str]:
     try:
-        from .plots import save_plots
+        from fedveil.simulations.plots import save_plots
     except ImportError:  # matplotlib is in the simulation extra, not the lean core
         log.warning("matplotlib is not installed: no plots (pip install 'fedveil[simulation]')")
         return []

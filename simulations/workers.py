@@ -46,10 +46,9 @@ from fedveil.config import RunConfig
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.riders import latest_round
+from fedveil.simulations.lane import ClientLane, Unit
+from fedveil.simulations.shm import Arena, ArrayRef, Packer, take
 from fedveil.tasks import Task
-
-from .lane import ClientLane, Unit
-from .shm import Arena, ArrayRef, Packer, take
 
 log = logging.getLogger("fedveil.workers")
 

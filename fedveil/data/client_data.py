@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .datasets import Dataset
-from .partition import SCHEMES, partition
-from .writer_style import apply_writer_style
+from fedveil.data.datasets import Dataset
+from fedveil.data.partition import SCHEMES, partition
+from fedveil.data.writer_style import apply_writer_style
 
 __all__ = ["client_partitions", "client_tensors"]
 

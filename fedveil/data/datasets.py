@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import DatasetNotFoundError
-from .fashion_mnist import FASHION_MNIST_CLASSES, load_fashion_mnist_arrays
-from .pixels import FASHION_MNIST_MEAN, FASHION_MNIST_STD, standardize_pixels
-from .synthetic import generate_synthetic
+from fedveil.data.errors import DatasetNotFoundError
+from fedveil.data.fashion_mnist import FASHION_MNIST_CLASSES, load_fashion_mnist_arrays
+from fedveil.data.pixels import FASHION_MNIST_MEAN, FASHION_MNIST_STD, standardize_pixels
+from fedveil.data.synthetic import generate_synthetic
 
 __all__ = [
     "Dataset",

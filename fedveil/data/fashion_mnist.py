@@ -24,8 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .errors import DatasetDownloadError, DatasetNotFoundError
-from .idx import IdxFormatError, read_idx
+from fedveil.data.errors import DatasetDownloadError, DatasetNotFoundError
+from fedveil.data.idx import IdxFormatError, read_idx
 
 __all__ = [
     "FASHION_MNIST_CLASSES",

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from .allocation import apportion, split_by_sizes
-from .partition_report import format_partition_report, partition_report
-from .writer_style import apply_writer_style, writer_partition, writer_style
+from fedveil.data.allocation import apportion, split_by_sizes
+from fedveil.data.partition_report import format_partition_report, partition_report
+from fedveil.data.writer_style import apply_writer_style, writer_partition, writer_style
 
 __all__ = [
     "SCHEMES",

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .allocation import apportion, split_by_sizes
+from fedveil.data.allocation import apportion, split_by_sizes
 
 __all__ = ["WriterStyle", "apply_writer_style", "writer_partition", "writer_style"]
 

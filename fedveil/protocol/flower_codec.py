@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from .envelope import Envelope, MessageError
-from .kinds import Kind
+from fedveil.protocol.envelope import Envelope, MessageError
+from fedveil.protocol.kinds import Kind
 
 R = TypeVar("R", ConfigRecord, ArrayRecord)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .envelope import ArrayValue, ConfigValue, Envelope, MessageError
+from fedveil.protocol.envelope import ArrayValue, ConfigValue, Envelope, MessageError
 
 RIDER = "rider."  # prefix of the rider's own fields
 RIDER_KIND = "rider:kind"

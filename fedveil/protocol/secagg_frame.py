@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .envelope import Envelope
-from .fields import SA
+from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.fields import SA
 
 
 class WireMessage(Protocol):

@@ -26,11 +26,10 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fedveil import __version__
-
-from .clients import EnrollError
-from .gateway import read_body, send_json
-from .metrics import render
-from .runs import RunConflict, RunNotFound, SubmissionError
+from fedveil.server.service.clients import EnrollError
+from fedveil.server.service.gateway import read_body, send_json
+from fedveil.server.service.metrics import render
+from fedveil.server.service.runs import RunConflict, RunNotFound, SubmissionError
 
 log = logging.getLogger("fedveil.api")
 

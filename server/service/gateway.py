@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from .metrics import ServiceCounters
+from fedveil.server.service.metrics import ServiceCounters
 
 log = logging.getLogger("fedveil.gateway")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .rundir import read_json
+from fedveil.server.service.rundir import read_json
 
 
 @dataclass

@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config import ConfigError, RunConfig, config_from_dict, to_toml
-
-from .rundir import (
+from fedveil.server.service.rundir import (
     ACTIVE,
     FINAL,
     ROSTER_FILE,
@@ -40,7 +39,7 @@ from .rundir import (
     read_json,
     write_json,
 )
-from .settings import ServerSettings
+from fedveil.server.service.settings import ServerSettings
 
 if sys.version_info >= (3, 11):
     import tomllib

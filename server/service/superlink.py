@@ -34,8 +34,7 @@ from fedveil.protocol.deployment import (
     RUN_ID_KEY,
     SERVERAPP_REF,
 )
-
-from .settings import ServerSettings
+from fedveil.server.service.settings import ServerSettings
 
 log = logging.getLogger("fedveil.service")
 
