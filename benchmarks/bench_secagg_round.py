@@ -50,7 +50,7 @@ import torch
 from torch import nn
 
 from benchmarks import bench_secagg
-from fedveil.bench_cli import add_secagg_arguments
+from fedveil.cli.bench import add_secagg_arguments
 from fedveil.client.runtime import ClientRuntime, client_generator
 from fedveil.client.training import LocalTraining, train_local
 from fedveil.config import RunConfig, config_from_dict
@@ -59,10 +59,10 @@ from fedveil.privacy.secagg.wire import wire_size
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind, Stage
 from fedveil.protocol.riders import detach, join_replies
-from fedveil.server.aggregation import Aggregate, UpdateChannel
-from fedveil.server.pipeline import make_privacy_pipeline
-from fedveil.server.rounds import RoundEngine, initial_model
-from fedveil.server.transport import ClientFailure, Transport
+from fedveil.server.engine.aggregation import Aggregate, UpdateChannel
+from fedveil.server.engine.pipeline import make_privacy_pipeline
+from fedveil.server.engine.rounds import RoundEngine, initial_model
+from fedveil.server.engine.transport import ClientFailure, Transport
 from fedveil.tasks import ClientData, Task
 
 CLASSES = 10

@@ -36,7 +36,7 @@ def run_ours(w: Workload, workers: int) -> dict[str, Any]:
     """The workload on fedveil's round engine over the in-process engine."""
     from benchmarks.bench_workload import BenchTaskFactory, bench_task
     from fedveil.config import load_config
-    from fedveil.server.rounds import RoundEngine
+    from fedveil.server.engine.rounds import RoundEngine
     from fedveil.simulations.inprocess import InProcessTransport, auto_workers
 
     cfg = load_config(

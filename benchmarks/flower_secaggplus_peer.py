@@ -43,7 +43,7 @@ from benchmarks.bench_secagg_round import (
 from fedveil.client.runtime import client_generator
 from fedveil.client.training import LocalTraining, train_local
 from fedveil.params import FlatModel
-from fedveil.server.rounds import initial_model
+from fedveil.server.engine.rounds import initial_model
 
 
 def array_nbytes(array: Any) -> int:

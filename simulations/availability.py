@@ -27,7 +27,7 @@ import numpy as np
 
 from fedveil.config import parse_stage_dropout
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.transport import (
+from fedveil.server.engine.transport import (
     CentralEvaluator,
     ClientFailure,
     RoundReporter,

@@ -18,8 +18,8 @@ from flwr.simulation import run_simulation
 from fedveil.client.flower_app import make_client_app
 from fedveil.client.runtime import ClientRuntime, IdentitySource
 from fedveil.config import RunConfig
-from fedveil.server.flower_app import FlowerTransport, make_server_app
-from fedveil.server.rounds import RoundEngine
+from fedveil.server.engine.flower_app import FlowerTransport, make_server_app
+from fedveil.server.engine.rounds import RoundEngine
 from fedveil.tasks import make_task
 
 EngineFactory = Callable[[FlowerTransport], RoundEngine]

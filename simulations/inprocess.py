@@ -26,7 +26,7 @@ from fedveil.config import RunConfig
 from fedveil.evaluation import summarize
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.transport import ClientFailure
+from fedveil.server.engine.transport import ClientFailure
 from fedveil.simulations.lane import CENTRAL_EVAL, ClientLane, plan_units
 from fedveil.simulations.workers import WorkerPool, cpu_cores, keep_freed_memory
 from fedveil.tasks import Task

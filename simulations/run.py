@@ -13,9 +13,9 @@ import torch
 
 from fedveil.config import RunConfig, to_toml
 from fedveil.privacy.secagg.identity import DerivedIdentities
-from fedveil.server.lifecycle import RunLifecycle
-from fedveil.server.rounds import RoundEngine, RoundRecord
-from fedveil.server.runstore import RunStore
+from fedveil.server.engine.lifecycle import RunLifecycle
+from fedveil.server.engine.rounds import RoundEngine, RoundRecord
+from fedveil.server.engine.runstore import RunStore
 from fedveil.simulations.availability import DROPPED, LATE, AvailabilityModel, AvailabilityTransport
 from fedveil.simulations.plots import PLOTS
 from fedveil.tasks import Task, make_task

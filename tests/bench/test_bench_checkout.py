@@ -52,7 +52,7 @@ def _fedveil(site: Path, cwd: Path, *args: str, **env: str) -> subprocess.Comple
     # checkout (whose finder only answers after the path entries).
     environ.update(PYTHONPATH=str(site), **env)
     return subprocess.run(
-        [sys.executable, "-m", "fedveil.cli", *args],
+        [sys.executable, "-m", "fedveil.cli.main", *args],
         cwd=cwd,
         env=environ,
         capture_output=True,

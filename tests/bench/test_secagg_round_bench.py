@@ -23,8 +23,8 @@ from benchmarks.bench_secagg_round import (
     run_ours,
 )
 from fedveil import bench_cli
-from fedveil.cli import build_parser
-from fedveil.cli import main as cli_main
+from fedveil.cli.main import build_parser
+from fedveil.cli.main import main as cli_main
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.riders import attach, split_reply
 

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from fedveil.config import load_config
 from fedveil.data import partition as partition_module
-from fedveil.server.rounds import RoundEngine
+from fedveil.server.engine.rounds import RoundEngine
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.run import simulate
 from fedveil.tasks import make_server_task, make_task

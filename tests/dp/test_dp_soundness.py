@@ -124,7 +124,7 @@ def test_cli_refuses_pld_for_distributed_dp_before_loading_data(tmp_path, tiny_e
     env = dict(tiny_env, FEDVEIL_DATA=str(tmp_path / "nothing"))
     proc = subprocess.run(
         [
-            *(sys.executable, "-m", "fedveil.cli", "simulate", "--out", str(tmp_path / "r")),
+            *(sys.executable, "-m", "fedveil.cli.main", "simulate", "--out", str(tmp_path / "r")),
             *("--dp", "distributed", "--secagg", "--epsilon", "8", "--set", "dp.accountant=pld"),
         ],
         capture_output=True,

@@ -18,7 +18,7 @@ from fedveil.models import build_model
 from fedveil.params import FlatModel
 from fedveil.privacy.dp import PrivacyEvent, compute_epsilon, make_private_dp_sgd
 from fedveil.privacy.dp.dpsgd import dp_sgd_step
-from fedveil.server.dpsgd_accounting import ClientDpSgdAccountant
+from fedveil.server.engine.dpsgd_accounting import ClientDpSgdAccountant
 
 SHAPE = (1, 16, 16)
 CLASSES = 3

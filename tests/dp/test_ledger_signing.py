@@ -11,7 +11,8 @@ import stat
 
 import pytest
 
-from fedveil.client.witness import WitnessStore
+from fedveil.cli.privacy import add_privacy
+from fedveil.client.edge.witness import WitnessStore
 from fedveil.privacy.dp import DpConfig, Ledger, PrivacyBudget, SkellamParams, compute_epsilon
 from fedveil.privacy.dp.budget import event_from_entry
 from fedveil.privacy.dp.ledger import (
@@ -32,8 +33,7 @@ from fedveil.privacy.dp.signing import (
     load_public_key,
 )
 from fedveil.privacy.dp.verify import verify_ledger
-from fedveil.privacy_cli import add_privacy
-from fedveil.server.privacy_report import write_privacy_report
+from fedveil.server.engine.privacy_report import write_privacy_report
 
 RUN_ID = "3f2a9c1e5b7d4a60"
 

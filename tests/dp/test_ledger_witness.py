@@ -6,10 +6,10 @@ import stat
 import pytest
 
 import tiny_task
-from fedveil.client.edge import EdgeNode, EdgeOptions
-from fedveil.client.flower_deploy import EdgeClient, TaskSource
+from fedveil.client.edge.edge import EdgeNode, EdgeOptions
+from fedveil.client.edge.flower_deploy import EdgeClient, TaskSource
+from fedveil.client.edge.witness import WitnessStore
 from fedveil.client.runtime import ClientRuntime
-from fedveil.client.witness import WitnessStore
 from fedveil.config import RunConfig
 from fedveil.privacy.dp import DpConfig, Ledger, PrivacyBudget
 from fedveil.privacy.dp.ledger import WITNESS_CONFIG_KEY, canonical_json

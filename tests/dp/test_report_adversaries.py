@@ -23,7 +23,7 @@ from fedveil.privacy.dp import (
 )
 from fedveil.privacy.dp.accounting import individual_epsilon
 from fedveil.privacy.dp.signing import load_or_create_signer
-from fedveil.server.privacy_report import write_privacy_report
+from fedveil.server.engine.privacy_report import write_privacy_report
 
 Q1_SENTENCE = "q = 1: no amplification by sampling; every round is charged in full"
 ROUNDS = 6
@@ -270,7 +270,7 @@ def test_write_privacy_report_reads_the_run_and_keeps_the_page_self_contained(tm
 
 
 def test_the_cli_prints_one_figure_per_adversary(tmp_path, capsys):
-    from fedveil.cli import main
+    from fedveil.cli.main import main
 
     run = tmp_path / "run"
     (run / "privacy").mkdir(parents=True)

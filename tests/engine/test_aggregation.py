@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.aggregation import PlainChannel
-from fedveil.server.optimizers import make_optimizer
-from fedveil.server.transport import ClientFailure
+from fedveil.server.engine.aggregation import PlainChannel
+from fedveil.server.engine.optimizers import make_optimizer
+from fedveil.server.engine.transport import ClientFailure
 
 
 class ScriptedClients:

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def fedveil(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "fedveil.cli", *args],
+        [sys.executable, "-m", "fedveil.cli.main", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -123,8 +123,9 @@ def test_regular_install_imports_under_one_namespace(tmp_path):
     top = sorted(p.name for p in target.iterdir() if not p.name.endswith(".dist-info"))
     assert top == ["bin", "fedveil"] or top == ["fedveil"], top
     code = (
-        "import fedveil.server.rounds, fedveil.client.runtime, fedveil.privacy, "
-        "fedveil.simulations.inprocess, fedveil.cli; print(fedveil.server.rounds.__file__)"
+        "import fedveil.server.engine.rounds, fedveil.client.runtime, fedveil.privacy, "
+        "fedveil.simulations.inprocess, fedveil.cli.main; "
+        "print(fedveil.server.engine.rounds.__file__)"
     )
     env = {"PYTHONPATH": f"{target}:{sysconfig.get_paths()['purelib']}", "PATH": "/usr/bin:/bin"}
     proc = subprocess.run(

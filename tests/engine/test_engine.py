@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 import tiny_task
 from fedveil.config import load_config
-from fedveil.server.rounds import RoundEngine
+from fedveil.server.engine.rounds import RoundEngine
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.run import simulate
 from fedveil.tasks import ClientData

@@ -15,12 +15,12 @@ import tiny_task
 from fedveil.config import load_config
 from fedveil.params import FlatModel
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.aggregation import PlainChannel
-from fedveil.server.deploy_transport import DeployTransport
-from fedveil.server.lifecycle import MODEL_FILE, RunLifecycle
-from fedveil.server.rounds import RoundEngine, initial_model
-from fedveil.server.runstore import RunStore
-from fedveil.server.transport import CentralEvaluator, ClientFailure, RoundReporter
+from fedveil.server.coordinator.deploy_transport import DeployTransport
+from fedveil.server.engine.aggregation import PlainChannel
+from fedveil.server.engine.lifecycle import MODEL_FILE, RunLifecycle
+from fedveil.server.engine.rounds import RoundEngine, initial_model
+from fedveil.server.engine.runstore import RunStore
+from fedveil.server.engine.transport import CentralEvaluator, ClientFailure, RoundReporter
 from fedveil.simulations.availability import AvailabilityModel, AvailabilityTransport
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.lane import ClientLane

@@ -22,11 +22,11 @@ import tiny_task
 from fedveil.config import load_config
 from fedveil.privacy.dp.plan import plan_distributed_dp
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.pipeline import make_privacy_pipeline
-from fedveil.server.rounds import RoundEngine
-from fedveil.server.runstore import RunStore
-from fedveil.server.sampling import CohortSampler
-from fedveil.server.transport import ClientFailure
+from fedveil.server.engine.pipeline import make_privacy_pipeline
+from fedveil.server.engine.rounds import RoundEngine
+from fedveil.server.engine.runstore import RunStore
+from fedveil.server.engine.sampling import CohortSampler
+from fedveil.server.engine.transport import ClientFailure
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.run import simulate
 
@@ -234,7 +234,7 @@ def test_ledger_entries_do_not_publish_counts(tmp_path, field):
 def test_cohorts_and_graphs_follow_the_committed_key(tmp_path):
     """An auditor holding the key checks afterwards that the server chose no cohort or graph
     per round: both follow the key whose commitment opens the signed ledger."""
-    from fedveil.server.cohort_audit import audit_cohorts
+    from fedveil.server.engine.cohort_audit import audit_cohorts
 
     cfg = config(
         tmp_path,

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 import tiny_task
 from fedveil.config import load_config
 from fedveil.privacy.dp import Ledger
-from fedveil.server.pipeline import make_privacy_pipeline
-from fedveil.server.rounds import RoundEngine
+from fedveil.server.engine.pipeline import make_privacy_pipeline
+from fedveil.server.engine.rounds import RoundEngine
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.run import simulate
 from fedveil.tasks import ClientData
@@ -168,7 +168,7 @@ def test_a_budget_too_small_for_one_round_still_gets_a_report(tmp_path):
 
 def verify(run_dir) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "fedveil.cli", "privacy", "verify", str(run_dir)],
+        [sys.executable, "-m", "fedveil.cli.main", "privacy", "verify", str(run_dir)],
         capture_output=True,
         text=True,
         timeout=120,

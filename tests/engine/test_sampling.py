@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedveil.server.sampling import CohortSampler
+from fedveil.server.engine.sampling import CohortSampler
 
 
 def test_fixed_size_is_exact_and_uniform():

@@ -20,8 +20,8 @@ from fedveil.privacy.secagg.identity_files import DeviceIdentity, RosterFile
 from fedveil.privacy.secagg.messages import AdvertiseRequest
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.secagg_frame import protocol_part, wrap
-from fedveil.server.pipeline import make_privacy_pipeline
-from fedveil.server.rounds import RoundEngine
+from fedveil.server.engine.pipeline import make_privacy_pipeline
+from fedveil.server.engine.rounds import RoundEngine
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.run import simulate
 

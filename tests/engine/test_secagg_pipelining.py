@@ -11,10 +11,10 @@ import tiny_task
 from fedveil.config import load_config
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.riders import RIDER_KIND, attach, detach, join_replies, split_reply
-from fedveil.server.pipeline import make_privacy_pipeline
-from fedveil.server.rounds import RoundEngine
-from fedveil.server.runstore import RunStore
-from fedveil.server.transport import ClientFailure, Transport
+from fedveil.server.engine.pipeline import make_privacy_pipeline
+from fedveil.server.engine.rounds import RoundEngine
+from fedveil.server.engine.runstore import RunStore
+from fedveil.server.engine.transport import ClientFailure, Transport
 from fedveil.simulations.inprocess import InProcessTransport
 
 

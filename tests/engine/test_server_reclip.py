@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.aggregation import RECLIPPED, Aggregate, PlainChannel
-from fedveil.server.transport import ClientFailure
+from fedveil.server.engine.aggregation import RECLIPPED, Aggregate, PlainChannel
+from fedveil.server.engine.transport import ClientFailure
 
 CLIP = 0.5
 DIM = 64

@@ -70,8 +70,9 @@ def test_an_envelope_carries_the_plain_kind_on_the_wire():
 def test_server_and_coordinator_import_nothing_from_the_client_package():
     code = (
         "import sys\n"
-        "import fedveil.server.secagg_channel, fedveil.server.pipeline, fedveil.server.rounds\n"
-        "import fedveil.server.service.superlink\n"
+        "import fedveil.server.engine.secagg_channel, fedveil.server.engine.pipeline\n"
+        "import fedveil.server.engine.rounds\n"
+        "import fedveil.server.coordinator.superlink\n"
         "print(sorted(m for m in sys.modules if m.startswith('fedveil.client')))\n"
     )
     out = subprocess.run(
@@ -81,9 +82,9 @@ def test_server_and_coordinator_import_nothing_from_the_client_package():
 
 
 def test_the_fab_names_the_clientapp_the_device_runs():
-    from fedveil.client import flower_deploy
+    from fedveil.client.edge import flower_deploy
     from fedveil.protocol.deployment import CLIENTAPP_REF
-    from fedveil.server.service.superlink import fab_pyproject
+    from fedveil.server.coordinator.superlink import fab_pyproject
 
     module, attr = CLIENTAPP_REF.split(":")
     assert module == flower_deploy.__name__ and hasattr(flower_deploy, attr)

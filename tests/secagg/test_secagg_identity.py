@@ -107,7 +107,7 @@ def test_keygen_writes_a_private_key_only_its_owner_can_read(tmp_path):
 def test_the_cli_makes_keys_and_a_roster_a_device_can_load(tmp_path):
     def fedveil(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "fedveil.cli", *args],
+            [sys.executable, "-m", "fedveil.cli.main", *args],
             cwd=tmp_path,
             capture_output=True,
             text=True,

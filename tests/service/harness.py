@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 
-from fedveil.certs import create_client_key, create_test_deployment
-from fedveil.procs import free_port
+from fedveil.ops.certs import create_client_key, create_test_deployment
+from fedveil.ops.procs import free_port
 
 SERVICE_TESTS = Path(__file__).resolve().parent
 TESTS = SERVICE_TESTS.parent
@@ -99,7 +99,7 @@ allowed_tasks = ["deploy_task:make", "tiny_task:make"]
     # -- processes ------------------------------------------------------------
     def start_server(self, timeout: float = 90.0) -> None:
         self.server = subprocess.Popen(
-            [sys.executable, "-m", "fedveil.cli", "server", "--config", str(self.config)],
+            [sys.executable, "-m", "fedveil.cli.main", "server", "--config", str(self.config)],
             env=test_env(),
             cwd=self.root,
             stdout=self._log("server"),
@@ -131,7 +131,7 @@ allowed_tasks = ["deploy_task:make", "tiny_task:make"]
         base = script or [
             sys.executable,
             "-m",
-            "fedveil.cli",
+            "fedveil.cli.main",
             "client",
             "--server",
             self.fleet,
@@ -184,7 +184,7 @@ allowed_tasks = ["deploy_task:make", "tiny_task:make"]
             }
         )
         return subprocess.run(
-            [sys.executable, "-m", "fedveil.cli", *args],
+            [sys.executable, "-m", "fedveil.cli.main", *args],
             env=env,
             cwd=self.root,
             capture_output=True,

@@ -20,9 +20,9 @@ from typing import Any
 import flwr.supernode.runtime.run_clientapp as runtime
 from flwr.app import Error, Message
 
-import fedveil.client.edge as edge
-from fedveil.client.edge import EdgeNode, EdgeOptions
-from fedveil.client.flower_deploy import EdgeClient, TaskSource
+import fedveil.client.edge.edge as edge
+from fedveil.client.edge.edge import EdgeNode, EdgeOptions
+from fedveil.client.edge.flower_deploy import EdgeClient, TaskSource
 
 log = logging.getLogger("late-reply")
 EXTRA_REPLY_DELAY_S = 1.5

@@ -15,7 +15,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
-from fedveil.certs import (
+from fedveil.ops.certs import (
     CertError,
     create_client_key,
     create_test_deployment,
@@ -109,7 +109,7 @@ def test_certs_command(tmp_path):
         [
             sys.executable,
             "-m",
-            "fedveil.cli",
+            "fedveil.cli.main",
             "certs",
             "--out",
             str(out),
@@ -126,7 +126,7 @@ def test_certs_command(tmp_path):
     assert (out / "server.pem").exists() and (out / "clients" / "client-0.pub").exists()
     assert "(0o600)" in proc.stdout
     again = subprocess.run(
-        [sys.executable, "-m", "fedveil.cli", "certs", "--out", str(out)],
+        [sys.executable, "-m", "fedveil.cli.main", "certs", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -32,7 +32,7 @@ from harness import Deployment, run_toml, wait_for
 from safetensors.torch import load, load_file
 
 from fedveil.config import config_from_dict
-from fedveil.server.runstore import RunStore
+from fedveil.server.engine.runstore import RunStore
 from fedveil.simulations.run import simulate
 
 pytestmark = [pytest.mark.flower, pytest.mark.slow]

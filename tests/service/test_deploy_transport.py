@@ -11,8 +11,8 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.flower_codec import from_content, to_content
-from fedveil.server.deploy_transport import DeployTransport
-from fedveil.server.transport import ClientFailure
+from fedveil.server.coordinator.deploy_transport import DeployTransport
+from fedveil.server.engine.transport import ClientFailure
 
 Handler = Callable[[Envelope], Envelope | Error | None]
 
@@ -133,7 +133,7 @@ def test_error_replies_become_failures():
 
 
 def test_a_lost_hello_is_sent_again(monkeypatch):
-    import fedveil.server.deploy_transport as module
+    import fedveil.server.coordinator.deploy_transport as module
 
     monkeypatch.setattr(module, "HELLO_RETRY_S", 0.05)
     hellos = []
@@ -174,7 +174,7 @@ class OneBehindGrid(ScriptedGrid):
 
 
 def test_a_late_reply_to_an_earlier_hello_still_maps_the_node(monkeypatch):
-    import fedveil.server.deploy_transport as module
+    import fedveil.server.coordinator.deploy_transport as module
 
     monkeypatch.setattr(module, "HELLO_RETRY_S", 0.05)
     grid = OneBehindGrid()
@@ -184,7 +184,7 @@ def test_a_late_reply_to_an_earlier_hello_still_maps_the_node(monkeypatch):
 
 
 def test_a_silent_node_keeps_only_its_last_hellos(monkeypatch):
-    import fedveil.server.deploy_transport as module
+    import fedveil.server.coordinator.deploy_transport as module
 
     monkeypatch.setattr(module, "HELLO_RETRY_S", 0.0)
     grid = ScriptedGrid({101: lambda env: None})

@@ -10,9 +10,9 @@ from deploy_task import arrays, write_client_file
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedveil.client.edge_data import load_local_data
-from fedveil.client.edge_policy import LocalPolicy, PolicyRefusal
-from fedveil.client.flower_deploy import (
+from fedveil.client.edge.edge_data import load_local_data
+from fedveil.client.edge.edge_policy import LocalPolicy, PolicyRefusal
+from fedveil.client.edge.flower_deploy import (
     BAD_MESSAGE,
     CONFIG_KEY,
     DataSource,
@@ -25,7 +25,7 @@ from fedveil.models import build_model
 from fedveil.params import FlatModel
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.flower_codec import from_content, message_type, to_content
-from fedveil.server.service.runs import client_facing_toml
+from fedveil.server.coordinator.runs import client_facing_toml
 
 N = 5
 SETUP = {"run_num_classes": 3, "run_input_shape": [8]}  # what DeployTransport adds

@@ -10,7 +10,7 @@ import pytest
 import torch
 from deploy_task import arrays, write_client_file, write_idx
 
-from fedveil.client.edge_data import DataError, load_local_data, read_idx, with_holdout
+from fedveil.client.edge.edge_data import DataError, load_local_data, read_idx, with_holdout
 from fedveil.data.datasets import load_dataset
 from fedveil.data.pixels import FASHION_MNIST_MEAN, FASHION_MNIST_STD
 
@@ -126,7 +126,7 @@ def test_client_command_refuses_bad_arguments_before_starting(tmp_path):
 
     def client(*args):
         return subprocess.run(
-            [sys.executable, "-m", "fedveil.cli", "client", "--server", "127.0.0.1:9", *args],
+            [sys.executable, "-m", "fedveil.cli.main", "client", "--server", "127.0.0.1:9", *args],
             capture_output=True,
             text=True,
             timeout=60,
@@ -134,7 +134,7 @@ def test_client_command_refuses_bad_arguments_before_starting(tmp_path):
         )
 
     help_text = subprocess.run(
-        [sys.executable, "-m", "fedveil.cli", "client", "--help"],
+        [sys.executable, "-m", "fedveil.cli.main", "client", "--help"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from fedveil.server.service.metrics import RoundsCache, ServiceCounters, privacy_figures, render
+from fedveil.server.coordinator.metrics import RoundsCache, ServiceCounters, privacy_figures, render
 
 
 def write_rounds(path, rounds, **extra):

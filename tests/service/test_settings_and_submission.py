@@ -7,8 +7,8 @@ import json
 import pytest
 
 from fedveil.config import ConfigError
-from fedveil.server.service.runs import SubmissionError, client_facing_toml, parse_submission
-from fedveil.server.service.settings import settings_from_dict
+from fedveil.server.coordinator.runs import SubmissionError, client_facing_toml, parse_submission
+from fedveil.server.coordinator.settings import settings_from_dict
 
 
 def tls_files(tmp_path):

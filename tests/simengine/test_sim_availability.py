@@ -10,7 +10,7 @@ import pytest
 import tiny_task
 from fedveil.config import ConfigError, load_config
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.transport import ClientFailure
+from fedveil.server.engine.transport import ClientFailure
 from fedveil.simulations.availability import (
     DROPPED,
     LATE,

@@ -12,7 +12,7 @@ from fedveil.client.training import LocalTraining, train_local
 from fedveil.config import load_config
 from fedveil.params import FlatModel
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.rounds import RoundEngine
+from fedveil.server.engine.rounds import RoundEngine
 from fedveil.simulations.batched import BatchedTrainer
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.lane import ClientLane, plan_units

@@ -15,7 +15,7 @@ from fedveil.simulations.lane import ClientLane
 
 def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "fedveil.cli", "bench", "simulation", *args],
+        [sys.executable, "-m", "fedveil.cli.main", "bench", "simulation", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -13,7 +13,7 @@ from benchmarks.bench_workload import Workload, bench_task
 from fedveil.client.training import LocalTraining, _sgd_step
 from fedveil.config import load_config
 from fedveil.protocol.envelope import all_finite
-from fedveil.server.rounds import RoundEngine
+from fedveil.server.engine.rounds import RoundEngine
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.plots import save_plots
 from fedveil.simulations.run import simulate

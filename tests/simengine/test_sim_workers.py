@@ -13,8 +13,8 @@ from fedveil.client.runtime import ClientRuntime
 from fedveil.config import load_config
 from fedveil.evaluation import evaluate
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.rounds import RoundEngine
-from fedveil.server.transport import ClientFailure
+from fedveil.server.engine.rounds import RoundEngine
+from fedveil.server.engine.transport import ClientFailure
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.shm import Arena, Packer, take
 from fedveil.simulations.workers import WorkerPool

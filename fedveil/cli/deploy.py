@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from fedveil.api_client import ApiCallError, ApiClient, add_api_args
 from fedveil.config import ConfigError
+from fedveil.ops.api_client import ApiCallError, ApiClient, add_api_args
 
 
 def _service_logging(state_dir: Path | None, name: str) -> None:
@@ -51,8 +51,8 @@ def add_server(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from fedveil.server.service.main import serve
-    from fedveil.server.service.settings import load_settings
+    from fedveil.server.coordinator.main import serve
+    from fedveil.server.coordinator.settings import load_settings
 
     settings = load_settings(args.config, insecure=args.insecure)
     _service_logging(settings.state_dir, "service")
@@ -125,10 +125,10 @@ def add_client(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_client(args: argparse.Namespace) -> int:
-    from fedveil.client.edge import EdgeNode, EdgeOptions
-    from fedveil.client.edge_data import load_local_data
-    from fedveil.client.edge_policy import LocalPolicy
-    from fedveil.client.flower_deploy import DataSource, EdgeClient, TaskSource
+    from fedveil.client.edge.edge import EdgeNode, EdgeOptions
+    from fedveil.client.edge.edge_data import load_local_data
+    from fedveil.client.edge.edge_policy import LocalPolicy
+    from fedveil.client.edge.flower_deploy import DataSource, EdgeClient, TaskSource
 
     if args.client_id < 0:
         raise ValueError(f"--client-id {args.client_id}: must be >= 0")
@@ -332,7 +332,7 @@ def add_clients(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_clients_keygen(args: argparse.Namespace) -> int:
-    from fedveil.certs import create_client_key
+    from fedveil.ops.certs import create_client_key
 
     key, pub = create_client_key(Path(args.out), args.name, force=args.force)
     print(f"private key {key} (stays on the device), public key {pub} (enroll it)")
@@ -397,7 +397,7 @@ def add_certs(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
-    from fedveil.certs import DEFAULT_HOSTS, CertError, create_test_deployment
+    from fedveil.ops.certs import DEFAULT_HOSTS, CertError, create_test_deployment
 
     if not 0 <= args.clients <= 10_000:
         raise ConfigError(f"--clients {args.clients}: must be in [0, 10000]")

@@ -10,7 +10,7 @@ from typing import Any
 
 from fedveil.privacy.dp import DpConfig, VerifyResult, build_report, render_html, verify_ledger
 from fedveil.privacy.dp.verify import read_witness_file
-from fedveil.server.runstore import atomic_write_bytes
+from fedveil.server.engine.runstore import atomic_write_bytes
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -81,7 +81,7 @@ def add_privacy(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_audit_cohorts(args: argparse.Namespace) -> int:
-    from fedveil.server.cohort_audit import audit_cohorts
+    from fedveil.server.engine.cohort_audit import audit_cohorts
 
     audit = audit_cohorts(Path(args.run_dir), args.key)
     for problem in audit.problems:
@@ -93,7 +93,7 @@ def cmd_audit_cohorts(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from fedveil.privacy.dp.report import headline_lines
-    from fedveil.server.privacy_report import write_privacy_report
+    from fedveil.server.engine.privacy_report import write_privacy_report
 
     report = write_privacy_report(Path(args.run_dir))
     verdict = report.get("verification", {})
@@ -109,7 +109,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from fedveil.privacy.dp.signing import KeyStoreError, load_public_key
-    from fedveil.server.privacy_report import verify_run
+    from fedveil.server.engine.privacy_report import verify_run
 
     public_key = None
     if args.public_key:

@@ -43,8 +43,8 @@ from fedveil.privacy.dp.plan import DistributedDpPlan, cohorts_are_secret, dp_co
 from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.privacy.secagg import SecAggAborted
 from fedveil.protocol import fields as F
-from fedveil.server.aggregation import Aggregate
-from fedveil.server.sampling import cohort_commitment
+from fedveil.server.engine.aggregation import Aggregate
+from fedveil.server.engine.sampling import cohort_commitment
 
 log = logging.getLogger("fedveil.privacy")
 

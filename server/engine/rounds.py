@@ -23,14 +23,19 @@ from fedveil.params import FlatModel
 from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
-from fedveil.server.aggregation import Aggregate, PlainChannel, UpdateChannel
-from fedveil.server.dpsgd_accounting import ClientDpSgdAccountant
-from fedveil.server.optimizers import make_optimizer
-from fedveil.server.outcome import Aborted
-from fedveil.server.privacy_stage import CentralDP, Release
-from fedveil.server.runstore import RunStore
-from fedveil.server.sampling import CohortSampler, SecretCohortSampler
-from fedveil.server.transport import CentralEvaluator, ClientFailure, RoundReporter, Transport
+from fedveil.server.engine.aggregation import Aggregate, PlainChannel, UpdateChannel
+from fedveil.server.engine.dpsgd_accounting import ClientDpSgdAccountant
+from fedveil.server.engine.optimizers import make_optimizer
+from fedveil.server.engine.outcome import Aborted
+from fedveil.server.engine.privacy_stage import CentralDP, Release
+from fedveil.server.engine.runstore import RunStore
+from fedveil.server.engine.sampling import CohortSampler, SecretCohortSampler
+from fedveil.server.engine.transport import (
+    CentralEvaluator,
+    ClientFailure,
+    RoundReporter,
+    Transport,
+)
 from fedveil.tasks import Task
 
 log = logging.getLogger("fedveil.server")

@@ -27,13 +27,13 @@ from fedveil.config import load_config
 from fedveil.privacy.secagg import flower_run_id as flower_run_id_bytes
 from fedveil.privacy.secagg.identity_files import load_roster
 from fedveil.protocol.deployment import RUN_ID_KEY
-from fedveil.server.deploy_transport import DeployTransport
-from fedveil.server.lifecycle import RunLifecycle
-from fedveil.server.rounds import RoundRecord
-from fedveil.server.runstore import RunStore
-from fedveil.server.service.clients import ClientRegistry
-from fedveil.server.service.rundir import ROSTER_FILE, RunDir
-from fedveil.server.service.superlink import STATE_ENV
+from fedveil.server.coordinator.clients import ClientRegistry
+from fedveil.server.coordinator.deploy_transport import DeployTransport
+from fedveil.server.coordinator.rundir import ROSTER_FILE, RunDir
+from fedveil.server.coordinator.superlink import STATE_ENV
+from fedveil.server.engine.lifecycle import RunLifecycle
+from fedveil.server.engine.rounds import RoundRecord
+from fedveil.server.engine.runstore import RunStore
 from fedveil.tasks import make_server_task
 
 log = logging.getLogger("fedveil.serverapp")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedveil.server.service.rundir import read_json
+from fedveil.server.coordinator.rundir import read_json
 
 
 @dataclass

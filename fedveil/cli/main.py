@@ -98,7 +98,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             overrides[key] = value
     cfg = load_config(args.config, overrides)
 
-    from fedveil.progress import RoundProgress
+    from fedveil.cli.progress import RoundProgress
     from fedveil.simulations.run import simulate
 
     progress = RoundProgress(cfg.server.rounds, disable=args.quiet)
@@ -136,11 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommands() -> list:
     """Each further command lives in its own module and registers itself here."""
-    from fedveil.bench_cli import add_bench
-    from fedveil.data_cli import add_data
-    from fedveil.deploy_cli import add_certs, add_client, add_clients, add_run, add_server
-    from fedveil.identity_cli import add_identity
-    from fedveil.privacy_cli import add_privacy
+    from fedveil.cli.bench import add_bench
+    from fedveil.cli.data import add_data
+    from fedveil.cli.deploy import add_certs, add_client, add_clients, add_run, add_server
+    from fedveil.cli.identity import add_identity
+    from fedveil.cli.privacy import add_privacy
 
     return [
         add_data,

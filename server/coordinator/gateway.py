@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from fedveil.server.service.metrics import ServiceCounters
+from fedveil.server.coordinator.metrics import ServiceCounters
 
 log = logging.getLogger("fedveil.gateway")
 

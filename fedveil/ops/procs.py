@@ -27,7 +27,7 @@ from typing import IO
 # push step fixed: client/supernode.py.
 FLWR_ENTRY_POINTS = {
     "flower-superlink": "flwr.superlink.cli:flower_superlink",
-    "flower-supernode": "fedveil.client.supernode:main",
+    "flower-supernode": "fedveil.client.edge.supernode:main",
     "flower-superexec": "flwr.supercore.cli:flower_superexec",
 }
 

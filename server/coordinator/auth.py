@@ -19,7 +19,7 @@ import stat
 from pathlib import Path
 
 from fedveil.config import ConfigError
-from fedveil.server.service.settings import ServerSettings
+from fedveil.server.coordinator.settings import ServerSettings
 
 log = logging.getLogger("fedveil.service")
 

@@ -27,14 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config import ConfigError
-from fedveil.server.service.api import create_api
-from fedveil.server.service.auth import load_admin_token
-from fedveil.server.service.clients import ClientRegistry
-from fedveil.server.service.gateway import FleetGateway
-from fedveil.server.service.metrics import RoundsCache, ServiceCounters
-from fedveil.server.service.runs import RunManager
-from fedveil.server.service.settings import ServerSettings, is_loopback
-from fedveil.server.service.superlink import LinkControl, SuperLinkProcess, internal_tls
+from fedveil.server.coordinator.api import create_api
+from fedveil.server.coordinator.auth import load_admin_token
+from fedveil.server.coordinator.clients import ClientRegistry
+from fedveil.server.coordinator.gateway import FleetGateway
+from fedveil.server.coordinator.metrics import RoundsCache, ServiceCounters
+from fedveil.server.coordinator.runs import RunManager
+from fedveil.server.coordinator.settings import ServerSettings, is_loopback
+from fedveil.server.coordinator.superlink import LinkControl, SuperLinkProcess, internal_tls
 
 log = logging.getLogger("fedveil.service")
 
@@ -225,7 +225,7 @@ def serve(settings: ServerSettings) -> int:
     sockets = [_bind(s.api.host, s.api.port), _bind(s.fleet.host, s.fleet.port)]
     api_port, fleet_port = (sock.getsockname()[1] for sock in sockets)
     dispatch = PortDispatch({api_port: create_api(service), fleet_port: gateway}, service, gateway)
-    from fedveil.server.service.api import BodyLimit
+    from fedveil.server.coordinator.api import BodyLimit
 
     dispatch.apps[api_port] = BodyLimit(
         dispatch.apps[api_port], s.api.max_body_bytes, service.counters

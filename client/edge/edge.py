@@ -33,9 +33,9 @@ from typing import Any
 
 import httpx
 
-from fedveil.client.flower_deploy import EdgeClient, answer
-from fedveil.client.witness import WitnessStore
-from fedveil.procs import child_env, flwr_command, free_port, spawn, stop_group, wait_port
+from fedveil.client.edge.flower_deploy import EdgeClient, answer
+from fedveil.client.edge.witness import WitnessStore
+from fedveil.ops.procs import child_env, flwr_command, free_port, spawn, stop_group, wait_port
 from fedveil.protocol.deployment import CLIENTAPP_REF, FAB_ID
 
 log = logging.getLogger("fedveil.edge")

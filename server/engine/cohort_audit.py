@@ -18,8 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedveil.config import load_config
-from fedveil.server.runstore import RunStore
-from fedveil.server.sampling import SecretCohortSampler, cohort_commitment, committed_graph_seed
+from fedveil.server.engine.runstore import RunStore
+from fedveil.server.engine.sampling import (
+    SecretCohortSampler,
+    cohort_commitment,
+    committed_graph_seed,
+)
 
 
 @dataclass

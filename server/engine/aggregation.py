@@ -25,7 +25,7 @@ from fedveil.privacy.dp.clipping import clip_l2, l2_norm
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import CLIP_NORM, DELTA, LOSS, NUM_EXAMPLES, UNCLIPPED, WEIGHT
 from fedveil.protocol.kinds import Kind
-from fedveil.server.transport import ClientFailure, Transport
+from fedveil.server.engine.transport import ClientFailure, Transport
 
 log = logging.getLogger("fedveil.aggregation")
 

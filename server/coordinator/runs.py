@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config import ConfigError, RunConfig, config_from_dict, to_toml
-from fedveil.server.service.rundir import (
+from fedveil.server.coordinator.rundir import (
     ACTIVE,
     FINAL,
     ROSTER_FILE,
@@ -39,7 +39,7 @@ from fedveil.server.service.rundir import (
     read_json,
     write_json,
 )
-from fedveil.server.service.settings import ServerSettings
+from fedveil.server.coordinator.settings import ServerSettings
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -42,9 +42,9 @@ from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import TRAINING_STAGE, Kind, Stage
 from fedveil.protocol.riders import IGNORED, attach, split_reply
 from fedveil.protocol.secagg_frame import protocol_part, wrap
-from fedveil.server.aggregation import Aggregate
-from fedveil.server.outcome import Aborted, UnmaskGate
-from fedveil.server.transport import ClientFailure, Transport
+from fedveil.server.engine.aggregation import Aggregate
+from fedveil.server.engine.outcome import Aborted, UnmaskGate
+from fedveil.server.engine.transport import ClientFailure, Transport
 
 log = logging.getLogger("fedveil.secagg")
 

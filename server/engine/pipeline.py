@@ -20,11 +20,11 @@ from fedveil.config import RunConfig
 from fedveil.privacy.dp.plan import max_cohort, plan_distributed_dp
 from fedveil.privacy.encodings import QuantizedEncoding, SkellamEncoding
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
-from fedveil.server.aggregation import PlainChannel, UpdateChannel
-from fedveil.server.privacy_stage import CentralDP, DistributedDP
-from fedveil.server.runstore import RunStore
-from fedveil.server.sampling import committed_graph_seed
-from fedveil.server.secagg_channel import SecAggChannel
+from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel
+from fedveil.server.engine.privacy_stage import CentralDP, DistributedDP
+from fedveil.server.engine.runstore import RunStore
+from fedveil.server.engine.sampling import committed_graph_seed
+from fedveil.server.engine.secagg_channel import SecAggChannel
 from fedveil.tasks import Task
 
 __all__ = ["make_privacy_pipeline", "max_cohort", "private_run_args"]

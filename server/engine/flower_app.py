@@ -18,7 +18,7 @@ from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import CLIENT_ID
 from fedveil.protocol.flower_codec import from_content, message_type, to_content
 from fedveil.protocol.kinds import Kind
-from fedveil.server.transport import ClientFailure
+from fedveil.server.engine.transport import ClientFailure
 
 log = logging.getLogger("fedveil.flower")
 

@@ -23,13 +23,13 @@ import torch
 from fedveil.config import RunConfig
 from fedveil.params import FlatModel
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
-from fedveil.server.aggregation import UpdateChannel
-from fedveil.server.pipeline import make_privacy_pipeline, private_run_args
-from fedveil.server.privacy_report import write_privacy_report
-from fedveil.server.privacy_stage import CentralDP
-from fedveil.server.rounds import RoundEngine, RoundRecord, initial_model
-from fedveil.server.runstore import RunStore, atomic_write_bytes
-from fedveil.server.transport import Transport
+from fedveil.server.engine.aggregation import UpdateChannel
+from fedveil.server.engine.pipeline import make_privacy_pipeline, private_run_args
+from fedveil.server.engine.privacy_report import write_privacy_report
+from fedveil.server.engine.privacy_stage import CentralDP
+from fedveil.server.engine.rounds import RoundEngine, RoundRecord, initial_model
+from fedveil.server.engine.runstore import RunStore, atomic_write_bytes
+from fedveil.server.engine.transport import Transport
 from fedveil.tasks import Task
 
 log = logging.getLogger("fedveil.server")

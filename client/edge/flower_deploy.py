@@ -26,8 +26,8 @@ import torch
 from flwr.app import Context, Error, Message
 from flwr.clientapp import ClientApp
 
-from fedveil.client.edge_data import load_local_data, with_holdout
-from fedveil.client.edge_policy import LocalPolicy, planned_steps
+from fedveil.client.edge.edge_data import load_local_data, with_holdout
+from fedveil.client.edge.edge_policy import LocalPolicy, planned_steps
 from fedveil.client.runtime import ClientRuntime
 from fedveil.client.secagg_stages import retain_recent
 from fedveil.config import ConfigError, RunConfig, config_from_dict

@@ -26,14 +26,14 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fedveil import __version__
-from fedveil.server.service.clients import EnrollError
-from fedveil.server.service.gateway import read_body, send_json
-from fedveil.server.service.metrics import render
-from fedveil.server.service.runs import RunConflict, RunNotFound, SubmissionError
+from fedveil.server.coordinator.clients import EnrollError
+from fedveil.server.coordinator.gateway import read_body, send_json
+from fedveil.server.coordinator.metrics import render
+from fedveil.server.coordinator.runs import RunConflict, RunNotFound, SubmissionError
 
 log = logging.getLogger("fedveil.api")
 
-STATIC = resources.files("fedveil.server") / "static"
+STATIC = resources.files("fedveil.server.coordinator") / "static"
 SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
@@ -89,7 +89,7 @@ class BodyLimit:
 
 
 def create_api(service: Any) -> FastAPI:
-    """The FastAPI app over a running Service (server/service/main.py)."""
+    """The FastAPI app over a running Service (server/coordinator/main.py)."""
     app = FastAPI(
         title="fedveil coordinator",
         version=__version__,

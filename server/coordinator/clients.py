@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedveil.certs import CertError, fingerprint, load_client_public_key, public_key_pem
-from fedveil.server.service.rundir import read_json, write_json
+from fedveil.ops.certs import CertError, fingerprint, load_client_public_key, public_key_pem
+from fedveil.server.coordinator.rundir import read_json, write_json
 
 MAX_CLIENT_ID = 1_000_000
 

@@ -25,8 +25,8 @@ from typing import Any
 from cryptography import x509
 
 from fedveil import __version__
-from fedveil.certs import TlsFiles, create_ca, create_server_cert
-from fedveil.procs import child_env, flwr_command, spawn, stop_group, wait_port
+from fedveil.ops.certs import TlsFiles, create_ca, create_server_cert
+from fedveil.ops.procs import child_env, flwr_command, spawn, stop_group, wait_port
 from fedveil.protocol.deployment import (
     CLIENTAPP_REF,
     CONFIG_KEY,
@@ -34,7 +34,7 @@ from fedveil.protocol.deployment import (
     RUN_ID_KEY,
     SERVERAPP_REF,
 )
-from fedveil.server.service.settings import ServerSettings
+from fedveil.server.coordinator.settings import ServerSettings
 
 log = logging.getLogger("fedveil.service")
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config import ConfigError
-from fedveil.server.runstore import atomic_write_bytes
+from fedveil.server.engine.runstore import atomic_write_bytes
 
 ROSTER_FILE = "secagg_roster.json"
 RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{2,63}$")

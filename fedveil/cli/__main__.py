@@ -1,0 +1,3 @@
+from fedveil.cli.main import main
+
+raise SystemExit(main())
