@@ -1,12 +1,10 @@
 """The client's half of secure aggregation, over Envelopes.
 
 The first stage ("secagg.advertise") starts a session: the client makes its
-keys, keeps its protocol state in the runtime's state dict, under the round's
-slot, and answers with its public keys; later stages restore the SecAggClient
-from that slot. Two sessions may be open at once: the server runs the next
-round's key stages inside this round's exchanges (see fedveil.protocol.riders), so
-a client can be sharing keys for round r+1 while it still has to unmask
-round r. Older slots are dropped, and a slot ends with its unmask stage. The
+keys, keeps its protocol state in its state store (client.sessions.SecAggSessions,
+which also says how long a session lives: into the next round, for the
+pipelined key stages), and answers with its public keys; later stages restore
+the SecAggClient from there, and a session ends with its unmask stage. The
 masked-input stage ("secagg.masked_input") carries the training request: the
 client trains, encodes its update into Z_(2^b) (quantized with its weight, or
 Skellam distributed-DP noise shares) and sends it masked in the same reply,
@@ -22,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedveil.client.sessions import SecAggSessions
 from fedveil.privacy.dp import SkellamParams
 from fedveil.privacy.encodings import (
     QuantizedEncoding,
@@ -39,11 +38,9 @@ from fedveil.privacy.secagg import (
 from fedveil.privacy.secagg.identity import ClientIdentity
 from fedveil.privacy.secagg.view import SessionView, session_from_bytes
 from fedveil.protocol.envelope import Envelope, MessageError
-from fedveil.protocol.fields import CLIP_NORM, SA
+from fedveil.protocol.fields import CLIP_NORM
 from fedveil.protocol.kinds import TRAINING_STAGE, Stage, stage_of
 from fedveil.protocol.secagg_frame import protocol_part, wrap
-
-STATE = SA + "state."  # + "<round>." + the SecAggClient's state keys
 
 
 def check_skellam_params(received: SkellamParams, expected: SkellamParams | None) -> None:
@@ -100,27 +97,6 @@ def encode_update(
     raise MessageError(f"{msg.kind} message: unknown encoding {kind!r}")
 
 
-def _slot(round_num: int) -> str:
-    return f"{STATE}{round_num}."
-
-
-def _slot_round(key: str) -> int:
-    head = key[len(STATE) :].split(".", 1)[0]
-    return int(head) if head.lstrip("-").isdigit() else -1
-
-
-def _clear(state: dict[str, Any], prefix: str) -> None:
-    for key in [k for k in state if k.startswith(prefix)]:
-        del state[key]
-
-
-def retain_recent(state: dict[str, Any], round_num: int) -> None:
-    """Drop protocol state of rounds before `round_num - 1`, the deepest the pipeline
-    reaches."""
-    for key in [k for k in state if k.startswith(STATE) and _slot_round(k) < round_num - 1]:
-        del state[key]
-
-
 def _saved_session(saved: dict[str, Any]) -> SessionConfig | SessionView:
     try:
         return session_from_bytes(saved["session"])
@@ -174,19 +150,16 @@ def handle_secagg(
     own run config, see ClientRuntime)."""
     stage = stage_of(msg.kind)
     config, arrays = protocol_part(msg)
+    sessions = SecAggSessions(state)
     try:
         request = decode_message(config, arrays)
-        slot = _slot(msg.round)
         if stage is Stage.ADVERTISE:
-            # A new session: only the previous round's (which may still unmask) survives.
-            previous = _slot(msg.round - 1)
-            for key in [k for k in state if k.startswith(SA) and not k.startswith(previous)]:
-                del state[key]
+            sessions.open(msg.round)
             request.session.check_binding(run_id, msg.round, "advertise_request.session")
             keys = identity_for(request.session, client_id, identity)
             client = SecAggClient(client_id, request.session, min_survivors=min_survivors, **keys)
         else:
-            saved = {k[len(slot) :]: v for k, v in state.items() if k.startswith(slot)}
+            saved = sessions.restore(msg.round)
             if not saved:
                 raise MessageError(f"{msg.kind}: no secure-aggregation session in progress")
             keys = {}
@@ -205,8 +178,8 @@ def handle_secagg(
         answer = client.respond(request, vector=vector, overwrite_input=True)
     except SecAggError as exc:
         raise MessageError(f"{msg.kind}: {exc}") from None
-    _clear(state, slot)
-    if stage is not Stage.UNMASK:  # after unmasking the session is over: nothing to keep
-        for key, value in client.to_state().items():
-            state[slot + key] = value
+    if stage is Stage.UNMASK:  # after unmasking the session is over: nothing to keep
+        sessions.end(msg.round)
+    else:
+        sessions.save(msg.round, client.to_state())
     return wrap(msg.kind, msg.round, answer)

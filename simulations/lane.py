@@ -28,7 +28,7 @@ from fedveil.client.runtime import (
     client_generator,
     parse_training,
 )
-from fedveil.client.secagg_stages import retain_recent
+from fedveil.client.sessions import ClientStates
 from fedveil.client.training import LocalResult, LocalTraining, LossFn, train_local
 from fedveil.config import RunConfig
 from fedveil.evaluation import evaluate_batches
@@ -133,9 +133,7 @@ class ClientLane:
         )
         self._done: dict[int, LocalResult] = {}  # a unit's results, until its clients ask
         self._replay: LocalResult | None = None
-        self.states: dict[int, dict[str, Any]] = {}
-        self._touched: dict[int, int] = {}  # client -> latest round its state is for
-        self._round: int | None = None
+        self._states = ClientStates()  # each client's store between messages
         device = self.runtime.model.device
         self._devices = [device] if device.type == "cuda" else []
         self.batcher: BatchedTrainer | None = None
@@ -177,10 +175,7 @@ class ClientLane:
 
     def handle(self, cid: int, msg: Envelope) -> Envelope | str:
         """The client's reply, or why it failed (a failing client never stops the lane)."""
-        self._keep_recent_state(msg.round)
-        self._touched[cid] = max(
-            self._touched.get(cid, msg.round), latest_round(msg.round, msg.config)
-        )
+        store = self._states.store_for(cid, msg.round, latest_round(msg.round, msg.config))
         self._replay = self._done.pop(cid, None)
         # Torch's global generator (dropout layers, random augmentation) is seeded per
         # (seed, round, client) and restored afterwards: a client's result does not
@@ -193,33 +188,19 @@ class ClientLane:
             if self._devices:
                 torch.cuda.manual_seed(seed)
             try:
-                return self.runtime.handle(cid, msg, self.states.setdefault(cid, {}))
+                return self.runtime.handle(cid, msg, store)
             except Exception as exc:
                 log.debug("client %d failed", cid, exc_info=True)
                 return f"{type(exc).__name__}: {exc}"
             finally:
                 self._replay = None
                 self._fetched.pop(cid, None)
-                if not self.states.get(cid):  # nothing kept (plain training): no entry
-                    self.states.pop(cid, None)
-                    self._touched.pop(cid, None)
+                self._states.release_if_empty(cid)  # plain training keeps nothing
 
-    def _keep_recent_state(self, round_num: int) -> None:
-        """Protocol state lives at most into the next round (secure aggregation runs the
-        next round's key stages inside this round's exchanges): on a new round, drop the
-        state of clients last contacted before the previous round, and older sessions."""
-        if self._round is not None and round_num < self._round - 1:
-            self.states.clear()  # a new run
-            self._touched.clear()
-        elif self._round is not None and round_num <= self._round:
-            return
-        self._round = round_num
-        stale = [c for c, r in self._touched.items() if r < round_num - 1]
-        for cid in stale:
-            del self._touched[cid]
-            self.states.pop(cid, None)
-        for state in self.states.values():
-            retain_recent(state, round_num)
+    @property
+    def states(self) -> dict[int, dict[str, Any]]:
+        """The clients' state stores held now (client id -> store)."""
+        return self._states.stores
 
     def _train_unit(self, unit: Unit) -> None:
         assert self.batcher is not None

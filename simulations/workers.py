@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from fedveil.client.runtime import IdentitySource
+from fedveil.client.sessions import Advance, RoundClock, outlives
 from fedveil.config import RunConfig
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.protocol.envelope import Envelope
@@ -222,10 +223,10 @@ class WorkerPool:
         self.request = Arena.create("fedveil-requests")
         self.workers: list[_Worker] = []
         # client -> (worker holding its state, round it was last sent there); state
-        # lives into the next round (secure aggregation's next-round key stages).
+        # lives as long as client.sessions says (into the next round).
         self.owner: dict[int, tuple[int, int]] = {}
         self.lost: dict[int, int] = {}  # client -> round its worker died with its state
-        self._round: int | None = None
+        self._clock = RoundClock()
         self._pinned: list[deque] = []
         self._free: deque = deque()
         self._cap = 1
@@ -291,13 +292,13 @@ class WorkerPool:
         if not units:
             return out
         latest = max(msg.round for unit in units for _, msg in unit)
-        if self._round is None or latest > self._round or latest < self._round - 1:
-            if self._round is not None and latest < self._round - 1:
-                self.owner.clear()  # a new run
-                self.lost.clear()
-            self._round = latest
-            self.owner = {c: o for c, o in self.owner.items() if o[1] >= latest - 1}
-            self.lost = {c: r for c, r in self.lost.items() if r >= latest - 1}
+        step = self._clock.advance(latest)
+        if step is Advance.NEW_RUN:
+            self.owner.clear()
+            self.lost.clear()
+        if step is not Advance.SAME:
+            self.owner = {c: o for c, o in self.owner.items() if outlives(o[1], latest)}
+            self.lost = {c: r for c, r in self.lost.items() if outlives(r, latest)}
         self._exchange += 1
         packed = self._pack_requests(units)
         self._pinned = [deque() for _ in self.workers]

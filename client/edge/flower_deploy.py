@@ -29,7 +29,7 @@ from flwr.clientapp import ClientApp
 from fedveil.client.edge.edge_data import load_local_data, with_holdout
 from fedveil.client.edge.edge_policy import LocalPolicy, planned_steps
 from fedveil.client.runtime import ClientRuntime
-from fedveil.client.secagg_stages import retain_recent
+from fedveil.client.sessions import Advance, RoundClock, SecAggSessions
 from fedveil.config import ConfigError, RunConfig, config_from_dict
 from fedveil.models import MODELS, build_model
 from fedveil.privacy.secagg import flower_run_id
@@ -97,7 +97,7 @@ class EdgeClient:
         self._run_id: int | None = None
         self._runtime: ClientRuntime | None = None
         self._num_examples = 0
-        self._round = -1
+        self._clock = RoundClock()
         self._state: dict[str, Any] = {}
         self.seconds_per_step: float | None = None
 
@@ -179,7 +179,7 @@ class EdgeClient:
         except Exception as exc:  # the device's task or data cannot serve this run
             raise MessageError(f"cannot set up this run: {type(exc).__name__}: {exc}") from None
         self._runtime, self._run_id = runtime, run_id
-        self._round, self._state = -1, {}
+        self._clock, self._state = RoundClock(), {}
         log.info(
             "run %d: %s, %d parameters, %d local examples",
             run_id,
@@ -192,12 +192,11 @@ class EdgeClient:
     # -- per message ---------------------------------------------------------
     def handle(self, run_id: int, run_config: Mapping[str, Any], request: Envelope) -> Envelope:
         runtime = self._runtime_for(run_id, run_config, request)
-        if request.round < self._round - 1:
+        step = self._clock.advance(request.round)
+        if step is Advance.NEW_RUN:
             self._state = {}  # the coordinator started over
-        if request.round != self._round:
-            # Protocol state lives at most into the next round (as in the in-process engine).
-            self._round = request.round
-            retain_recent(self._state, request.round)
+        elif step is Advance.NEW_ROUND:
+            SecAggSessions(self._state).retire(request.round)
         training = request.kind in TRAINING_KINDS
         if training and self.policy.max_train_seconds and self.seconds_per_step is None:
             self.seconds_per_step = self._probe_step(runtime)
