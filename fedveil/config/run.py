@@ -8,42 +8,17 @@ the allowed range.
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedveil.config.fields import ConfigError, build, help_of, spec
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing, of the wrong type or out of range."""
-
-
-def spec(
-    default: Any,
-    *,
-    lo: float | None = None,
-    hi: float | None = None,
-    lo_open: bool = False,
-    choices: tuple[Any, ...] | None = None,
-    optional: bool = False,
-    help: str = "",
-) -> Any:
-    """A dataclass field with its limits attached as metadata."""
-    meta = {
-        "lo": lo,
-        "hi": hi,
-        "lo_open": lo_open,
-        "choices": choices,
-        "optional": optional,
-        "help": help,
-    }
-    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -268,10 +243,6 @@ class RunConfig:
         return min(1.0, self.server.per_round / self.data.num_clients)
 
 
-def _is_section(f: dataclasses.Field) -> bool:
-    return dataclasses.is_dataclass(f.type) or f.name in SECTIONS
-
-
 SECTIONS = {
     "data": DataConfig,
     "model": ModelConfig,
@@ -282,89 +253,6 @@ SECTIONS = {
     "dp": DpSection,
     "simulation": SimulationConfig,
 }
-
-
-def _coerce(name: str, f: dataclasses.Field, value: Any) -> Any:
-    """Convert a TOML/CLI value to the field's type, or say why it cannot be."""
-    meta = f.metadata
-    if value is None:
-        if meta.get("optional"):
-            return None
-        raise ConfigError(f"{name}: a value is required")
-    kind = type(f.default) if f.default is not None else str
-    if kind is bool:
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
-            return value.lower() in ("true", "1")
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{name} = {value!r}: must be true or false")
-    if kind is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{name} = {value!r}: must be an integer")
-        if isinstance(value, str):
-            try:
-                value = int(value, 0)
-            except ValueError:
-                raise ConfigError(f"{name} = {value!r}: must be an integer") from None
-        if isinstance(value, float):
-            if not value.is_integer():
-                raise ConfigError(f"{name} = {value!r}: must be an integer")
-            value = int(value)
-        if not isinstance(value, int):
-            raise ConfigError(f"{name} = {value!r}: must be an integer")
-        return value
-    if kind is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{name} = {value!r}: must be a number")
-        try:
-            value = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{name} = {value!r}: must be a number") from None
-        if not math.isfinite(value):
-            raise ConfigError(f"{name} = {value!r}: must be a finite number")
-        return value
-    if not isinstance(value, str):
-        raise ConfigError(f"{name} = {value!r}: must be a string")
-    return value
-
-
-def _check_range(name: str, f: dataclasses.Field, value: Any) -> None:
-    meta = f.metadata
-    if value is None:
-        return
-    choices = meta.get("choices")
-    if choices is not None and value not in choices:
-        raise ConfigError(f"{name} = {value!r}: must be one of {', '.join(map(str, choices))}")
-    lo, hi = meta.get("lo"), meta.get("hi")
-    if lo is not None:
-        if meta.get("lo_open") and not value > lo:
-            raise ConfigError(f"{name} = {value!r}: must be > {lo}")
-        if not meta.get("lo_open") and not value >= lo:
-            raise ConfigError(f"{name} = {value!r}: must be >= {lo}")
-    if hi is not None and not value <= hi:
-        raise ConfigError(f"{name} = {value!r}: must be <= {hi}")
-
-
-def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        where = f"[{prefix.rstrip('.')}]" if prefix else "the top level"
-        raise ConfigError(
-            f"unknown key {prefix}{unknown[0]} in {where}; known keys: " + ", ".join(sorted(known))
-        )
-    kwargs: dict[str, Any] = {}
-    for name, f in known.items():
-        if name in SECTIONS and prefix == "":
-            section = values.get(name, {})
-            if not isinstance(section, dict):
-                raise ConfigError(f"[{name}] must be a table, got {section!r}")
-            kwargs[name] = _build(SECTIONS[name], section, f"{name}.")
-        elif name in values:
-            value = _coerce(prefix + name, f, values[name])
-            _check_range(prefix + name, f, value)
-            kwargs[name] = value
-    return cls(**kwargs)
 
 
 def _check_cross_fields(cfg: RunConfig) -> None:
@@ -486,7 +374,7 @@ def parse_stage_dropout(text: str) -> dict[str, float]:
 
 
 def config_from_dict(values: dict[str, Any]) -> RunConfig:
-    cfg = _build(RunConfig, values, "")
+    cfg = build(RunConfig, values, sections=SECTIONS)
     _check_cross_fields(cfg)
     return cfg
 
@@ -522,20 +410,17 @@ def load_config(
 
 def field_help() -> dict[str, str]:
     """'section.key' -> help text, for documentation and --help."""
-    out: dict[str, str] = {}
-    for f in dataclasses.fields(RunConfig):
-        if f.name in SECTIONS:
-            for g in dataclasses.fields(SECTIONS[f.name]):
-                out[f"{f.name}.{g.name}"] = g.metadata.get("help", "")
-        else:
-            out[f.name] = f.metadata.get("help", "")
-    return out
+    return help_of(RunConfig, SECTIONS)
 
 
 def to_toml(cfg: RunConfig) -> str:
     """The resolved config as TOML (None values are left out, as TOML has no null)."""
+    return toml_text(cfg.to_dict())
+
+
+def toml_text(data: dict[str, Any]) -> str:
+    """A config's values (top-level keys, then one table per section) as TOML."""
     lines: list[str] = []
-    data = cfg.to_dict()
     for key, value in data.items():
         if not isinstance(value, dict) and value is not None:
             lines.append(f"{key} = {_toml_value(value)}")

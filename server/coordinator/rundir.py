@@ -26,11 +26,10 @@ import re
 import secrets
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedveil.config import ConfigError
+from fedveil.config import DeploySettings
 from fedveil.server.engine.runstore import atomic_write_bytes
 
 ROSTER_FILE = "secagg_roster.json"
@@ -56,53 +55,6 @@ def read_json(path: Path, default: Any = None) -> Any:
 
 def write_json(path: Path, value: Any) -> None:
     atomic_write_bytes(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode())
-
-
-@dataclass
-class DeploySettings:
-    """The [deploy] table of a submitted run config."""
-
-    name: str = ""
-    wait_for_clients: int = 0  # 0: server.min_clients
-    wait_timeout_s: float = 600.0
-
-    @classmethod
-    def from_dict(cls, raw: Any) -> DeploySettings:
-        if raw is None:
-            return cls()
-        if not isinstance(raw, dict):
-            raise ConfigError("[deploy] must be a table")
-        known = {"name", "wait_for_clients", "wait_timeout_s"}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown key deploy.{unknown[0]} in [deploy]; "
-                f"known keys: {', '.join(sorted(known))}"
-            )
-        out = cls()
-        if "name" in raw:
-            name = raw["name"]
-            if not isinstance(name, str) or len(name) > 100 or any(ord(c) < 32 for c in name):
-                raise ConfigError(
-                    f"deploy.name = {name!r}: must be a string of at most 100 characters"
-                )
-            out.name = name
-        if "wait_for_clients" in raw:
-            v = raw["wait_for_clients"]
-            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1_000_000:
-                raise ConfigError(
-                    f"deploy.wait_for_clients = {v!r}: must be an integer in [0, 1000000]"
-                )
-            out.wait_for_clients = v
-        if "wait_timeout_s" in raw:
-            v = raw["wait_timeout_s"]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 1 <= v <= 7 * 86400:
-                raise ConfigError(f"deploy.wait_timeout_s = {v!r}: must be a number in [1, 604800]")
-            out.wait_timeout_s = float(v)
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class RunDir:

@@ -1,0 +1,115 @@
+"""The service's settings (`server.toml`), declared and checked like run configs.
+
+Values are taken as typed in the file (no "8443" for 8443). What needs the
+file system or the DP layer (certificate files, the identity roster) is checked
+by the coordinator when it resolves these settings (server/coordinator/settings.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedveil.config.fields import ConfigError, build, spec
+
+
+@dataclass
+class ApiSection:
+    """The HTTP API and dashboard."""
+
+    host: str = spec("127.0.0.1", help="address the API listens on")
+    port: int = spec(8443, lo=0, hi=65535, help="API port (0: any free port)")
+    max_body_bytes: int = spec(1 << 20, lo=1024, hi=1 << 30, help="largest request body")
+
+
+@dataclass
+class FleetSection:
+    """The Fleet API gateway for SuperNodes."""
+
+    host: str = spec("127.0.0.1", help="address the gateway listens on")
+    port: int = spec(9092, lo=0, hi=65535, help="Fleet API port (0: any free port)")
+    # A model upload travels as several objects; one request carries one object.
+    max_body_bytes: int = spec(64 << 20, lo=1024, hi=1 << 31, help="largest request body")
+
+
+@dataclass
+class SuperlinkSection:
+    port: int = spec(9091, lo=1, hi=65535, help="Flower's SuperLink port, loopback only")
+
+
+@dataclass
+class TlsSection:
+    cert: str | None = spec(None, help="server certificate (PEM), for API and Fleet")
+    key: str | None = spec(None, help="its private key (PEM)")
+    ca: str | None = spec(None, help="CA certificate (PEM), for reference")
+    insecure: bool = spec(False, help="run without TLS")
+
+
+@dataclass
+class AuthSection:
+    admin_token_file: str | None = spec(None, help="file holding the admin token")
+    client_auth: bool = spec(True, help="SuperNode authentication (needs TLS)")
+
+
+@dataclass
+class RunsSection:
+    max_active: int = spec(1, lo=1, hi=64, help="runs that execute at once")
+    max_attempts: int = spec(5, lo=1, hi=100, help="failed attempts before a run fails")
+    # spec gives a list default its own default_factory (a fresh list per instance).
+    allowed_tasks: list[str] = spec(  # noqa: RUF009
+        [], help="custom tasks ('module:function') runs may use"
+    )
+
+
+@dataclass
+class ServiceSecAggSection:
+    roster: str | None = spec(None, help="client identity roster (fedveil identity roster)")
+
+
+@dataclass
+class ServiceConfig:
+    """`server.toml` as written: paths still relative to the file's directory."""
+
+    state_dir: str = spec("state", help="where the service keeps its runs")
+    api: ApiSection = field(default_factory=ApiSection)
+    fleet: FleetSection = field(default_factory=FleetSection)
+    superlink: SuperlinkSection = field(default_factory=SuperlinkSection)
+    tls: TlsSection = field(default_factory=TlsSection)
+    auth: AuthSection = field(default_factory=AuthSection)
+    runs: RunsSection = field(default_factory=RunsSection)
+    secagg: ServiceSecAggSection = field(default_factory=ServiceSecAggSection)
+
+
+SERVICE_SECTIONS: dict[str, type] = {
+    "api": ApiSection,
+    "fleet": FleetSection,
+    "superlink": SuperlinkSection,
+    "tls": TlsSection,
+    "auth": AuthSection,
+    "runs": RunsSection,
+    "secagg": ServiceSecAggSection,
+}
+
+
+def service_config(raw: dict[str, Any]) -> ServiceConfig:
+    """Every key of `server.toml` typed and in range, and the limits between them."""
+    cfg = build(ServiceConfig, raw, sections=SERVICE_SECTIONS, top="server settings", strict=True)
+    for name, section in (("api", cfg.api), ("fleet", cfg.fleet)):
+        _check_host(f"{name}.host", section.host)
+    api, fleet, sl = cfg.api.port, cfg.fleet.port, cfg.superlink.port
+    ports = [p for p in (api, fleet, sl) if p]
+    if len(set(ports)) != len(ports):
+        raise ConfigError(
+            f"api.port = {api}, fleet.port = {fleet}, superlink.port = {sl}: must all differ"
+        )
+    for ref in cfg.runs.allowed_tasks:
+        if ref.count(":") != 1 or not all(ref.split(":")):
+            raise ConfigError(
+                f"runs.allowed_tasks: {ref!r} must look like 'package.module:function'"
+            )
+    return cfg
+
+
+def _check_host(name: str, host: str) -> None:
+    if not host or any(c in host for c in " /"):
+        raise ConfigError(f"{name} = {host!r}: must be a host name or IP address")
