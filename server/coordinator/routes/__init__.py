@@ -1,0 +1,25 @@
+"""The HTTP API's routers, one per resource, in the order they are mounted."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from fedveil.server.coordinator.routes import (
+    clients,
+    cluster,
+    dashboard,
+    health,
+    models,
+    privacy,
+    runs,
+)
+
+ROUTERS: list[APIRouter] = [
+    health.router,
+    runs.router,
+    privacy.router,
+    models.router,
+    cluster.router,
+    clients.router,
+    dashboard.router,
+]

@@ -1,0 +1,69 @@
+"""Runs: submit, list, follow, stop, and their per-round records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from fedveil.server.coordinator.routes.deps import ADMIN, ApiError, ServiceDep, run_or_404
+from fedveil.server.coordinator.runs import RunConflict, SubmissionError
+
+router = APIRouter(tags=["runs"])
+
+SUBMISSION_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "A fedveil run config (as for `fedveil simulate --config`) plus an "
+        "optional [deploy] table: name, wait_for_clients, wait_timeout_s.",
+        "content": {
+            "application/toml": {"schema": {"type": "string"}},
+            "application/json": {"schema": {"type": "object"}},
+        },
+    }
+}
+
+
+@router.get("/runs", summary="All runs, newest first")
+def list_runs(service: ServiceDep) -> list[dict[str, Any]]:
+    return service.manager.list()
+
+
+@router.post(
+    "/runs",
+    status_code=201,
+    summary="Submit a run (admin)",
+    dependencies=ADMIN,
+    openapi_extra=SUBMISSION_BODY,
+)
+async def submit(request: Request, service: ServiceDep) -> JSONResponse:
+    body = await request.body()
+    try:
+        run = service.manager.submit(body, request.headers.get("content-type", ""))
+    except SubmissionError as exc:
+        service.counters.reject("invalid")
+        raise ApiError(422, str(exc), exc.field) from None
+    return JSONResponse(run, status_code=201, headers={"Location": f"/runs/{run['id']}"})
+
+
+@router.get("/runs/{run_id}", summary="A run's status and progress")
+def get_run(run_id: str, service: ServiceDep) -> dict[str, Any]:
+    run_or_404(service, run_id)
+    return service.manager.view(run_id)
+
+
+@router.post("/runs/{run_id}/stop", summary="Stop a run (admin)", dependencies=ADMIN)
+def stop_run(run_id: str, service: ServiceDep) -> dict[str, Any]:
+    run_or_404(service, run_id)
+    try:
+        return service.manager.stop(run_id)
+    except RunConflict as exc:
+        raise ApiError(409, str(exc)) from None
+
+
+@router.get("/runs/{run_id}/rounds", summary="Per-round records (metrics.jsonl)")
+def rounds(run_id: str, service: ServiceDep, since: int = 0) -> list[dict[str, Any]]:
+    run_or_404(service, run_id)
+    records = service.manager.rundir(run_id).metrics()
+    return [r for r in records if int(r.get("round", 0)) > since]
