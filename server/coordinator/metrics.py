@@ -110,8 +110,140 @@ def privacy_figures(run_dir: Path, fig: RunFigures) -> tuple[float | None, float
     return eps, float(budget) if ok else None
 
 
+Sample = tuple[dict[str, str], float]
+
+# Per-run families, in the order they are written: (name, type, help, figure).
+RUN_FAMILIES: list[tuple[str, str, str, str]] = [
+    ("fedveil_rounds_completed_total", "counter", "rounds completed", "rounds"),
+    ("fedveil_rounds_applied_total", "counter", "rounds whose update was applied", "applied"),
+    ("fedveil_client_dropouts_total", "counter", "sampled clients dropped from rounds", "dropped"),
+    ("fedveil_client_updates_total", "counter", "client updates aggregated", "aggregated"),
+    ("fedveil_round_duration_seconds_sum", "counter", "total round time", "dur_sum"),
+    ("fedveil_round_duration_seconds_count", "counter", "rounds timed", "rounds"),
+    ("fedveil_round_duration_seconds_last", "gauge", "last round's duration", "dur_last"),
+    ("fedveil_test_accuracy", "gauge", "last central test accuracy", "acc"),
+    ("fedveil_test_loss", "gauge", "last central test loss", "loss"),
+    ("fedveil_epsilon_spent", "gauge", "privacy spent (epsilon)", "eps"),
+    ("fedveil_epsilon_budget", "gauge", "privacy budget (epsilon)", "budget"),
+    ("fedveil_run_bytes_sent_total", "counter", "bytes the SuperLink sent for a run", "sent"),
+    (
+        "fedveil_run_bytes_received_total",
+        "counter",
+        "bytes the SuperLink received for a run",
+        "recv",
+    ),
+]
+RUN_STATUSES = ("queued", "running", "completed", "failed", "stopped")
+
+
 def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def family(name: str, kind: str, help_: str, samples: list[Sample]) -> list[str]:
+    """One metric family in the Prometheus text format (HELP, TYPE, then its samples)."""
+    lines = [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+    for labels, value in samples:
+        lab = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+        lines.append(f"{name}{{{lab}}} {value:g}" if lab else f"{name} {value:g}")
+    return lines
+
+
+def service_families(
+    runs: list[dict[str, Any]], clients_connected: int | None, superlink_up: bool
+) -> list[str]:
+    """The SuperLink, connected clients and runs by status."""
+    lines = family(
+        "fedveil_superlink_up",
+        "gauge",
+        "1 if the SuperLink is running",
+        [({}, float(superlink_up))],
+    )
+    if clients_connected is not None:
+        lines += family(
+            "fedveil_clients_connected",
+            "gauge",
+            "SuperNodes online now",
+            [({}, float(clients_connected))],
+        )
+    by_status = Counter(r["status"] for r in runs)
+    samples: list[Sample] = [({"status": s}, float(by_status.get(s, 0))) for s in RUN_STATUSES]
+    return lines + family("fedveil_runs", "gauge", "runs by status", samples)
+
+
+def run_samples(
+    runs: list[dict[str, Any]], run_dirs: dict[str, Path], cache: RoundsCache
+) -> dict[str, list[Sample]]:
+    """Each run's figures, keyed by the `figure` column of RUN_FAMILIES (absent ones skipped)."""
+    per_run: dict[str, list[Sample]] = {fig: [] for _, _, _, fig in RUN_FAMILIES}
+    for r in runs:
+        rid = r["id"]
+        fig = cache.figures(run_dirs[rid])
+        eps, budget = privacy_figures(run_dirs[rid], fig)
+        values: dict[str, float | None] = {
+            "rounds": fig.rounds,
+            "applied": fig.applied,
+            "dropped": fig.dropped,
+            "aggregated": fig.aggregated,
+            "dur_sum": fig.duration_sum,
+            "dur_last": fig.last_duration,
+            "acc": fig.test_accuracy,
+            "loss": fig.test_loss,
+            "eps": eps,
+            "budget": budget,
+            "sent": float(r.get("bytes_sent") or 0),
+            "recv": float(r.get("bytes_received") or 0),
+        }
+        for key, value in values.items():
+            if value is not None:
+                per_run[key].append(({"run": rid}, value))
+    return per_run
+
+
+def run_families(per_run: dict[str, list[Sample]]) -> list[str]:
+    lines: list[str] = []
+    for name, kind, help_, fig in RUN_FAMILIES:
+        lines += family(name, kind, help_, per_run[fig])
+    return lines
+
+
+def counter_families(counters: ServiceCounters) -> list[str]:
+    """The service's own counters since start-up (Fleet traffic, refused requests)."""
+    with counters.lock:
+        fleet_rejected = [({"reason": k}, v) for k, v in sorted(counters.fleet_rejected.items())]
+        api_rejected = [({"reason": k}, v) for k, v in sorted(counters.rejected.items())]
+        return [
+            *family(
+                "fedveil_fleet_requests_total",
+                "counter",
+                "Fleet API requests forwarded",
+                [({}, counters.fleet_requests)],
+            ),
+            *family(
+                "fedveil_fleet_bytes_received_total",
+                "counter",
+                "request bytes from SuperNodes",
+                [({}, counters.fleet_bytes_in)],
+            ),
+            *family(
+                "fedveil_fleet_bytes_sent_total",
+                "counter",
+                "response bytes to SuperNodes",
+                [({}, counters.fleet_bytes_out)],
+            ),
+            *family(
+                "fedveil_fleet_requests_rejected_total",
+                "counter",
+                "Fleet requests refused by the gateway",
+                fleet_rejected,
+            ),
+            *family(
+                "fedveil_api_requests_rejected_total",
+                "counter",
+                "HTTP API requests refused",
+                api_rejected,
+            ),
+        ]
 
 
 def render(
@@ -122,147 +254,10 @@ def render(
     clients_connected: int | None,
     superlink_up: bool,
 ) -> str:
-    lines: list[str] = []
-
-    def metric(
-        name: str, kind: str, help_: str, samples: list[tuple[dict[str, str], float]]
-    ) -> None:
-        lines.append(f"# HELP {name} {help_}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            lab = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
-            lines.append(f"{name}{{{lab}}} {value:g}" if lab else f"{name} {value:g}")
-
-    metric(
-        "fedveil_superlink_up",
-        "gauge",
-        "1 if the SuperLink is running",
-        [({}, float(superlink_up))],
-    )
-    if clients_connected is not None:
-        metric(
-            "fedveil_clients_connected",
-            "gauge",
-            "SuperNodes online now",
-            [({}, float(clients_connected))],
-        )
-    by_status = Counter(r["status"] for r in runs)
-    metric(
-        "fedveil_runs",
-        "gauge",
-        "runs by status",
-        [
-            ({"status": s}, float(by_status.get(s, 0)))
-            for s in ("queued", "running", "completed", "failed", "stopped")
-        ],
-    )
-    per_run: dict[str, list[tuple[dict[str, str], float]]] = {
-        k: []
-        for k in (
-            "rounds",
-            "applied",
-            "dropped",
-            "aggregated",
-            "dur_sum",
-            "dur_last",
-            "acc",
-            "loss",
-            "eps",
-            "budget",
-            "sent",
-            "recv",
-        )
-    }
-    for r in runs:
-        rid = r["id"]
-        fig = cache.figures(run_dirs[rid])
-        lab = {"run": rid}
-        per_run["rounds"].append((lab, fig.rounds))
-        per_run["applied"].append((lab, fig.applied))
-        per_run["dropped"].append((lab, fig.dropped))
-        per_run["aggregated"].append((lab, fig.aggregated))
-        per_run["dur_sum"].append((lab, fig.duration_sum))
-        per_run["dur_last"].append((lab, fig.last_duration))
-        if fig.test_accuracy is not None:
-            per_run["acc"].append((lab, fig.test_accuracy))
-        if fig.test_loss is not None:
-            per_run["loss"].append((lab, fig.test_loss))
-        eps, budget = privacy_figures(run_dirs[rid], fig)
-        if eps is not None:
-            per_run["eps"].append((lab, eps))
-        if budget is not None:
-            per_run["budget"].append((lab, budget))
-        per_run["sent"].append((lab, float(r.get("bytes_sent") or 0)))
-        per_run["recv"].append((lab, float(r.get("bytes_received") or 0)))
-    metric("fedveil_rounds_completed_total", "counter", "rounds completed", per_run["rounds"])
-    metric(
-        "fedveil_rounds_applied_total",
-        "counter",
-        "rounds whose update was applied",
-        per_run["applied"],
-    )
-    metric(
-        "fedveil_client_dropouts_total",
-        "counter",
-        "sampled clients dropped from rounds",
-        per_run["dropped"],
-    )
-    metric(
-        "fedveil_client_updates_total",
-        "counter",
-        "client updates aggregated",
-        per_run["aggregated"],
-    )
-    metric("fedveil_round_duration_seconds_sum", "counter", "total round time", per_run["dur_sum"])
-    metric("fedveil_round_duration_seconds_count", "counter", "rounds timed", per_run["rounds"])
-    metric(
-        "fedveil_round_duration_seconds_last", "gauge", "last round's duration", per_run["dur_last"]
-    )
-    metric("fedveil_test_accuracy", "gauge", "last central test accuracy", per_run["acc"])
-    metric("fedveil_test_loss", "gauge", "last central test loss", per_run["loss"])
-    metric("fedveil_epsilon_spent", "gauge", "privacy spent (epsilon)", per_run["eps"])
-    metric("fedveil_epsilon_budget", "gauge", "privacy budget (epsilon)", per_run["budget"])
-    metric(
-        "fedveil_run_bytes_sent_total",
-        "counter",
-        "bytes the SuperLink sent for a run",
-        per_run["sent"],
-    )
-    metric(
-        "fedveil_run_bytes_received_total",
-        "counter",
-        "bytes the SuperLink received for a run",
-        per_run["recv"],
-    )
-    with counters.lock:
-        metric(
-            "fedveil_fleet_requests_total",
-            "counter",
-            "Fleet API requests forwarded",
-            [({}, counters.fleet_requests)],
-        )
-        metric(
-            "fedveil_fleet_bytes_received_total",
-            "counter",
-            "request bytes from SuperNodes",
-            [({}, counters.fleet_bytes_in)],
-        )
-        metric(
-            "fedveil_fleet_bytes_sent_total",
-            "counter",
-            "response bytes to SuperNodes",
-            [({}, counters.fleet_bytes_out)],
-        )
-        metric(
-            "fedveil_fleet_requests_rejected_total",
-            "counter",
-            "Fleet requests refused by the gateway",
-            [({"reason": k}, v) for k, v in sorted(counters.fleet_rejected.items())],
-        )
-        metric(
-            "fedveil_api_requests_rejected_total",
-            "counter",
-            "HTTP API requests refused",
-            [({"reason": k}, v) for k, v in sorted(counters.rejected.items())],
-        )
+    """The whole /metrics page."""
+    lines = [
+        *service_families(runs, clients_connected, superlink_up),
+        *run_families(run_samples(runs, run_dirs, cache)),
+        *counter_families(counters),
+    ]
     return "\n".join(lines) + "\n"
