@@ -22,7 +22,7 @@ from benchmarks.bench_secagg_round import (
     reference_mean,
     run_ours,
 )
-from fedveil import bench_cli
+from fedveil.cli import bench as bench_cli
 from fedveil.cli.main import build_parser
 from fedveil.cli.main import main as cli_main
 from fedveil.protocol.envelope import Envelope
