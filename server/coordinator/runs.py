@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedveil.config import ConfigError, RunConfig, config_from_dict, to_toml
+from fedveil.config import ConfigError, RunConfig, config_from_dict, device_toml, to_toml
 from fedveil.server.coordinator.rundir import (
     ACTIVE,
     FINAL,
@@ -133,12 +133,6 @@ def parse_submission(
             f"data.num_clients = {cfg.data.num_clients}",
         )
     return cfg, deploy, text
-
-
-def client_facing_toml(cfg: RunConfig, run_id: str) -> str:
-    """The run config as devices see it: no server paths."""
-    data = dataclasses.replace(cfg.data, data_dir=None)
-    return to_toml(dataclasses.replace(cfg, out=f"runs/{run_id}", data=data))
 
 
 def _count_rounds(run_dir: Path) -> int:
@@ -284,7 +278,8 @@ class RunManager:
     def _launch(self, rd: RunDir, record: dict[str, Any], reason: str) -> None:
         cfg_text = (rd / "config.toml").read_text()
         cfg = config_from_dict(tomllib.loads(cfg_text))
-        flower_id = self.link.start_run(rd.run_id, client_facing_toml(cfg, rd.run_id))
+        # Devices get only the device-facing part: no [simulation], no server paths.
+        flower_id = self.link.start_run(rd.run_id, device_toml(cfg))
         record["attempts"].append(
             {
                 "flower_run_id": flower_id,

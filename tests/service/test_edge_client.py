@@ -20,12 +20,11 @@ from fedveil.client.edge.flower_deploy import (
     TaskSource,
     answer,
 )
-from fedveil.config import load_config
+from fedveil.config import device_toml, load_config
 from fedveil.models import build_model
 from fedveil.params import FlatModel
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.flower_codec import from_content, message_type, to_content
-from fedveil.server.coordinator.runs import client_facing_toml
 
 N = 5
 SETUP = {"run_num_classes": 3, "run_input_shape": [8]}  # what DeployTransport adds
@@ -46,7 +45,7 @@ def run_config(**extra):
     }
     overrides.update(extra)
     cfg = load_config(None, overrides)
-    return {CONFIG_KEY: client_facing_toml(cfg, "20260101-000000-abcdef")}
+    return {CONFIG_KEY: device_toml(cfg)}
 
 
 def train_request(round_num=1, **config):

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
-from fedveil.config import ConfigError
-from fedveil.server.coordinator.runs import SubmissionError, client_facing_toml, parse_submission
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from fedveil.config import ConfigError, config_from_dict, device_config, device_toml, load_config
+from fedveil.privacy.dp.plan import plan_distributed_dp
+from fedveil.server.coordinator.runs import RunManager, SubmissionError, parse_submission
 from fedveil.server.coordinator.settings import settings_from_dict
 
 
@@ -78,8 +85,8 @@ def test_a_good_submission_and_what_devices_see(tmp_path):
     cfg2, _, _ = submit(json.dumps(as_json), content_type="application/json")
     assert cfg2.data.num_clients == 4
     cfg3, _, _ = submit(GOOD.replace("num_clients = 4", 'num_clients = 4\ndata_dir = "/srv/data"'))
-    shown = client_facing_toml(cfg3, "20260101-000000-abcdef")
-    assert "/srv/data" not in shown and 'out = "runs/20260101-000000-abcdef"' in shown
+    shown = tomllib.loads(device_toml(cfg3))
+    assert "data_dir" not in shown["data"] and "out" not in shown and "deploy" not in shown
 
 
 @pytest.mark.parametrize(
@@ -139,3 +146,46 @@ def test_the_server_roster_is_checked_at_start_up(tmp_path):
         settings_from_dict(raw, tmp_path)
     (tmp_path / "roster.json").write_text('{"format": "fedveil-secagg-roster/1", "clients": {}}')
     assert settings_from_dict(raw, tmp_path).secagg_roster == tmp_path / "roster.json"
+
+
+class RecordingSuperLink:
+    """The SuperLink as RunManager uses it, keeping what each run was started with."""
+
+    def __init__(self):
+        self.started: list[tuple[str, str]] = []
+
+    def start_run(self, fedveil_run_id, client_config_toml):
+        self.started.append((fedveil_run_id, client_config_toml))
+        return len(self.started)
+
+    def runs(self):
+        return {}
+
+
+DEPLOYED = GOOD.replace("per_round = 2", "per_round = 4")
+DEPLOYED = DEPLOYED.replace("[data]", '[data]\ndata_dir = "/srv/secret-data"').replace(
+    "[deploy]",
+    "[simulation]\nworkers = 3\ndropout = 0.2\n"
+    '[dp]\nmechanism = "distributed"\nepsilon = 8.0\nnoise_multiplier = 1.5\n'
+    "[secagg]\nenabled = true\n[deploy]",
+)
+
+
+def test_devices_receive_only_the_device_facing_config(tmp_path):
+    settings = settings_from_dict({"state_dir": "state"}, tmp_path, insecure=True)
+    link = RecordingSuperLink()
+    view = RunManager(settings, link).submit(DEPLOYED.encode(), "application/toml")
+    [(run_id, sent)] = link.started
+    assert run_id == view["id"]
+    received = tomllib.loads(sent)
+    # What the in-process engine, the server's disk and the deployment are: not the device's.
+    assert "simulation" not in received and "deploy" not in received
+    assert not {"out", "device", "transport"} & set(received)
+    assert "secret-data" not in sent and str(tmp_path) not in sent
+    assert set(received["server"]) == {"rounds", "sampling", "per_round", "sample_rate"}
+    assert received == device_config(config_from_dict(received))  # nothing lost on the way
+    # The server keeps the whole config; the device's rebuilt one gives the same DP plan.
+    server_cfg = load_config(settings.state_dir / "runs" / run_id / "config.toml")
+    assert server_cfg.simulation.workers == 3 and server_cfg.data.data_dir == "/srv/secret-data"
+    device_cfg = config_from_dict(received)
+    assert plan_distributed_dp(device_cfg, 1000, 4) == plan_distributed_dp(server_cfg, 1000, 4)
