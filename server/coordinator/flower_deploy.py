@@ -23,8 +23,9 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedveil.config import load_config
+from fedveil.config import DeploySettings, RunConfig, load_config
 from fedveil.privacy.secagg import flower_run_id as flower_run_id_bytes
+from fedveil.privacy.secagg.identity import Roster
 from fedveil.privacy.secagg.identity_files import load_roster
 from fedveil.protocol.deployment import RUN_ID_KEY
 from fedveil.server.coordinator.clients import ClientRegistry
@@ -78,6 +79,73 @@ def run_deployed(grid: Grid, state_dir: Path, run_id: str, *, flower_run_id: int
         handler.close()
 
 
+def _malicious_roster(cfg: RunConfig, rd: RunDir) -> Roster | None:
+    """The run's roster when secure aggregation defends against a malicious server."""
+    if not (cfg.secagg.enabled and cfg.secagg.threat == "malicious"):
+        return None
+    roster = load_roster(rd / ROSTER_FILE, "the run's roster")
+    log.info(
+        "secure aggregation in malicious-server mode: roster of %d clients, fingerprint %s",
+        len(roster),
+        roster.fingerprint(),
+    )
+    return roster
+
+
+def _log_round(record: RoundRecord, private: bool) -> None:
+    if not private:
+        log.info(
+            "round %d: %d/%d aggregated, %d dropped, %.2f s",
+            record.round,
+            record.cohort_aggregated,
+            record.cohort_planned,
+            record.dropped,
+            record.duration_s,
+        )
+    else:  # counts reveal participation: the private annex has them
+        log.info(
+            "round %d: %s, %.2f s", record.round, record.extra.get("status"), record.duration_s
+        )
+
+
+def _wait_for_clients(
+    transport: DeployTransport, rd: RunDir, cfg: RunConfig, deploy: DeploySettings, done: int
+) -> int:
+    """Block until enough clients are connected (deploy.wait_for_clients), or fail the run."""
+    want = deploy.wait_for_clients or cfg.server.min_clients
+    rd.write_status(phase="waiting_for_clients", round=done, rounds=cfg.server.rounds)
+    have = transport.wait_for(want, deploy.wait_timeout_s)
+    if have < want:
+        raise RuntimeError(
+            f"only {have} of the {want} clients needed (deploy.wait_for_clients) connected "
+            f"within {deploy.wait_timeout_s:.0f} s"
+        )
+    return have
+
+
+def _complete_summary(
+    summary: dict[str, Any],
+    records: list[dict[str, Any]],
+    rd: RunDir,
+    flower_run_id: int,
+    wall_s: float,
+    private: bool,
+) -> None:
+    """The engine's summary as the deployed run reports it (counts only without DP)."""
+    summary.update(
+        transport="deployment",
+        flower_run_id=flower_run_id,
+        out=str(rd.path),
+        attempt_wall_s=wall_s,
+    )
+    if not private:
+        summary.update(
+            rounds_applied=sum(bool(r.get("applied")) for r in records),
+            dropped_total=sum(int(r.get("dropped") or 0) for r in records),
+        )
+    summary.pop("wall_s", None)
+
+
 def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[str, Any]:
     start = time.perf_counter()
     cfg = load_config(rd / "config.toml")
@@ -89,25 +157,17 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
 
     # The same privacy pipeline as `fedveil simulate` (secure aggregation channel, central
     # or distributed DP); its accountant is rebuilt from the run's ledger on every attempt.
-    roster = None
-    if cfg.secagg.enabled and cfg.secagg.threat == "malicious":
-        roster = load_roster(rd / ROSTER_FILE, "the run's roster")
-        log.info(
-            "secure aggregation in malicious-server mode: roster of %d clients, fingerprint %s",
-            len(roster),
-            roster.fingerprint(),
-        )
     run = RunLifecycle(
         cfg,
         task,
         store,
-        roster=roster,
+        roster=_malicious_roster(cfg, rd),
         secagg_run_id=flower_run_id_bytes(flower_run_id),
         # The ledger is signed with the coordinator user's key (the per-user key store),
         # where `fedveil privacy verify` on this machine finds it.
         ledger_run_id=rd.run_id,
     )
-    privacy = run.privacy
+    private = run.privacy is not None
     transport = DeployTransport(
         grid,
         num_clients=task.num_clients,
@@ -128,46 +188,16 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
             rounds=cfg.server.rounds,
             connected=len(transport.connected()),
         )
-        if privacy is None:
-            log.info(
-                "round %d: %d/%d aggregated, %d dropped, %.2f s",
-                record.round,
-                record.cohort_aggregated,
-                record.cohort_planned,
-                record.dropped,
-                record.duration_s,
-            )
-        else:  # counts reveal participation: the private annex has them
-            log.info(
-                "round %d: %s, %.2f s", record.round, record.extra.get("status"), record.duration_s
-            )
+        _log_round(record, private)
 
     engine = run.engine(transport, on_round=on_round)  # restored from the checkpoint, if any
     engine.annotators.append(lambda r: r.extra.update(clients_connected=len(transport.connected())))
-    want = deploy.wait_for_clients or cfg.server.min_clients
-    rd.write_status(phase="waiting_for_clients", round=engine.round, rounds=cfg.server.rounds)
-    have = transport.wait_for(want, deploy.wait_timeout_s)
-    if have < want:
-        raise RuntimeError(
-            f"only {have} of the {want} clients needed (deploy.wait_for_clients) connected "
-            f"within {deploy.wait_timeout_s:.0f} s"
-        )
+    have = _wait_for_clients(transport, rd, cfg, deploy, engine.round)
     log.info("%d clients connected; training from round %d", have, engine.round + 1)
     rd.write_status(phase="training", round=engine.round, rounds=cfg.server.rounds, connected=have)
     summary = engine.run()  # with DP: stops before a round the budget cannot pay for
     records = store.read_metrics()  # the whole run, not only this attempt
-    summary.update(
-        transport="deployment",
-        flower_run_id=flower_run_id,
-        out=str(rd.path),
-        attempt_wall_s=time.perf_counter() - start,
-    )
-    if privacy is None:
-        summary.update(
-            rounds_applied=sum(bool(r.get("applied")) for r in records),
-            dropped_total=sum(int(r.get("dropped") or 0) for r in records),
-        )
-    summary.pop("wall_s", None)
+    _complete_summary(summary, records, rd, flower_run_id, time.perf_counter() - start, private)
     run.finish(engine, summary, model_metadata={"task": task.name, "round": str(engine.round)})
     rd.write_status(phase="completed", round=engine.round, rounds=cfg.server.rounds)
     log.info("run %s completed: %s", rd.run_id, summary)
