@@ -10,6 +10,12 @@ from pathlib import Path
 def add_privacy(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("privacy", help="privacy reports and independent verification")
     psub = p.add_subparsers(dest="privacy_command", required=True, metavar="ACTION")
+    _add_report(psub)
+    _add_verify(psub)
+    _add_audit_cohorts(psub)
+
+
+def _add_report(psub: argparse._SubParsersAction) -> None:
     rep = psub.add_parser(
         "report",
         help="write privacy/report.json and a self-contained privacy/report.html",
@@ -19,6 +25,9 @@ def add_privacy(sub: argparse._SubParsersAction) -> None:
     )
     rep.add_argument("run_dir", help="a run directory made with --dp")
     rep.set_defaults(func=cmd_report)
+
+
+def _add_verify(psub: argparse._SubParsersAction) -> None:
     ver = psub.add_parser(
         "verify",
         help="check the signed ledger and recompute epsilon; exit 0 final, 3 interrupted, "
@@ -67,6 +76,9 @@ def add_privacy(sub: argparse._SubParsersAction) -> None:
         help="also bound epsilon with NAME (pld, prv, rdp, dpa_rdp, ... or 'all'); repeatable",
     )
     ver.set_defaults(func=cmd_verify)
+
+
+def _add_audit_cohorts(psub: argparse._SubParsersAction) -> None:
     aud = psub.add_parser(
         "audit-cohorts",
         help="check that a DP run's cohorts and graphs followed its committed key (operator files)",
