@@ -2,9 +2,10 @@
 
 A client's update enters secure aggregation as an integer vector in Z_(2^b); the
 server unmasks only the sum and decodes it. Each encoding is one class: the server
-makes it from the run's settings and sends `client_config` with the masked-input
-request; the client rebuilds it from that request (`from_request`) and `encode`s its
-update; the server `decode`s the sum with the same object that wrote the request.
+makes it from the run's settings and puts its `request_fields` (typed data, which the
+server's request builder writes) in the masked-input request; the client rebuilds it
+from that request (`from_request`) and `encode`s its update; the server `decode`s the
+sum with the same object that wrote the request.
 
 * `QuantizedEncoding`: clip to [-r, r], stochastic rounding to L levels, the weight
   and the `EXTRAS` (loss, unclipped) carried masked after the update.
@@ -24,25 +25,59 @@ import numpy as np
 import torch
 
 from fedveil.protocol.envelope import Envelope, MessageError
-from fedveil.protocol.fields import ENC, LOSS, UNCLIPPED, WEIGHT
+from fedveil.protocol.fields import (
+    ENC_CLIP_RANGE,
+    ENC_KIND,
+    ENC_LEVELS,
+    ENC_MAX_CLIENTS,
+    ENC_MAX_WEIGHT,
+    ENC_PARAMS,
+    ENC_ROTATION_SEED,
+    LOSS,
+    UNCLIPPED,
+    WEIGHT,
+)
 
 from .dp import SkellamEncoder, SkellamParams
 from .secagg import Quantizer, SecAggAborted
 
-# Fields of the masked-input request, under the ENC prefix.
-KIND = ENC + "kind"
-CLIP_RANGE = ENC + "clip_range"
-LEVELS = ENC + "levels"
-MAX_CLIENTS = ENC + "max_clients"
-MAX_WEIGHT = ENC + "max_weight"
-PARAMS = ENC + "params"
-ROTATION_SEED = ENC + "rotation_seed"
+# Fields of the masked-input request, under the ENC prefix (named in protocol.fields).
+KIND = ENC_KIND
+CLIP_RANGE = ENC_CLIP_RANGE
+LEVELS = ENC_LEVELS
+MAX_CLIENTS = ENC_MAX_CLIENTS
+MAX_WEIGHT = ENC_MAX_WEIGHT
+PARAMS = ENC_PARAMS
+ROTATION_SEED = ENC_ROTATION_SEED
 
 # Reply fields carried masked after the update (quantized encoding), in this order,
 # each scaled into [0, r]: the training loss (capped at LOSS_CAP) and the 0/1
 # adaptive-clipping counter.
 EXTRAS = (LOSS, UNCLIPPED)
 LOSS_CAP = 16.0
+
+
+@dataclass(frozen=True)
+class QuantizedRequest:
+    """The quantized encoding's part of a masked-input request."""
+
+    clip_range: float
+    levels: int
+    max_clients: int
+    max_weight: int
+    name: str = "quantized"
+
+
+@dataclass(frozen=True)
+class SkellamRequest:
+    """The Skellam (distributed-DP) encoding's part of a masked-input request."""
+
+    params: SkellamParams
+    rotation_seed: int
+    name: str = "skellam"
+
+
+EncodingRequest = QuantizedRequest | SkellamRequest
 
 
 @dataclass
@@ -56,7 +91,7 @@ class Decoded:
 class Encoding(Protocol):
     """What the server's secure-aggregation channel needs of an encoding."""
 
-    def client_config(self, cohort: int) -> dict[str, Any]: ...
+    def request_fields(self, cohort: int) -> EncodingRequest: ...
     def dimension(self, model_size: int) -> int: ...
     def bits(self, cohort: int) -> int: ...
     def decode(self, total: np.ndarray, survivors: int, model_size: int) -> Decoded: ...
@@ -78,15 +113,9 @@ class QuantizedEncoding:
         return Quantizer(self.clip_range, self.levels, max(cohort, 1), self.max_weight)
 
     # -- server: the request --------------------------------------------------
-    def client_config(self, cohort: int) -> dict[str, Any]:
+    def request_fields(self, cohort: int) -> QuantizedRequest:
         self.max_clients = cohort
-        return {
-            KIND: self.NAME,
-            CLIP_RANGE: self.clip_range,
-            LEVELS: self.levels,
-            MAX_CLIENTS: cohort,
-            MAX_WEIGHT: self.max_weight,
-        }
+        return QuantizedRequest(self.clip_range, self.levels, cohort, self.max_weight, self.NAME)
 
     def dimension(self, model_size: int) -> int:
         return model_size + len(EXTRAS) + 2  # + [weight, count]
@@ -149,7 +178,7 @@ class SkellamEncoding:
         self.rotation_seed = rotation_seed
 
     # -- server: the request --------------------------------------------------
-    def client_config(self, cohort: int) -> dict[str, Any]:
+    def request_fields(self, cohort: int) -> SkellamRequest:
         if cohort > self.params.num_clients:
             raise SecAggAborted(
                 f"cohort of {cohort} exceeds the {self.params.num_clients} clients the "
@@ -157,11 +186,7 @@ class SkellamEncoding:
             )
         # Public per-round randomness for the shared rotation.
         self.rotation_seed = secrets.randbits(63)
-        return {
-            KIND: self.NAME,
-            PARAMS: json.dumps(self.params.to_dict()),
-            ROTATION_SEED: self.rotation_seed,
-        }
+        return SkellamRequest(self.params, self.rotation_seed, self.NAME)
 
     def dimension(self, model_size: int) -> int:
         return self.params.padded_dim

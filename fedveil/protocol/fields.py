@@ -3,8 +3,8 @@
 A training request's `config` carries the local-training hyper-parameters, the
 client-side privacy settings and, under DP, the ledger head the device keeps as a
 witness; its `arrays` carry the global model. The secure-aggregation stages carry the
-protocol message under `SA` and the update encoding's parameters under `ENC`
-(fedveil.privacy.encodings names the fields after that prefix).
+protocol message under `SA` and the update encoding's parameters under `ENC`.
+The server assembles a training request in one place (fedveil.server.engine.requests).
 """
 
 from __future__ import annotations
@@ -40,6 +40,15 @@ LEDGER_HEAD = "ledger.head"  # the privacy ledger's head (JSON), kept by devices
 # -- prefixes of protocol fields inside a request or reply ------------------------
 SA = "sa."  # a secure-aggregation message's own fields
 ENC = "enc."  # the update encoding's parameters (masked-input stage only)
+
+# -- masked-input request: the update encoding's fields -------------------------
+ENC_KIND = ENC + "kind"  # the encoding's name
+ENC_CLIP_RANGE = ENC + "clip_range"  # quantized: clip to [-r, r]
+ENC_LEVELS = ENC + "levels"  # quantized: rounding levels
+ENC_MAX_CLIENTS = ENC + "max_clients"  # quantized: the cohort the sum is sized for
+ENC_MAX_WEIGHT = ENC + "max_weight"  # quantized: the largest weight a client may carry
+ENC_PARAMS = ENC + "params"  # Skellam: the distributed-DP parameters (JSON)
+ENC_ROTATION_SEED = ENC + "rotation_seed"  # Skellam: the round's public rotation seed
 
 # -- arrays ----------------------------------------------------------------------
 MODEL = "model"  # the global model (train and evaluate requests)

@@ -20,7 +20,6 @@ epsilon from its own participations, which the coordinator and cohort members kn
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 from collections.abc import Callable, Mapping
@@ -44,6 +43,7 @@ from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.privacy.secagg import SecAggAborted
 from fedveil.protocol import fields as F
 from fedveil.server.engine.aggregation import Aggregate
+from fedveil.server.engine.requests import ClientPrivacy
 from fedveil.server.engine.sampling import cohort_commitment
 
 log = logging.getLogger("fedveil.privacy")
@@ -121,16 +121,15 @@ class CentralDP:
         eps = self.budget.epsilon_after(self.config.round_event())
         return eps <= self.config.budget_epsilon, eps
 
-    def client_config(self) -> dict[str, Any]:
-        config: dict[str, Any] = {
-            F.CLIP_NORM: self.clip,
-            F.WEIGHTING: F.WEIGHT_UNIFORM,
-            F.CLIP_INDICATOR: self.config.adaptive_clipping,
-        }
-        if len(self.ledger):
+    def client_fields(self) -> ClientPrivacy:
+        """This stage's part of the training request."""
+        return ClientPrivacy(
+            clip_norm=self.clip,
+            weighting=F.WEIGHT_UNIFORM,
+            clip_indicator=self.config.adaptive_clipping,
             # Devices keep the heads they saw: witnesses against a rewritten ledger.
-            config[F.LEDGER_HEAD] = json.dumps(self.ledger.witness_head(), sort_keys=True)
-        return config
+            ledger_head=self.ledger.witness_head() if len(self.ledger) else None,
+        )
 
     def release(self, round_num: int, agg: Aggregate | None, model_size: int) -> Release | None:
         """Noise the sum, write the ledger entry, return the update to publish.
@@ -232,11 +231,13 @@ class DistributedDP(CentralDP):
             eps = self.budget.epsilon_after(self._event())
         return eps <= self.config.budget_epsilon, eps
 
-    def client_config(self) -> dict[str, Any]:
-        config = {F.CLIP_NORM: self.config.clip_norm, F.WEIGHTING: F.WEIGHT_UNIFORM}
-        if len(self.ledger):
-            config[F.LEDGER_HEAD] = json.dumps(self.ledger.witness_head(), sort_keys=True)
-        return config
+    def client_fields(self) -> ClientPrivacy:
+        """This stage's part of the training request."""
+        return ClientPrivacy(
+            clip_norm=self.config.clip_norm,
+            weighting=F.WEIGHT_UNIFORM,
+            ledger_head=self.ledger.witness_head() if len(self.ledger) else None,
+        )
 
     def before_unmask(self, round_num: int, survivors: frozenset[int]) -> None:
         """The UnmaskGate: refuse too few honest shares, else charge durably, then unmask."""

@@ -28,6 +28,7 @@ from fedveil.server.engine.dpsgd_accounting import ClientDpSgdAccountant
 from fedveil.server.engine.optimizers import make_optimizer
 from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.privacy_stage import CentralDP, Release
+from fedveil.server.engine.requests import build_train_request
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.sampling import CohortSampler, SecretCohortSampler
 from fedveil.server.engine.transport import (
@@ -205,22 +206,8 @@ class RoundEngine:
 
     # -- one round --------------------------------------------------------
     def train_request(self, round_num: int) -> Envelope:
-        c = self.cfg.client
-        config: dict[str, Any] = {
-            F.SEED: self.cfg.seed,
-            F.LOCAL_EPOCHS: c.local_epochs,
-            F.LOCAL_STEPS: c.local_steps,
-            F.BATCH_SIZE: c.batch_size,
-            F.LR: c.lr,
-            F.MOMENTUM: c.momentum,
-            F.WEIGHT_DECAY: c.weight_decay,
-            F.PROX_MU: c.prox_mu,
-        }
-        if c.dp_sgd_noise > 0:
-            config.update({F.DP_SGD_NOISE: c.dp_sgd_noise, F.DP_SGD_CLIP: c.dp_sgd_clip})
-        if self.privacy is not None:
-            config.update(self.privacy.client_config())
-        return Envelope(Kind.TRAIN, round_num, config, {F.MODEL: self.weights})
+        privacy = None if self.privacy is None else self.privacy.client_fields()
+        return build_train_request(self.cfg, round_num, self.weights, privacy)
 
     def run_round(self) -> RoundRecord:
         round_num = self.round + 1

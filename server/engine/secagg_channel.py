@@ -44,6 +44,7 @@ from fedveil.protocol.riders import IGNORED, attach, split_reply
 from fedveil.protocol.secagg_frame import protocol_part, wrap
 from fedveil.server.engine.aggregation import Aggregate
 from fedveil.server.engine.outcome import Aborted, UnmaskGate
+from fedveil.server.engine.requests import encoding_config
 from fedveil.server.engine.transport import ClientFailure, Transport
 
 log = logging.getLogger("fedveil.secagg")
@@ -209,7 +210,7 @@ class SecAggChannel:
                 sorted(dropped)[:10],
             )
         try:
-            enc_config = self.encoding.client_config(len(cohort))
+            enc_config = encoding_config(self.encoding.request_fields(len(cohort)))
             if ahead is not None:
                 server = ahead.server
                 dropped.update(ahead.dropped)

@@ -17,6 +17,7 @@ from fedveil.privacy.encodings import (
 from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
+from fedveil.server.engine.requests import encoding_config
 
 
 def request(config: dict) -> Envelope:
@@ -34,7 +35,7 @@ def test_quantized_client_encoding_decodes_on_the_server():
     rng = np.random.default_rng(0)
     d, cohort = 50, 3
     server = QuantizedEncoding(clip_range=0.5, levels=1 << 12, max_weight=100)
-    msg = request(server.client_config(cohort))
+    msg = request(encoding_config(server.request_fields(cohort)))
     updates = [rng.uniform(-0.2, 0.2, d).astype(np.float32) for _ in range(cohort)]
     replies = [
         {F.LOSS: 1.5, F.WEIGHT: 10.0, F.UNCLIPPED: 1},
@@ -62,7 +63,7 @@ def test_quantized_client_encoding_decodes_on_the_server():
 
 def test_the_client_path_is_the_encoding_class():
     server = QuantizedEncoding(clip_range=1.0, levels=1 << 8, max_weight=4)
-    msg = request({**server.client_config(2), F.CLIP_NORM: 0.3})
+    msg = request({**encoding_config(server.request_fields(2)), F.CLIP_NORM: 0.3})
     delta = np.full(20, 0.05, dtype=np.float32)
     reply = {F.LOSS: 2.0, F.WEIGHT: 3.0}
     a = encode_update(msg, reply, torch.from_numpy(delta))
@@ -78,7 +79,7 @@ def test_skellam_client_shares_decode_to_the_noised_sum():
         dim=d, clip_norm=1.0, noise_multiplier=0.5, num_clients=cohort, min_clients=cohort
     )
     server = SkellamEncoding(params)
-    msg = request(server.client_config(cohort))
+    msg = request(encoding_config(server.request_fields(cohort)))
     assert SkellamEncoding.requested_params(msg) == params
     updates = [rng.normal(0, 0.1, d).astype(np.float32) for _ in range(cohort)]
     encoded = [SkellamEncoding.from_request(msg, params).encode(u) for u in updates]
