@@ -39,6 +39,13 @@ class ClientRegistry:
         """node id -> client id, for keys that are enrolled and not revoked."""
         return {int(r["node_id"]): cid for cid, r in self.all().items() if not r.get("revoked_at")}
 
+    def connected(self, online_nodes: set[int]) -> int:
+        """Online nodes that map to an enrolled, unrevoked client id: the connected clients.
+
+        A node the SuperLink lists but the registry does not map (refused, revoked, or
+        registered some other way) is not a client and is not counted."""
+        return len(online_nodes & self.node_map().keys())
+
     def _save(self, clients: dict[int, dict[str, Any]]) -> None:
         write_json(self.path, {"clients": {str(k): v for k, v in sorted(clients.items())}})
 

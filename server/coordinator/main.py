@@ -129,7 +129,17 @@ class Service:
 
     def clients_connected(self) -> int | None:
         nodes = self._node_list()
-        return None if nodes is None else sum(n.status == "online" for n in nodes)
+        if nodes is None:
+            return None
+        online = {n.node_id for n in nodes if n.status == "online"}
+        return self.registry.connected(online) if self.settings.client_auth else len(online)
+
+    def nodes_unmapped(self) -> int | None:
+        """Online nodes that are not connected clients (refused or unknown)."""
+        nodes, connected = self._node_list(), self.clients_connected()
+        if nodes is None or connected is None:
+            return None
+        return sum(n.status == "online" for n in nodes) - connected
 
     def readiness_problems(self) -> list[str]:
         problems = []
@@ -146,6 +156,8 @@ class Service:
 
 class PortDispatch:
     """One ASGI app per listening port (scope['server'] is the local address)."""
+        """Online nodes mapped to an enrolled client id (with client auth off, where no
+        registry maps nodes, every online node)."""
 
     def __init__(self, apps: dict[int, Any], service: Service, gateway: FleetGateway) -> None:
         self.apps, self.service, self.gateway = apps, service, gateway

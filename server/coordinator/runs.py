@@ -283,6 +283,11 @@ class RunManager:
         record["attempts"].append(
             {
                 "flower_run_id": flower_id,
+            # Rounds whose update changed the model; a completed run with none is no success.
+            # Round status is public under DP, so this count reveals nothing more.
+            "rounds_applied": sum(
+                r.get("applied") is True or r.get("status") == "applied" for r in rd.metrics()
+            ),
                 "started_at": time.time(),
                 "ended_at": None,
                 "reason": reason,

@@ -15,7 +15,9 @@ router = APIRouter(tags=["clients"])
 def cluster(service: ServiceDep) -> dict[str, Any]:
     return {
         "superlink": "up" if service.superlink_up() else "down",
+        # Only nodes mapped to an enrolled client id count as connected clients.
         "clients_connected": service.clients_connected(),
+        "nodes_unmapped": service.nodes_unmapped(),
         "client_auth": service.settings.client_auth,
         "tls": not service.settings.tls.insecure,
     }

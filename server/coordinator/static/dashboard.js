@@ -1,4 +1,5 @@
-// fedveil dashboard: self-contained (no libraries), reads the public API every 3 s.
+// fedveil dashboard: self-contained (no libraries, no CDN), reads the public API every 3 s.
+// The page is served with style-src 'self': no inline style attributes; set styles via the CSSOM.
 "use strict";
 
 const COLORS = { blue: "#2563eb", green: "#16a34a", red: "#dc2626", amber: "#d97706", violet: "#7c3aed", grey: "#9ca3af" };
@@ -19,60 +20,127 @@ function el(tag, attrs, ...children) {
   return e;
 }
 
+// A local time is ambiguous without its zone: show the UTC offset ("UTC+02:00").
 function fmtTime(t) {
-  return t ? new Date(t * 1000).toLocaleString() : "—";
+  if (!t) return "—";
+  const d = new Date(t * 1000);
+  const off = -d.getTimezoneOffset(), a = Math.abs(off);
+  const zone = `UTC${off < 0 ? "-" : "+"}${String(Math.floor(a / 60)).padStart(2, "0")}:${String(a % 60).padStart(2, "0")}`;
+  const pad = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())} ${zone}`;
+}
+
+// A round applied an update: "applied" (plain runs) or status "applied" (all runs, DP included).
+function roundApplied(r) {
+  return r.applied === true || r.status === "applied";
+}
+
+// The status badge: a completed run that applied no update is not a success.
+function runBadge(run) {
+  if (run.status === "completed" && run.rounds_applied === 0) {
+    return { cls: "completed-empty", text: "completed, nothing applied" };
+  }
+  return { cls: run.status, text: run.status + (run.phase ? ` · ${run.phase.replaceAll("_", " ")}` : "") };
 }
 
 // -- charts ------------------------------------------------------------------
 // series: [{name, color, points: [[x, y], ...], kind: "line" | "bar" | "hline"}]
+// opts: {yMin, yMax, integer (counts: whole-number ticks), xLabel, empty}
+
+// Round numbers for an axis: about `n` ticks on whole multiples of 1, 2 or 5 x 10^k
+// (of 1 at least when `integer`), with the range widened to the outer ticks.
+function niceAxis(lo, hi, integer, n) {
+  if (hi <= lo) { const d = integer ? 1 : Math.max(Math.abs(lo) * 0.1, 0.1); lo -= d; hi += d; }
+  let step = Math.pow(10, Math.floor(Math.log10((hi - lo) / n)));
+  for (const m of [1, 2, 5, 10]) { if ((hi - lo) / (step * m) <= n) { step *= m; break; } }
+  if (integer) step = Math.max(1, Math.round(step));
+  const a = Math.floor(lo / step + 1e-9) * step, b = Math.ceil(hi / step - 1e-9) * step;
+  const decimals = Math.max(0, -Math.floor(Math.log10(step) + 1e-9));
+  const ticks = [];
+  for (let i = 0; a + i * step <= b + step * 1e-6; i++) ticks.push(a + i * step);
+  return { lo: a, hi: b, ticks, label: (v) => v.toFixed(decimals) };
+}
+
+// Lines that coincide must both stay visible: each line series gets its own dash.
+const DASHES = [[], [7, 4], [2, 3], [10, 3, 2, 3]];
+
 function drawChart(canvas, series, opts) {
   const ctx = canvas.getContext("2d");
-  const W = canvas.width, H = canvas.height, L = 48, R = 12, T = 22, B = 28;
+  const W = canvas.width, H = canvas.height, L = 52, R = 14, T = 24, B = 38;
   ctx.clearRect(0, 0, W, H);
   ctx.font = "11px system-ui, sans-serif";
-  const pts = series.flatMap((s) => s.points.filter((p) => Number.isFinite(p[1])));
-  canvas.dataset.points = String(series.filter((s) => s.kind !== "hline").reduce((n, s) => n + s.points.length, 0));
-  if (!pts.length) {
+  ctx.setLineDash([]);
+  const finite = (s) => s.points.filter((p) => Number.isFinite(p[0]) && Number.isFinite(p[1]));
+  const data = series.filter((s) => s.kind !== "hline");
+  canvas.dataset.points = String(data.reduce((n, s) => n + s.points.length, 0));
+  const xs = data.flatMap((s) => finite(s).map((p) => p[0]));
+  const ys = series.flatMap((s) => finite(s).map((p) => p[1]));
+  if (!xs.length) {
     ctx.fillStyle = COLORS.grey;
     ctx.fillText(opts.empty || "no data yet", L, H / 2);
     return;
   }
-  let x0 = Math.min(...pts.map((p) => p[0])), x1 = Math.max(...pts.map((p) => p[0]));
-  let y0 = opts.yMin ?? Math.min(...pts.map((p) => p[1])), y1 = opts.yMax ?? Math.max(...pts.map((p) => p[1]));
-  if (x1 === x0) { x0 -= 1; x1 += 1; }
-  if (y1 === y0) { y0 -= 1; y1 += 1; }
-  const pad = (y1 - y0) * 0.08; if (opts.yMin === undefined) y0 -= pad; if (opts.yMax === undefined) y1 += pad;
+  // x: whole rounds, half a round of margin each side so bars and end points stay inside
+  const xr = niceAxis(Math.min(...xs), Math.max(...xs), true, 8);
+  const x0 = Math.min(...xs) - 0.5, x1 = Math.max(...xs) + 0.5;
+  // y: never below 0 when every value is >= 0 (losses, counts, epsilon)
+  // and a little headroom so a line at the extreme is not drawn on the plot's edge
+  let lo = opts.yMin ?? Math.min(...ys), hi = opts.yMax ?? Math.max(...ys);
+  const margin = (hi - lo) * 0.05;
+  if (opts.yMax === undefined) hi += margin;
+  if (opts.yMin === undefined) lo = Math.min(...ys) >= 0 ? Math.max(0, lo - margin) : lo - margin;
+  const yr = niceAxis(lo, hi, !!opts.integer, 5);
+  const y0 = opts.yMin ?? yr.lo, y1 = opts.yMax ?? yr.hi;
   const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const Y = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - T - B);
-  // axes and grid
+  // grid, y ticks (right-aligned against the plot), x ticks, axis label centred below them
   ctx.strokeStyle = "#e5e7eb"; ctx.fillStyle = "#6b7280"; ctx.lineWidth = 1;
-  for (let i = 0; i <= 4; i++) {
-    const y = y0 + ((y1 - y0) * i) / 4;
-    ctx.beginPath(); ctx.moveTo(L, Y(y)); ctx.lineTo(W - R, Y(y)); ctx.stroke();
-    ctx.fillText(Math.abs(y) >= 100 ? y.toFixed(0) : y.toPrecision(3), 4, Y(y) + 4);
+  ctx.textAlign = "right";
+  for (const v of yr.ticks.filter((v) => v >= y0 - 1e-9 && v <= y1 + 1e-9)) {
+    ctx.beginPath(); ctx.moveTo(L, Y(v)); ctx.lineTo(W - R, Y(v)); ctx.stroke();
+    ctx.fillText(yr.label(v), L - 6, Y(v) + 4);
   }
-  const step = Math.max(1, Math.ceil((x1 - x0) / 8));
-  for (let x = Math.ceil(x0); x <= x1; x += step) ctx.fillText(String(x), X(x) - 3, H - 10);
-  ctx.fillText(opts.xLabel || "round", W - R - 34, H - 10);
-  // series
-  let lx = L;
-  for (const s of series) {
+  ctx.strokeStyle = "#9ca3af";
+  ctx.beginPath(); ctx.moveTo(L, T); ctx.lineTo(L, H - B); ctx.lineTo(W - R, H - B); ctx.stroke();
+  ctx.textAlign = "center";
+  for (const x of xr.ticks.filter((x) => x >= x0 && x <= x1)) ctx.fillText(String(x), X(x), H - B + 14);
+  ctx.fillText(opts.xLabel || "round", L + (W - L - R) / 2, H - 6);
+  ctx.textAlign = "left";
+  // series, clipped to the plot area
+  ctx.save();
+  ctx.beginPath(); ctx.rect(L, T, W - L - R, H - T - B); ctx.clip();
+  let lines = 0;
+  const styles = series.map((s) => (s.kind === "hline" ? [6, 4] : s.kind === "bar" ? null : DASHES[lines++ % DASHES.length]));
+  series.forEach((s, i) => {
     ctx.strokeStyle = ctx.fillStyle = s.color; ctx.lineWidth = 2;
-    const p = s.points.filter((q) => Number.isFinite(q[1]));
+    const p = finite(s);
     if (s.kind === "hline" && p.length) {
-      ctx.setLineDash([6, 4]); ctx.beginPath(); ctx.moveTo(L, Y(p[0][1])); ctx.lineTo(W - R, Y(p[0][1])); ctx.stroke(); ctx.setLineDash([]);
+      ctx.setLineDash(styles[i]); ctx.beginPath(); ctx.moveTo(L, Y(p[0][1])); ctx.lineTo(W - R, Y(p[0][1])); ctx.stroke();
     } else if (s.kind === "bar") {
-      const bw = Math.max(3, ((W - L - R) / Math.max(1, x1 - x0 + 1)) * 0.35);
-      for (const [x, y] of p) ctx.fillRect(X(x) - bw / 2, Y(Math.max(y, y0)), bw, Y(y0) - Y(Math.max(y, y0)));
+      const bw = Math.max(3, ((W - L - R) / (x1 - x0)) * 0.35);
+      const base = Y(Math.max(0, y0));
+      for (const [x, y] of p) ctx.fillRect(X(x) - bw / 2, Y(y), bw, base - Y(y));
     } else {
+      ctx.setLineDash(styles[i]);
       ctx.beginPath();
-      p.forEach(([x, y], i) => (i ? ctx.lineTo(X(x), Y(y)) : ctx.moveTo(X(x), Y(y))));
+      p.forEach(([x, y], j) => (j ? ctx.lineTo(X(x), Y(y)) : ctx.moveTo(X(x), Y(y))));
       ctx.stroke();
+      ctx.setLineDash([]);
       for (const [x, y] of p) { ctx.beginPath(); ctx.arc(X(x), Y(y), 2.5, 0, 7); ctx.fill(); }
     }
-    ctx.fillRect(lx, 6, 10, 10); ctx.fillStyle = "#374151"; ctx.fillText(s.name, lx + 14, 15);
-    lx += 24 + ctx.measureText(s.name).width;
-  }
+    ctx.setLineDash([]);
+  });
+  ctx.restore();
+  // legend: a swatch in each series' colour and dash
+  let lx = L;
+  series.forEach((s, i) => {
+    ctx.strokeStyle = ctx.fillStyle = s.color; ctx.lineWidth = 2;
+    if (s.kind === "bar") ctx.fillRect(lx, 7, 12, 10);
+    else { ctx.setLineDash(styles[i]); ctx.beginPath(); ctx.moveTo(lx, 12); ctx.lineTo(lx + 18, 12); ctx.stroke(); ctx.setLineDash([]); }
+    const w = s.kind === "bar" ? 12 : 18;
+    ctx.fillStyle = "#374151"; ctx.fillText(s.name, lx + w + 4, 16);
+    lx += w + 16 + ctx.measureText(s.name).width;
+  });
 }
 
 function seq(rounds, key) {
@@ -84,7 +152,14 @@ function renderCluster(c) {
   const sl = document.getElementById("superlink");
   sl.textContent = `SuperLink ${c.superlink}`; sl.className = `pill ${c.superlink === "up" ? "ok" : "bad"}`;
   const n = c.clients_connected;
-  document.getElementById("connected").textContent = `${n === null ? "?" : n} clients connected`;
+  const conn = document.getElementById("connected");
+  conn.textContent = `${n === null ? "?" : n} clients connected`;
+  // Online nodes that map to no enrolled client (refused, revoked, or registered behind
+  // the coordinator's back) are not clients: shown apart, as a warning.
+  const unknown = c.nodes_unmapped || 0;
+  conn.title = unknown ? `${unknown} online node(s) map to no enrolled client` : "";
+  conn.className = `pill${unknown ? " bad" : ""}`;
+  if (unknown) conn.textContent += ` · ${unknown} unknown node${unknown === 1 ? "" : "s"}`;
   const sec = document.getElementById("security");
   sec.textContent = `${c.tls ? "TLS" : "no TLS"} · ${c.client_auth ? "client auth" : "no client auth"}`;
   sec.className = `pill ${c.tls && c.client_auth ? "ok" : "bad"}`;
@@ -101,14 +176,19 @@ function renderRuns(runs) {
     state.selected = (runs.find((r) => r.status === "running") || runs[0]).id;
   }
   for (const r of runs) {
+    const badge = runBadge(r);
     const pct = r.rounds ? Math.round((100 * r.rounds_completed) / r.rounds) : 0;
-    const bar = el("div", { class: "progress" }, el("div", { style: `width:${pct}%` }));
+    // Under the page's CSP (style-src 'self') an inline style attribute is ignored;
+    // a width set through the CSSOM is not.
+    const fill = el("div", { "data-pct": String(pct) });
+    fill.style.width = `${pct}%`;
+    const bar = el("div", { class: "progress" }, fill);
     const tr = el(
       "tr",
       { class: r.id === state.selected ? "selected" : "", "data-run": r.id },
       el("td", { class: "mono" }, r.id),
       el("td", {}, r.name || "—"),
-      el("td", {}, el("span", { class: `status ${r.status}` }, r.status + (r.phase ? ` · ${r.phase.replaceAll("_", " ")}` : ""))),
+      el("td", {}, el("span", { class: `status ${badge.cls}` }, badge.text)),
       el("td", {}, bar, ` ${r.rounds_completed}/${r.rounds}`),
       el("td", {}, r.model || "—"),
       el("td", {}, `${r.per_round ?? "?"} of ${r.num_clients ?? "?"}`),
@@ -124,17 +204,20 @@ async function renderDetail(runs) {
   if (!run) return;
   document.getElementById("run-title").textContent = run.id;
   const st = document.getElementById("run-status");
-  st.textContent = run.status; st.className = `status ${run.status}`;
   const rounds = await getJSON(`/runs/${encodeURIComponent(run.id)}/rounds`);
+  const badge = runBadge({ ...run, rounds_applied: run.rounds_applied ?? rounds.filter(roundApplied).length });
+  st.textContent = badge.text; st.className = `status ${badge.cls}`;
   let privacy = null;
   try { privacy = await getJSON(`/runs/${encodeURIComponent(run.id)}/privacy`); } catch (e) { privacy = null; }
   const last = rounds[rounds.length - 1] || {};
-  const dropped = rounds.reduce((n, r) => n + (r.dropped || 0), 0);
+  // Under DP the public rounds hold no drop counts: say "—", not a reassuring 0.
+  const dropped = rounds.some((r) => r.dropped != null) ? String(rounds.reduce((n, r) => n + (r.dropped || 0), 0)) : "—";
   const facts = document.getElementById("facts");
   facts.replaceChildren(
     el("span", {}, "rounds ", el("b", {}, `${run.rounds_completed}/${run.rounds}`)),
+    el("span", {}, "applied ", el("b", {}, String(rounds.filter(roundApplied).length))),
     el("span", {}, "test accuracy ", el("b", {}, last.test_accuracy != null ? last.test_accuracy.toFixed(4) : "—")),
-    el("span", {}, "dropouts ", el("b", {}, String(dropped))),
+    el("span", {}, "dropouts ", el("b", {}, dropped)),
     el("span", {}, "attempts ", el("b", {}, String((run.attempts || []).length))),
     el("span", {}, "traffic ", el("b", {}, `${((run.bytes_sent + run.bytes_received) / 1e6).toFixed(2)} MB`)),
     ...(run.error ? [el("span", { class: "error" }, run.error)] : []),
@@ -151,7 +234,7 @@ async function renderDetail(runs) {
     { name: "connected", color: COLORS.grey, points: seq(rounds, "clients_connected") },
     { name: "dropped", color: COLORS.red, points: seq(rounds, "dropped"), kind: "bar" },
     { name: "aggregated", color: COLORS.green, points: seq(rounds, "cohort_aggregated") },
-  ], { yMin: 0 });
+  ], { yMin: 0, integer: true });
   const eps = seq(rounds, "epsilon");
   const budget = privacy && (privacy.budget_epsilon ?? privacy.budget);
   if (!eps.length && privacy && Number.isFinite(privacy.epsilon)) eps.push([run.rounds_completed, privacy.epsilon]);

@@ -1,0 +1,243 @@
+"""The dashboard as a person sees it, in headless Chromium, against fixed API answers.
+
+The page and its CSP come from the real dashboard router; /cluster, /runs and the
+per-run reads answer fixed data (a completed run, a completed run that applied
+nothing, a failed run at 0/5, a DP run whose public rounds carry only a status).
+No deployment is needed, so this runs in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from fastapi import FastAPI
+
+from fedveil.server.coordinator.clients import ClientRegistry
+from fedveil.server.coordinator.routes import dashboard
+
+NOW = 1_750_000_000.0
+
+
+def _run(rid: str, status: str, done: int, applied: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "name": rid,
+        "status": status,
+        "created_at": NOW,
+        "finished_at": NOW + 60,
+        "rounds": 5,
+        "rounds_completed": done,
+        "rounds_applied": applied,
+        "phase": None,
+        "clients_connected": 3,
+        "error": None,
+        "attempts": [{}],
+        "num_clients": 5,
+        "per_round": 3,
+        "model": "mlp",
+        "bytes_sent": 1_000_000,
+        "bytes_received": 2_000_000,
+        **extra,
+    }
+
+
+RUNS = [
+    _run("dp", "completed", 5, 4),
+    _run("empty", "completed", 3, 0),
+    _run("failed", "failed", 0, 0, error="a client failed its checks"),
+    _run("plain", "completed", 5, 5),
+]
+PLAIN_ROUNDS = [
+    {
+        "round": r,
+        "status": "applied",
+        "applied": True,
+        "cohort_aggregated": 3,
+        "dropped": 1 if r == 5 else 0,
+        "clients_connected": 3,  # equal to cohort_aggregated: both lines must stay visible
+        "train_loss": 2.0 / r,
+        "test_loss": 2.0 / r,  # equal to train_loss
+        "test_accuracy": 0.5 + r / 20,
+    }
+    for r in range(1, 6)
+]
+DP_ROUNDS = [  # the public view of a DP run: a status per round, no counts
+    {
+        "round": r,
+        "status": "aborted" if r == 3 else "applied",
+        "test_loss": 1.0 / r,
+        "test_accuracy": 0.6,
+        "epsilon": 0.5 * r,
+        "clients_connected": 3,
+    }
+    for r in range(1, 6)
+]
+EMPTY_ROUNDS = [{"round": r, "status": "aborted", "test_loss": 2.3} for r in range(1, 4)]
+ROUNDS = {"dp": DP_ROUNDS, "empty": EMPTY_ROUNDS, "failed": [], "plain": PLAIN_ROUNDS}
+
+
+def fixture_app(selected: str) -> FastAPI:
+    app = FastAPI()
+    app.include_router(dashboard.router)
+    runs = sorted(RUNS, key=lambda r: r["id"] != selected)  # the page selects the first
+
+    @app.get("/cluster")
+    def cluster() -> dict[str, Any]:
+        return {
+            "superlink": "up",
+            "clients_connected": 3,
+            "nodes_unmapped": 2,
+            "client_auth": True,
+            "tls": True,
+        }
+
+    @app.get("/runs")
+    def list_runs() -> list[dict[str, Any]]:
+        return runs
+
+    @app.get("/runs/{rid}/rounds")
+    def rounds(rid: str) -> list[dict[str, Any]]:
+        return ROUNDS[rid]
+
+    @app.get("/runs/{rid}/privacy")
+    def privacy(rid: str) -> dict[str, Any]:
+        return {"budget_epsilon": 4.0, "epsilon": 2.5} if rid == "dp" else {}
+
+    return app
+
+
+def _serve(app: FastAPI) -> tuple[uvicorn.Server, int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    threading.Thread(target=server.run, daemon=True).start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "fixture server did not start"
+        time.sleep(0.05)
+    return server, port
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--window-size=1280,1100",
+    "--virtual-time-budget=5000",
+]
+
+
+def chromium(port: int, tmp_path: Path, *args: str) -> str:
+    profile = tmp_path / f"profile-{time.monotonic_ns()}"
+    url = f"http://127.0.0.1:{port}/dashboard"
+    done = subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args, url],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    if CHROMIUM is None:
+        pytest.skip("needs Chromium (apt-get install -y chromium)")
+    tmp = tmp_path_factory.mktemp("dash")
+    out = {}
+    for selected in ("plain", "dp", "failed", "empty"):
+        server, port = _serve(fixture_app(selected))
+        try:
+            dom = chromium(port, tmp, "--dump-dom")
+            shot = tmp / f"dashboard-{selected}.png"
+            chromium(port, tmp, f"--screenshot={shot}")
+        finally:
+            server.should_exit = True
+        out[selected] = (dom, shot)
+    return out
+
+
+def _rows(dom: str) -> dict[str, str]:
+    return dict(re.findall(r'<tr[^>]*data-run="(\w+)"[^>]*>(.*?)</tr>', dom, re.S))
+
+
+def test_progress_bars_show_the_share_of_rounds_done(pages):
+    dom, _ = pages["plain"]
+    assert 'data-loaded="1"' in dom and "data-error" not in dom
+    rows = _rows(dom)
+    # The widths come through the CSSOM, which the page's CSP (style-src 'self') allows.
+    widths = {
+        rid: re.search(r'data-pct="(\d+)" style="width: (\d+)%;"', row).groups()
+        for rid, row in rows.items()
+    }
+    assert widths == {
+        "dp": ("100", "100"),
+        "empty": ("60", "60"),
+        "failed": ("0", "0"),
+        "plain": ("100", "100"),
+    }
+
+
+def test_a_run_that_applied_nothing_gets_no_green_badge(pages):
+    rows = _rows(pages["plain"][0])
+    assert 'class="status completed"' in rows["plain"]
+    assert 'class="status completed"' in rows["dp"]  # 4 of its 5 public rounds applied
+    assert 'class="status completed-empty">completed, nothing applied<' in rows["empty"]
+    assert 'class="status failed"' in rows["failed"]
+    # The detail header says the same, from the public rounds' status alone.
+    dom = pages["empty"][0]
+    assert re.search(r'id="run-status" class="status completed-empty">completed, nothing', dom)
+    assert "applied <b>0</b>" in dom
+
+
+def test_connected_count_and_unknown_nodes_are_shown_apart(pages):
+    dom = pages["plain"][0]
+    assert "3 clients connected · 2 unknown nodes" in dom
+
+
+def test_times_carry_their_utc_offset(pages):
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC[+-]\d\d:\d\d", pages["plain"][0])
+
+
+def test_screenshots_render(pages):
+    from PIL import Image
+
+    for selected, (_, shot) in pages.items():
+        assert shot.stat().st_size > 10_000, selected
+        image = Image.open(shot).convert("RGB")
+        assert image.tobytes().count(bytes([0x25, 0x63, 0xEB])) > 50, selected
+        keep = os.environ.get("FEDVEIL_DASHBOARD_SHOTS")  # a folder to look at them in
+        if keep:
+            shutil.copy(shot, Path(keep) / shot.name)
+
+
+def test_only_nodes_mapped_to_enrolled_clients_are_connected(tmp_path):
+    registry = ClientRegistry(tmp_path)
+    registry._save(
+        {  # as enrolment writes it: client id -> its node
+            0: {"node_id": 101},
+            1: {"node_id": 102},
+            2: {"node_id": 103, "revoked_at": NOW},
+        }
+    )
+    # 104 was registered behind the coordinator's back; 103 is revoked; 102 is offline.
+    assert registry.connected({101, 103, 104}) == 1
+    assert registry.connected(set()) == 0
