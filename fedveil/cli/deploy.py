@@ -51,10 +51,11 @@ def add_server(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from fedveil.server.coordinator.main import serve
+    from fedveil.server.coordinator.main import secure_state_dir, serve
     from fedveil.server.coordinator.settings import load_settings
 
     settings = load_settings(args.config, insecure=args.insecure)
+    secure_state_dir(settings.state_dir)  # umask 077 before the first log file exists
     _service_logging(settings.state_dir, "service")
     return serve(settings)
 

@@ -39,9 +39,27 @@ from fedveil.server.coordinator.superlink import LinkControl, SuperLinkProcess, 
 log = logging.getLogger("fedveil.service")
 
 
+def secure_state_dir(state_dir: Path) -> None:
+    """Owner-only state: umask 077 from here on, the dir 0700, what exists already 0600.
+
+    The state dir holds superlink.db (node keys, in-flight messages, the live
+    ServerApp token), logs, run configs, ledgers and metrics: no other local user
+    may read any of it. The umask is inherited by the SuperLink and its children.
+    Files keep their owner's execute bit (the SuperExec shim in bin/).
+    """
+    os.umask(0o077)
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    state_dir.chmod(0o700)
+    for root, dirs, files in os.walk(state_dir):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):  # a link's target may lie outside the state dir
+                os.chmod(path, 0o700 if name in dirs else os.stat(path).st_mode & 0o700)
+
+
 def lock_state_dir(state_dir: Path) -> int:
     """One coordinator per state dir (the lock goes with the process, even on SIGKILL)."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+    secure_state_dir(state_dir)
     fd = os.open(state_dir / "server.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -128,6 +146,8 @@ class Service:
         return {n.node_id for n in (self._node_list() or []) if n.status == "online"}
 
     def clients_connected(self) -> int | None:
+        """Online nodes mapped to an enrolled client id (with client auth off, where no
+        registry maps nodes, every online node)."""
         nodes = self._node_list()
         if nodes is None:
             return None
@@ -156,8 +176,6 @@ class Service:
 
 class PortDispatch:
     """One ASGI app per listening port (scope['server'] is the local address)."""
-        """Online nodes mapped to an enrolled client id (with client auth off, where no
-        registry maps nodes, every online node)."""
 
     def __init__(self, apps: dict[int, Any], service: Service, gateway: FleetGateway) -> None:
         self.apps, self.service, self.gateway = apps, service, gateway

@@ -86,7 +86,8 @@ def _num(rec: dict[str, Any], key: str) -> float | None:
 
 def _add(fig: RunFigures, rec: dict[str, Any]) -> None:
     fig.rounds += 1
-    fig.applied += bool(rec.get("applied"))
+    # DP runs publish only a status per round (no counts): it still says what was applied.
+    fig.applied += bool(rec.get("applied") or rec.get("status") == "applied")
     fig.dropped += int(rec.get("dropped") or 0)
     fig.aggregated += int(rec.get("cohort_aggregated") or 0)
     d = _num(rec, "duration_s") or 0.0

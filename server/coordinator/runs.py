@@ -73,6 +73,25 @@ _FIELD_PATTERNS = (
 )
 
 
+# An absolute or home-relative path inside free text (an error message, a summary value).
+_PATH_RE = re.compile(r"(?<![\w.:/])(?:~|\.{1,2})?/[^\s'\"`,;:()\[\]{}<>]+")
+
+
+def without_paths(value: Any) -> Any:
+    """`value` with the server's filesystem paths replaced by '<path>' (public views).
+
+    Run errors and summaries name files on the server (run dirs, a failing config's
+    path); the unauthenticated views must not, the admin view keeps them whole.
+    """
+    if isinstance(value, str):
+        return _PATH_RE.sub("<path>", value)
+    if isinstance(value, dict):
+        return {k: without_paths(v) for k, v in value.items() if k != "out"}
+    if isinstance(value, list):
+        return [without_paths(v) for v in value]
+    return value
+
+
 def field_of(message: str) -> str:
     """The config key a ConfigError message is about (they start with it)."""
     for pattern in _FIELD_PATTERNS:
@@ -80,6 +99,37 @@ def field_of(message: str) -> str:
         if m:
             return m.group(1)
     return "config"
+
+
+MAX_CONFIG_DEPTH = 32  # arrays/tables/objects inside each other; real run configs use 3
+
+
+def nesting_depth(text: str, toml: bool) -> int:
+    """The deepest nesting of [ ] and { } in a TOML or JSON text, outside strings and comments.
+
+    A cheap scan before parsing: Python's TOML and JSON parsers recurse per level,
+    so a few hundred KB of `[[[...` would otherwise end in a RecursionError (HTTP 500).
+    """
+    depth = deepest = i = 0
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth = max(depth - 1, 0)
+        elif toml and c == "#":
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+        elif c == '"' or (toml and c == "'"):
+            quote = c * 3 if toml and text.startswith(c * 3, i) else c
+            i += len(quote)
+            while i < n and not text.startswith(quote, i):
+                i += 2 if text[i] == "\\" and c == '"' else 1
+            i += len(quote) - 1
+        i += 1
+    return deepest
 
 
 def parse_submission(
@@ -93,7 +143,15 @@ def parse_submission(
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise SubmissionError("body", "the run config must be UTF-8 text") from None
-    if "json" in content_type:
+    is_json = "json" in content_type
+    depth = nesting_depth(text, toml=not is_json)
+    if depth > MAX_CONFIG_DEPTH:
+        raise SubmissionError(
+            "body",
+            f"the run config nests arrays/tables {depth} deep; at most {MAX_CONFIG_DEPTH} "
+            "levels are allowed",
+        )
+    if is_json:
         try:
             values = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -174,7 +232,8 @@ class RunManager:
             raise RunNotFound(run_id)
         return rd
 
-    def view(self, run_id: str) -> dict[str, Any]:
+    def view(self, run_id: str, admin: bool = False) -> dict[str, Any]:
+        """The run as the API shows it; without `admin`, no server filesystem paths."""
         rd = self.rundir(run_id)
         record = rd.record()
         status = rd.status()
@@ -204,10 +263,10 @@ class RunManager:
             sent += fr.bytes_sent if fr else attempt.get("bytes_sent", 0)
             recv += fr.bytes_recv if fr else attempt.get("bytes_recv", 0)
         out["bytes_sent"], out["bytes_received"] = sent, recv
-        return out
+        return out if admin else without_paths(out)
 
-    def list(self) -> list[dict[str, Any]]:
-        return [self.view(rid) for rid in self.run_ids()]
+    def list(self, admin: bool = False) -> list[dict[str, Any]]:
+        return [self.view(rid, admin) for rid in self.run_ids()]
 
     # -- submit / stop ---------------------------------------------------------
     def submit(self, body: bytes, content_type: str) -> dict[str, Any]:
@@ -224,6 +283,11 @@ class RunManager:
                 roster = load_roster(roster_path, "secagg.roster =")
             except ValueError as exc:
                 raise SubmissionError("secagg.threat", f"this server's roster: {exc}") from None
+            # Rounds whose update changed the model; a completed run with none is no success.
+            # Round status is public under DP, so this count reveals nothing more.
+            "rounds_applied": sum(
+                r.get("applied") is True or r.get("status") == "applied" for r in rd.metrics()
+            ),
         with self._lock:
             run_id = new_run_id()
             while (self.state_dir / "runs" / run_id).exists():
@@ -283,11 +347,6 @@ class RunManager:
         record["attempts"].append(
             {
                 "flower_run_id": flower_id,
-            # Rounds whose update changed the model; a completed run with none is no success.
-            # Round status is public under DP, so this count reveals nothing more.
-            "rounds_applied": sum(
-                r.get("applied") is True or r.get("status") == "applied" for r in rd.metrics()
-            ),
                 "started_at": time.time(),
                 "ended_at": None,
                 "reason": reason,

@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from fedveil.protocol.deployment import (
     SERVERAPP_REF,
 )
 from fedveil.server.coordinator.settings import ServerSettings
+from fedveil.server.coordinator.superexec_shim import TOKEN_DIR_ENV
 
 log = logging.getLogger("fedveil.service")
 
@@ -100,6 +102,18 @@ def internal_tls(state_dir: Path) -> TlsFiles:
         ca_key.unlink()
         log.info("made the SuperLink's loopback certificate in %s", d)
     return files
+
+
+def install_superexec_shim(state_dir: Path) -> Path:
+    """state_dir/bin with a `flower-superexec` that runs superexec_shim.py; returns the dir."""
+    bindir = state_dir / "bin"
+    bindir.mkdir(mode=0o700, exist_ok=True)
+    shim = bindir / "flower-superexec"
+    shim.write_text(
+        f"#!{sys.executable}\nfrom fedveil.server.coordinator.superexec_shim import main\nmain()\n"
+    )
+    shim.chmod(0o700)
+    return bindir
 
 
 class SuperLinkProcess:
@@ -169,18 +183,23 @@ class SuperLinkProcess:
 
     def start(self, timeout: float = 60.0) -> None:
         s = self.settings
+        os.umask(0o077)  # owner-only files; inherited by the SuperLink, SuperExec and ServerApps
         self._kill_leftovers()
         (s.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         (s.state_dir / "flwr").mkdir(parents=True, exist_ok=True)
         self._log_file = (s.state_dir / "logs" / "superlink.log").open("ab")
+        shim_dir = install_superexec_shim(s.state_dir)
         env = child_env(
             {
                 STATE_ENV: str(s.state_dir),
+                TOKEN_DIR_ENV: str(s.state_dir / "flwr" / "tokens"),
                 "FLWR_HOME": str(s.state_dir / "flwr"),
                 # SuperExec looks for new runs every second by default; a run waits less.
                 "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.2",
             }
         )
+        # Our `flower-superexec` first: ServerApp tokens go in files, not on command lines.
+        env["PATH"] = os.pathsep.join([str(shim_dir), env["PATH"]])
         self.proc = spawn(self.argv(), env=env, log=self._log_file, cwd=s.state_dir)
         self._pid_file.write_text(f"{self.proc.pid}\n")  # its process group id, see above
         if not wait_port("127.0.0.1", s.superlink_port, timeout, self.proc):

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from fedveil.server.coordinator.routes.deps import ADMIN, ApiError, ServiceDep, run_or_404
 from fedveil.server.coordinator.runs import RunConflict, SubmissionError
+
+if TYPE_CHECKING:
+    from fedveil.server.coordinator.main import Service
 
 router = APIRouter(tags=["runs"])
 
@@ -25,9 +28,14 @@ SUBMISSION_BODY = {
 }
 
 
-@router.get("/runs", summary="All runs, newest first")
-def list_runs(service: ServiceDep) -> list[dict[str, Any]]:
-    return service.manager.list()
+def is_admin(request: Request, service: Service) -> bool:
+    """Whether the request carries a valid admin token (public views otherwise; never an error)."""
+    return service.token.check(request.headers.get("authorization")) == 200
+
+
+@router.get("/runs", summary="All runs, newest first (server paths for the admin token only)")
+def list_runs(request: Request, service: ServiceDep) -> list[dict[str, Any]]:
+    return service.manager.list(admin=is_admin(request, service))
 
 
 @router.post(
@@ -47,10 +55,10 @@ async def submit(request: Request, service: ServiceDep) -> JSONResponse:
     return JSONResponse(run, status_code=201, headers={"Location": f"/runs/{run['id']}"})
 
 
-@router.get("/runs/{run_id}", summary="A run's status and progress")
-def get_run(run_id: str, service: ServiceDep) -> dict[str, Any]:
+@router.get("/runs/{run_id}", summary="A run's status and progress (full error: admin token)")
+def get_run(run_id: str, request: Request, service: ServiceDep) -> dict[str, Any]:
     run_or_404(service, run_id)
-    return service.manager.view(run_id)
+    return service.manager.view(run_id, admin=is_admin(request, service))
 
 
 @router.post("/runs/{run_id}/stop", summary="Stop a run (admin)", dependencies=ADMIN)
