@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from fedveil.config import ConfigError, load_config
+from fedveil.config import ConfigError, RunConfig, load_config
 
 # Command-line flag -> dotted config key. Every flag overrides the TOML file.
 SIMULATE_FLAGS: list[tuple[str, str, type, str]] = [
@@ -97,6 +97,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if value is not None:
             overrides[key] = value
     cfg = load_config(args.config, overrides)
+    _check_privacy_plan(cfg)
 
     from fedveil.cli.progress import RoundProgress
     from fedveil.simulations.run import simulate
@@ -119,6 +120,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     return 0
+
+
+def _check_privacy_plan(cfg: RunConfig) -> None:
+    """Before any data is loaded: refuse secure aggregation that cannot reach its threshold
+    (ConfigError -> exit 2), and warn with the numbers when DP noise dominates the update."""
+    from fedveil.privacy.dp.signal import noise_to_signal
+    from fedveil.privacy.secagg.feasibility import check_secagg_feasible
+
+    check_secagg_feasible(cfg, cfg.data.num_clients)
+    signal = noise_to_signal(cfg, cfg.data.num_clients)
+    if signal is not None:
+        warning = signal.warning()
+        print(
+            f"fedveil: {'warning: ' + warning if warning else signal.describe()}", file=sys.stderr
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -89,7 +89,13 @@ class ServerConfig:
     beta1: float = spec(0.9, lo=0.0, hi=0.999, help="FedAdam/FedYogi beta1")
     beta2: float = spec(0.99, lo=0.0, hi=0.9999, help="FedAdam/FedYogi beta2")
     tau: float = spec(1e-3, lo=0.0, lo_open=True, hi=1.0, help="FedAdam/FedYogi adaptivity")
-    round_timeout: float = spec(0.0, lo=0.0, hi=86_400.0, help="reply deadline in s; 0: none")
+    round_timeout: float = spec(
+        0.0,
+        lo=0.0,
+        hi=86_400.0,
+        help="reply deadline in s; 0: none in simulation, and for a deployed run "
+        "max(120, 60 x client.local_epochs, or 0.5 x client.local_steps)",
+    )
 
 
 @dataclass

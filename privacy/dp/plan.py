@@ -159,6 +159,16 @@ class DistributedDpPlan:
         }
 
 
+def survivor_floor(cfg: RunConfig, num_clients: int, threshold: int) -> int:
+    """Fewest masked inputs a distributed-DP round may unmask: the Shamir `threshold`, or a
+    small cohort (Poisson: mean - 2 sd) less the expected dropouts, capped by the cohort."""
+    fixed = cfg.server.sampling == FIXED
+    expected = cfg.server.per_round if fixed else cfg.poisson_rate * num_clients
+    low = expected if fixed else expected - 2 * math.sqrt(expected)
+    survivors_low = math.floor(low * (1 - cfg.secagg.dropout_rate))
+    return min(max(threshold, 2, survivors_low), max_cohort(cfg, num_clients))
+
+
 def plan_distributed_dp(cfg: RunConfig, model_size: int, num_clients: int) -> DistributedDpPlan:
     """The noise shares and thresholds of a distributed-DP run (raises ValueError naming the
     setting when no round could ever be released)."""
@@ -171,12 +181,7 @@ def plan_distributed_dp(cfg: RunConfig, model_size: int, num_clients: int) -> Di
     t = find_parameters(
         cohort, threat, neighbors=s.neighbors or None, threshold=s.threshold or None
     ).threshold
-    fixed = cfg.server.sampling == FIXED
-    expected = cfg.server.per_round if fixed else cfg.poisson_rate * num_clients
-    # A small cohort (Poisson: mean - 2 sd) less the expected dropouts.
-    low = expected if fixed else expected - 2 * math.sqrt(expected)
-    survivors_low = math.floor(low * (1 - s.dropout_rate))
-    min_survivors = min(max(t, 2, survivors_low), cohort)
+    min_survivors = survivor_floor(cfg, num_clients, t)
     corrupt = math.ceil(s.adversarial_rate * cohort)
     min_honest = min_survivors - corrupt
     if min_honest < 1:

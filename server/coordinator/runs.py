@@ -190,7 +190,44 @@ def parse_submission(
             f"deploy.wait_for_clients = {deploy.wait_for_clients}: must be <= "
             f"data.num_clients = {cfg.data.num_clients}",
         )
+    from fedveil.privacy.secagg.feasibility import check_secagg_feasible
+
+    try:  # rounds that could only abort are refused, not reported as "completed"
+        check_secagg_feasible(cfg, cfg.data.num_clients, deploy.wait_for_clients)
+    except ConfigError as exc:
+        raise SubmissionError(field_of(str(exc)), str(exc)) from None
     return cfg, deploy, text
+
+
+# A deployed run's reply deadline when its config leaves server.round_timeout = 0: a dead
+# device must not stall a round until Flower declares its node gone. Generous, so that a
+# slow but live device is not dropped: max(120 s, 60 s per local epoch or 0.5 s per local
+# step). Simulation keeps 0 (no deadline).
+DEPLOY_TIMEOUT_FLOOR_S = 120.0
+DEPLOY_TIMEOUT_PER_EPOCH_S = 60.0
+DEPLOY_TIMEOUT_PER_STEP_S = 0.5
+
+
+def deployed_round_timeout(cfg: RunConfig) -> float:
+    """server.round_timeout for a deployed run: the config's, or the default above."""
+    if cfg.server.round_timeout > 0:
+        return cfg.server.round_timeout
+    c = cfg.client
+    work = (
+        DEPLOY_TIMEOUT_PER_STEP_S * c.local_steps
+        if c.local_steps > 0
+        else DEPLOY_TIMEOUT_PER_EPOCH_S * c.local_epochs
+    )
+    return min(86_400.0, max(DEPLOY_TIMEOUT_FLOOR_S, work))
+
+
+def submission_warnings(cfg: RunConfig) -> list[str]:
+    """What the submitter should know before the run spends its budget (DP noise)."""
+    from fedveil.privacy.dp.signal import noise_to_signal
+
+    signal = noise_to_signal(cfg, cfg.data.num_clients)
+    warning = signal.warning() if signal is not None else None
+    return [warning] if warning else []
 
 
 def _count_rounds(run_dir: Path) -> int:
@@ -246,6 +283,11 @@ class RunManager:
             "finished_at": record.get("finished_at"),
             "rounds": record.get("rounds"),
             "rounds_completed": rounds_done,
+            # Rounds whose update changed the model; a completed run with none is no success.
+            # Round status is public under DP, so this count reveals nothing more.
+            "rounds_applied": sum(
+                r.get("applied") is True or r.get("status") == "applied" for r in rd.metrics()
+            ),
             "phase": status.get("phase") if record.get("status") == "running" else None,
             "clients_connected": status.get("connected"),
             "error": record.get("error"),
@@ -274,6 +316,12 @@ class RunManager:
         cfg, deploy, text = parse_submission(
             body, content_type, self.settings.allowed_tasks, roster_path
         )
+        try:
+            warnings = submission_warnings(cfg)
+        except ValueError as exc:  # e.g. no noise multiplier meets the budget
+            raise SubmissionError(field_of(str(exc)), str(exc)) from None
+        for warning in warnings:
+            log.warning("submitted run: %s", warning)
         roster = None
         if cfg.secagg.enabled and cfg.secagg.threat == "malicious" and roster_path is not None:
             from fedveil.privacy.secagg.identity_files import load_roster
@@ -283,18 +331,18 @@ class RunManager:
                 roster = load_roster(roster_path, "secagg.roster =")
             except ValueError as exc:
                 raise SubmissionError("secagg.threat", f"this server's roster: {exc}") from None
-            # Rounds whose update changed the model; a completed run with none is no success.
-            # Round status is public under DP, so this count reveals nothing more.
-            "rounds_applied": sum(
-                r.get("applied") is True or r.get("status") == "applied" for r in rd.metrics()
-            ),
         with self._lock:
             run_id = new_run_id()
             while (self.state_dir / "runs" / run_id).exists():
                 run_id = new_run_id()
             rd = RunDir(self.state_dir, run_id)
             rd.path.mkdir(parents=True)
-            cfg = dataclasses.replace(cfg, out=str(rd.path))
+            cfg = dataclasses.replace(
+                cfg,
+                out=str(rd.path),
+                # Recorded in the run's resolved config (config.toml), which the engine runs.
+                server=dataclasses.replace(cfg.server, round_timeout=deployed_round_timeout(cfg)),
+            )
             (rd / "request.toml").write_text(text)
             if roster is not None:  # the run keeps the roster it started with, across resumes
                 (rd / ROSTER_FILE).write_text(roster.to_json())
@@ -318,7 +366,7 @@ class RunManager:
             )
             log.info("run %s submitted (%s)", run_id, deploy.name or "unnamed")
             self._launch_queued()
-        return self.view(run_id)
+        return {**self.view(run_id), "warnings": warnings}
 
     def stop(self, run_id: str) -> dict[str, Any]:
         with self._lock:

@@ -20,6 +20,7 @@ from fedveil.config import RunConfig
 from fedveil.privacy.dp.plan import max_cohort, plan_distributed_dp
 from fedveil.privacy.encodings import QuantizedEncoding, SkellamEncoding
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
+from fedveil.privacy.secagg.feasibility import check_secagg_feasible
 from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel
 from fedveil.server.engine.privacy_stage import CentralDP, DistributedDP
 from fedveil.server.engine.runstore import RunStore
@@ -79,6 +80,9 @@ def make_privacy_pipeline(
             "secagg.threat = 'malicious' needs the clients' identity roster "
             "(deployment: [secagg] roster in server.toml; simulation makes its own)"
         )
+    # A run whose rounds cannot reach the protocol's threshold is refused, not run as
+    # rounds that all abort (ConfigError naming the field).
+    check_secagg_feasible(cfg, task.num_clients)
     if not cfg.secagg.enabled:
         privacy = (
             CentralDP(cfg, task.num_clients, ledger_path, **privacy_args)

@@ -125,7 +125,12 @@ def test_empty_and_non_utf8_bodies():
     assert err.value.field == "server"
 
 
-MALICIOUS = GOOD.replace("[deploy]", '[secagg]\nenabled = true\nthreat = "malicious"\n[deploy]')
+# Secure aggregation needs at least 3 clients per round (and to wait for 3).
+MALICIOUS = (
+    GOOD.replace("per_round = 2", "per_round = 3")
+    .replace("wait_for_clients = 2", "wait_for_clients = 3")
+    .replace("[deploy]", '[secagg]\nenabled = true\nthreat = "malicious"\n[deploy]')
+)
 
 
 def test_a_malicious_mode_run_needs_a_server_roster(tmp_path):
@@ -162,7 +167,9 @@ class RecordingSuperLink:
         return {}
 
 
-DEPLOYED = GOOD.replace("per_round = 2", "per_round = 4")
+DEPLOYED = GOOD.replace("per_round = 2", "per_round = 4").replace(
+    "wait_for_clients = 2", "wait_for_clients = 4"  # distributed DP unmasks with >= 3
+)
 DEPLOYED = DEPLOYED.replace("[data]", '[data]\ndata_dir = "/srv/secret-data"').replace(
     "[deploy]",
     "[simulation]\nworkers = 3\ndropout = 0.2\n"

@@ -1,0 +1,79 @@
+"""How much of the averaged update is DP noise: stated at submission and at the start of a
+simulation, so that a run whose noise wipes out the model is flagged before it spends budget.
+
+The server releases the sum of clipped updates plus noise of std z*C, divided by the
+cohort m: the average's noise has std z*C/m per coordinate, against a signal whose whole
+norm is at most C. The ratio z/m (noise std per coordinate over C) is stated; above
+NOISE_DOMINATES the noise norm (about z*C*sqrt(d)/m over d coordinates) exceeds C for any
+model with d >= 100 parameters, so the released average is mostly noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedveil.config import RunConfig
+
+from .plan import dp_config
+
+NOISE_DOMINATES = 0.1
+
+
+@dataclass(frozen=True)
+class NoiseToSignal:
+    """Noise std of the averaged update against the clip norm C."""
+
+    noise_multiplier: float
+    clip: float
+    expected_cohort: float
+
+    @property
+    def noise_std(self) -> float:
+        """Std of the noise on each coordinate of the averaged update: z*C/m."""
+        return self.noise_multiplier * self.clip / max(self.expected_cohort, 1e-12)
+
+    @property
+    def ratio(self) -> float:
+        """noise_std / C = z / m."""
+        return self.noise_std / self.clip
+
+    @property
+    def dominates(self) -> bool:
+        return self.ratio > NOISE_DOMINATES
+
+    def describe(self) -> str:
+        return (
+            f"DP noise on the averaged update: std z*C/m = {self.noise_multiplier:.3g}*"
+            f"{self.clip:g}/{self.expected_cohort:g} = {self.noise_std:.3g} per coordinate, "
+            f"{self.ratio:.3g} x the clip norm C = {self.clip:g}"
+        )
+
+    def warning(self) -> str | None:
+        """A warning with the numbers when the noise dominates, else None."""
+        if not self.dominates:
+            return None
+        return (
+            f"{self.describe()}; above {NOISE_DOMINATES:g} x C the noise outweighs the "
+            f"averaged update (whose norm is at most C) for any model of 100+ parameters, "
+            "and training will likely diverge. Sample more clients per round (the noise "
+            "falls as 1/m) or allow a larger dp.epsilon"
+        )
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "noise_multiplier": self.noise_multiplier,
+            "clip": self.clip,
+            "expected_cohort": self.expected_cohort,
+            "noise_std": self.noise_std,
+            "ratio": self.ratio,
+        }
+
+
+def noise_to_signal(cfg: RunConfig, num_clients: int) -> NoiseToSignal | None:
+    """The run's expected noise-to-signal (None without DP); z is calibrated if not given."""
+    if cfg.dp.mechanism == "none":
+        return None
+    s = cfg.server
+    expected = float(s.per_round) if s.sampling == "fixed" else cfg.poisson_rate * num_clients
+    z = dp_config(cfg, num_clients).noise_multiplier
+    return NoiseToSignal(float(z), float(cfg.dp.clip), expected)

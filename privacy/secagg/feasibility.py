@@ -1,0 +1,82 @@
+"""Can a run's rounds ever reach secure aggregation's threshold? Checked before any data is
+loaded (simulate) or any device is asked (submission), so that a run which could only abort
+every round is refused instead of reported as "completed" with nothing aggregated.
+
+Secure aggregation needs at least 3 clients per round (with 2, each learns the other's
+update from the sum). Under distributed DP a round also needs the plan's `min_survivors`
+masked inputs before it may unmask (privacy/dp/plan.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+from fedveil.config import ConfigError, RunConfig
+
+from .params import ThreatModel, find_parameters
+
+MIN_CLIENTS = 3
+
+
+def _cohort(cfg: RunConfig, num_clients: int) -> tuple[str, str, float]:
+    """(the config key that sets the cohort, its value, the expected cohort size)."""
+    s = cfg.server
+    if s.sampling == "fixed":
+        return "server.per_round", str(s.per_round), float(s.per_round)
+    expected = cfg.poisson_rate * num_clients
+    if s.sample_rate > 0:
+        return "server.sample_rate", f"{s.sample_rate:g}", expected
+    return "server.per_round", str(s.per_round), expected
+
+
+def check_secagg_feasible(cfg: RunConfig, num_clients: int, wait_for_clients: int = 0) -> None:
+    """Raise ConfigError, naming the field, when secure aggregation's rounds cannot reach
+    the protocol's threshold: the cohort (fixed, or the expected Poisson cohort) is below
+    3 clients or below the distributed-DP survivor floor, the threat model admits no
+    threshold for it, or `wait_for_clients` (deployment; 0: not set) starts the run with
+    fewer clients than a round needs."""
+    if not cfg.secagg.enabled:
+        return
+    s = cfg.secagg
+    key, value, expected = _cohort(cfg, num_clients)
+    how = "a cohort of" if cfg.server.sampling == "fixed" else "an expected Poisson cohort of"
+    if expected < MIN_CLIENTS:
+        raise ConfigError(
+            f"{key} = {value}: secure aggregation needs at least {MIN_CLIENTS} clients per "
+            f"round, and this run has {how} {expected:g} (data.num_clients = {num_clients}); "
+            "every round would abort with nothing aggregated. Sample at least "
+            f"{MIN_CLIENTS} clients per round, or set secagg.enabled = false"
+        )
+    n = max(MIN_CLIENTS, math.floor(expected))
+    try:
+        threat = ThreatModel(s.adversarial_rate, s.dropout_rate, s.threat)
+        find_parameters(n, threat, neighbors=s.neighbors or None, threshold=s.threshold or None)
+    except ValueError as exc:
+        field = key
+        if s.threshold and "threshold=" in str(exc):
+            field = "secagg.threshold"
+        elif s.neighbors and "neighbors" in str(exc):
+            field = "secagg.neighbors"
+        shown = {"secagg.threshold": s.threshold, "secagg.neighbors": s.neighbors}.get(field, value)
+        raise ConfigError(f"{field} = {shown}: for {how} {n}: {exc}") from None
+    need, why = MIN_CLIENTS, f"secure aggregation needs at least {MIN_CLIENTS} clients"
+    if cfg.dp.mechanism == "distributed":
+        from fedveil.privacy.dp.plan import max_cohort, survivor_floor
+
+        top = max_cohort(cfg, num_clients)
+        t_top = find_parameters(
+            top, threat, neighbors=s.neighbors or None, threshold=s.threshold or None
+        ).threshold
+        need = survivor_floor(cfg, num_clients, t_top)
+        why = f"distributed DP unmasks a round only with at least {need} surviving clients"
+        if expected < need:
+            raise ConfigError(
+                f"{key} = {value}: {why} (Shamir threshold {t_top}), and this run has {how} "
+                f"{expected:g}; every round would abort. Sample larger cohorts"
+            )
+    if 0 < wait_for_clients < need:
+        raise ConfigError(
+            f"deploy.wait_for_clients = {wait_for_clients}: {why}, so a run that starts "
+            f"with {wait_for_clients} connected could abort every round; wait for at least "
+            f"{need}"
+        )
