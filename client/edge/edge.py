@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from fedveil.client.edge.flower_deploy import EdgeClient, answer
+from fedveil.client.edge.tls_probe import insecure_against_tls_error, server_speaks_tls
 from fedveil.client.edge.witness import WitnessStore
 from fedveil.ops.procs import child_env, flwr_command, free_port, spawn, stop_group, wait_port
 from fedveil.protocol.deployment import CLIENTAPP_REF, FAB_ID
@@ -137,6 +138,10 @@ class EdgeNode:
 
     def _start_supernode(self) -> None:
         o = self.opts
+        host, _, port = o.server.rpartition(":")
+        if o.insecure and server_speaks_tls(host, int(port)):
+            # Flower's plaintext channel would only retry "Connection attempt failed" forever.
+            raise ValueError(insecure_against_tls_error(o.server))
         o.state_dir.mkdir(parents=True, exist_ok=True)
         self._secret = secrets.token_bytes(32)
         secret_file = o.state_dir / "runtime.secret"
