@@ -168,7 +168,8 @@ class RecordingSuperLink:
 
 
 DEPLOYED = GOOD.replace("per_round = 2", "per_round = 4").replace(
-    "wait_for_clients = 2", "wait_for_clients = 4"  # distributed DP unmasks with >= 3
+    "wait_for_clients = 2",
+    "wait_for_clients = 4",  # distributed DP unmasks with >= 3
 )
 DEPLOYED = DEPLOYED.replace("[data]", '[data]\ndata_dir = "/srv/secret-data"').replace(
     "[deploy]",
