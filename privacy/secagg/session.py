@@ -82,6 +82,11 @@ def check_binding(
         )
 
 
+def modulus_dtype(bits: int) -> type[np.unsignedinteger]:
+    """The smallest unsigned integer type that holds values mod 2**bits."""
+    return np.uint32 if bits <= 32 else np.uint64
+
+
 @dataclass(frozen=True, eq=False)
 class SessionConfig:
     """Round parameters. Build with `SessionConfig.create(...)` to get k and t from a threat
@@ -178,7 +183,7 @@ class SessionConfig:
 
     @property
     def dtype(self) -> type[np.unsignedinteger]:
-        return np.uint32 if self.modulus_bits <= 32 else np.uint64
+        return modulus_dtype(self.modulus_bits)
 
     @property
     def modulus_mask(self) -> int:

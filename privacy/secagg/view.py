@@ -34,6 +34,7 @@ from .session import (
     SESSION_ID_MIN,
     SessionConfig,
     check_binding,
+    modulus_dtype,
 )
 from .wire import Arrays, Bytes, Config, Int, Vector, fail
 
@@ -123,7 +124,7 @@ class SessionView:
 
     @property
     def dtype(self) -> type[np.unsignedinteger]:
-        return np.uint32 if self.modulus_bits <= 32 else np.uint64
+        return modulus_dtype(self.modulus_bits)
 
     @property
     def modulus_mask(self) -> int:
