@@ -52,7 +52,7 @@ def poisson_mixture_rdp(curve: Curve, q: float, orders: np.ndarray) -> np.ndarra
     norm of the noise tells variances n and n+1 apart once d >> n^2). Zhu and Wang's
     quadratic-in-q amplification assumes the not-sampled branch is comparable with the
     sampled one through the base curve, which a change of variance is not; it
-    underestimates here (tests/dp/test_dp_soundness.py measures it).
+    underestimates here (tests/privacy/dp/test_dp_soundness.py measures it).
 
     What holds, for any real alpha > 1, by joint convexity of E_Q[(P/Q)^alpha] over the
     mixture on "target sampled" (b ~ Bernoulli(q), independent of the data): with zero-out

@@ -178,7 +178,7 @@ class KeyPair:
 _P25519 = 2**255 - 19
 # The u-coordinates (mod p) of the points of order dividing 8 on Curve25519 and its twist.
 # X25519 with any of them gives the all-zero secret, which OpenSSL refuses (RFC 7748 §6.1);
-# tests/secagg/test_secagg_crypto_primitives.py checks this set against OpenSSL itself.
+# tests/privacy/secagg/test_secagg_crypto_primitives.py checks this set against OpenSSL itself.
 _SMALL_ORDER_U = frozenset(
     {
         0,

@@ -1,7 +1,7 @@
 """The single source of randomness of the protocol: the OS CSPRNG.
 
 Every key, seed, nonce and polynomial coefficient comes from `random_bytes`, so tests can swap
-it for a deterministic generator in one place (see tests/secagg/conftest.py). Production code
+it for a deterministic generator in one place (see tests/privacy/secagg/conftest.py). Production code
 must never replace it.
 """
 

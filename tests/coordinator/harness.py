@@ -17,14 +17,14 @@ import httpx
 from fedveil.ops.certs import create_client_key, create_test_deployment
 from fedveil.ops.procs import free_port
 
-SERVICE_TESTS = Path(__file__).resolve().parent
-TESTS = SERVICE_TESTS.parent
+COORDINATOR_TESTS = Path(__file__).resolve().parent
+TESTS = COORDINATOR_TESTS.parent
 TOKEN = "test-admin-token-0123456789abcdef"
 
 
 def test_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SERVICE_TESTS), str(TESTS), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(COORDINATOR_TESTS), str(TESTS), env.get("PYTHONPATH", "")])
     env["FLWR_TELEMETRY_ENABLED"] = "0"
     env.pop("FEDVEIL_ADMIN_TOKEN", None)
     env.update(extra or {})
@@ -156,11 +156,11 @@ allowed_tasks = ["deploy_task:make", "tiny_task:make"]
         return proc
 
     def device_script(self, cid: int, script: str) -> list[str]:
-        """argv of a device script in tests/service, called as
+        """argv of a device script in tests/coordinator, called as
         `script SERVER CLIENT_ID STATE_DIR CA KEY` (garbage_client.py, late_reply_client.py)."""
         return [
             sys.executable,
-            str(SERVICE_TESTS / script),
+            str(COORDINATOR_TESTS / script),
             self.fleet,
             str(cid),
             str(self.root / f"client-{cid}"),
