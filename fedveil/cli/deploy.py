@@ -1,5 +1,5 @@
-"""Deployment commands: `fedveil server`, `fedveil client`, `fedveil run`, `fedveil clients`,
-`fedveil certs`."""
+"""Deployment commands: `fedveil server`, `fedveil ready`, `fedveil client`, `fedveil run`,
+`fedveil clients`, `fedveil certs`."""
 
 from __future__ import annotations
 
@@ -58,6 +58,42 @@ def cmd_server(args: argparse.Namespace) -> int:
     secure_state_dir(settings.state_dir)  # umask 077 before the first log file exists
     _service_logging(settings.state_dir, "service")
     return serve(settings)
+
+
+def add_ready(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "ready",
+        help="wait until a coordinator answers /readyz (for scripts after `fedveil server &`)",
+        description="Poll the coordinator's GET /readyz until it is ready (SuperLink up, "
+        "runs supervised; the admin token file exists by then) or --wait seconds pass. "
+        "Exit 0 when ready, 1 when not.",
+    )
+    p.add_argument(
+        "--wait", type=float, default=60.0, help="seconds to keep trying (default 60; 0: once)"
+    )
+    add_api_args(p)
+    p.set_defaults(func=cmd_ready)
+
+
+def cmd_ready(args: argparse.Namespace) -> int:
+    if not 0 <= args.wait <= 3600:
+        raise ValueError(f"--wait {args.wait:g}: must be within [0, 3600] seconds")
+    api = ApiClient.from_args(args)
+    api.timeout = 5.0
+    deadline = time.monotonic() + args.wait
+    last = "no answer"
+    while True:
+        try:
+            api.request("GET", "/readyz")
+            print(f"ready: {api.base}")
+            return 0
+        except ApiCallError as exc:
+            # 0: nothing listening yet (or TLS/CA trouble, said in the detail); 503: starting.
+            last = exc.detail if exc.status == 0 else f"HTTP {exc.status}: {exc.detail}"
+        if time.monotonic() >= deadline:
+            print(f"fedveil: not ready after {args.wait:g} s: {last}", file=sys.stderr)
+            return 1
+        time.sleep(0.5)
 
 
 # -- fedveil client ----------------------------------------------------------------

@@ -154,7 +154,14 @@ def _subcommands() -> list:
     """Each further command lives in its own module and registers itself here."""
     from fedveil.cli.bench import add_bench
     from fedveil.cli.data import add_data
-    from fedveil.cli.deploy import add_certs, add_client, add_clients, add_run, add_server
+    from fedveil.cli.deploy import (
+        add_certs,
+        add_client,
+        add_clients,
+        add_ready,
+        add_run,
+        add_server,
+    )
     from fedveil.cli.identity import add_identity
     from fedveil.cli.privacy import add_privacy
 
@@ -163,6 +170,7 @@ def _subcommands() -> list:
         add_privacy,
         add_bench,
         add_server,
+        add_ready,
         add_client,
         add_run,
         add_clients,

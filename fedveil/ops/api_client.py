@@ -37,9 +37,19 @@ def add_api_args(p: argparse.ArgumentParser) -> None:
 
 
 class ApiClient:
-    def __init__(self, base: str, ca: str | None, token: str | None, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        base: str,
+        ca: str | None,
+        token: str | None,
+        timeout: float = 30.0,
+        token_file: str | None = None,
+    ) -> None:
         self.base = base.rstrip("/")
         self.token, self.timeout = token, timeout
+        # Read when an admin call needs it: a script may export the path before the
+        # coordinator has generated the file (and unauthenticated calls never need it).
+        self.token_file = token_file
         self.ctx: ssl.SSLContext | None = None
         if self.base.startswith("https://"):
             self.ctx = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
@@ -50,12 +60,18 @@ class ApiClient:
         ca = args.ca or os.environ.get("FEDVEIL_CA")
         token = os.environ.get("FEDVEIL_ADMIN_TOKEN")
         token_file = args.token_file or os.environ.get("FEDVEIL_ADMIN_TOKEN_FILE")
-        if token_file:
+        return cls(base, ca, None if token_file else token, token_file=token_file)
+
+    def admin_token(self) -> str | None:
+        if self.token is None and self.token_file:
             try:
-                token = Path(token_file).read_text().strip()
+                self.token = Path(self.token_file).read_text().strip()
             except FileNotFoundError:
-                raise ValueError(f"--token-file {token_file}: no such file") from None
-        return cls(base, ca, token)
+                raise ValueError(
+                    f"--token-file {self.token_file}: no such file (the coordinator writes "
+                    "state/admin.token at its first start: `fedveil ready` waits for it)"
+                ) from None
+        return self.token
 
     def request(
         self,
@@ -69,7 +85,7 @@ class ApiClient:
         if body is not None:
             headers["Content-Type"] = content_type
         if admin:
-            if not self.token:
+            if not self.admin_token():
                 raise ValueError(
                     "this command needs the admin token: --token-file, $FEDVEIL_ADMIN_TOKEN_FILE "
                     "or $FEDVEIL_ADMIN_TOKEN"
@@ -83,7 +99,8 @@ class ApiClient:
             raw = exc.read()
             try:
                 err = json.loads(raw)
-                raise ApiCallError(exc.code, str(err.get("detail")), err.get("field")) from None
+                detail = err.get("detail") or raw.decode(errors="replace")[:500]
+                raise ApiCallError(exc.code, str(detail), err.get("field")) from None
             except (json.JSONDecodeError, AttributeError):
                 raise ApiCallError(exc.code, raw.decode(errors="replace")[:500]) from None
         except urllib.error.URLError as exc:
