@@ -1,0 +1,397 @@
+"""`fedveil bench fleet`: how many devices one coordinator holds, and at what latency.
+
+One real `fedveil server` (TLS, SuperNode authentication, Flower's SuperLink behind
+fedveil's Fleet gateway) on loopback, and N emulated devices in this one process. Each
+device has its own enrolled SECP384R1 key and speaks the Fleet protocol as Flower's
+SuperNode does when idle: ActivateNode, then PullMessages every 3 s (the SuperNode's
+sleep after an empty pull, flwr.supernode.start_client_internal) and SendNodeHeartbeat
+every (30 - 5) * U(0.7, 0.9) s (flwr.supercore.heartbeat, HEARTBEAT_DEFAULT_INTERVAL 30).
+Requests are built and signed by Flower's own client code (fleet_wire.py) and sent with
+one shared asyncio httpx client, so a thousand devices need no thousand SuperNodes.
+
+Measured over a window after a warm-up, per device count: p50/p99 latency of every
+Fleet request, the request rate achieved, failures, the devices the coordinator lists
+as connected (GET /cluster), and the CPU and RSS of the coordinator's process tree
+(the `fedveil server` process and its SuperLink child) read from /proc; the
+emulator's own CPU is reported too, as it shares the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import resource
+import ssl
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from flwr.common.constant import (
+    HEARTBEAT_BASE_MULTIPLIER,
+    HEARTBEAT_CALL_TIMEOUT,
+    HEARTBEAT_DEFAULT_INTERVAL,
+    HEARTBEAT_RANDOM_RANGE,
+)
+from flwr.proto.fleet_pb2 import (
+    ActivateNodeRequest,
+    DeactivateNodeRequest,
+    PullMessagesRequest,
+)
+from flwr.proto.heartbeat_pb2 import SendNodeHeartbeatRequest
+from flwr.proto.node_pb2 import Node
+from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+from benchmarks.fleet_coordinator import Coordinator
+from benchmarks.fleet_wire import call, capturing_client
+from fedveil.ops.certs import CLIENT_CURVE
+
+# The SuperNode sleeps this long after an empty PullMessages (start_client_internal.py).
+FLOWER_IDLE_POLL_S = 3.0
+REQUEST_TIMEOUT_S = 30.0  # ProtobufClient's default timeout
+SECAGG_NOT_RUN = (
+    "not measured: the 200-device secure round needs the emulated devices to run "
+    "fedveil's ClientApp (client/runtime.py, secagg_stages.py) on pulled messages "
+    "(GetRun, GetFab, PullObject, ConfirmMessageReceived, PushMessages, PushObject), "
+    "which this emulator does not do yet"
+)
+
+
+def heartbeat_interval(rng: random.Random) -> float:
+    """Flower's HeartbeatSender: (interval - call timeout) * (0.8 + U(-0.1, 0.1))."""
+    return (HEARTBEAT_DEFAULT_INTERVAL - HEARTBEAT_CALL_TIMEOUT) * (
+        HEARTBEAT_BASE_MULTIPLIER + rng.uniform(*HEARTBEAT_RANDOM_RANGE)
+    )
+
+
+@dataclass
+class Device:
+    client_id: int
+    key: ec.EllipticCurvePrivateKey
+    client: Any = None
+    node_id: int = 0
+
+    @property
+    def public_key_bytes(self) -> bytes:
+        return public_key_to_bytes(self.key.public_key())
+
+    def openssh(self) -> str:
+        return (
+            self.key.public_key()
+            .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+            .decode()
+        )
+
+
+@dataclass
+class Tally:
+    """Latencies and failures of the requests that started inside the window."""
+
+    window: tuple[float, float]
+    latencies: list[float] = field(default_factory=list)
+    failures: dict[str, int] = field(default_factory=dict)
+    failed_devices: set[int] = field(default_factory=set)
+
+    def record(self, device: Device, started: float, error: str | None) -> None:
+        if not self.window[0] <= started < self.window[1]:
+            return
+        if error is None:
+            self.latencies.append(time.perf_counter() - started)
+        else:
+            self.failures[error] = self.failures.get(error, 0) + 1
+            self.failed_devices.add(device.client_id)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _error_name(exc: BaseException) -> str:
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"http_{exc.response.status_code}"
+    return type(exc).__name__
+
+
+async def _timed(http: httpx.AsyncClient, d: Device, method: str, req: Any, tally: Tally) -> Any:
+    started = time.perf_counter()
+    try:
+        res = await call(http, d.client, method, req, REQUEST_TIMEOUT_S)
+    except (httpx.HTTPError, ValueError) as exc:
+        tally.record(d, started, _error_name(exc))
+        return None
+    tally.record(d, started, None)
+    return res
+
+
+async def _poll(
+    http: httpx.AsyncClient, d: Device, poll_s: float, stop: float, tally: Tally, rng: random.Random
+) -> None:
+    await asyncio.sleep(rng.uniform(0, poll_s))  # devices come up at different moments
+    node = Node(node_id=d.node_id)
+    while time.perf_counter() < stop:
+        await _timed(http, d, "PullMessages", PullMessagesRequest(node=node), tally)
+        await asyncio.sleep(poll_s)
+
+
+async def _heartbeat(
+    http: httpx.AsyncClient, d: Device, stop: float, tally: Tally, rng: random.Random
+) -> None:
+    req = SendNodeHeartbeatRequest(
+        node=Node(node_id=d.node_id), heartbeat_interval=HEARTBEAT_DEFAULT_INTERVAL
+    )
+    await asyncio.sleep(rng.uniform(0, heartbeat_interval(rng)))
+    while time.perf_counter() < stop:
+        await _timed(http, d, "SendNodeHeartbeat", req, tally)
+        await asyncio.sleep(heartbeat_interval(rng))
+
+
+async def _bounded(limit: int, coros: list[Any]) -> list[Any]:
+    sem = asyncio.Semaphore(limit)
+
+    async def one(c: Any) -> Any:
+        async with sem:
+            return await c
+
+    return await asyncio.gather(*(one(c) for c in coros))
+
+
+async def _activate(http: httpx.AsyncClient, d: Device) -> None:
+    req = ActivateNodeRequest(
+        public_key=d.public_key_bytes, heartbeat_interval=HEARTBEAT_DEFAULT_INTERVAL
+    )
+    res = await call(http, d.client, "ActivateNode", req, REQUEST_TIMEOUT_S)
+    d.node_id = int(res.node_id)
+
+
+async def _deactivate(http: httpx.AsyncClient, d: Device) -> None:
+    try:
+        await call(
+            http, d.client, "DeactivateNode", DeactivateNodeRequest(node_id=d.node_id), 30
+        )
+    except httpx.HTTPError:
+        pass  # the SuperLink marks it offline after its heartbeat patience anyway
+
+
+def _self_cpu_s() -> float:
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
+def tls_context(ca: Path) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(ca))
+    return ctx
+
+
+async def measure(
+    coord: Coordinator,
+    devices: list[Device],
+    *,
+    poll_s: float,
+    warmup_s: float,
+    window_s: float,
+    seed: int,
+) -> dict[str, Any]:
+    """Hold `devices` connected at the idle poll; measure over the window."""
+    n = len(devices)
+    limits = httpx.Limits(max_connections=n + 16, max_keepalive_connections=n + 16)
+    async with httpx.AsyncClient(verify=tls_context(coord.ca), limits=limits) as http:
+        t0 = time.perf_counter()
+        await _bounded(32, [_activate(http, d) for d in devices])
+        activate_s = time.perf_counter() - t0
+        start = time.perf_counter()
+        window = (start + warmup_s, start + warmup_s + window_s)
+        tally = Tally(window)
+        rng = random.Random(seed)
+        tasks = [asyncio.create_task(_poll(http, d, poll_s, window[1], tally, rng)) for d in devices]
+        tasks += [asyncio.create_task(_heartbeat(http, d, window[1], tally, rng)) for d in devices]
+        await asyncio.sleep(max(0.0, window[0] - time.perf_counter()))
+        before, self_before, t_before = coord.sample(), _self_cpu_s(), time.perf_counter()
+        await asyncio.sleep(max(0.0, window[1] - time.perf_counter()))
+        after, self_after, t_after = coord.sample(), _self_cpu_s(), time.perf_counter()
+        # The coordinator's view while every device is still polling.
+        connected = await asyncio.to_thread(coord.connected)
+        await asyncio.gather(*tasks)
+        await _bounded(32, [_deactivate(http, d) for d in devices])
+    wall = t_after - t_before
+    lat = tally.latencies
+    requests = len(lat) + sum(tally.failures.values())
+    return {
+        "devices": n,
+        "devices_connected": connected,
+        "devices_failed": len(tally.failed_devices),
+        "poll_interval_s": poll_s,
+        "window_s": round(wall, 2),
+        "requests": requests,
+        "requests_per_s": round(requests / window_s, 1),
+        "failures": dict(sorted(tally.failures.items())),
+        "p50_s": _round(percentile(lat, 0.50)),
+        "p99_s": _round(percentile(lat, 0.99)),
+        "max_s": _round(max(lat) if lat else None),
+        "coordinator_cpu_percent": round(100 * (after.cpu_s - before.cpu_s) / wall, 1),
+        "coordinator_rss_mb": round(after.rss_mb, 1),
+        "emulator_cpu_percent": round(100 * (self_after - self_before) / wall, 1),
+        "activate_s": round(activate_s, 2),
+    }
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 4)
+
+
+def make_devices(count: int, address: str) -> list[Device]:
+    devices = [Device(i, ec.generate_private_key(CLIENT_CURVE)) for i in range(count)]
+    for d in devices:
+        d.client = capturing_client(address, d.key)
+    return devices
+
+
+def run(
+    counts: list[int],
+    *,
+    poll_s: float = FLOWER_IDLE_POLL_S,
+    warmup_s: float = 10.0,
+    window_s: float = 30.0,
+    seed: int = 0,
+    profile: Path | None = None,
+    workdir: Path | None = None,
+    log: Any = sys.stderr,
+) -> list[dict[str, Any]]:
+    """One coordinator; for each count, that many devices activated, held, measured, left."""
+    with tempfile.TemporaryDirectory(prefix="fedveil-fleet-", dir=workdir) as tmp:
+        coord = Coordinator(Path(tmp), profile=profile)
+        try:
+            coord.start()
+            devices = make_devices(max(counts), coord.fleet_address)
+            t0 = time.perf_counter()
+            for d in devices:
+                coord.enroll(d.client_id, d.openssh())
+            print(f"enrolled {len(devices)} devices in {time.perf_counter() - t0:.1f} s", file=log)
+            results = []
+            for n in counts:
+                r = asyncio.run(
+                    measure(
+                        coord,
+                        devices[:n],
+                        poll_s=poll_s,
+                        warmup_s=warmup_s,
+                        window_s=window_s,
+                        seed=seed,
+                    )
+                )
+                print(format_row(r), file=log)
+                results.append(r)
+                time.sleep(2.5)  # past /cluster's node cache before the next step
+        finally:
+            coord.stop()
+    return results
+
+
+HEADER = (
+    f"{'devices':>8} {'connected':>9} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} "
+    f"{'fail':>5} {'coord CPU%':>10} {'coord RSS MB':>12} {'emul CPU%':>9}"
+)
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{1000 * v:.1f}"
+
+
+def format_row(r: dict[str, Any]) -> str:
+    return (
+        f"{r['devices']:>8} {r['devices_connected']:>9} {r['requests_per_s']:>7} "
+        f"{_ms(r['p50_s']):>8} {_ms(r['p99_s']):>8} {sum(r['failures'].values()):>5} "
+        f"{r['coordinator_cpu_percent']:>10} {r['coordinator_rss_mb']:>12} "
+        f"{r['emulator_cpu_percent']:>9}"
+    )
+
+
+def format_table(results: list[dict[str, Any]]) -> str:
+    return "\n".join([HEADER, *(format_row(r) for r in results)])
+
+
+def summary(results: list[dict[str, Any]], target_p99_s: float = 1.0) -> dict[str, Any]:
+    """The largest count's figures at the top level, the sweep under `sweep`, and the
+    knee: the largest count that held every device with p99 under the target."""
+    held = [
+        r["devices"]
+        for r in results
+        if r["devices_connected"] == r["devices"]
+        and r["devices_failed"] == 0
+        and r["p99_s"] is not None
+        and r["p99_s"] < target_p99_s
+    ]
+    top = dict(results[-1])
+    top.update(
+        {
+            "secagg_round_ok": None,
+            "secagg_round_note": SECAGG_NOT_RUN,
+            "held_at_p99_under_1s": max(held) if held else 0,
+            "sweep": results,
+        }
+    )
+    return top
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from fedveil.cli.bench import _positive_list
+
+    p.add_argument(
+        "--devices",
+        type=_positive_list,
+        default=[100],
+        metavar="N[,N,...]",
+        help="emulated devices; a list sweeps them with one coordinator [100]",
+    )
+    p.add_argument("--window", type=float, default=30.0, help="measured seconds per count [30]")
+    p.add_argument("--warmup", type=float, default=10.0, help="seconds before the window [10]")
+    p.add_argument(
+        "--poll",
+        type=float,
+        default=FLOWER_IDLE_POLL_S,
+        help=f"seconds between a device's pulls [{FLOWER_IDLE_POLL_S}: Flower's idle poll]",
+    )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        help="write a cProfile of the coordinator process to this file (pstats format)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
+def cmd_bench_fleet(args: argparse.Namespace) -> int:
+    for name in ("window", "poll"):
+        if getattr(args, name) <= 0:
+            raise ValueError(f"--{name} = {getattr(args, name)}: must be > 0")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup = {args.warmup}: must be >= 0")
+    results = run(
+        sorted(args.devices),
+        poll_s=args.poll,
+        warmup_s=args.warmup,
+        window_s=args.window,
+        seed=args.seed,
+        profile=args.profile.resolve() if args.profile else None,
+    )
+    out = sys.stderr if args.json else sys.stdout
+    print(format_table(results), file=out)
+    if args.json:
+        print(json.dumps(summary(results), sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_arguments(parser)
+    sys.exit(cmd_bench_fleet(parser.parse_args()))

@@ -1,0 +1,164 @@
+"""A real `fedveil server` on loopback for the Fleet load benchmark, and its /proc readings.
+
+The coordinator runs as an operator starts it (`fedveil server --config server.toml`):
+TLS on the API and the Fleet gateway, SuperNode authentication on, Flower's SuperLink
+as its child. The benchmark enrolls its emulated devices through the admin API, as
+`fedveil clients add` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from fedveil.ops.certs import create_test_deployment
+from fedveil.ops.procs import free_port
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            kids.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return kids
+
+
+def process_tree(pid: int) -> list[int]:
+    """pid and all its descendants (the coordinator, the SuperLink, SuperExec, ServerApps)."""
+    kids, out, todo = _children(), [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(kids.get(p, []))
+    return out
+
+
+@dataclass
+class TreeSample:
+    cpu_s: float  # user + system seconds of the tree's live processes
+    rss_mb: float
+
+
+def sample_tree(pid: int) -> TreeSample:
+    cpu, rss = 0.0, 0
+    for p in process_tree(pid):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            cpu += (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+            rss += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * PAGE
+    return TreeSample(cpu, rss / 2**20)
+
+
+class Coordinator:
+    """`fedveil server` in `root`, with a fresh CA, server certificate and admin token."""
+
+    def __init__(self, root: Path, *, profile: Path | None = None) -> None:
+        self.root = root
+        self.certs = root / "certs"
+        create_test_deployment(self.certs, ["127.0.0.1", "localhost"], 0)
+        self.api_port, self.fleet_port, self.link_port = free_port(), free_port(), free_port()
+        self.token = secrets.token_hex(16)
+        token_file = root / "admin.token"
+        token_file.write_text(self.token + "\n")
+        token_file.chmod(0o600)
+        self.config = root / "server.toml"
+        self.config.write_text(
+            f"""state_dir = "state"
+[api]
+port = {self.api_port}
+[fleet]
+port = {self.fleet_port}
+[superlink]
+port = {self.link_port}
+[tls]
+cert = "certs/server.pem"
+key = "certs/server.key"
+ca = "certs/ca.pem"
+[auth]
+admin_token_file = "admin.token"
+"""
+        )
+        self.profile = profile
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.http = httpx.Client(
+            base_url=f"https://127.0.0.1:{self.api_port}",
+            verify=str(self.certs / "ca.pem"),
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=60,
+        )
+
+    @property
+    def fleet_address(self) -> str:
+        return f"127.0.0.1:{self.fleet_port}"
+
+    @property
+    def ca(self) -> Path:
+        return self.certs / "ca.pem"
+
+    def start(self, timeout: float = 120.0) -> None:
+        cmd = [sys.executable]
+        if self.profile is not None:  # the coordinator process itself under cProfile
+            cmd += ["-m", "cProfile", "-o", str(self.profile)]
+        cmd += ["-m", "fedveil.cli.main", "server", "--config", str(self.config)]
+        env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0")
+        env.pop("FEDVEIL_ADMIN_TOKEN", None)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=self.root,
+            env=env,
+            stdout=(self.root / "server.log").open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"fedveil server exited with {self.proc.returncode}; see {self.root}/server.log"
+                )
+            with contextlib.suppress(httpx.HTTPError):
+                if self.http.get("/readyz").status_code == 200:
+                    return
+            time.sleep(0.5)
+        raise RuntimeError(f"fedveil server not ready within {timeout:.0f} s")
+
+    def enroll(self, client_id: int, openssh_public_key: str) -> None:
+        r = self.http.post(
+            "/clients", json={"client_id": client_id, "public_key": openssh_public_key}
+        )
+        if r.status_code != 201:
+            raise RuntimeError(f"enrolling client {client_id}: {r.status_code} {r.text}")
+
+    def connected(self) -> int:
+        """Enrolled clients the SuperLink lists online (GET /cluster)."""
+        return int(self.http.get("/cluster").json()["clients_connected"] or 0)
+
+    def sample(self) -> TreeSample:
+        assert self.proc is not None
+        return sample_tree(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            # SIGINT first: under cProfile that writes the profile, then the server exits.
+            os.kill(self.proc.pid, signal.SIGINT if self.profile else signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.proc = None
+        self.http.close()
