@@ -1,7 +1,8 @@
 """Prometheus text for /metrics, and the per-run round figures the dashboard shows.
 
 Per-run figures come from each run's metrics.jsonl, read incrementally (only
-new lines are parsed on each scrape); service counters (requests refused,
+new lines are parsed on each scrape), as the public may see them (no
+participation counts under DP: publication.py); service counters (requests refused,
 Fleet bytes) are kept in memory since start-up, as Prometheus expects of
 counters. Epsilon: a round record's `epsilon` field when DP writes one,
 else privacy/report.json's `epsilon` (and `budget_epsilon`).
@@ -16,12 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedveil.server.coordinator.publication import public_record, run_is_dp
 from fedveil.server.coordinator.rundir import read_json
 
 
 @dataclass
 class RunFigures:
     offset: int = 0
+    dp: bool = True  # read from config.toml (written before any round) at the first line
     rounds: int = 0
     applied: int = 0
     dropped: int = 0
@@ -32,6 +35,8 @@ class RunFigures:
     test_loss: float | None = None
     train_loss: float | None = None
     epsilon: float | None = None
+    # {check: clients dropped}; only runs without DP publish it (README "Trust model")
+    drops_by_reason: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass
@@ -65,6 +70,8 @@ class RoundsCache:
                 fig = self._figures[path] = RunFigures()
             if size == fig.offset:
                 return fig
+            if fig.offset == 0:
+                fig.dp = run_is_dp(run_dir)
             with path.open("rb") as f:
                 f.seek(fig.offset)
                 chunk = f.read(size - fig.offset)
@@ -74,7 +81,7 @@ class RoundsCache:
                     rec = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                _add(fig, rec)
+                _add(fig, public_record(rec, fig.dp))
             fig.offset += end
             return fig
 
@@ -90,6 +97,11 @@ def _add(fig: RunFigures, rec: dict[str, Any]) -> None:
     fig.applied += bool(rec.get("applied") or rec.get("status") == "applied")
     fig.dropped += int(rec.get("dropped") or 0)
     fig.aggregated += int(rec.get("cohort_aggregated") or 0)
+    reasons = rec.get("drops_by_reason")
+    if isinstance(reasons, dict):
+        for reason, count in reasons.items():
+            if isinstance(count, int) and not isinstance(count, bool):
+                fig.drops_by_reason[str(reason)] += count
     d = _num(rec, "duration_s") or 0.0
     fig.duration_sum += d
     fig.last_duration = d
@@ -208,6 +220,26 @@ def run_families(per_run: dict[str, list[Sample]]) -> list[str]:
     return lines
 
 
+def drop_reason_family(
+    runs: list[dict[str, Any]], run_dirs: dict[str, Path], cache: RoundsCache
+) -> list[str]:
+    """Clients dropped per run and failed check, from the public round records (so
+    never for a DP run, whose drop reasons stay in the private annex)."""
+    samples: list[Sample] = []
+    for r in runs:
+        fig = cache.figures(run_dirs[r["id"]])
+        samples += [
+            ({"run": r["id"], "reason": reason}, float(count))
+            for reason, count in sorted(fig.drops_by_reason.items())
+        ]
+    return family(
+        "fedveil_client_dropouts_by_reason_total",
+        "counter",
+        "sampled clients dropped, by the check they failed (runs without DP)",
+        samples,
+    )
+
+
 def counter_families(counters: ServiceCounters) -> list[str]:
     """The service's own counters since start-up (Fleet traffic, refused requests)."""
     with counters.lock:
@@ -259,6 +291,7 @@ def render(
     lines = [
         *service_families(runs, clients_connected, superlink_up),
         *run_families(run_samples(runs, run_dirs, cache)),
+        *drop_reason_family(runs, run_dirs, cache),
         *counter_families(counters),
     ]
     return "\n".join(lines) + "\n"

@@ -7,7 +7,10 @@ import json
 from fedveil.server.coordinator.metrics import RoundsCache, ServiceCounters, privacy_figures, render
 
 
-def write_rounds(path, rounds, **extra):
+def write_rounds(path, rounds, dp="none", **extra):
+    config = path.parent / "config.toml"
+    if not config.exists():  # a run's resolved config says whether DP is on
+        config.write_text(f'[dp]\nmechanism = "{dp}"\n')
     with path.open("a") as f:
         for r in rounds:
             rec = {
@@ -75,3 +78,30 @@ def test_render_and_epsilon(tmp_path):
     (other / "privacy").mkdir()
     (other / "privacy" / "report.json").write_text((run / "privacy" / "report.json").read_text())
     assert privacy_figures(other, cache.figures(other)) == (0.9, 2.0)
+
+
+def test_drops_by_reason_are_counted_per_check(tmp_path):
+    run = tmp_path / "r1"
+    run.mkdir()
+    write_rounds(run / "metrics.jsonl", [1], drops_by_reason={"norm_bound": 2, "nan": 1})
+    write_rounds(run / "metrics.jsonl", [2], drops_by_reason={"norm_bound": 1})
+    write_rounds(run / "metrics.jsonl", [3])  # a DP run's public record: no reasons
+    cache = RoundsCache()
+    assert cache.figures(run).drops_by_reason == {"norm_bound": 3, "nan": 1}
+    runs = [{"id": "r1", "status": "running"}]
+    text = render(runs, {"r1": run}, cache, ServiceCounters(), None, True).splitlines()
+    assert 'fedveil_client_dropouts_by_reason_total{run="r1",reason="norm_bound"} 3' in text
+    assert 'fedveil_client_dropouts_by_reason_total{run="r1",reason="nan"} 1' in text
+
+
+def test_a_dp_run_shows_no_participation_counts_even_if_its_records_had_them(tmp_path):
+    run = tmp_path / "dp"
+    run.mkdir()
+    write_rounds(run / "metrics.jsonl", [1, 2], dp="central", drops_by_reason={"nan": 1})
+    fig = RoundsCache().figures(run)
+    assert (fig.rounds, fig.dropped, fig.aggregated, dict(fig.drops_by_reason)) == (2, 0, 0, {})
+    assert fig.test_accuracy == 0.52  # the server's own evaluation stays public
+    nothing = tmp_path / "unknown"  # no config.toml: not known to be without DP
+    nothing.mkdir()
+    (nothing / "metrics.jsonl").write_text('{"round": 1, "dropped": 3}\n')
+    assert RoundsCache().figures(nothing).dropped == 0

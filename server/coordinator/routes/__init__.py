@@ -11,12 +11,14 @@ from fedveil.server.coordinator.routes import (
     health,
     models,
     privacy,
+    rounds,
     runs,
 )
 
 ROUTERS: list[APIRouter] = [
     health.router,
     runs.router,
+    rounds.router,
     privacy.router,
     models.router,
     cluster.router,

@@ -1,4 +1,4 @@
-"""Runs: submit, list, follow, stop, and their per-round records."""
+"""Runs: submit, list, follow, stop (per-round records: rounds.py)."""
 
 from __future__ import annotations
 
@@ -68,10 +68,3 @@ def stop_run(run_id: str, service: ServiceDep) -> dict[str, Any]:
         return service.manager.stop(run_id)
     except RunConflict as exc:
         raise ApiError(409, str(exc)) from None
-
-
-@router.get("/runs/{run_id}/rounds", summary="Per-round records (metrics.jsonl)")
-def rounds(run_id: str, service: ServiceDep, since: int = 0) -> list[dict[str, Any]]:
-    run_or_404(service, run_id)
-    records = service.manager.rundir(run_id).metrics()
-    return [r for r in records if int(r.get("round", 0)) > since]
