@@ -57,13 +57,21 @@ RUNS = [
     _run("failed", "failed", 0, 0, error="a client failed its checks"),
     _run("plain", "completed", 5, 5),
 ]
+DROPS = {  # round: (dropped, drops by failed check)
+    1: (0, {}),
+    2: (3, {"norm_bound": 2, "nan_coordinates": 1}),
+    3: (0, {}),
+    4: (1, {"norm_bound": 1}),
+    5: (2, {"norm_bound": 1, "deadline": 1}),
+}
 PLAIN_ROUNDS = [
     {
         "round": r,
         "status": "applied",
         "applied": True,
         "cohort_aggregated": 3,
-        "dropped": 1 if r == 5 else 0,
+        "dropped": DROPS[r][0],
+        "drops_by_reason": DROPS[r][1],
         "clients_connected": 3,  # equal to cohort_aggregated: both lines must stay visible
         "train_loss": 2.0 / r,
         "test_loss": 2.0 / r,  # equal to train_loss
@@ -139,7 +147,7 @@ FLAGS = [
     "--disable-component-update",
     "--disable-sync",
     "--hide-scrollbars",
-    "--window-size=1280,1100",
+    "--window-size=1280,1400",
     "--virtual-time-budget=5000",
 ]
 
@@ -215,6 +223,29 @@ def test_connected_count_and_unknown_nodes_are_shown_apart(pages):
 
 def test_times_carry_their_utc_offset(pages):
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC[+-]\d\d:\d\d", pages["plain"][0])
+
+
+def test_drop_reasons_are_counted_per_check_without_dp(pages):
+    dom = pages["plain"][0]
+    assert 'id="drops" data-view="public"' in dom
+    rows = re.findall(
+        r'<tr data-reason="(\w+)"><td class="mono">\1</td><td class="num">(\d+)</td>'
+        r".*?(\d+)%</td><td>([\d, ]+)</td></tr>",
+        dom,
+    )
+    assert rows == [
+        ("norm_bound", "4", "67", "2, 4, 5"),
+        ("deadline", "1", "17", "5"),
+        ("nan_coordinates", "1", "17", "2"),
+    ]
+    assert "dropouts <b>6</b>" in dom
+
+
+def test_drop_reasons_are_withheld_publicly_under_dp(pages):
+    dom = pages["dp"][0]
+    assert 'id="drops" data-view="withheld"' in dom and "data-reason" not in dom
+    assert "Drop reasons are withheld under DP" in dom
+    assert "GET /runs/dp/rounds/private</span> with the admin token" in dom
 
 
 def test_screenshots_render(pages):

@@ -148,6 +148,61 @@ function seq(rounds, key) {
 }
 
 // -- views -------------------------------------------------------------------
+// Clients dropped per failed check, summed over the rounds, with the rounds each one hit.
+function dropsByReason(rounds) {
+  const byReason = new Map();
+  for (const r of rounds) {
+    for (const [reason, n] of Object.entries(r.drops_by_reason || {})) {
+      const row = byReason.get(reason) || { reason, clients: 0, rounds: [] };
+      row.clients += Number(n) || 0;
+      if (n > 0) row.rounds.push(r.round);
+      byReason.set(reason, row);
+    }
+  }
+  return [...byReason.values()].sort((a, b) => b.clients - a.clients || a.reason.localeCompare(b.reason));
+}
+
+function roundList(rounds) {
+  const shown = rounds.slice(0, 12).join(", ");
+  return rounds.length > 12 ? `${shown}, … (${rounds.length} rounds)` : shown;
+}
+
+// Under DP the public rounds carry no drop counts or reasons: they reveal who took part
+// (README "Trust model"). The page has no admin token, so it says where operators look.
+function renderDrops(run, rounds, dp) {
+  const box = document.getElementById("drops");
+  box.dataset.view = dp ? "withheld" : "public";
+  if (dp) {
+    box.replaceChildren(el("p", { class: "muted" },
+      "Drop reasons are withheld under DP: who dropped, and how many, reveals who took part. Operators: ",
+      el("span", { class: "mono" }, `GET /runs/${run.id}/rounds/private`), " with the admin token."));
+    return;
+  }
+  const rows = dropsByReason(rounds);
+  const total = rows.reduce((n, r) => n + r.clients, 0);
+  if (!rows.length) {
+    const dropped = rounds.reduce((n, r) => n + (r.dropped || 0), 0);
+    box.replaceChildren(el("p", { class: "muted" }, dropped
+      ? `${dropped} client(s) dropped; these rounds record no reasons.`
+      : "No client dropped in the rounds so far."));
+    return;
+  }
+  const body = el("tbody", {});
+  for (const r of rows) {
+    const pct = Math.round((100 * r.clients) / total);
+    const fill = el("div", {}); fill.style.width = `${pct}%`;  // CSSOM: allowed by the CSP
+    body.append(el("tr", { "data-reason": r.reason },
+      el("td", { class: "mono" }, r.reason),
+      el("td", { class: "num" }, String(r.clients)),
+      el("td", {}, el("div", { class: "share" }, fill), ` ${pct}%`),
+      el("td", {}, roundList(r.rounds))));
+  }
+  box.replaceChildren(el("table", { class: "drops" },
+    el("thead", {}, el("tr", {}, el("th", {}, "Failed check"), el("th", { class: "num" }, "Clients dropped"),
+      el("th", {}, "Share"), el("th", {}, "Rounds"))),
+    body));
+}
+
 function renderCluster(c) {
   const sl = document.getElementById("superlink");
   sl.textContent = `SuperLink ${c.superlink}`; sl.className = `pill ${c.superlink === "up" ? "ok" : "bad"}`;
@@ -222,6 +277,10 @@ async function renderDetail(runs) {
     el("span", {}, "traffic ", el("b", {}, `${((run.bytes_sent + run.bytes_received) / 1e6).toFixed(2)} MB`)),
     ...(run.error ? [el("span", { class: "error" }, run.error)] : []),
   );
+  // DP: a privacy report or epsilon per round; or rounds that carry no drop count at all.
+  const dp = (privacy && privacy.epsilon != null) || rounds.some((r) => r.epsilon != null)
+    || (rounds.length > 0 && !rounds.some((r) => r.dropped != null));
+  renderDrops(run, rounds, dp);
   drawChart(document.getElementById("chart-accuracy"), [
     { name: "central", color: COLORS.blue, points: seq(rounds, "test_accuracy") },
     { name: "federated", color: COLORS.violet, points: seq(rounds, "federated_accuracy") },
