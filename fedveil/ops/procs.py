@@ -5,6 +5,9 @@ Shared by both entry points, stdlib only:
   virtualenv serves the fedveil installed in it, wherever PATH points;
 - the children die with their parent, even on SIGKILL (Linux PR_SET_PDEATHSIG),
   so a killed coordinator never leaves a SuperLink holding its port and state;
+  each generation below does the same for its own children (die_with_parent:
+  the SuperExec shim, and the ServerApps it starts), so SIGKILL travels down the
+  whole tree at once;
 - Flower's own helpers (flower-superexec, flwr-serverapp) are found on PATH by
   the SuperLink, so this interpreter's bin directory goes first on it.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import socket
@@ -49,12 +53,30 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: the child outlives a SIGKILLed parent; SIGTERM still stops it
+PR_SET_PDEATHSIG = 1
+# Loaded here, not in a forked child: dlopen after fork in a threaded parent can deadlock.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def die_with_parent(parent: int, sig: int = signal.SIGKILL) -> None:
+    """Have the kernel send `sig` to this process when `parent` dies (Linux prctl).
+
+    Call it in the child, first thing (or as preexec_fn), with the pid of the process
+    that started it. If `parent` is already gone (it died before the request), this
+    process takes `sig` at once. The signal follows the parent *thread* that forked
+    the child: start children that must outlive a thread from the main thread.
+    Elsewhere a no-op: children outlive a SIGKILLed parent there; SIGTERM still stops
+    them through their process group.
+    """
+    if _LIBC is None:
+        return
+    _LIBC.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+
+
+def _child_setup(parent: int) -> None:  # pragma: no cover - runs in the child
+    die_with_parent(parent)
     os.setpgid(0, 0)  # own process group: signals to it reach Flower's helpers too
 
 
@@ -69,7 +91,7 @@ def spawn(
         stdin=subprocess.DEVNULL,
         stdout=log if log is not None else subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
-        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        preexec_fn=functools.partial(_child_setup, os.getpid()) if os.name == "posix" else None,
     )
 
 
@@ -104,6 +126,23 @@ def wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen[bytes
                 return True
         except OSError:
             time.sleep(0.1)
+    return False
+
+
+def wait_unix_socket(path: Path, timeout: float, proc: subprocess.Popen[bytes] | None) -> bool:
+    """True once something accepts connections on the Unix socket at `path`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            try:
+                sock.settimeout(0.5)
+                sock.connect(str(path))
+                return True
+            except OSError:
+                pass
+        time.sleep(0.1)
     return False
 
 

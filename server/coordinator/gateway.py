@@ -2,10 +2,11 @@
 
 flwr 1.41 serves its Control API (start runs, register SuperNode keys), its
 Runtime API (ServerApps) and the Fleet API (SuperNodes) on one port. The
-SuperLink therefore listens on loopback only, and this gateway forwards to it
-exactly the Fleet routes (`POST /v1/fleet/*`), nothing else, after checking
-the body size; requests and bytes are counted for /metrics. SuperNode
-authentication is end to end: the signed headers reach the SuperLink as sent.
+SuperLink therefore listens on an owner-only Unix socket (link_socket.py), and
+this gateway forwards to it exactly the Fleet routes (`POST /v1/fleet/*`),
+nothing else, after checking the body size; requests and bytes are counted
+for /metrics. SuperNode authentication is end to end: the signed headers reach
+the SuperLink as sent.
 """
 
 from __future__ import annotations
@@ -73,8 +74,10 @@ class FleetGateway:
         verify: ssl.SSLContext | bool,
         max_body_bytes: int,
         counters: ServiceCounters,
+        uds: str | None = None,
     ) -> None:
         self.upstream = upstream.rstrip("/")
+        self._uds = uds  # the SuperLink's socket; `upstream` then only names the URL
         self.max_body = max_body_bytes
         self.counters = counters
         self._verify = verify
@@ -82,8 +85,13 @@ class FleetGateway:
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
+            transport = (
+                httpx.AsyncHTTPTransport(uds=self._uds, verify=self._verify)
+                if self._uds is not None
+                else None
+            )
             self._client = httpx.AsyncClient(
-                verify=self._verify, timeout=httpx.Timeout(120.0, connect=5.0)
+                verify=self._verify, timeout=httpx.Timeout(120.0, connect=5.0), transport=transport
             )
         return self._client
 

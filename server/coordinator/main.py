@@ -3,7 +3,8 @@
 One process serves two ports with one uvicorn server (TLS on both): the HTTP
 API and dashboard (api.port) and the Fleet gateway for SuperNodes
 (fleet.port); requests are routed by the port they arrived on. Its child is
-Flower's SuperLink on loopback (state in state_dir/superlink.db), whose
+Flower's SuperLink on an owner-only Unix socket (state_dir/superlink.sock,
+link_socket.py; state in state_dir/superlink.db), whose
 SuperExec starts one `flwr-serverapp` process per Flower run. A supervisor
 thread follows runs (runs.py) and restarts the SuperLink if it dies.
 
@@ -20,7 +21,6 @@ import logging
 import os
 import signal
 import socket
-import ssl
 import threading
 import time
 from pathlib import Path
@@ -31,10 +31,11 @@ from fedveil.server.coordinator.api import create_api
 from fedveil.server.coordinator.auth import load_admin_token
 from fedveil.server.coordinator.clients import ClientRegistry
 from fedveil.server.coordinator.gateway import FleetGateway
+from fedveil.server.coordinator.link_socket import socket_path
 from fedveil.server.coordinator.metrics import RoundsCache, ServiceCounters
 from fedveil.server.coordinator.runs import RunManager
 from fedveil.server.coordinator.settings import ServerSettings, is_loopback
-from fedveil.server.coordinator.superlink import LinkControl, SuperLinkProcess, internal_tls
+from fedveil.server.coordinator.superlink import LinkControl, SuperLinkProcess, link_verify
 
 log = logging.getLogger("fedveil.service")
 
@@ -246,11 +247,12 @@ def serve(settings: ServerSettings) -> int:
         )
     service = Service(s)
     log.info("admin token from %s", service.token.source)
-    verify: ssl.SSLContext | bool = False
-    if not s.tls.insecure:
-        verify = ssl.create_default_context(cafile=str(internal_tls(s.state_dir).ca))
     gateway = FleetGateway(
-        f"{s.scheme}://{s.superlink_address}", verify, s.fleet.max_body_bytes, service.counters
+        f"{s.scheme}://{s.superlink_address}",
+        link_verify(s),
+        s.fleet.max_body_bytes,
+        service.counters,
+        uds=str(socket_path(s.state_dir)),
     )
     sockets = [_bind(s.api.host, s.api.port), _bind(s.fleet.host, s.fleet.port)]
     api_port, fleet_port = (sock.getsockname()[1] for sock in sockets)

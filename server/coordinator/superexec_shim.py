@@ -7,6 +7,15 @@ variable or stdin option), so this shim replaces the executor's `launch` with on
 that writes the token to a 0600 file in the 0700 state dir, passes its path, and
 deletes the file when the ServerApp exits. The SuperLink finds this shim first on
 its PATH (superlink.py); everything else is Flower's own `flower-superexec`.
+
+It also does what the SuperLink's socket needs (link_socket.py): Flower's clients
+in this process, and in each ServerApp it starts, talk to the SuperLink over its
+Unix socket. And it makes the tree die at once with the SuperLink: Flower starts
+the SuperExec in a session of its own and only polls for its parent, and the
+ServerApps poll for theirs, so a `kill -9` of the coordinator left them running
+for seconds. Here the SuperExec asks for SIGKILL when the SuperLink dies, and
+each ServerApp for SIGKILL when the SuperExec dies (procs.die_with_parent; both
+are started from their parent's main thread, which lives as long as it does).
 """
 
 from __future__ import annotations
@@ -16,7 +25,11 @@ import secrets
 import subprocess
 import sys
 import threading
+from functools import partial
 from pathlib import Path
+
+from fedveil.ops.procs import die_with_parent
+from fedveil.server.coordinator.link_socket import SOCKET_ENV, route_flower_clients
 
 TOKEN_DIR_ENV = "FEDVEIL_TOKEN_DIR"
 
@@ -36,16 +49,34 @@ def _unlink_when_done(proc: subprocess.Popen[bytes], path: Path) -> None:
     path.unlink(missing_ok=True)
 
 
+def serverapp_argv() -> list[str]:
+    """`flwr-serverapp` in this interpreter, over the SuperLink's socket (link_socket.py)."""
+    code = (
+        "import sys; sys.argv[0] = 'flwr-serverapp'; "
+        "from fedveil.server.coordinator.link_socket import serverapp_main; serverapp_main()"
+    )
+    return [sys.executable, "-c", code]
+
+
 def _patch_executor(token_dir: Path) -> None:
-    from flwr.supercore.constant import TASK_TYPE_TO_APPIO_API_ADDRESS_ARG, TASK_TYPE_TO_COMMAND
+    from flwr.supercore.constant import (
+        TASK_TYPE_TO_APPIO_API_ADDRESS_ARG,
+        TASK_TYPE_TO_COMMAND,
+        TaskType,
+    )
     from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
     from flwr.supercore.superexec.executor.types import ExecutionSpec, LaunchResult
 
     def launch(self: SubprocessExecutor, spec: ExecutionSpec) -> LaunchResult:
         # Same arguments as Flower's launch, with --token-file in place of --token.
         token_file = write_token_file(token_dir, spec.token)
+        command = (
+            serverapp_argv()
+            if spec.task_type == TaskType.SERVER_APP
+            else [TASK_TYPE_TO_COMMAND[spec.task_type]]
+        )
         args = [
-            TASK_TYPE_TO_COMMAND[spec.task_type],
+            *command,
             TASK_TYPE_TO_APPIO_API_ADDRESS_ARG[spec.task_type],
             spec.runtime_api_address,
             "--token-file",
@@ -61,7 +92,9 @@ def _patch_executor(token_dir: Path) -> None:
             args.append("--allow-runtime-dependency-installation")
         out = subprocess.DEVNULL if spec.suppress_output else None
         try:
-            proc = subprocess.Popen(args, stdout=out, stderr=out)
+            proc = subprocess.Popen(
+                args, stdout=out, stderr=out, preexec_fn=partial(die_with_parent, os.getpid())
+            )
         except BaseException:
             token_file.unlink(missing_ok=True)
             raise
@@ -73,7 +106,17 @@ def _patch_executor(token_dir: Path) -> None:
     SubprocessExecutor.launch = launch  # type: ignore[method-assign]
 
 
+def _parent_pid(argv: list[str]) -> int:
+    """The SuperLink's pid, as Flower passes it (`--parent-pid N`), else our parent now."""
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--parent-pid":
+            return int(argv[i + 1])
+    return os.getppid()
+
+
 def main() -> None:
+    die_with_parent(_parent_pid(sys.argv))
+    route_flower_clients(os.environ[SOCKET_ENV])
     from flwr.supercore.cli import flower_superexec
 
     _patch_executor(Path(os.environ[TOKEN_DIR_ENV]))

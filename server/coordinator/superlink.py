@@ -1,9 +1,11 @@
 """Flower's SuperLink as a child of `fedveil server`, and the Control API calls we make.
 
-The SuperLink listens on loopback only. In flwr 1.41 one HTTP port carries the
-Control API (start runs, register SuperNodes), the Runtime API (ServerApps) and
-the Fleet API (SuperNodes); only the Fleet routes are exposed to devices,
-through fedveil's gateway (gateway.py). Runs reach it as a FAB whose
+In flwr 1.41/1.42 one HTTP server carries the Control API (start and stop runs,
+register SuperNodes), the Runtime API (ServerApps) and the Fleet API
+(SuperNodes), and the Control API has no authentication of its own. So the
+SuperLink listens on no port at all but on a 0600 Unix socket in the 0700 state
+dir (link_socket.py): no other local user can reach it. Only the Fleet routes
+are exposed to devices, through fedveil's gateway (gateway.py). Runs reach it as a FAB whose
 components name fedveil's installed ServerApp and ClientApp, with the fedveil
 run id as its only run config; the SuperLink's SuperExec starts
 `flwr-serverapp` for each Flower run (subprocess isolation), which finds the
@@ -17,6 +19,7 @@ import hashlib
 import logging
 import os
 import signal
+import ssl
 import sys
 import threading
 from dataclasses import dataclass
@@ -27,13 +30,18 @@ from cryptography import x509
 
 from fedveil import __version__
 from fedveil.ops.certs import TlsFiles, create_ca, create_server_cert
-from fedveil.ops.procs import child_env, flwr_command, spawn, stop_group, wait_port
+from fedveil.ops.procs import child_env, spawn, stop_group, wait_unix_socket
 from fedveil.protocol.deployment import (
     CLIENTAPP_REF,
     CONFIG_KEY,
     FAB_ID,
     RUN_ID_KEY,
     SERVERAPP_REF,
+)
+from fedveil.server.coordinator.link_socket import (
+    SOCKET_ENV,
+    client_over_socket,
+    socket_path,
 )
 from fedveil.server.coordinator.settings import ServerSettings
 from fedveil.server.coordinator.superexec_shim import TOKEN_DIR_ENV
@@ -127,6 +135,7 @@ class SuperLinkProcess:
     def argv(self) -> list[str]:
         s = self.settings
         args = [
+            # Nominal: the URLs name it, the socket of FEDVEIL_SUPERLINK_SOCKET carries them.
             "--host",
             "127.0.0.1",
             "--port",
@@ -152,7 +161,11 @@ class SuperLinkProcess:
             ]
         if s.client_auth:
             args.append("--enable-supernode-auth")
-        return flwr_command("flower-superlink", args)
+        code = (
+            "import sys; sys.argv[0] = 'flower-superlink'; "
+            "from fedveil.server.coordinator.link_socket import superlink_main; superlink_main()"
+        )
+        return [sys.executable, "-c", code, *args]
 
     @property
     def _pid_file(self) -> Path:
@@ -187,11 +200,13 @@ class SuperLinkProcess:
         self._kill_leftovers()
         (s.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         (s.state_dir / "flwr").mkdir(parents=True, exist_ok=True)
+        sock = socket_path(s.state_dir)
         self._log_file = (s.state_dir / "logs" / "superlink.log").open("ab")
         shim_dir = install_superexec_shim(s.state_dir)
         env = child_env(
             {
                 STATE_ENV: str(s.state_dir),
+                SOCKET_ENV: str(sock),
                 TOKEN_DIR_ENV: str(s.state_dir / "flwr" / "tokens"),
                 "FLWR_HOME": str(s.state_dir / "flwr"),
                 # SuperExec looks for new runs every second by default; a run waits less.
@@ -202,14 +217,14 @@ class SuperLinkProcess:
         env["PATH"] = os.pathsep.join([str(shim_dir), env["PATH"]])
         self.proc = spawn(self.argv(), env=env, log=self._log_file, cwd=s.state_dir)
         self._pid_file.write_text(f"{self.proc.pid}\n")  # its process group id, see above
-        if not wait_port("127.0.0.1", s.superlink_port, timeout, self.proc):
+        if not wait_unix_socket(sock, timeout, self.proc):
             code = self.proc.poll()
             self.stop()
             raise RuntimeError(
-                f"SuperLink did not start on 127.0.0.1:{s.superlink_port} within {timeout:.0f} s"
+                f"SuperLink did not start on {sock} within {timeout:.0f} s"
                 f" (exit code {code}); see {s.state_dir / 'logs' / 'superlink.log'}"
             )
-        log.info("SuperLink up on 127.0.0.1:%d (pid %d)", s.superlink_port, self.proc.pid)
+        log.info("SuperLink up on %s (pid %d)", sock, self.proc.pid)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -239,19 +254,26 @@ class NodeView:
     name: str
 
 
+def link_verify(settings: ServerSettings) -> ssl.SSLContext | bool:
+    """How our clients check the SuperLink's certificate (False with --insecure: plain HTTP)."""
+    if settings.tls.insecure:
+        return False
+    return ssl.create_default_context(cafile=str(internal_tls(settings.state_dir).ca))
+
+
 class LinkControl:
-    """The Control API calls fedveil needs, over loopback, one lock for the client."""
+    """The Control API calls fedveil needs, over the SuperLink's socket, one lock for the client."""
 
     def __init__(self, settings: ServerSettings) -> None:
         from flwr.supercore.control.control_http_client import ControlHttpClient
 
-        ca = None if settings.tls.insecure else internal_tls(settings.state_dir).ca.read_bytes()
-        self._client = ControlHttpClient.from_server_address(
-            server_address=settings.superlink_address,
-            insecure=settings.tls.insecure,
-            root_certificates=ca,
-            interceptors=[],
+        verify = link_verify(settings)
+        self._client = ControlHttpClient(
+            f"{settings.scheme}://{settings.superlink_address}", interceptors=[], verify=verify
         )
+        # Flower's client takes a host and port only; the socket is the transport.
+        self._client._client.close()
+        self._client._client = client_over_socket(socket_path(settings.state_dir), verify)
         self._lock = threading.Lock()
         self._fab: bytes | None = None
 

@@ -1,0 +1,132 @@
+"""The SuperLink on a Unix domain socket in the owner-only state dir, not on a TCP port.
+
+flwr 1.42 serves its Control API (start/stop runs, register SuperNode keys, list
+nodes), its Runtime API (ServerApps) and its Fleet API on one HTTP server, with
+no authentication of its own for the Control API outside Flower's enterprise
+OIDC plugin. On a loopback port any local process, of any user, could call it.
+So the SuperLink listens on `state_dir/superlink.sock` instead: the state dir
+is 0700 and the socket 0600, so the kernel refuses every other user before a
+byte is read, and no TCP port of the SuperLink exists for anyone to find. Its
+clients are all ours: the coordinator's Control API client and Fleet gateway,
+and the SuperExec and ServerApps (through our shim, superexec_shim.py), which
+reach it by the socket named in FEDVEIL_SUPERLINK_SOCKET. TLS stays on over the
+socket (Flower's SuperNode authentication requires it).
+
+Flower takes only host/port for all of this, so each of our processes patches
+the one place that opens the connection: `uvicorn.run` in the SuperLink, and
+the httpx client of Flower's protobuf-over-HTTP clients elsewhere. The URLs
+keep naming 127.0.0.1:<superlink.port>; only the transport changes.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import ssl
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from fedveil.config import ConfigError
+
+SOCKET_ENV = "FEDVEIL_SUPERLINK_SOCKET"
+SOCKET_NAME = "superlink.sock"
+# sun_path is 108 bytes on Linux, with the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+def socket_path(state_dir: Path) -> Path:
+    """Where the SuperLink listens; refuses a state dir too long for a socket address."""
+    path = state_dir.resolve() / SOCKET_NAME
+    size = len(os.fsencode(path))
+    if size > MAX_SOCKET_PATH:
+        raise ConfigError(
+            f"state_dir {state_dir}: the SuperLink's socket {path} is {size} bytes long; "
+            f"a Unix socket path may have at most {MAX_SOCKET_PATH}: use a shorter state_dir"
+        )
+    return path
+
+
+def bind_socket(path: Path) -> socket.socket:
+    """A listening 0600 Unix socket at `path` (a stale one from a killed SuperLink is replaced)."""
+    if path.is_socket():
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # created 0600: no window in which it is wider
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(2048)
+    return sock
+
+
+def transport(path: str | Path, verify: ssl.SSLContext | str | bool) -> httpx.HTTPTransport:
+    return httpx.HTTPTransport(uds=str(path), verify=verify)
+
+
+def async_transport(
+    path: str | Path, verify: ssl.SSLContext | str | bool
+) -> httpx.AsyncHTTPTransport:
+    return httpx.AsyncHTTPTransport(uds=str(path), verify=verify)
+
+
+def client_over_socket(path: str | Path, verify: ssl.SSLContext | str | bool) -> httpx.Client:
+    """What Flower's ProtobufClient builds (timeout 30 s, redirects), over the socket."""
+    return httpx.Client(transport=transport(path, verify), timeout=30.0, follow_redirects=True)
+
+
+def route_flower_clients(path: str) -> None:
+    """Every Flower protobuf-over-HTTP client made in this process talks over the socket."""
+    from flwr.supercore.protobuf.client import ProtobufClient
+
+    original = ProtobufClient.__init__
+    if getattr(original, "_fedveil_socket", None) == path:
+        return
+
+    @functools.wraps(original)
+    def init(self: ProtobufClient, base_url: str, **kwargs: Any) -> None:
+        original(self, base_url, **kwargs)
+        self._client.close()
+        self._client = httpx.Client(
+            transport=transport(path, kwargs.get("verify", True)),
+            timeout=kwargs.get("timeout", 30.0),
+            follow_redirects=True,
+        )
+
+    init._fedveil_socket = path  # type: ignore[attr-defined]
+    ProtobufClient.__init__ = init  # type: ignore[method-assign]
+
+
+def superlink_main() -> None:
+    """`flower-superlink ARGS`, serving on the socket of FEDVEIL_SUPERLINK_SOCKET."""
+    import uvicorn
+
+    path = Path(os.environ[SOCKET_ENV])
+    real_run = uvicorn.run
+
+    def run(app: Any, **kwargs: Any) -> None:
+        kwargs.pop("host", None)
+        kwargs.pop("port", None)
+        sock = bind_socket(path)
+        real_run(app, fd=sock.fileno(), **kwargs)
+
+    uvicorn.run = run  # flwr's flower_superlink calls `uvicorn.run(...)` at this point
+
+    from flwr.superlink.cli import flower_superlink
+
+    sys.argv[0] = "flower-superlink"
+    sys.exit(flower_superlink())
+
+
+def serverapp_main() -> None:
+    """`flwr-serverapp ARGS`, reaching the Runtime API over the socket."""
+    route_flower_clients(os.environ[SOCKET_ENV])
+    from flwr.superlink.cli import flwr_serverapp
+
+    sys.argv[0] = "flwr-serverapp"
+    sys.exit(flwr_serverapp())
