@@ -53,17 +53,20 @@ class Envelope:
         if key not in self.arrays:
             raise MessageError(f"{self.kind} message: missing array {key!r}")
         value = self.arrays[key]
+        # The dtype is checked before torch sees the array: torch refuses object, string and
+        # non-native byte-order arrays with TypeError or a bare ValueError.
+        dtype = value.dtype if isinstance(value, (np.ndarray, torch.Tensor)) else None
+        if dtype is None:
+            raise MessageError(f"{self.kind} message: array {key!r} is not an array")
+        if dtype not in (np.float32, torch.float32) or (
+            isinstance(dtype, np.dtype) and not dtype.isnative
+        ):
+            raise MessageError(f"{self.kind} message: array {key!r} has dtype {dtype}, not float32")
         t = (
             torch.from_numpy(np.ascontiguousarray(value))
             if isinstance(value, np.ndarray)
             else value
         )
-        if not isinstance(t, torch.Tensor):
-            raise MessageError(f"{self.kind} message: array {key!r} is not an array")
-        if t.dtype != torch.float32:
-            raise MessageError(
-                f"{self.kind} message: array {key!r} has dtype {t.dtype}, not float32"
-            )
         t = t.reshape(-1)
         if numel is not None and t.numel() != numel:
             raise MessageError(

@@ -5,6 +5,7 @@ Only this module and the two Flower adapters know Flower's record types.
 
 from __future__ import annotations
 
+from io import BytesIO
 from typing import TypeVar
 
 import numpy as np
@@ -53,7 +54,34 @@ def from_content(content: RecordDict) -> Envelope:
     kind, rnd = meta.get("kind"), meta.get("round")
     if not isinstance(kind, str) or not isinstance(rnd, int) or isinstance(rnd, bool):
         raise MessageError("message meta record needs a string 'kind' and an integer 'round'")
-    return Envelope(kind, rnd, dict(config), {k: a.numpy() for k, a in arrays.items()})
+    return Envelope(kind, rnd, dict(config), {k: _numpy(k, a) for k, a in arrays.items()})
+
+
+def _numpy(key: str, array: Array) -> np.ndarray:
+    """An array of a peer's message; a malformed one is a MessageError naming it.
+
+    The .npy header is read first so that a header announcing more data than the message
+    carries is refused before numpy allocates for it.
+    """
+    try:
+        stream = BytesIO(array.data)
+        version = np.lib.format.read_magic(stream)
+        if version != (1, 0) and version != (2, 0):
+            raise ValueError(f"npy format version {version} is not 1.0 or 2.0")
+        read_header = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
+        shape, _, dtype = read_header(stream)
+        needed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if needed > len(array.data) - stream.tell():
+            raise ValueError(f"header announces {needed} bytes, the message carries fewer")
+        return array.numpy()
+    except Exception as exc:  # numpy's and Flower's many failure types, all the peer's fault
+        raise MessageError(
+            f"message array {key[:60]!r} cannot be decoded ({type(exc).__name__}: {exc})"[:300]
+        ) from None
 
 
 def _record(content: RecordDict, name: str, kind: type[R]) -> R:

@@ -23,8 +23,17 @@ class WireMessage(Protocol):
 def protocol_part(msg: Envelope) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The secure-aggregation message's own fields (prefix removed)."""
     config = {k[len(SA) :]: v for k, v in msg.config.items() if k.startswith(SA)}
-    arrays = {k[len(SA) :]: np.asarray(v) for k, v in msg.arrays.items() if k.startswith(SA)}
+    arrays = {k[len(SA) :]: _as_array(v) for k, v in msg.arrays.items() if k.startswith(SA)}
     return config, arrays
+
+
+def _as_array(value: Any) -> Any:
+    """A numpy array (from a torch tensor in process); a value numpy cannot take (a ragged
+    list) stays as it is, for the protocol decoder to refuse by name."""
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError):
+        return value
 
 
 def wrap(kind: str, round_num: int, message: WireMessage) -> Envelope:

@@ -296,7 +296,7 @@ class SessionConfig:
     @classmethod
     def from_wire(cls, config: Config, arrays: Arrays, path: str = "session") -> SessionConfig:
         protocol = config.get("protocol")
-        if protocol != PROTOCOL:
+        if type(protocol) is not str or protocol != PROTOCOL:
             shown = "missing" if protocol is None else repr(str(protocol)[:40])
             raise fail(f"{path}.protocol", f"{shown}; this party speaks {PROTOCOL!r}")
         values = {}
