@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import random
 import resource
+import signal
 import ssl
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,10 +55,9 @@ from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 
 from benchmarks.fleet_coordinator import Coordinator
 from benchmarks.fleet_wire import call, capturing_client
+from fedveil.cli.bench import FLOWER_IDLE_POLL_S
 from fedveil.ops.certs import CLIENT_CURVE
 
-# The SuperNode sleeps this long after an empty PullMessages (start_client_internal.py).
-FLOWER_IDLE_POLL_S = 3.0
 REQUEST_TIMEOUT_S = 30.0  # ProtobufClient's default timeout
 SECAGG_NOT_RUN = (
     "not measured: the 200-device secure round needs the emulated devices to run "
@@ -166,21 +168,34 @@ async def _bounded(limit: int, coros: list[Any]) -> list[Any]:
     return await asyncio.gather(*(one(c) for c in coros))
 
 
-async def _activate(http: httpx.AsyncClient, d: Device) -> None:
+RETRY_STATUS = (502, 503, 504)  # the gateway's "SuperLink starting or restarting"
+
+
+async def _activate(http: httpx.AsyncClient, d: Device, tries: int = 10) -> None:
+    """ActivateNode, retried on a transport error or 502/503/504 as Flower's retry invoker
+    (make_simple_http_retry_invoker) retries a SuperNode's."""
     req = ActivateNodeRequest(
         public_key=d.public_key_bytes, heartbeat_interval=HEARTBEAT_DEFAULT_INTERVAL
     )
-    res = await call(http, d.client, "ActivateNode", req, REQUEST_TIMEOUT_S)
-    d.node_id = int(res.node_id)
+    for attempt in range(tries):
+        try:
+            res = await call(http, d.client, "ActivateNode", req, REQUEST_TIMEOUT_S)
+        except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+            retry = not isinstance(exc, httpx.HTTPStatusError) or (
+                exc.response.status_code in RETRY_STATUS
+            )
+            if not retry or attempt == tries - 1:
+                raise
+            await asyncio.sleep(min(5.0, 0.25 * 2**attempt))
+            continue
+        d.node_id = int(res.node_id)
+        return
 
 
 async def _deactivate(http: httpx.AsyncClient, d: Device) -> None:
-    try:
-        await call(
-            http, d.client, "DeactivateNode", DeactivateNodeRequest(node_id=d.node_id), 30
-        )
-    except httpx.HTTPError:
-        pass  # the SuperLink marks it offline after its heartbeat patience anyway
+    # On failure the SuperLink marks it offline after its heartbeat patience anyway.
+    with contextlib.suppress(httpx.HTTPError):
+        await call(http, d.client, "DeactivateNode", DeactivateNodeRequest(node_id=d.node_id), 30)
 
 
 def _self_cpu_s() -> float:
@@ -213,7 +228,9 @@ async def measure(
         window = (start + warmup_s, start + warmup_s + window_s)
         tally = Tally(window)
         rng = random.Random(seed)
-        tasks = [asyncio.create_task(_poll(http, d, poll_s, window[1], tally, rng)) for d in devices]
+        tasks = [
+            asyncio.create_task(_poll(http, d, poll_s, window[1], tally, rng)) for d in devices
+        ]
         tasks += [asyncio.create_task(_heartbeat(http, d, window[1], tally, rng)) for d in devices]
         await asyncio.sleep(max(0.0, window[0] - time.perf_counter()))
         before, self_before, t_before = coord.sample(), _self_cpu_s(), time.perf_counter()
@@ -240,6 +257,17 @@ async def measure(
         "max_s": _round(max(lat) if lat else None),
         "coordinator_cpu_percent": round(100 * (after.cpu_s - before.cpu_s) / wall, 1),
         "coordinator_rss_mb": round(after.rss_mb, 1),
+        # CPU per request: what a request costs, however loaded the machine (the
+        # shared machine's load stretches latency, not this).
+        "coordinator_cpu_ms_per_request": (
+            round(1000 * (after.cpu_s - before.cpu_s) / requests, 2) if requests else None
+        ),
+        # The split: fedveil's process (gateway) and its children (Flower's SuperLink).
+        "gateway_cpu_percent": round(100 * (after.root_cpu_s - before.root_cpu_s) / wall, 1),
+        "superlink_cpu_percent": round(
+            100 * ((after.cpu_s - after.root_cpu_s) - (before.cpu_s - before.root_cpu_s)) / wall,
+            1,
+        ),
         "emulator_cpu_percent": round(100 * (self_after - self_before) / wall, 1),
         "activate_s": round(activate_s, 2),
     }
@@ -268,6 +296,9 @@ def run(
     log: Any = sys.stderr,
 ) -> list[dict[str, Any]]:
     """One coordinator; for each count, that many devices activated, held, measured, left."""
+    # SIGTERM unwinds like Ctrl-C, so the coordinator (its own session) is stopped too.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     with tempfile.TemporaryDirectory(prefix="fedveil-fleet-", dir=workdir) as tmp:
         coord = Coordinator(Path(tmp), profile=profile)
         try:
@@ -299,7 +330,8 @@ def run(
 
 HEADER = (
     f"{'devices':>8} {'connected':>9} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} "
-    f"{'fail':>5} {'coord CPU%':>10} {'coord RSS MB':>12} {'emul CPU%':>9}"
+    f"{'fail':>5} {'coord CPU%':>10} {'gateway%':>8} {'link%':>6} {'coord RSS MB':>12} "
+    f"{'emul CPU%':>9}"
 )
 
 
@@ -311,7 +343,8 @@ def format_row(r: dict[str, Any]) -> str:
     return (
         f"{r['devices']:>8} {r['devices_connected']:>9} {r['requests_per_s']:>7} "
         f"{_ms(r['p50_s']):>8} {_ms(r['p99_s']):>8} {sum(r['failures'].values()):>5} "
-        f"{r['coordinator_cpu_percent']:>10} {r['coordinator_rss_mb']:>12} "
+        f"{r['coordinator_cpu_percent']:>10} {r['gateway_cpu_percent']:>8} "
+        f"{r['superlink_cpu_percent']:>6} {r['coordinator_rss_mb']:>12} "
         f"{r['emulator_cpu_percent']:>9}"
     )
 
@@ -343,33 +376,6 @@ def summary(results: list[dict[str, Any]], target_p99_s: float = 1.0) -> dict[st
     return top
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from fedveil.cli.bench import _positive_list
-
-    p.add_argument(
-        "--devices",
-        type=_positive_list,
-        default=[100],
-        metavar="N[,N,...]",
-        help="emulated devices; a list sweeps them with one coordinator [100]",
-    )
-    p.add_argument("--window", type=float, default=30.0, help="measured seconds per count [30]")
-    p.add_argument("--warmup", type=float, default=10.0, help="seconds before the window [10]")
-    p.add_argument(
-        "--poll",
-        type=float,
-        default=FLOWER_IDLE_POLL_S,
-        help=f"seconds between a device's pulls [{FLOWER_IDLE_POLL_S}: Flower's idle poll]",
-    )
-    p.add_argument(
-        "--profile",
-        type=Path,
-        help="write a cProfile of the coordinator process to this file (pstats format)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
-
-
 def cmd_bench_fleet(args: argparse.Namespace) -> int:
     for name in ("window", "poll"):
         if getattr(args, name) <= 0:
@@ -392,6 +398,8 @@ def cmd_bench_fleet(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    add_arguments(parser)
+    from fedveil.cli.bench import FLEET_SUMMARY, add_fleet_arguments
+
+    parser = argparse.ArgumentParser(description=FLEET_SUMMARY)
+    add_fleet_arguments(parser)
     sys.exit(cmd_bench_fleet(parser.parse_args()))

@@ -50,16 +50,19 @@ def process_tree(pid: int) -> list[int]:
 class TreeSample:
     cpu_s: float  # user + system seconds of the tree's live processes
     rss_mb: float
+    root_cpu_s: float  # the `fedveil server` process alone: API, gateway, supervisor
 
 
 def sample_tree(pid: int) -> TreeSample:
-    cpu, rss = 0.0, 0
+    cpu, rss, root = 0.0, 0, 0.0
     for p in process_tree(pid):
         with contextlib.suppress(OSError, ValueError, IndexError):
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            cpu += (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+            seconds = (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+            cpu += seconds
+            root += seconds if p == pid else 0.0
             rss += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * PAGE
-    return TreeSample(cpu, rss / 2**20)
+    return TreeSample(cpu, rss / 2**20, root)
 
 
 class Coordinator:

@@ -17,17 +17,15 @@ exits on a version mismatch, and both sides are the same flwr here).
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric import ec
-from flwr.supernode.fleet_http_client import FleetHttpClient
-from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
 from flwr.supercore.interceptors.http.runtime_version import RuntimeVersionHttpInterceptor
 from flwr.supercore.protobuf.client import ProtobufRequestContext
+from flwr.supernode.fleet_http_client import FleetHttpClient
+from flwr.supernode.node_auth_http_interceptor import NodeAuthHttpInterceptor
 from google.protobuf.message import Message
-
-R = TypeVar("R", bound=Message)
 
 
 class CapturedCall(Exception):

@@ -122,6 +122,14 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     add_secagg_arguments(p)
     p.set_defaults(func=cmd_bench_secagg)
 
+    p = bsub.add_parser(
+        "fleet",
+        help="capacity of one coordinator: emulated devices on the Fleet API, latency and CPU",
+        description=FLEET_SUMMARY,
+    )
+    add_fleet_arguments(p)
+    p.set_defaults(func=cmd_bench_fleet)
+
 
 def add_secagg_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `fedveil bench secagg` (also `python -m benchmarks.bench_secagg_round`)."""
@@ -163,6 +171,48 @@ def add_secagg_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
+# The SuperNode's sleep after an empty PullMessages (flwr 1.42, start_client_internal.py).
+FLOWER_IDLE_POLL_S = 3.0
+FLEET_SUMMARY = (
+    "`fedveil bench fleet`: start a real coordinator on loopback (TLS, SuperNode "
+    "authentication) and hold N emulated devices on its Fleet gateway at Flower's idle "
+    "poll, with requests built and signed by Flower's SuperNode client code; print p50/p99 "
+    "Fleet request latency and the coordinator's CPU and RSS per N. --json prints one JSON "
+    "object as the last line of stdout."
+)
+
+
+def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `fedveil bench fleet` (also `python -m benchmarks.bench_fleet`)."""
+    p.add_argument(
+        "--devices",
+        type=_positive_list,
+        default=[100],
+        metavar="N[,N,...]",
+        help="emulated devices; a list sweeps them against one coordinator [100]",
+    )
+    p.add_argument("--window", type=float, default=30.0, help="measured seconds per N [30]")
+    p.add_argument("--warmup", type=float, default=10.0, help="seconds before the window [10]")
+    p.add_argument(
+        "--poll",
+        type=float,
+        default=FLOWER_IDLE_POLL_S,
+        help=f"seconds between a device's pulls [{FLOWER_IDLE_POLL_S:g}: Flower's idle poll]",
+    )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        metavar="FILE",
+        help="write a cProfile (pstats) of the coordinator process to FILE",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
+def cmd_bench_fleet(args: argparse.Namespace) -> int:
+    return load_benchmark("bench_fleet").cmd_bench_fleet(args)
 
 
 def cmd_bench_secagg(args: argparse.Namespace) -> int:
