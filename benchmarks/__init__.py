@@ -8,8 +8,10 @@ fedveil; nothing in fedveil imports them.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 # The checkout's root: the folder that holds `benchmarks/`.
@@ -24,3 +26,14 @@ def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     if str(ROOT) not in paths:
         out["PYTHONPATH"] = os.pathsep.join([str(ROOT), *paths])
     return out
+
+
+@contextlib.contextmanager
+def run_directory(path: Path | None = None) -> Iterator[Path]:
+    """Where a contender's run writes what `fedveil simulate` writes (metrics, checkpoint,
+    model, summary): `path`, kept, or a temporary folder removed afterwards."""
+    if path is not None:
+        yield Path(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="fedveil-bench-") as tmp:
+        yield Path(tmp)

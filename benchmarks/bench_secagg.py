@@ -12,9 +12,10 @@ pairwise masks: the expensive recovery path. Quantization uses Flower's workflow
   bound (time to expand the keystream bytes its masks need), bytes each way per client, and
   the round's primitive floor (`secagg_floor.py`: its crypto calls x their hot-loop cost), from
   which `compute_ratio_ceiling` is the compute_ratio our round would have at that floor.
-* `bench_flower_secaggplus_compute` replays exactly what `secaggplus_mod` (client) and
-  `SecAggPlusWorkflow` (server) compute, stage by stage, calling Flower's own functions
-  (P-384 keys as PEM, Fernet, pycryptodome Shamir over 16-byte chunks, NumPy MT masks).
+* `bench_flower_secaggplus_compute` (`flower_secaggplus_compute.py`) replays exactly what
+  `secaggplus_mod` (client) and `SecAggPlusWorkflow` (server) compute, stage by stage, calling
+  Flower's own functions (P-384 keys as PEM, Fernet, pycryptodome Shamir over 16-byte chunks,
+  NumPy MT masks).
 
 Run: `python -m benchmarks.bench_secagg --n 100 --dim 100000 --dropout 0.1`.
 """
@@ -26,11 +27,9 @@ import contextlib
 import hashlib
 import json
 import os
-import random
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,6 +48,8 @@ from fedveil.privacy.secagg import (
 from fedveil.privacy.secagg.crypto import KeystreamBuffer
 from fedveil.privacy.secagg.masking import MaskApplier
 from fedveil.privacy.secagg.params import ThreatMode
+from fedveil.privacy.secagg.server import AggregateResult
+from fedveil.privacy.secagg.simulate import RoundReport
 
 # SecAggPlusWorkflow defaults, used on both sides.
 CLIP_RANGE = 8.0
@@ -122,69 +123,29 @@ def bench_protocol(
     ids = list(range(1, n + 1))
     k, t = graph_parameters(n, dropout, neighbors, threshold, threat)
     quantizer = Quantizer(CLIP_RANGE, LEVELS, max_clients=n, max_weight=MAX_WEIGHT)
-    session = SessionConfig(
-        session_id=hashlib.sha256(b"bench%d" % seed).digest()[:16],
-        client_ids=tuple(ids),
-        modulus_bits=quantizer.bits,
-        dimension=dim + 2,
-        neighbors=k,
-        threshold=t,
-        threat_mode=threat,
-        graph_seed=os.urandom(32),
-        run_id=b"bench",
-        round=seed,
-    )
+    session = bench_session(ids, dim, k, t, quantizer.bits, threat, seed)
     identity_keys = (
         {cid: Ed25519PrivateKey.generate() for cid in ids}
         if threat is ThreatMode.MALICIOUS
         else None
     )
     dropped = dropped_clients(ids, dropout, seed)
-    quantize_seconds: dict[int, float] = {}
-    running = np.zeros(session.dimension, dtype=np.uint64)
-
-    def encoded(cid: int) -> np.ndarray:
-        x, weight = client_update(cid, dim, seed)
-        t0 = CLOCK()
-        vector = quantizer.encode_weighted(x, weight)
-        quantize_seconds[cid] = CLOCK() - t0
-        np.add(running, vector, out=running)
-        return vector
-
-    # `encoded` makes each vector for its client's call only, as the engine's clients do.
+    inputs = TimedInputs(quantizer, dim, seed, session.dimension)
+    # `inputs.encoded` makes each vector for its client's call only, as the engine's clients do.
     log: PrimitiveLog | None
     with instrumented_primitives() if instrument else contextlib.nullcontext() as log:
         report = run_in_memory(
             session,
-            encoded,
+            inputs.encoded,
             dropouts=DropoutPattern({Stage.MASKED_INPUT: dropped}),
             identity_keys=identity_keys,
             overwrite_inputs=True,
             clock=CLOCK,  # CPU time, like every other figure here (the peer's included)
         )
-    result = report.result
-    exact = set(quantize_seconds) == set(result.survivors) and np.array_equal(
-        running & np.uint64(session.modulus_mask), result.total.astype(np.uint64)
-    )
-    mean, _, _ = quantizer.decode_weighted_mean(result.total)
-    close = np.allclose(mean, _expected_mean(set(result.survivors), dim, seed), atol=1e-3)
-
-    client_stage = {
-        stage: _median(times.values()) for stage, times in report.client_seconds.items() if times
-    }
-    client_stage["quantize"] = _median(quantize_seconds.values())
-    per_client_total: dict[int, float] = defaultdict(float)
-    for times in report.client_seconds.values():
-        for cid, seconds in times.items():
-            per_client_total[cid] += seconds
-    for cid, seconds in quantize_seconds.items():
-        per_client_total[cid] += seconds
-    server_total = sum(report.server_seconds.values())
+    times = StageTimes(report, inputs.quantize_seconds)
     prg, masking = _prg_and_masking_seconds(session, k)
     floor = primitive_floor(session, dropped)
-    excl_quantize = sum(per_client_total.values()) + server_total - sum(quantize_seconds.values())
-    up = {cid: sum(s.get(cid, 0) for s in report.bytes_up.values()) for cid in ids}
-    down = {cid: sum(s.get(cid, 0) for s in report.bytes_down.values()) for cid in ids}
+    excl_quantize = times.total - sum(inputs.quantize_seconds.values())
     extra = {} if log is None else {"breakdown": _breakdown(log, floor, excl_quantize)}
     return {
         **extra,
@@ -196,12 +157,12 @@ def bench_protocol(
         "neighbors": k,
         "threshold": t,
         "modulus_bits": session.modulus_bits,
-        "survivors": len(result.survivors),
-        "client_stage_median_s": client_stage,
-        "client_total_median_s": _median(per_client_total.values()),
+        "survivors": len(report.result.survivors),
+        "client_stage_median_s": times.client_stage,
+        "client_total_median_s": _median(times.per_client.values()),
         "server_stage_s": dict(report.server_seconds),
-        "server_total_s": server_total,
-        "total_compute_s": sum(per_client_total.values()) + server_total,
+        "server_total_s": times.server,
+        "total_compute_s": times.total,
         "total_compute_excl_quantize_s": excl_quantize,
         "primitive_floor_s": floor["total_s"],
         "primitive_floor": floor["by_primitive"],
@@ -209,16 +170,91 @@ def bench_protocol(
         "prg_lower_bound_s": prg,
         "masking_s": masking,
         "masking_over_prg": masking / prg,
-        "masked_input_stage_over_prg": client_stage["masked_input"] / prg,
+        "masked_input_stage_over_prg": times.client_stage["masked_input"] / prg,
+        **_traffic(report, ids, dropped),
+        **inputs.checks(report.result, session.modulus_mask),
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def bench_session(
+    ids: list[int], dim: int, k: int, t: int, bits: int, threat: ThreatMode, seed: int
+) -> SessionConfig:
+    """The benchmark round's session: `dim` values plus the quantizer's two extras."""
+    return SessionConfig(
+        session_id=hashlib.sha256(b"bench%d" % seed).digest()[:16],
+        client_ids=tuple(ids),
+        modulus_bits=bits,
+        dimension=dim + 2,
+        neighbors=k,
+        threshold=t,
+        threat_mode=threat,
+        graph_seed=os.urandom(32),
+        run_id=b"bench",
+        round=seed,
+    )
+
+
+class TimedInputs:
+    """The clients' quantized inputs, made on demand; times each quantization and keeps
+    the plain sum of the vectors to check the protocol's sum against."""
+
+    def __init__(self, quantizer: Quantizer, dim: int, seed: int, dimension: int) -> None:
+        self.quantizer, self.dim, self.seed = quantizer, dim, seed
+        self.quantize_seconds: dict[int, float] = {}
+        self.running = np.zeros(dimension, dtype=np.uint64)
+
+    def encoded(self, cid: int) -> np.ndarray:
+        x, weight = client_update(cid, self.dim, self.seed)
+        t0 = CLOCK()
+        vector = self.quantizer.encode_weighted(x, weight)
+        self.quantize_seconds[cid] = CLOCK() - t0
+        np.add(self.running, vector, out=self.running)
+        return vector
+
+    def checks(self, result: AggregateResult, modulus_mask: int) -> dict[str, bool]:
+        """The sum is exact (mod the modulus) and decodes to the survivors' clipped mean."""
+        exact = set(self.quantize_seconds) == set(result.survivors) and np.array_equal(
+            self.running & np.uint64(modulus_mask), result.total.astype(np.uint64)
+        )
+        mean, _, _ = self.quantizer.decode_weighted_mean(result.total)
+        expected = _expected_mean(set(result.survivors), self.dim, self.seed)
+        return {
+            "sum_exact": bool(exact),
+            "mean_close": bool(np.allclose(mean, expected, atol=1e-3)),
+        }
+
+
+class StageTimes:
+    """A round report's CPU seconds: median per client by stage (quantization as its own
+    stage), each client's total, the server's total and everything together."""
+
+    def __init__(self, report: RoundReport, quantize_seconds: dict[int, float]) -> None:
+        self.client_stage = {
+            stage: _median(times.values())
+            for stage, times in report.client_seconds.items()
+            if times
+        }
+        self.client_stage["quantize"] = _median(quantize_seconds.values())
+        self.per_client: dict[int, float] = defaultdict(float)
+        for times in (*report.client_seconds.values(), quantize_seconds):
+            for cid, seconds in times.items():
+                self.per_client[cid] += seconds
+        self.server = sum(report.server_seconds.values())
+        self.total = sum(self.per_client.values()) + self.server
+
+
+def _traffic(report: RoundReport, ids: list[int], dropped: frozenset[int]) -> dict[str, Any]:
+    """Bytes per surviving client (median), in all and by stage."""
+    up = {cid: sum(s.get(cid, 0) for s in report.bytes_up.values()) for cid in ids}
+    down = {cid: sum(s.get(cid, 0) for s in report.bytes_down.values()) for cid in ids}
+    return {
         "bytes_up_per_client_median": _median(v for c, v in up.items() if c not in dropped),
         "bytes_down_per_client_median": _median(v for c, v in down.items() if c not in dropped),
         "bytes_up_stage_median": {s: _median(v.values()) for s, v in report.bytes_up.items() if v},
         "bytes_down_stage_median": {
             s: _median(v.values()) for s, v in report.bytes_down.items() if v
         },
-        "sum_exact": bool(exact),
-        "mean_close": bool(close),
-        "wall_s": time.perf_counter() - started,
     }
 
 
@@ -277,224 +313,11 @@ def bench_flower_secaggplus_compute(
     threshold: int | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Flower 1.41 SecAgg+ compute on the same inputs, client and server side."""
-    from flwr.common import bytes_to_ndarray, ndarray_to_bytes
-    from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
-    from flwr.common.secure_aggregation.crypto.symmetric_encryption import (
-        decrypt,
-        encrypt,
-        generate_shared_key,
-    )
-    from flwr.common.secure_aggregation.ndarrays_arithmetic import (
-        factor_combine,
-        factor_extract,
-        get_parameters_shape,
-        parameters_addition,
-        parameters_mod,
-        parameters_multiply,
-        parameters_subtraction,
-    )
-    from flwr.common.secure_aggregation.quantization import dequantize, quantize
-    from flwr.common.secure_aggregation.secaggplus_utils import (
-        pseudo_rand_gen,
-        share_keys_plaintext_concat,
-        share_keys_plaintext_separate,
-    )
-    from flwr.supercore.primitives.asymmetric import (
-        bytes_to_private_key,
-        bytes_to_public_key,
-        generate_key_pairs,
-        private_key_to_bytes,
-        public_key_to_bytes,
-    )
+    """Flower 1.41 SecAgg+ compute on the same inputs, client and server side
+    (`flower_secaggplus_compute`: Flower's own functions, stage by stage)."""
+    from benchmarks.flower_secaggplus_compute import flower_round_compute
 
-    started = time.perf_counter()
-    ids = list(range(1, n + 1))
-    k, t = graph_parameters(n, dropout, neighbors, threshold)
-    num_shares = min(k + 1, n)  # neighbours + itself, as in the workflow
-    dropped = dropped_clients(ids, dropout, seed)
-    active = [c for c in ids if c not in dropped]
-    client_time: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    server_time: dict[str, float] = defaultdict(float)
-
-    def timed(bucket: dict[int, float] | None, cid: int, fn: Callable[[], Any]) -> Any:
-        t0 = CLOCK()
-        out = fn()
-        elapsed = CLOCK() - t0
-        if bucket is not None:
-            bucket[cid] += elapsed
-        return out
-
-    # Server setup: shuffled ring, each node with num_shares//2 on each side plus itself.
-    t0 = CLOCK()
-    order = list(ids)
-    random.Random(seed).shuffle(order)
-    half = num_shares >> 1
-    neighbours = {
-        nid: {order[(i + off) % n] for off in range(-half, half + 1)} for i, nid in enumerate(order)
-    }
-    server_time["setup"] += CLOCK() - t0
-
-    # Stage 0 (setup): two P-384 key pairs per client, PEM-serialised.
-    keys: dict[int, tuple[bytes, bytes, bytes, bytes]] = {}
-    for cid in ids:
-
-        def setup() -> tuple[bytes, bytes, bytes, bytes]:
-            sk1, pk1 = generate_key_pairs()
-            sk2, pk2 = generate_key_pairs()
-            return (
-                private_key_to_bytes(sk1),
-                public_key_to_bytes(pk1),
-                private_key_to_bytes(sk2),
-                public_key_to_bytes(pk2),
-            )
-
-        keys[cid] = timed(client_time["setup"], cid, setup)
-
-    # Stage 1 (share keys): Shamir-share seed and sk1, encrypt per neighbour with Fernet.
-    seeds: dict[int, bytes] = {}
-    ss2: dict[int, dict[int, bytes]] = defaultdict(dict)
-    own_shares: dict[int, tuple[bytes, bytes]] = {}
-    outbox: dict[int, list[tuple[int, bytes]]] = {}
-    for cid in ids:
-        public = {nid: (keys[nid][1], keys[nid][3]) for nid in neighbours[cid]}
-
-        def share_keys(cid: int = cid, public: dict[int, tuple[bytes, bytes]] = public) -> list:
-            pk_list = [pk for pair in public.values() for pk in pair]
-            assert len(set(pk_list)) == len(pk_list)
-            seed_bytes = os.urandom(32)
-            seeds[cid] = seed_bytes
-            b_shares = create_shares(seed_bytes, t, num_shares)
-            sk1_shares = create_shares(keys[cid][0], t, num_shares)
-            out = []
-            for idx, (nid, (_, pk2)) in enumerate(public.items()):
-                if nid == cid:
-                    own_shares[cid] = (b_shares[idx], sk1_shares[idx])
-                    continue
-                shared = generate_shared_key(
-                    bytes_to_private_key(keys[cid][2]), bytes_to_public_key(pk2)
-                )
-                ss2[cid][nid] = shared
-                plaintext = share_keys_plaintext_concat(cid, nid, b_shares[idx], sk1_shares[idx])
-                out.append((nid, encrypt(shared, plaintext)))
-            return out
-
-        outbox[cid] = timed(client_time["share_keys"], cid, share_keys)
-    t0 = CLOCK()
-    inbox: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
-    for src, messages in outbox.items():
-        for dst, ciphertext in messages:
-            inbox[dst].append((src, ciphertext))
-    server_time["share_keys"] += CLOCK() - t0
-
-    # Stage 2 (collect masked vectors): decrypt shares, quantize, mask with NumPy MT PRGs.
-    held: dict[int, dict[int, tuple[bytes, bytes]]] = defaultdict(dict)
-    uploads: dict[int, list[bytes]] = {}
-    quantize_time = client_time["quantize"]
-    for cid in active:
-        x, weight = client_update(cid, dim, seed)
-
-        def masked_input(cid: int = cid, x: np.ndarray = x, weight: int = weight) -> list[bytes]:
-            for src, ciphertext in inbox[cid]:
-                plaintext = decrypt(ss2[cid][src], ciphertext)
-                actual_src, dst, b_share, sk1_share = share_keys_plaintext_separate(plaintext)
-                assert actual_src == src and dst == cid
-                held[cid][src] = (b_share, sk1_share)
-            held[cid][cid] = own_shares[cid]
-            t_quantize = CLOCK()
-            q_ratio = round(weight / MAX_WEIGHT * LEVELS)
-            params = parameters_multiply([x], q_ratio / LEVELS)
-            quantized = factor_combine(q_ratio, quantize(params, CLIP_RANGE, LEVELS))
-            # Reported as its own stage, like the caller-side quantization on our side.
-            quantize_time[cid] += CLOCK() - t_quantize
-            shapes = [a.shape for a in quantized]
-            quantized = parameters_addition(
-                quantized, pseudo_rand_gen(seeds[cid], FLOWER_MOD_RANGE, shapes)
-            )
-            for nid, _ in inbox[cid]:
-                shared = generate_shared_key(
-                    bytes_to_private_key(keys[cid][0]), bytes_to_public_key(keys[nid][1])
-                )
-                mask = pseudo_rand_gen(shared, FLOWER_MOD_RANGE, shapes)
-                combine = parameters_addition if cid > nid else parameters_subtraction
-                quantized = combine(quantized, mask)
-            quantized = parameters_mod(quantized, FLOWER_MOD_RANGE)
-            return [ndarray_to_bytes(a) for a in quantized]
-
-        uploads[cid] = timed(client_time["masked_input"], cid, masked_input)
-        client_time["masked_input"][cid] -= quantize_time[cid]
-    t0 = CLOCK()
-    total = None
-    for cid in active:
-        vector = [bytes_to_ndarray(b) for b in uploads[cid]]
-        total = vector if total is None else parameters_addition(total, vector)
-    assert total is not None
-    total = parameters_mod(total, FLOWER_MOD_RANGE)
-    server_time["masked_input"] += CLOCK() - t0
-
-    # Stage 3 (unmask): survivors send b-shares of active and sk1-shares of dead neighbours.
-    collected: dict[int, list[bytes]] = {nid: [] for nid in ids}
-    for cid in active:
-
-        def unmask(cid: int = cid) -> tuple[list[int], list[bytes]]:
-            near = neighbours[cid]
-            alive = [nid for nid in near if nid not in dropped]
-            dead = [nid for nid in near if nid in dropped]
-            shares = [held[cid][nid][0] for nid in alive] + [held[cid][nid][1] for nid in dead]
-            return alive + dead, shares
-
-        owners, shares = timed(client_time["unmask"], cid, unmask)
-        t0 = CLOCK()
-        for owner, share in zip(owners, shares, strict=True):
-            collected[owner].append(share)
-        server_time["unmask"] += CLOCK() - t0
-
-    t0 = CLOCK()
-    shapes = get_parameters_shape(total)
-    for nid, share_list in collected.items():
-        if len(share_list) < t:
-            raise RuntimeError("Flower round would fail: not enough shares")
-        secret = combine_shares(share_list)
-        if nid not in dropped:
-            total = parameters_subtraction(total, pseudo_rand_gen(secret, FLOWER_MOD_RANGE, shapes))
-        else:
-            for other in neighbours[nid] - {nid}:
-                shared = generate_shared_key(
-                    bytes_to_private_key(secret), bytes_to_public_key(keys[other][1])
-                )
-                mask = pseudo_rand_gen(shared, FLOWER_MOD_RANGE, shapes)
-                combine = parameters_addition if nid > other else parameters_subtraction
-                total = combine(total, mask)
-    total = parameters_mod(total, FLOWER_MOD_RANGE)
-    q_total, body = factor_extract(total)
-    aggregated = dequantize(body, CLIP_RANGE, LEVELS)[0]
-    aggregated = (aggregated - (len(active) - 1) * CLIP_RANGE) * (LEVELS / q_total)
-    server_time["finalize"] += CLOCK() - t0
-
-    per_client_total: dict[int, float] = defaultdict(float)
-    for times in client_time.values():
-        for cid, seconds in times.items():
-            per_client_total[cid] += seconds
-    expected = _expected_mean(set(active), dim, seed)
-    return {
-        "protocol": "flower-secagg+",
-        "n": n,
-        "dim": dim,
-        "dropout": dropout,
-        "neighbors": num_shares - 1,
-        "threshold": t,
-        "survivors": len(active),
-        "client_stage_median_s": {s: _median(v.values()) for s, v in client_time.items()},
-        "client_total_median_s": _median(per_client_total.values()),
-        "server_stage_s": dict(server_time),
-        "server_total_s": sum(server_time.values()),
-        "total_compute_s": sum(per_client_total.values()) + sum(server_time.values()),
-        "total_compute_excl_quantize_s": sum(per_client_total.values())
-        + sum(server_time.values())
-        - sum(quantize_time.values()),
-        "mean_close": bool(np.allclose(aggregated, expected, atol=1e-2)),
-        "wall_s": time.perf_counter() - started,
-    }
+    return flower_round_compute(n, dim, dropout, neighbors, threshold, seed)
 
 
 def compare(
@@ -604,29 +427,43 @@ def _print_table(out: dict[str, Any]) -> None:
     )
     header = f"{'':28}{'fedveil':>14}" + (f"{'flower':>14}{'ratio':>10}" if theirs else "")
     print(header)
+    _print_compute_rows(ours, theirs)
+    _print_ours_notes(ours, theirs)
+    if theirs:
+        _print_ratios(out)
+    if "breakdown" in out:
+        _print_breakdown(out["breakdown"])
+    print(
+        "times are process CPU seconds; "
+        f"wall: fedveil {ours['wall_s']:.1f}s"
+        + (f", flower {theirs['wall_s']:.1f}s" if theirs else "")
+    )
 
-    def row(label: str, a: float, b: float | None = None) -> None:
-        line = f"{label:28}{a * 1e3:>12.2f}ms"
-        if b is not None:
-            line += f"{b * 1e3:>12.2f}ms{(b / a if a else float('nan')):>9.1f}x"
-        print(line)
 
-    stages = {
-        "advertise": "setup",
-        "share_keys": "share_keys",
-        "quantize": "quantize",
-        "masked_input": "masked_input",
-        "unmask": "unmask",
-    }
-    for ours_stage, flower_stage in stages.items():
+# Our client stage -> Flower's that does the same work.
+_CLIENT_STAGES = {
+    "advertise": "setup",
+    "share_keys": "share_keys",
+    "quantize": "quantize",
+    "masked_input": "masked_input",
+    "unmask": "unmask",
+}
+
+
+def _row(label: str, a: float, b: float | None = None) -> None:
+    line = f"{label:28}{a * 1e3:>12.2f}ms"
+    if b is not None:
+        line += f"{b * 1e3:>12.2f}ms{(b / a if a else float('nan')):>9.1f}x"
+    print(line)
+
+
+def _print_compute_rows(ours: dict[str, Any], theirs: dict[str, Any] | None) -> None:
+    """Per client stage (medians), per server stage, and the totals, side by side."""
+    for ours_stage, flower_stage in _CLIENT_STAGES.items():
         a = ours["client_stage_median_s"].get(ours_stage, 0.0)
-        b = (
-            theirs["client_stage_median_s"].get(flower_stage, 0.0)
-            if theirs and flower_stage
-            else None
-        )
-        row(f"client {ours_stage} (median)", a, b)
-    row(
+        b = theirs["client_stage_median_s"].get(flower_stage, 0.0) if theirs else None
+        _row(f"client {ours_stage} (median)", a, b)
+    _row(
         "client total (median)",
         ours["client_total_median_s"],
         theirs["client_total_median_s"] if theirs else None,
@@ -635,13 +472,17 @@ def _print_table(out: dict[str, Any]) -> None:
         # Flower's server work of the first stage is its graph setup.
         flower_stage = "setup" if stage == "advertise" else stage
         b = theirs["server_stage_s"].get(flower_stage, 0.0) if theirs else None
-        row(f"server {stage}", a, b)
-    row("server total", ours["server_total_s"], theirs["server_total_s"] if theirs else None)
-    row(
+        _row(f"server {stage}", a, b)
+    _row("server total", ours["server_total_s"], theirs["server_total_s"] if theirs else None)
+    _row(
         "all compute (clients+server)",
         ours["total_compute_s"],
         theirs["total_compute_s"] if theirs else None,
     )
+
+
+def _print_ours_notes(ours: dict[str, Any], theirs: dict[str, Any] | None) -> None:
+    """Our masking against its PRG bytes, our round against its primitive floor, bytes."""
     print(
         f"client PRG lower bound {ours['prg_lower_bound_s'] * 1e3:.2f} ms; masking "
         f"{ours['masking_s'] * 1e3:.2f} ms ({ours['masking_over_prg']:.2f}x PRG); whole "
@@ -659,23 +500,18 @@ def _print_table(out: dict[str, Any]) -> None:
         f"mean ok={ours['mean_close']}"
         + (f"; flower mean ok={theirs['mean_close']}" if theirs else "")
     )
-    if theirs:
-        print(
-            f"compute_ratio (flower/fedveil, CPU of all clients + server) = "
-            f"{out['compute_ratio']:.1f}x; without quantization "
-            f"{out['compute_ratio_excl_quantize']:.1f}x; round critical path (median client + "
-            f"server) {out['critical_path_ratio']:.1f}x"
-        )
-        print(
-            f"compute_ratio ceiling (our round at its primitive floor + our quantization) = "
-            f"{out['compute_ratio_ceiling']:.1f}x"
-        )
-    if "breakdown" in out:
-        _print_breakdown(out["breakdown"])
+
+
+def _print_ratios(out: dict[str, Any]) -> None:
     print(
-        "times are process CPU seconds; "
-        f"wall: fedveil {ours['wall_s']:.1f}s"
-        + (f", flower {theirs['wall_s']:.1f}s" if theirs else "")
+        f"compute_ratio (flower/fedveil, CPU of all clients + server) = "
+        f"{out['compute_ratio']:.1f}x; without quantization "
+        f"{out['compute_ratio_excl_quantize']:.1f}x; round critical path (median client + "
+        f"server) {out['critical_path_ratio']:.1f}x"
+    )
+    print(
+        f"compute_ratio ceiling (our round at its primitive floor + our quantization) = "
+        f"{out['compute_ratio_ceiling']:.1f}x"
     )
 
 

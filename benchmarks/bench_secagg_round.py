@@ -37,7 +37,6 @@ import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
@@ -49,7 +48,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from benchmarks import bench_secagg
+from benchmarks import bench_secagg, run_directory
 from fedveil.cli.bench import add_secagg_arguments
 from fedveil.client.runtime import ClientRuntime, client_generator
 from fedveil.client.training import LocalTraining, train_local
@@ -60,9 +59,10 @@ from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind, Stage
 from fedveil.protocol.riders import detach, join_replies
 from fedveil.server.engine.aggregation import Aggregate, UpdateChannel
-from fedveil.server.engine.pipeline import make_privacy_pipeline
+from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.rounds import RoundEngine, initial_model
-from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.runstore import RunStore
+from fedveil.server.engine.transport import ClientFailure, RoundReporter, Transport
 from fedveil.tasks import ClientData, Task
 
 CLASSES = 10
@@ -212,6 +212,13 @@ class Traffic:
 # -- our side -------------------------------------------------------------------------------
 
 
+def report_of(part: object, round_num: int) -> Mapping[str, Any]:
+    """What a wrapped transport or channel adds to the round's record (RoundReporter):
+    the wrappers below pass it through, so the engine records the rounds it would
+    record without them."""
+    return part.round_report(round_num) if isinstance(part, RoundReporter) else {}
+
+
 class DroppingRuntime(ClientRuntime):
     """fedveil's client runtime, except that the chosen clients raise at the chosen kinds."""
 
@@ -260,6 +267,9 @@ class DroppingTransport:
 
     def close(self) -> None:
         self.base.close()
+
+    def round_report(self, round_num: int) -> Mapping[str, Any]:
+        return report_of(self.base, round_num)
 
 
 def drop_kinds(w: Workload, secagg: bool) -> frozenset[str]:
@@ -326,6 +336,9 @@ class CountingTransport:
     def close(self) -> None:
         self.inner.close()
 
+    def round_report(self, round_num: int) -> Mapping[str, Any]:
+        return report_of(self.inner, round_num)
+
 
 class RecordingChannel:
     """Passes the collection through; keeps round 1's aggregate for the correctness check."""
@@ -346,6 +359,9 @@ class RecordingChannel:
         if self.first is None and agg is not None:
             self.first = agg
         return agg
+
+    def round_report(self, round_num: int) -> Mapping[str, Any]:
+        return report_of(self.inner, round_num)
 
 
 class ExtraExchangesChannel:
@@ -368,6 +384,9 @@ class ExtraExchangesChannel:
         for _ in range(self.extra):
             transport.exchange({cid: Envelope(Kind.HELLO, rnd) for cid in requests}, timeout_s)
         return self.inner.collect(transport, requests, model_size, timeout_s, upcoming)
+
+    def round_report(self, round_num: int) -> Mapping[str, Any]:
+        return report_of(self.inner, round_num)
 
 
 # Exchanges a steady semi-honest round of ours adds to the training exchange: unmask (the
@@ -409,43 +428,23 @@ def run_ours(
     transport: str = "flower",
     *,
     floor: bool = False,
+    run_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """R rounds of fedveil's round engine, with or without secure aggregation (or, with
-    `floor`, plain rounds padded with the secure round's extra exchanges, left empty)."""
+    """R rounds of fedveil's run lifecycle (the one `fedveil simulate` and the deployed
+    ServerApp run: privacy pipeline, round engine, run directory, model), with or without
+    secure aggregation (or, with `floor`, plain rounds padded with the secure round's extra
+    exchanges, left empty). The run directory is `run_dir` (None: a temporary folder)."""
     cfg = run_config(w, secagg, k, t, rounds, transport)
     task = w.task()
-    with tempfile.TemporaryDirectory() as tmp:
-        _, inner = make_privacy_pipeline(cfg, task, Path(tmp) / "ledger.jsonl")
-    if floor:
-        inner = ExtraExchangesChannel(inner, EXTRA_EXCHANGES)
-    channel = RecordingChannel(inner)
     counter = Traffic()
-    started = time.perf_counter()
-    # Process CPU time at each round's end: in-process, every client runs here, so this is
-    # the round's whole compute, robust to a busy machine (under Flower it misses the workers).
-    cpu_marks = [time.process_time()]
-
-    def build(base: Transport) -> RoundEngine:
-        def mark(_record: Any) -> None:
-            cpu_marks.append(time.process_time())
-
-        return RoundEngine(
-            cfg, task, CountingTransport(base, counter), channel=channel, on_round=mark
-        )
-
-    if transport == "inprocess":
-        from fedveil.simulations.inprocess import InProcessTransport
-
-        base = DroppingTransport(InProcessTransport(task), w.dropped, drop_kinds(w, secagg))
-        engine = build(base)
-        cpu_marks[0] = time.process_time()
-        engine.run()
-    else:
-        from fedveil.simulations.flower_runner import run_on_flower
-
-        with _client_runtime(DroppingRuntimeFactory(w, secagg)):
-            engine = run_on_flower(cfg, w.clients, build)["engine"]
-    wall = time.perf_counter() - started
+    with run_directory(run_dir) as out:
+        run = RunLifecycle(cfg, task, RunStore(out))
+        inner = ExtraExchangesChannel(run.channel, EXTRA_EXCHANGES) if floor else run.channel
+        channel = run.channel = RecordingChannel(inner)
+        started = time.perf_counter()
+        engine, cpu_marks = _run_rounds(run, w, secagg, transport, counter)
+        wall = time.perf_counter() - started
+        run.finish(engine, engine.summary(wall), model_metadata={"task": task.name})
     durations = [r.duration_s for r in engine.history]
     first = channel.first
     return {
@@ -453,7 +452,7 @@ def run_ours(
         "secagg": secagg,
         "transport": transport,
         "round_s": durations,
-        "round_cpu_s": list(np.diff(cpu_marks)) if transport == "inprocess" else None,
+        "round_cpu_s": list(np.diff(cpu_marks)) if cpu_marks else None,
         "wall_s": wall,
         "survivors": [r.cohort_aggregated for r in engine.history],
         "applied": [r.applied for r in engine.history],
@@ -464,6 +463,38 @@ def run_ours(
         "_mean": None if first is None else first.mean.double().numpy(),
         "_contributors": 0 if first is None else len(first.contributors),
     }
+
+
+def _run_rounds(
+    run: RunLifecycle, w: Workload, secagg: bool, transport: str, counter: Traffic
+) -> tuple[RoundEngine, list[float] | None]:
+    """The run's rounds over `transport`, every exchange counted; the engine, and (in-process
+    only) the process CPU time at the start and at each round's end: in-process every client
+    runs here, so that is the round's whole compute, robust to a busy machine (under Flower
+    it would miss the workers)."""
+    cpu_marks = [time.process_time()]
+
+    def build(base: Transport) -> RoundEngine:
+        def mark(_record: Any) -> None:
+            cpu_marks.append(time.process_time())
+
+        return run.engine(CountingTransport(base, counter), on_round=mark, resume=False)
+
+    if transport == "inprocess":
+        from fedveil.simulations.inprocess import InProcessTransport
+
+        base = DroppingTransport(InProcessTransport(run.task), w.dropped, drop_kinds(w, secagg))
+        engine = build(base)
+        cpu_marks[0] = time.process_time()
+        try:
+            engine.run()
+        finally:
+            base.close()
+        return engine, cpu_marks
+    from fedveil.simulations.flower_runner import run_on_flower
+
+    with _client_runtime(DroppingRuntimeFactory(w, secagg)):
+        return run_on_flower(run.cfg, w.clients, build)["engine"], None
 
 
 # -- the benchmark ------------------------------------------------------------------------
@@ -576,20 +607,7 @@ def bench(
     floor: bool = False,
 ) -> dict[str, Any]:
     """Everything `fedveil bench secagg` reports, as one JSON-able dict."""
-    if rounds < 2:
-        raise ValueError(f"--rounds {rounds}: need >= 2 (round 1 is excluded as warm-up)")
-    if repeat < 1:
-        raise ValueError(f"--repeat {repeat}: must be >= 1")
-    if w.clients < 2:
-        raise ValueError(f"--clients {w.clients}: secure aggregation needs >= 2 clients")
-    if not 0 <= w.dropout <= 0.5:
-        raise ValueError(f"--dropout {w.dropout}: must be in [0, 0.5]")
-    if w.examples < 1 or w.dim < 2 * CLASSES:
-        raise ValueError(f"--examples {w.examples}, --dim {w.dim}: need >= 1 and >= {2 * CLASSES}")
-    if w.drop_stage not in DROP_STAGES:
-        raise ValueError(f"--drop-stage {w.drop_stage!r}: one of {', '.join(DROP_STAGES)}")
-    if peer is not None and transport != "flower":
-        raise ValueError("--peer flower compares rounds over Flower's transport: drop --transport")
+    check_arguments(w, rounds=rounds, repeat=repeat, peer=peer, transport=transport)
     k, t = graph_parameters(w, neighbors, threshold)
     load_before = os.getloadavg()
     started = time.perf_counter()
@@ -619,6 +637,48 @@ def bench(
             flower=peer == "flower",
             repeats=repeat,
         )
+    runs = run_rounds(w, k, t, rounds, repeat=repeat, peer=peer, transport=transport, floor=floor)
+    out["checks"] = round_one_checks(w, runs)
+    out["rounds_detail"] = {name: [_without_private(r) for r in rs] for name, rs in runs.items()}
+    out["round"] = round_summary(runs, floor=floor)
+    out.update(headline(out))
+    out["load_avg"] = {"before": list(load_before), "after": list(os.getloadavg())}
+    out["wall_s"] = time.perf_counter() - started
+    return out
+
+
+def check_arguments(
+    w: Workload, *, rounds: int, repeat: int, peer: str | None, transport: str
+) -> None:
+    """Refuse a workload or flags the benchmark cannot measure, naming the flag."""
+    if rounds < 2:
+        raise ValueError(f"--rounds {rounds}: need >= 2 (round 1 is excluded as warm-up)")
+    if repeat < 1:
+        raise ValueError(f"--repeat {repeat}: must be >= 1")
+    if w.clients < 2:
+        raise ValueError(f"--clients {w.clients}: secure aggregation needs >= 2 clients")
+    if not 0 <= w.dropout <= 0.5:
+        raise ValueError(f"--dropout {w.dropout}: must be in [0, 0.5]")
+    if w.examples < 1 or w.dim < 2 * CLASSES:
+        raise ValueError(f"--examples {w.examples}, --dim {w.dim}: need >= 1 and >= {2 * CLASSES}")
+    if w.drop_stage not in DROP_STAGES:
+        raise ValueError(f"--drop-stage {w.drop_stage!r}: one of {', '.join(DROP_STAGES)}")
+    if peer is not None and transport != "flower":
+        raise ValueError("--peer flower compares rounds over Flower's transport: drop --transport")
+
+
+def run_rounds(
+    w: Workload,
+    k: int,
+    t: int,
+    rounds: int,
+    *,
+    repeat: int,
+    peer: str | None,
+    transport: str,
+    floor: bool,
+) -> dict[str, list[dict[str, Any]]]:
+    """Every configuration's runs, by name (`fedveil_plain`, `flower_secagg`, ...)."""
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for _ in range(repeat):
         # Interleaved, so that a change of machine load hits every configuration alike.
@@ -631,40 +691,31 @@ def bench(
 
             runs["flower_plain"].append(run_flower(w, False, k, t, rounds))
             runs["flower_secagg"].append(run_flower(w, True, k, t, rounds))
-    # Round 1 of every framework's first plain and secure run, against the same reference.
+    return runs
+
+
+def round_one_checks(w: Workload, runs: Mapping[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Round 1 of every framework's first plain and secure run, against the same reference."""
     reference = reference_mean(w, expected_contributors(w, False))
     reference_sa = (
         reference_mean(w, expected_contributors(w, True)) if w.drop_stage == "unmask" else None
     )
-    out["checks"] = {}
-    for fw in ("fedveil", "flower"):
-        if f"{fw}_plain" in runs:
-            out["checks"][fw] = check_aggregates(
-                w, runs[f"{fw}_plain"][0], runs[f"{fw}_secagg"][0], reference, reference_sa
-            )
-    out["rounds_detail"] = {name: [_without_private(r) for r in rs] for name, rs in runs.items()}
-    summary: dict[str, Any] = {}
-    for fw in ("fedveil", "flower"):
-        if f"{fw}_plain" not in runs:
-            continue
-        plain, secure = steady(runs[f"{fw}_plain"]), steady(runs[f"{fw}_secagg"])
-        last = runs[f"{fw}_secagg"][-1]
-        summary[fw] = {
-            "plain_round_s": plain,
-            "secagg_round_s": secure,
-            "plain_round_cpu_s": steady_cpu(runs[f"{fw}_plain"]),
-            "secagg_round_cpu_s": steady_cpu(runs[f"{fw}_secagg"]),
-            "overhead_s": None if plain is None or secure is None else secure - plain,
-            "bytes_up_per_client": last["bytes_up_per_client"],
-            "bytes_down_per_client": last["bytes_down_per_client"],
-            "plain_bytes_up_per_client": runs[f"{fw}_plain"][-1]["bytes_up_per_client"],
-            "plain_bytes_down_per_client": runs[f"{fw}_plain"][-1]["bytes_down_per_client"],
-            # Where the secure round's time goes (last run): each exchange, and the rest.
-            "secagg_exchange_s": last["exchange_s"],
-            "plain_exchange_s": runs[f"{fw}_plain"][-1]["exchange_s"],
-            "secagg_outside_exchanges_s": steady(runs[f"{fw}_secagg"], "outside_exchanges_s"),
-            "plain_outside_exchanges_s": steady(runs[f"{fw}_plain"], "outside_exchanges_s"),
-        }
+    return {
+        fw: check_aggregates(
+            w, runs[f"{fw}_plain"][0], runs[f"{fw}_secagg"][0], reference, reference_sa
+        )
+        for fw in ("fedveil", "flower")
+        if f"{fw}_plain" in runs
+    }
+
+
+def round_summary(runs: Mapping[str, list[dict[str, Any]]], *, floor: bool) -> dict[str, Any]:
+    """Per framework: steady round times, overhead, bytes and where the time goes."""
+    summary = {
+        fw: framework_summary(runs[f"{fw}_plain"], runs[f"{fw}_secagg"])
+        for fw in ("fedveil", "flower")
+        if f"{fw}_plain" in runs
+    }
     if floor:
         floor_s = steady(runs["fedveil_floor"])
         plain_s = summary["fedveil"]["plain_round_s"]
@@ -672,35 +723,66 @@ def bench(
         summary["fedveil"]["transport_floor_s"] = (
             None if floor_s is None or plain_s is None else floor_s - plain_s
         )
-    out["round"] = summary
+    return summary
+
+
+def framework_summary(
+    plain_runs: Sequence[dict[str, Any]], secure_runs: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """One framework's plain and secure runs, side by side."""
+    plain, secure = steady(plain_runs), steady(secure_runs)
+    last, last_plain = secure_runs[-1], plain_runs[-1]
+    return {
+        "plain_round_s": plain,
+        "secagg_round_s": secure,
+        "plain_round_cpu_s": steady_cpu(plain_runs),
+        "secagg_round_cpu_s": steady_cpu(secure_runs),
+        "overhead_s": None if plain is None or secure is None else secure - plain,
+        "bytes_up_per_client": last["bytes_up_per_client"],
+        "bytes_down_per_client": last["bytes_down_per_client"],
+        "plain_bytes_up_per_client": last_plain["bytes_up_per_client"],
+        "plain_bytes_down_per_client": last_plain["bytes_down_per_client"],
+        # Where the secure round's time goes (last run): each exchange, and the rest.
+        "secagg_exchange_s": last["exchange_s"],
+        "plain_exchange_s": last_plain["exchange_s"],
+        "secagg_outside_exchanges_s": steady(secure_runs, "outside_exchanges_s"),
+        "plain_outside_exchanges_s": steady(plain_runs, "outside_exchanges_s"),
+    }
+
+
+def headline(out: Mapping[str, Any]) -> dict[str, Any]:
+    """The ratios, their ceilings and the targets, from the round summary and compute part."""
+    summary = out["round"]
     ours_over = summary["fedveil"]["overhead_s"]
     theirs_over = summary.get("flower", {}).get("overhead_s")
-    # An overhead at or below zero is noise swamping the difference: no meaningful ratio.
-    out["ratio"] = (
-        theirs_over / ours_over if theirs_over is not None and ours_over and ours_over > 0 else None
-    )
     floor_over = summary["fedveil"].get("transport_floor_s")
-    # The best `ratio` any protocol of ours could reach over this transport.
-    out["ratio_ceiling"] = (
-        theirs_over / floor_over
-        if theirs_over is not None and floor_over and floor_over > 0
-        else None
-    )
-    out["compute_ratio"] = out.get("compute", {}).get("compute_ratio")
-    # The best `compute_ratio` our protocol could reach: our round at its primitive floor.
-    out["compute_ratio_ceiling"] = out.get("compute", {}).get("compute_ratio_ceiling")
+    compute = out.get("compute", {})
+    head: dict[str, Any] = {
+        # An overhead at or below zero is noise swamping the difference: no meaningful ratio.
+        "ratio": _over(theirs_over, ours_over),
+        # The best `ratio` any protocol of ours could reach over this transport.
+        "ratio_ceiling": _over(theirs_over, floor_over),
+        "compute_ratio": compute.get("compute_ratio"),
+        # The best `compute_ratio` our protocol could reach: our round at its primitive floor.
+        "compute_ratio_ceiling": compute.get("compute_ratio_ceiling"),
+    }
     if compute:
-        out["masking_over_prg"] = out["compute"]["fedveil"]["masking_over_prg"]
-    out["targets"] = {
-        name: {"target": goal, "met": None if out.get(name) is None else _meets(name, out, goal)}
+        head["masking_over_prg"] = compute["fedveil"]["masking_over_prg"]
+    head["targets"] = {
+        name: {"target": goal, "met": None if head.get(name) is None else _meets(name, head, goal)}
         for name, goal in TARGETS.items()
     }
-    out["load_avg"] = {"before": list(load_before), "after": list(os.getloadavg())}
-    out["wall_s"] = time.perf_counter() - started
-    return out
+    return head
 
 
-def _meets(name: str, out: dict[str, Any], goal: float) -> bool:
+def _over(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, or None when either is missing or the denominator <= 0."""
+    if numerator is None or not denominator or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def _meets(name: str, out: Mapping[str, Any], goal: float) -> bool:
     value = float(out[name])
     return value <= goal if name == "masking_over_prg" else value >= goal
 

@@ -90,6 +90,49 @@ def test_floor_rounds_give_the_plain_aggregate():
     assert set(floor["exchange_s"]) == {"hello", "train"} and set(plain["exchange_s"]) == {"train"}
 
 
+def test_our_rounds_are_the_products_lifecycle(tmp_path):
+    # The secure rounds timed are the run lifecycle's (`fedveil simulate`, the ServerApp):
+    # its run directory, its records (secure-aggregation fields included), its model.
+    k, t = graph_parameters(TINY, None, None)
+    secure = run_ours(TINY, True, k, t, 2, "inprocess", run_dir=tmp_path)
+    assert {"metrics.jsonl", "model.safetensors", "summary.json"} <= {
+        p.name for p in tmp_path.iterdir()
+    }
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    metrics = [json.loads(line) for line in lines]
+    assert [m["round"] for m in metrics] == [1, 2]
+    assert secure["round_s"] == [m["duration_s"] for m in metrics]
+    assert all(m["secagg_neighbors"] == k and m["secagg_threshold"] == t for m in metrics)
+    assert secure["survivors"] == [m["cohort_aggregated"] for m in metrics]
+    assert secure["survivors"][0] == TINY.clients - len(TINY.dropped)
+
+
+def test_compute_part_reports_each_stage_of_both_protocols():
+    pytest.importorskip("flwr")
+    out = bench_secagg.compare(n=6, dim=200, dropout=0.17, seed=3)
+    theirs = out["flower"]
+    assert theirs["mean_close"] and out["fedveil"]["sum_exact"]
+    assert set(theirs["client_stage_median_s"]) == {
+        "setup",
+        "share_keys",
+        "quantize",
+        "masked_input",
+        "unmask",
+    }
+    assert set(theirs["server_stage_s"]) == {
+        "setup",
+        "share_keys",
+        "masked_input",
+        "unmask",
+        "finalize",
+    }
+    assert theirs["survivors"] == 5 and theirs["neighbors"] == 5
+    assert theirs["total_compute_s"] > theirs["total_compute_excl_quantize_s"] > 0
+    table = bench_secagg_round._capture(bench_secagg._print_table, out)
+    assert "client quantize (median)" in table and "compute_ratio (flower/fedveil" in table
+    assert "flower mean ok=True" in table
+
+
 def test_clients_failing_at_unmask_still_count_in_the_secure_sum():
     w = Workload(clients=6, dim=1000, dropout=0.17, drop_stage="unmask", seed=3)
     k, t = graph_parameters(w, None, None)

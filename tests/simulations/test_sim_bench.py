@@ -53,6 +53,22 @@ def test_our_contender_trains_clients_in_units(monkeypatch):
     assert result["vmap_clients"] == 32 and sum(trained) == 40 and max(trained) > 1
 
 
+def test_our_contender_runs_the_products_lifecycle_and_times_its_rounds(tmp_path):
+    # Ours is `fedveil simulate`'s run, not a copy of it: the run directory it leaves is
+    # the one the lifecycle writes, and its round times are the engine's recorded ones.
+    w = Workload(clients=8, per_round=6, rounds=2, examples=20, pool=200)
+    result = run_ours(w, 1, run_dir=tmp_path)
+    assert {"metrics.jsonl", "model.safetensors", "summary.json"} <= {
+        p.name for p in tmp_path.iterdir()
+    }
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["round"] for m in metrics] == [1, 2]
+    assert result["round_s"] == [m["duration_s"] for m in metrics]
+    assert result["train_loss"] == [m["train_loss"] for m in metrics]
+    assert len(result["round_cpu_s"]) == 2
+    assert json.loads((tmp_path / "summary.json").read_text())["rounds"] == 2
+
+
 def test_population_mode_reports_memory_growth():
     proc = bench("--population", "50,500", "--per-round", "5", "--rounds", "2", "--json")
     assert proc.returncode == 0, proc.stderr
