@@ -256,11 +256,40 @@ def published_statistics(
     has_cohort_commitment: bool = False,
 ) -> list[dict[str, str]]:
     """Everything a DP run publishes (and what it keeps private), with its protection."""
+    stats = _released_statistics(mechanism, adaptive_clipping)
+    if has_coordinator_epsilon:
+        stats.append(
+            {
+                "name": "epsilon_coordinator_max and its distribution",
+                "protection": "a function of how often clients took part, not of who or "
+                "of their data; under zero-out or replace-one adjacency participation "
+                "itself is not what is protected",
+            }
+        )
+    stats.append(
+        {
+            "name": "round status (applied / aborted)",
+            "protection": _status(neighbouring, secure_aggregation),
+        }
+    )
+    if has_cohort_commitment:
+        stats.append(
+            {
+                "name": "cohort_commitment (first ledger entry)",
+                "protection": "a hash commitment to the secret cohort key: reveals no "
+                "cohort until the operator opens it to an auditor",
+            }
+        )
+    return stats + _unaccounted_statistics()
+
+
+def _released_statistics(mechanism: str, adaptive_clipping: bool) -> list[dict[str, str]]:
+    """What every DP run publishes: the models, the server's evaluation, the parameters."""
     release = {
         CENTRAL_GAUSSIAN: "Gaussian noise added by the server",
         DISTRIBUTED_SKELLAM: "Skellam noise shares added by the clients",
     }.get(mechanism, "the mechanism's noise")
-    stats = [
+    return [
         {
             "name": "model (one per round)",
             "protection": f"accounted release: {release}; charged in the ledger before it "
@@ -286,44 +315,22 @@ def published_statistics(
             ),
         },
     ]
-    if has_coordinator_epsilon:
-        stats.append(
-            {
-                "name": "epsilon_coordinator_max and its distribution",
-                "protection": "a function of how often clients took part, not of who or "
-                "of their data; under zero-out or replace-one adjacency participation "
-                "itself is not what is protected",
-            }
-        )
-    stats.append(
+
+
+def _unaccounted_statistics() -> list[dict[str, str]]:
+    """Side channels that are published unaccounted, and what stays in the private annex."""
+    return [
         {
-            "name": "round status (applied / aborted)",
-            "protection": _status(neighbouring, secure_aggregation),
-        }
-    )
-    if has_cohort_commitment:
-        stats.append(
-            {
-                "name": "cohort_commitment (first ledger entry)",
-                "protection": "a hash commitment to the secret cohort key: reveals no "
-                "cohort until the operator opens it to an auditor",
-            }
-        )
-    stats.extend(
-        [
-            {
-                "name": "round duration, clients connected",
-                "protection": "not accounted: timing and device availability are side "
-                "channels, not computed from client data",
-            },
-            {
-                "name": "cohort and survivor counts, drop reasons, clients' training loss, "
-                "federated evaluation",
-                "protection": "private annex only (private/rounds.jsonl, mode 600): not published",
-            },
-        ]
-    )
-    return stats
+            "name": "round duration, clients connected",
+            "protection": "not accounted: timing and device availability are side "
+            "channels, not computed from client data",
+        },
+        {
+            "name": "cohort and survivor counts, drop reasons, clients' training loss, "
+            "federated evaluation",
+            "protection": "private annex only (private/rounds.jsonl, mode 600): not published",
+        },
+    ]
 
 
 def _status(neighbouring: str, secure_aggregation: str | None) -> str:

@@ -61,34 +61,12 @@ def build_report(
     last = releases[-1] if releases else _entry_from_config(config)  # type: ignore[arg-type]
     epsilon = float(last["epsilon"]) if releases else 0.0
     mechanism = str(last["mechanism"])
-    sampling_rate = float(last["sampling_rate"])
     delta = float(last["delta"])
     budget_against = str(last.get("budget_against", budget_against or "observers"))
-    noise_shares = last.get("noise_shares")
-
     coordinator = coordinator_figure(mechanism, releases, closing, private_records, delta)
-    adversaries = {
-        "observers": {
-            "epsilon": epsilon,
-            "delta": delta,
-            "accountant": last["accountant"],
-            "amplified_by_sampling": sampling_rate < 1.0,
-            "holds_if": observers_holds_if(
-                mechanism, sampling_rate, cohort_source, secure_aggregation, noise_shares
-            ),
-        },
-        "coordinator": coordinator,
-        "cohort_members": {
-            "sees": cohort_members_text(secure_aggregation),
-            "bound": cohort_members_bound(mechanism, secure_aggregation),
-        },
-    }
     budgeted = epsilon
     if budget_against == "coordinator" and coordinator.get("epsilon_max") is not None:
         budgeted = float(coordinator["epsilon_max"])
-    series = {name: [entry.get(name) for entry in releases] for name in _SERIES_FIELDS}
-    if any(_COORDINATOR_SERIES in entry for entry in releases):
-        series[_COORDINATOR_SERIES] = [entry.get(_COORDINATOR_SERIES) for entry in releases]
     report: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
         "epsilon": epsilon,
@@ -96,36 +74,17 @@ def build_report(
         "budget_epsilon": last["budget_epsilon"],
         "budget_against": budget_against,
         "budget_remaining": max(0.0, float(last["budget_epsilon"]) - budgeted),
-        "mechanism": mechanism,
-        "noise_multiplier": float(last["noise_multiplier"]),
-        "sampling": last["sampling"],
-        "sampling_rate": sampling_rate,
-        "sampling_statement": sampling_statement(
-            str(last["sampling"]), sampling_rate, cohort_source
-        ),
-        "cohort_source": cohort_source,
-        "privacy_unit": last["privacy_unit"],
-        "neighbouring": last["neighbouring"],
-        "neighbouring_protects": neighbouring_protects(
-            str(last["neighbouring"]), str(last["privacy_unit"])
-        ),
-        "accountant": last["accountant"],
-        "adversaries": adversaries,
+        **_parameters(last, cohort_source),
+        "adversaries": _adversaries(last, epsilon, coordinator, cohort_source, secure_aggregation),
         "sensitivity": sensitivity_statement(mechanism, secure_aggregation),
-        "published_statistics": published_statistics(
-            mechanism,
-            str(last["neighbouring"]),
-            secure_aggregation,
-            adaptive_clipping=any("next_clip_norm" in entry for entry in releases)
-            or bool(config is not None and config.adaptive_clipping),
-            has_coordinator_epsilon=coordinator.get("epsilon_max") is not None,
-            has_cohort_commitment=bool(releases and "cohort_commitment" in releases[0]),
+        "published_statistics": _statistics(
+            last, releases, config, secure_aggregation, coordinator
         ),
         "ledger_state": ledger_state(entries, verification),
         "rounds": len(releases),
         "ledger_entries": len(entries),
         "ledger_head_hash": entries[-1]["hash"] if entries else GENESIS_HASH,
-        "series": series,
+        "series": _series(releases),
         "assumptions": assumptions_for(
             mechanism,
             str(last["privacy_unit"]),
@@ -141,6 +100,86 @@ def build_report(
     if verification is not None:
         report["verification"] = _verification(verification)
     return report
+
+
+def _parameters(last: Mapping[str, Any], cohort_source: str | None) -> dict[str, Any]:
+    """The run's mechanism, z, sampling (with what q means in words) and adjacency."""
+    sampling_rate = float(last["sampling_rate"])
+    return {
+        "mechanism": str(last["mechanism"]),
+        "noise_multiplier": float(last["noise_multiplier"]),
+        "sampling": last["sampling"],
+        "sampling_rate": sampling_rate,
+        "sampling_statement": sampling_statement(
+            str(last["sampling"]), sampling_rate, cohort_source
+        ),
+        "cohort_source": cohort_source,
+        "privacy_unit": last["privacy_unit"],
+        "neighbouring": last["neighbouring"],
+        "neighbouring_protects": neighbouring_protects(
+            str(last["neighbouring"]), str(last["privacy_unit"])
+        ),
+        "accountant": last["accountant"],
+    }
+
+
+def _adversaries(
+    last: Mapping[str, Any],
+    epsilon: float,
+    coordinator: dict[str, Any],
+    cohort_source: str | None,
+    secure_aggregation: str | None,
+) -> dict[str, Any]:
+    """One guarantee each for the observers, the coordinator and cohort members."""
+    mechanism = str(last["mechanism"])
+    sampling_rate = float(last["sampling_rate"])
+    return {
+        "observers": {
+            "epsilon": epsilon,
+            "delta": float(last["delta"]),
+            "accountant": last["accountant"],
+            "amplified_by_sampling": sampling_rate < 1.0,
+            "holds_if": observers_holds_if(
+                mechanism,
+                sampling_rate,
+                cohort_source,
+                secure_aggregation,
+                last.get("noise_shares"),
+            ),
+        },
+        "coordinator": coordinator,
+        "cohort_members": {
+            "sees": cohort_members_text(secure_aggregation),
+            "bound": cohort_members_bound(mechanism, secure_aggregation),
+        },
+    }
+
+
+def _statistics(
+    last: Mapping[str, Any],
+    releases: list[dict[str, Any]],
+    config: DpConfig | None,
+    secure_aggregation: str | None,
+    coordinator: Mapping[str, Any],
+) -> list[dict[str, str]]:
+    """What the run publishes and how each is protected."""
+    return published_statistics(
+        str(last["mechanism"]),
+        str(last["neighbouring"]),
+        secure_aggregation,
+        adaptive_clipping=any("next_clip_norm" in entry for entry in releases)
+        or bool(config is not None and config.adaptive_clipping),
+        has_coordinator_epsilon=coordinator.get("epsilon_max") is not None,
+        has_cohort_commitment=bool(releases and "cohort_commitment" in releases[0]),
+    )
+
+
+def _series(releases: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Per-release values for the charts (the coordinator's when recorded)."""
+    series = {name: [entry.get(name) for entry in releases] for name in _SERIES_FIELDS}
+    if any(_COORDINATOR_SERIES in entry for entry in releases):
+        series[_COORDINATOR_SERIES] = [entry.get(_COORDINATOR_SERIES) for entry in releases]
+    return series
 
 
 def headline_lines(report: Mapping[str, Any]) -> list[str]:

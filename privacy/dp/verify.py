@@ -163,19 +163,7 @@ def verify_ledger(
     state = _State(public_key, find_key or find_public_key)
     try:
         items, tail = _read(source)
-        recompute_at = _recompute_indices(len(items), max_epsilon_checks)
-        for line, item in enumerate(items, start=1):
-            # Parse line by line so a garbled line 5 does not mask a bad hash on line 3.
-            entry = _parse_line(item, line) if isinstance(item, bytes) else item
-            _check_entry(entry, line, state)
-            if entry_kind(entry) == RELEASE:
-                state.last_release_checked = False
-                if line - 1 in recompute_at:
-                    _check_recomputed_epsilon(entry, line, state, second, rel_tol, abs_tol)
-            else:
-                _check_close(entry, line, state, second, rel_tol, abs_tol)
-            state.entries.append(entry)
-            state.passed = line
+        _check_items(items, state, second, rel_tol, abs_tol, max_epsilon_checks)
         if tail:
             raise _Discrepancy(
                 f"partial last line ({len(tail)} bytes without a newline): "
@@ -186,20 +174,55 @@ def verify_ledger(
         _check_anchors(state, expected_entries, expected_head_hash, anchors)
         _check_closed(state)
     except _Discrepancy as found:
-        return VerifyResult(
-            ok=False,
-            message=str(found),
-            line=found.line,
-            round=found.round,
-            entries=state.passed,
-            epsilon_recomputed=state.recomputed,
-            final_epsilon=state.final_epsilon,
-            head_hash=state.prev_hash,
-            status=STATUS_FAILED,
-            run_id=state.run_id,
-            key_id=state.key_id,
-            releases=state.releases,
-        )
+        return _failed(found, state)
+    return _verified(state)
+
+
+def _check_items(
+    items: list[bytes] | list[Mapping[str, Any]],
+    state: _State,
+    second: tuple[str, ...],
+    rel_tol: float,
+    abs_tol: float,
+    max_epsilon_checks: int,
+) -> None:
+    """Check each entry in order (chain, signature, fields), recomputing epsilon at the
+    chosen releases and at every closing record."""
+    recompute_at = _recompute_indices(len(items), max_epsilon_checks)
+    for line, item in enumerate(items, start=1):
+        # Parse line by line so a garbled line 5 does not mask a bad hash on line 3.
+        entry = _parse_line(item, line) if isinstance(item, bytes) else item
+        _check_entry(entry, line, state)
+        if entry_kind(entry) == RELEASE:
+            state.last_release_checked = False
+            if line - 1 in recompute_at:
+                _check_recomputed_epsilon(entry, line, state, second, rel_tol, abs_tol)
+        else:
+            _check_close(entry, line, state, second, rel_tol, abs_tol)
+        state.entries.append(entry)
+        state.passed = line
+
+
+def _failed(found: _Discrepancy, state: _State) -> VerifyResult:
+    """The result for the first discrepancy, with how far the ledger checked out."""
+    return VerifyResult(
+        ok=False,
+        message=str(found),
+        line=found.line,
+        round=found.round,
+        entries=state.passed,
+        epsilon_recomputed=state.recomputed,
+        final_epsilon=state.final_epsilon,
+        head_hash=state.prev_hash,
+        status=STATUS_FAILED,
+        run_id=state.run_id,
+        key_id=state.key_id,
+        releases=state.releases,
+    )
+
+
+def _verified(state: _State) -> VerifyResult:
+    """The result for a ledger that checked out: final, or interrupted (resumable)."""
     last = state.entries[-1]
     final = entry_kind(last) == FINAL
     budget = state.first["budget_epsilon"] if state.first is not None else None
