@@ -12,6 +12,7 @@ the SuperLink as sent.
 from __future__ import annotations
 
 import logging
+import re
 import ssl
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -26,6 +27,9 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
+# Flower's Fleet routes are `/v1/fleet/<lower-case-words>`; anything else (percent escapes the
+# SuperLink would decode again, "..", NUL, non-ASCII) is refused before it becomes a URL.
+_FLEET_PATH = re.compile(r"/v1/fleet/[a-z][a-z-]*")
 _HOP = {b"host", b"content-length", b"connection", b"transfer-encoding", b"keep-alive", b"upgrade"}
 
 
@@ -108,7 +112,7 @@ class FleetGateway:
         if scope["type"] != "http":
             return
         path: str = scope["path"]
-        if scope["method"] != "POST" or not path.startswith("/v1/fleet/") or ".." in path:
+        if scope["method"] != "POST" or not _FLEET_PATH.fullmatch(path):
             self._reject("not_fleet")
             await send_json(send, 404, "not found: this port serves the Fleet API only")
             return
@@ -123,6 +127,11 @@ class FleetGateway:
             headers.append((b"x-forwarded-for", str(client[0]).encode()))
         try:
             resp = await self.client().post(self.upstream + path, content=body, headers=headers)
+        except httpx.LocalProtocolError as exc:  # the device's headers cannot be sent on
+            self._reject("bad_request")
+            log.info("Fleet request %s: malformed headers refused: %s", path, exc)
+            await send_json(send, 400, "malformed request headers")
+            return
         except httpx.HTTPError as exc:
             self._reject("upstream")
             log.warning("Fleet request %s: SuperLink unreachable: %s", path, exc)
