@@ -529,43 +529,74 @@ class SecAggServer:
         """Reconstruct seeds and dropped keys, strip the masks, return the sum over U3."""
         started = self._clock()
         self._close(ServerPhase.UNMASK)
-        session, round_, digest = self.session, self._round, self.session.digest
-        t = session.threshold
+        session, round_ = self.session, self._round
         total = round_.total
         assert total is not None
         applier = MaskApplier(session.dimension, session.dtype, session.modulus_bits)
         bad_holders: set[int] = set()
+        self._strip_self_masks(total, applier, bad_holders)
+        self._strip_dropped_masks(total, applier, bad_holders)
+        applier.reduce(total)
+        result = AggregateResult(
+            total=total,
+            survivors=round_.u3,
+            dropped=frozenset(session.client_ids) - round_.u3,
+            rejections=self.rejections,
+            bad_share_holders=frozenset(bad_holders),
+        )
+        self.phase = ServerPhase.FINISHED
+        self._round = _Round()
+        self._timed("finalize", started)
+        return result
 
-        def recover(
-            owner: int, points: list[tuple[int, int]], kind: str, valid: Callable[[bytes], bool]
-        ) -> bytes:
-            def check(value: int) -> bool:
-                secret = shamir.int_to_secret(value)
-                return secret is not None and valid(secret)
+    def _recover(
+        self,
+        owner: int,
+        points: list[tuple[int, int]],
+        kind: str,
+        valid: Callable[[bytes], bool],
+        bad_holders: set[int],
+    ) -> bytes:
+        """`owner`'s secret from its shares, checked by `valid`; holders of wrong shares
+        go to `bad_holders`. Aborts if too few shares or none reconstructs."""
+        t = self.session.threshold
 
-            if len(points) < t:
-                raise self._abort(
-                    f"unmask: {len(points)} {kind} shares of client {owner}, need {t}"
-                )
-            found = shamir.robust_reconstruct(points, t, check)
-            if found is None:
-                raise self._abort(f"unmask: the {kind} of client {owner} does not reconstruct")
-            value, wrong = found
-            bad_holders.update(round_.x_to_client[x] for x in wrong)
+        def check(value: int) -> bool:
             secret = shamir.int_to_secret(value)
-            assert secret is not None
-            return secret
+            return secret is not None and valid(secret)
 
+        if len(points) < t:
+            raise self._abort(f"unmask: {len(points)} {kind} shares of client {owner}, need {t}")
+        found = shamir.robust_reconstruct(points, t, check)
+        if found is None:
+            raise self._abort(f"unmask: the {kind} of client {owner} does not reconstruct")
+        value, wrong = found
+        bad_holders.update(self._round.x_to_client[x] for x in wrong)
+        secret = shamir.int_to_secret(value)
+        assert secret is not None
+        return secret
+
+    def _strip_self_masks(
+        self, total: np.ndarray, applier: MaskApplier, bad_holders: set[int]
+    ) -> None:
+        """Subtract each survivor's self mask, from its seed checked against its commitment."""
+        round_, digest = self._round, self.session.digest
         for owner in sorted(round_.u3):
             commitment = round_.adverts[owner].seed_commitment
-            seed = recover(
+            seed = self._recover(
                 owner,
                 round_.seed_points[owner],
                 "self-mask seed",
                 lambda s, o=owner, c=commitment: crypto.seed_commitment(digest, o, s) == c,
+                bad_holders,
             )
             applier.subtract(total, crypto.self_mask_key(seed, digest, owner))
 
+    def _strip_dropped_masks(
+        self, total: np.ndarray, applier: MaskApplier, bad_holders: set[int]
+    ) -> None:
+        """Undo the pairwise masks survivors added with clients that dropped after sharing."""
+        round_, digest = self._round, self.session.digest
         for owner in sorted(self._dropped_with_masks()):
             public = round_.adverts[owner].mask_public_key
             # Checking a candidate computes its key pair: keep it rather than compute it again.
@@ -579,7 +610,10 @@ class SecAggServer:
                 pair = candidates[secret] = crypto.KeyPair(secret)
                 return pair.public_bytes == public
 
-            pair = candidates[recover(owner, round_.key_points[owner], "mask key", matches)]
+            secret = self._recover(
+                owner, round_.key_points[owner], "mask key", matches, bad_holders
+            )
+            pair = candidates[secret]
             # Forwarding is symmetric: the survivors that masked with `owner` are exactly
             # those whose ciphertexts were forwarded to it.
             for survivor in sorted(set(round_.forwarded[owner]) & round_.u3):
@@ -590,18 +624,6 @@ class SecAggServer:
                     applier.subtract(total, key)
                 else:
                     applier.add(total, key)
-        applier.reduce(total)
-        result = AggregateResult(
-            total=total,
-            survivors=round_.u3,
-            dropped=frozenset(session.client_ids) - round_.u3,
-            rejections=self.rejections,
-            bad_share_holders=frozenset(bad_holders),
-        )
-        self.phase = ServerPhase.FINISHED
-        self._round = _Round()
-        self._timed("finalize", started)
-        return result
 
 
 class _Reject(Exception):

@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from .client import SecAggClient
 from .errors import SecAggError, SecAggProtocolError
@@ -100,72 +101,110 @@ def run_in_memory(
     server = server or SecAggServer(
         session, identity_public_keys=identity_public, observer=observer, clock=clock
     )
-    clients: dict[int, SecAggClient] = {}
-    failed: dict[int, str] = {}
-    rejections: list[str] = []
-    client_seconds: dict[str, dict[int, float]] = {s.value: {} for s in STAGES}
-    bytes_down: dict[str, dict[int, int]] = {s.value: {} for s in STAGES}
-    bytes_up: dict[str, dict[int, int]] = {s.value: {} for s in STAGES}
-
-    def client_for(cid: int, request: Message) -> SecAggClient:
-        if isinstance(request, AdvertiseRequest):
-            key = identity_keys.get(cid) if identity_keys else None
-            return SecAggClient(
-                cid, request.session, identity_key=key, identity_public_keys=identity_public
-            )
-        client = clients[cid]
-        if persist_state:
-            key = identity_keys.get(cid) if identity_keys else None
-            client = SecAggClient.from_state(
-                client.to_state(), identity_key=key, identity_public_keys=identity_public
-            )
-        return client
-
+    driver = _Driver(
+        server=server,
+        inputs=inputs,
+        identity_keys=identity_keys,
+        identity_public=identity_public,
+        via_wire=via_wire,
+        persist_state=persist_state,
+        tamper_down=tamper_down,
+        tamper_up=tamper_up,
+        clock=clock,
+        overwrite_inputs=overwrite_inputs,
+    )
     requests = server.next_requests()
-    while requests is not None:
-        stage = next(iter(requests.values())).STAGE if requests else None
-        if stage is None:
-            break
+    while requests:
+        stage = next(iter(requests.values())).STAGE
         silent = dropouts.silent_at(stage)
         for cid, request in requests.items():
-            if cid in silent or cid in failed:
-                continue
-            outgoing = tamper_down(stage, cid, request) if tamper_down else request
-            if outgoing is None:
-                continue
-            if via_wire:
-                config, arrays = outgoing.to_wire()
-                bytes_down[stage.value][cid] = wire_size(config, arrays)
-                outgoing = SERVER_MESSAGES[stage].from_wire(config, arrays)
-            try:
-                client = client_for(cid, outgoing)
-                vector = None
-                if stage is Stage.MASKED_INPUT:
-                    vector = inputs(cid) if callable(inputs) else inputs[cid]
-                started = clock()
-                reply = client.respond(outgoing, vector, overwrite_input=overwrite_inputs)
-                client_seconds[stage.value][cid] = clock() - started
-                clients[cid] = client
-            except SecAggError as exc:
-                failed[cid] = str(exc)
-                continue
-            if via_wire:
-                config, arrays = reply.to_wire()
-                bytes_up[stage.value][cid] = wire_size(config, arrays)
-                reply = CLIENT_MESSAGES[stage].from_wire(config, arrays)
-            for message in tamper_up(stage, cid, reply) if tamper_up else (reply,):
-                try:
-                    server.receive(cid, message)
-                except SecAggProtocolError as exc:
-                    rejections.append(str(exc))
+            if cid not in silent and cid not in driver.failed:
+                driver.exchange(stage, cid, request)
         requests = server.next_requests()
     result = server.finalize()
     return RoundReport(
         result=result,
-        client_seconds=client_seconds,
+        client_seconds=driver.client_seconds,
         server_seconds=dict(server.stage_seconds),
-        bytes_down=bytes_down,
-        bytes_up=bytes_up,
-        client_errors=failed,
-        server_rejections=rejections,
+        bytes_down=driver.bytes_down,
+        bytes_up=driver.bytes_up,
+        client_errors=driver.failed,
+        server_rejections=driver.rejections,
     )
+
+
+def _per_stage() -> dict[str, dict[int, Any]]:
+    return {s.value: {} for s in STAGES}
+
+
+@dataclass
+class _Driver:
+    """The clients of one in-memory round and the traffic between them and the server."""
+
+    server: SecAggServer
+    inputs: Inputs
+    identity_keys: Mapping[int, Ed25519PrivateKey] | None
+    identity_public: Mapping[int, Ed25519PublicKey] | None
+    via_wire: bool
+    persist_state: bool
+    tamper_down: TamperDown | None
+    tamper_up: TamperUp | None
+    clock: Callable[[], float]
+    overwrite_inputs: bool
+    clients: dict[int, SecAggClient] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+    rejections: list[str] = field(default_factory=list)
+    client_seconds: dict[str, dict[int, float]] = field(default_factory=_per_stage)
+    bytes_down: dict[str, dict[int, int]] = field(default_factory=_per_stage)
+    bytes_up: dict[str, dict[int, int]] = field(default_factory=_per_stage)
+
+    def exchange(self, stage: Stage, cid: int, request: Message) -> None:
+        """One request to client `cid` and its reply (if any) to the server."""
+        outgoing = self.tamper_down(stage, cid, request) if self.tamper_down else request
+        if outgoing is None:
+            return
+        if self.via_wire:
+            config, arrays = outgoing.to_wire()
+            self.bytes_down[stage.value][cid] = wire_size(config, arrays)
+            outgoing = SERVER_MESSAGES[stage].from_wire(config, arrays)
+        reply = self._respond(stage, cid, outgoing)
+        if reply is None:
+            return
+        if self.via_wire:
+            config, arrays = reply.to_wire()
+            self.bytes_up[stage.value][cid] = wire_size(config, arrays)
+            reply = CLIENT_MESSAGES[stage].from_wire(config, arrays)
+        for message in self.tamper_up(stage, cid, reply) if self.tamper_up else (reply,):
+            try:
+                self.server.receive(cid, message)
+            except SecAggProtocolError as exc:
+                self.rejections.append(str(exc))
+
+    def _respond(self, stage: Stage, cid: int, request: Message) -> Message | None:
+        """The client's reply, or None when it failed (recorded in `failed`)."""
+        try:
+            client = self._client_for(cid, request)
+            vector = None
+            if stage is Stage.MASKED_INPUT:
+                vector = self.inputs(cid) if callable(self.inputs) else self.inputs[cid]
+            started = self.clock()
+            reply = client.respond(request, vector, overwrite_input=self.overwrite_inputs)
+            self.client_seconds[stage.value][cid] = self.clock() - started
+            self.clients[cid] = client
+        except SecAggError as exc:
+            self.failed[cid] = str(exc)
+            return None
+        return reply
+
+    def _client_for(self, cid: int, request: Message) -> SecAggClient:
+        key = self.identity_keys.get(cid) if self.identity_keys else None
+        if isinstance(request, AdvertiseRequest):
+            return SecAggClient(
+                cid, request.session, identity_key=key, identity_public_keys=self.identity_public
+            )
+        client = self.clients[cid]
+        if self.persist_state:
+            client = SecAggClient.from_state(
+                client.to_state(), identity_key=key, identity_public_keys=self.identity_public
+            )
+        return client
