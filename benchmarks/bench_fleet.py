@@ -58,6 +58,7 @@ from benchmarks.fleet_wire import call, capturing_client
 from fedveil.cli.bench import FLOWER_IDLE_POLL_S
 from fedveil.ops.certs import CLIENT_CURVE
 
+RETRY_STATUS = (502, 503, 504)  # e.g. the gateway's "SuperLink starting or restarting"
 REQUEST_TIMEOUT_S = 30.0  # ProtobufClient's default timeout
 SECAGG_NOT_RUN = (
     "not measured: the 200-device secure round needs the emulated devices to run "
@@ -99,17 +100,26 @@ class Tally:
 
     window: tuple[float, float]
     latencies: list[float] = field(default_factory=list)
-    failures: dict[str, int] = field(default_factory=dict)
-    failed_devices: set[int] = field(default_factory=set)
+    failures: dict[str, int] = field(default_factory=dict)  # "<method> <error>": calls lost
+    retries: dict[str, int] = field(default_factory=dict)  # attempts retried, as Flower does
+    failed_devices: set[int] = field(default_factory=set)  # a pull lost after its retries
 
-    def record(self, device: Device, started: float, error: str | None) -> None:
-        if not self.window[0] <= started < self.window[1]:
+    def inside(self, started: float) -> bool:
+        return self.window[0] <= started < self.window[1]
+
+    def retried(self, started: float, what: str) -> None:
+        if self.inside(started):
+            self.retries[what] = self.retries.get(what, 0) + 1
+
+    def record(self, device: Device, started: float, error: str | None, *, fatal: bool) -> None:
+        if not self.inside(started):
             return
         if error is None:
             self.latencies.append(time.perf_counter() - started)
         else:
             self.failures[error] = self.failures.get(error, 0) + 1
-            self.failed_devices.add(device.client_id)
+            if fatal:
+                self.failed_devices.add(device.client_id)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -125,25 +135,51 @@ def _error_name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-async def _timed(http: httpx.AsyncClient, d: Device, method: str, req: Any, tally: Tally) -> Any:
+def _retryable(exc: BaseException) -> bool:
+    """Flower's SuperNode retries these (flwr.supercore.retry.http_retry)."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code in RETRY_STATUS
+    return isinstance(exc, httpx.TransportError)
+
+
+async def _timed(
+    http: httpx.AsyncClient, d: Device, method: str, req: Any, tally: Tally, *, tries: int
+) -> Any:
+    """One Fleet call as a SuperNode makes it: PullMessages goes through Flower's retry
+    invoker (retried on 502/503/504 and transport errors, with backoff); a heartbeat is
+    not retried (the next one comes ~20 s later; the SuperLink waits two intervals). The
+    latency is the device's: from the first attempt to the answer."""
     started = time.perf_counter()
-    try:
-        res = await call(http, d.client, method, req, REQUEST_TIMEOUT_S)
-    except (httpx.HTTPError, ValueError) as exc:
-        tally.record(d, started, _error_name(exc))
-        return None
-    tally.record(d, started, None)
-    return res
+    for attempt in range(tries):
+        try:
+            res = await call(http, d.client, method, req, REQUEST_TIMEOUT_S)
+        except (httpx.HTTPError, ValueError) as exc:
+            what = f"{method} {_error_name(exc)}"
+            if attempt < tries - 1 and _retryable(exc):
+                tally.retried(started, what)
+                await asyncio.sleep(min(8.0, 0.5 * 2**attempt))
+                continue
+            tally.record(d, started, what, fatal=method == "PullMessages")
+            return None
+        tally.record(d, started, None, fatal=False)
+        return res
+    return None
+
+
+async def _nap(seconds: float, stop: float) -> None:
+    """Sleep `seconds`, but wake at `stop`: a device's next request would fall after the
+    window, and waiting for it would only lengthen the run."""
+    await asyncio.sleep(max(0.0, min(seconds, stop - time.perf_counter())))
 
 
 async def _poll(
     http: httpx.AsyncClient, d: Device, poll_s: float, stop: float, tally: Tally, rng: random.Random
 ) -> None:
-    await asyncio.sleep(rng.uniform(0, poll_s))  # devices come up at different moments
+    await _nap(rng.uniform(0, poll_s), stop)  # devices come up at different moments
     node = Node(node_id=d.node_id)
     while time.perf_counter() < stop:
-        await _timed(http, d, "PullMessages", PullMessagesRequest(node=node), tally)
-        await asyncio.sleep(poll_s)
+        await _timed(http, d, "PullMessages", PullMessagesRequest(node=node), tally, tries=5)
+        await _nap(poll_s, stop)
 
 
 async def _heartbeat(
@@ -152,10 +188,10 @@ async def _heartbeat(
     req = SendNodeHeartbeatRequest(
         node=Node(node_id=d.node_id), heartbeat_interval=HEARTBEAT_DEFAULT_INTERVAL
     )
-    await asyncio.sleep(rng.uniform(0, heartbeat_interval(rng)))
+    await _nap(rng.uniform(0, heartbeat_interval(rng)), stop)
     while time.perf_counter() < stop:
-        await _timed(http, d, "SendNodeHeartbeat", req, tally)
-        await asyncio.sleep(heartbeat_interval(rng))
+        await _timed(http, d, "SendNodeHeartbeat", req, tally, tries=1)
+        await _nap(heartbeat_interval(rng), stop)
 
 
 async def _bounded(limit: int, coros: list[Any]) -> list[Any]:
@@ -166,9 +202,6 @@ async def _bounded(limit: int, coros: list[Any]) -> list[Any]:
             return await c
 
     return await asyncio.gather(*(one(c) for c in coros))
-
-
-RETRY_STATUS = (502, 503, 504)  # the gateway's "SuperLink starting or restarting"
 
 
 async def _activate(http: httpx.AsyncClient, d: Device, tries: int = 10) -> None:
@@ -243,6 +276,7 @@ async def measure(
     wall = t_after - t_before
     lat = tally.latencies
     requests = len(lat) + sum(tally.failures.values())
+    attempts = requests + sum(tally.retries.values())  # what reached the coordinator
     return {
         "devices": n,
         "devices_connected": connected,
@@ -251,7 +285,9 @@ async def measure(
         "window_s": round(wall, 2),
         "requests": requests,
         "requests_per_s": round(requests / window_s, 1),
+        "attempts": attempts,
         "failures": dict(sorted(tally.failures.items())),
+        "retries": dict(sorted(tally.retries.items())),
         "p50_s": _round(percentile(lat, 0.50)),
         "p99_s": _round(percentile(lat, 0.99)),
         "max_s": _round(max(lat) if lat else None),
@@ -260,7 +296,7 @@ async def measure(
         # CPU per request: what a request costs, however loaded the machine (the
         # shared machine's load stretches latency, not this).
         "coordinator_cpu_ms_per_request": (
-            round(1000 * (after.cpu_s - before.cpu_s) / requests, 2) if requests else None
+            round(1000 * (after.cpu_s - before.cpu_s) / attempts, 2) if attempts else None
         ),
         # The split: fedveil's process (gateway) and its children (Flower's SuperLink).
         "gateway_cpu_percent": round(100 * (after.root_cpu_s - before.root_cpu_s) / wall, 1),
@@ -291,6 +327,7 @@ def run(
     warmup_s: float = 10.0,
     window_s: float = 30.0,
     seed: int = 0,
+    idle_s: float = 3.0,
     profile: Path | None = None,
     workdir: Path | None = None,
     log: Any = sys.stderr,
@@ -302,12 +339,20 @@ def run(
     with tempfile.TemporaryDirectory(prefix="fedveil-fleet-", dir=workdir) as tmp:
         coord = Coordinator(Path(tmp), profile=profile)
         try:
+            t0 = time.perf_counter()
             coord.start()
+            print(f"coordinator ready in {time.perf_counter() - t0:.1f} s", file=log)
             devices = make_devices(max(counts), coord.fleet_address)
             t0 = time.perf_counter()
             for d in devices:
                 coord.enroll(d.client_id, d.openssh())
             print(f"enrolled {len(devices)} devices in {time.perf_counter() - t0:.1f} s", file=log)
+            # The coordinator's own CPU with no device connected (its supervisor, the
+            # SuperLink and SuperExec polling): the floor under every count's figure.
+            before, t_idle = coord.sample(), time.perf_counter()
+            time.sleep(idle_s)
+            idle_pct = 100 * (coord.sample().cpu_s - before.cpu_s) / (time.perf_counter() - t_idle)
+            print(f"coordinator idle: {idle_pct:.1f}% CPU", file=log)
             results = []
             for n in counts:
                 r = asyncio.run(
@@ -320,9 +365,18 @@ def run(
                         seed=seed,
                     )
                 )
+                r["gateway_warnings"] = coord.gateway_warnings()
+                r["coordinator_idle_cpu_percent"] = round(idle_pct, 1)
+                busy_s = (r["coordinator_cpu_percent"] - idle_pct) / 100 * r["window_s"]
+                r["coordinator_cpu_ms_per_request_above_idle"] = (
+                    round(1000 * busy_s / r["attempts"], 2) if r["attempts"] else None
+                )
                 print(format_row(r), file=log)
+                for line in r["gateway_warnings"][-3:]:
+                    print(f"  gateway: {line}", file=log)
                 results.append(r)
-                time.sleep(2.5)  # past /cluster's node cache before the next step
+                if n != counts[-1]:
+                    time.sleep(2.5)  # past /cluster's node cache before the next step
         finally:
             coord.stop()
     return results

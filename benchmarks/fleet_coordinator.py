@@ -149,6 +149,12 @@ admin_token_file = "admin.token"
         """Enrolled clients the SuperLink lists online (GET /cluster)."""
         return int(self.http.get("/cluster").json()["clients_connected"] or 0)
 
+    def gateway_warnings(self) -> list[str]:
+        """The gateway's warnings so far (e.g. 'SuperLink unreachable'), newest last."""
+        log = self.root / "server.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return [line for line in text.splitlines() if "fedveil.gateway" in line][-20:]
+
     def sample(self) -> TreeSample:
         assert self.proc is not None
         return sample_tree(self.proc.pid)

@@ -1,0 +1,152 @@
+"""`fedveil bench fleet`: the emulated devices are Flower SuperNodes on the wire, and a
+small run against a real coordinator holds every one of them connected.
+
+Nothing here asserts a latency or a CPU figure: those live in the benchmark's output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import threading
+from base64 import b64decode
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
+from flwr.proto.fleet_pb2 import ActivateNodeRequest, PullMessagesRequest
+from flwr.proto.heartbeat_pb2 import SendNodeHeartbeatRequest
+from flwr.proto.node_pb2 import Node
+from flwr.supercore.primitives.asymmetric import (
+    bytes_to_public_key,
+    public_key_to_bytes,
+    verify_signature,
+)
+from flwr.supernode.fleet_http_client import FleetHttpClient
+
+from benchmarks.fleet_wire import call, capturing_client, supernode_interceptors
+from fedveil.cli.main import main as cli_main
+from fedveil.ops.certs import CLIENT_CURVE, create_test_deployment
+
+SIGNED = {"flwr-timestamp", "flwr-signature"}  # differ per request: time, ECDSA nonce
+
+
+class Recorder(BaseHTTPRequestHandler):
+    """A TLS HTTP server that keeps every request and answers an empty protobuf."""
+
+    seen: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.seen.append(
+            {
+                "method": self.command,
+                "path": self.path,
+                "headers": {k.lower(): v for k, v in self.headers.items()},
+                "body": body,
+            }
+        )
+        self.send_response(200)
+        self.send_header("content-type", "application/protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def recorder(tmp_path: Path) -> Iterator[tuple[str, Path, list[dict[str, Any]]]]:
+    files = create_test_deployment(tmp_path / "certs", ["127.0.0.1"], 0)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(files["cert"], files["key"])
+    Recorder.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}", files["ca"], Recorder.seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_emulated_requests_equal_flowers_supernode_client_on_the_wire(
+    recorder: tuple[str, Path, list[dict[str, Any]]],
+) -> None:
+    address, ca, seen = recorder
+    key = ec.generate_private_key(CLIENT_CURVE)
+    pk = public_key_to_bytes(key.public_key())
+    node = Node(node_id=1234567)
+    requests = [
+        ("ActivateNode", ActivateNodeRequest(public_key=pk, heartbeat_interval=30)),
+        ("PullMessages", PullMessagesRequest(node=node)),
+        ("SendNodeHeartbeat", SendNodeHeartbeatRequest(node=node, heartbeat_interval=30)),
+    ]
+    # Flower's SuperNode client as flwr.supernode.fleet_http_connection builds it.
+    with FleetHttpClient.from_server_address(
+        address, False, ca.read_bytes(), interceptors=supernode_interceptors(key)
+    ) as flower:
+        for method, req in requests:
+            getattr(flower, method)(req)
+
+    async def emulate() -> None:
+        ours = capturing_client(address, key)
+        async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=str(ca))) as http:
+            for method, req in requests:
+                await call(http, ours, method, req, 10)
+
+    asyncio.run(emulate())
+    assert len(seen) == 2 * len(requests)
+    for theirs, ours in zip(seen[: len(requests)], seen[len(requests) :], strict=True):
+        assert ours["method"] == theirs["method"] == "POST"
+        assert ours["path"] == theirs["path"]
+        assert ours["body"] == theirs["body"]
+        assert ours["headers"].keys() == theirs["headers"].keys()
+        assert {k: v for k, v in ours["headers"].items() if k not in SIGNED} == {
+            k: v for k, v in theirs["headers"].items() if k not in SIGNED
+        }
+        # The SuperLink's check (flwr.superlink.routers.fleet.node_auth) passes on ours.
+        h = ours["headers"]
+        assert b64decode(h["flwr-public-key"]) == pk
+        assert verify_signature(
+            bytes_to_public_key(pk), h["flwr-timestamp"].encode(), b64decode(h["flwr-signature"])
+        )
+    assert [s["path"] for s in seen[:3]] == [
+        "/v1/fleet/activate-node",
+        "/v1/fleet/pull-messages",
+        "/v1/fleet/send-node-heartbeat",
+    ]
+
+
+def test_a_small_run_holds_every_device_connected_and_prints_the_json_contract(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = cli_main(
+        ["bench", "fleet", "--devices", "20", "--warmup", "1", "--window", "4", "--json"]
+    )
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in (
+        "devices",
+        "p50_s",
+        "p99_s",
+        "coordinator_cpu_percent",
+        "coordinator_rss_mb",
+        "secagg_round_ok",
+    ):
+        assert key in summary, key
+    assert summary["devices"] == 20
+    # GET /cluster (enrolled keys the SuperLink lists online), asked while all 20 polled.
+    assert summary["devices_connected"] == 20
+    # No device lost a pull (after Flower's retries): every one stayed a working device.
+    assert summary["devices_failed"] == 0
+    assert summary["requests"] > 0 and 0 < summary["p50_s"] <= summary["p99_s"]
+    assert summary["coordinator_cpu_percent"] > 0 and summary["coordinator_rss_mb"] > 0
+    assert summary["secagg_round_ok"] is None and summary["secagg_round_note"]
