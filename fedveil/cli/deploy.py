@@ -303,6 +303,8 @@ def cmd_run_submit(args: argparse.Namespace, api: ApiClient) -> int:
     _, raw = api.request("POST", "/runs", body, "application/toml", admin=True)
     run = json.loads(raw)
     print(json.dumps(run) if args.json else f"submitted run {run['id']}")
+    for warning in [] if args.json else run.get("warnings") or []:
+        print(f"warning: {warning}", file=sys.stderr)  # e.g. DP noise that swamps the update
     if args.wait:
         return _follow(api, run["id"], args.json)
     return 0

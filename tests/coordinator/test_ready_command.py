@@ -53,6 +53,16 @@ def test_ready_waits_for_the_coordinator_and_then_the_token_exists(tmp_path):
         pub = dep.certs / "clients" / "client-0.pub"
         enrolled = fedveil("clients", "enroll", str(pub), "--id", "0")
         assert enrolled.returncode == 0, enrolled.stderr
+        # A DP run whose noise swamps the update: the submitter sees the warning, with numbers.
+        run = tmp_path / "private-run.toml"
+        run.write_text(
+            '[data]\ndataset = "synthetic"\nnum_clients = 3\n[model]\nname = "mlp"\n'
+            "[server]\nrounds = 2\nper_round = 3\n"
+            '[dp]\nmechanism = "central"\nepsilon = 50.0\nclip = 1.0\n'
+        )
+        submitted = fedveil("run", "submit", str(run))
+        assert submitted.returncode == 0, submitted.stderr
+        assert "warning:" in submitted.stderr and "noise" in submitted.stderr
     finally:
         dep.close()
 
