@@ -34,7 +34,9 @@ class FleetSection:
 
 @dataclass
 class SuperlinkSection:
-    port: int = spec(9091, lo=1, hi=65535, help="Flower's SuperLink port, loopback only")
+    # Nothing listens on it: the SuperLink serves on state/superlink.sock, and this number
+    # only names it in the URLs Flower's processes are given. Kept so older files load.
+    port: int = spec(9091, lo=1, hi=65535, help="unused (the SuperLink is on a Unix socket)")
 
 
 @dataclass
@@ -96,12 +98,9 @@ def service_config(raw: dict[str, Any]) -> ServiceConfig:
     cfg = build(ServiceConfig, raw, sections=SERVICE_SECTIONS, top="server settings", strict=True)
     for name, section in (("api", cfg.api), ("fleet", cfg.fleet)):
         _check_host(f"{name}.host", section.host)
-    api, fleet, sl = cfg.api.port, cfg.fleet.port, cfg.superlink.port
-    ports = [p for p in (api, fleet, sl) if p]
-    if len(set(ports)) != len(ports):
-        raise ConfigError(
-            f"api.port = {api}, fleet.port = {fleet}, superlink.port = {sl}: must all differ"
-        )
+    api, fleet = cfg.api.port, cfg.fleet.port
+    if api and api == fleet:
+        raise ConfigError(f"api.port = {api}, fleet.port = {fleet}: must differ")
     for ref in cfg.runs.allowed_tasks:
         if ref.count(":") != 1 or not all(ref.split(":")):
             raise ConfigError(

@@ -9,9 +9,10 @@ the file's directory, so a deployment folder can be moved as a whole.
 
   [api]        host, port, max_body_bytes           the HTTP API and dashboard
   [fleet]      host, port, max_body_bytes           the Fleet API gateway for SuperNodes
-  [superlink]  port                                 Flower's SuperLink, loopback only
+  [superlink]  port                                 unused: Flower's SuperLink listens on
+                                                    state/superlink.sock (owner-only)
   [tls]        cert, key, ca, insecure              one certificate for API and Fleet
-                                                    (the SuperLink gets its own, loopback only)
+                                                    (the SuperLink gets its own, internal)
   [auth]       admin_token_file, client_auth        admin token, SuperNode authentication
   [runs]       max_active, max_attempts, allowed_tasks
   [secagg]     roster                               client identity keys, which runs with
