@@ -53,6 +53,7 @@ from fedveil.tasks import Task
 
 log = logging.getLogger("fedveil.workers")
 
+CLOSE_GRACE_S = 1.0  # a worker still busy after "stop" is mid-chunk: its result is moot
 DEPTH = 2  # chunks in flight per worker: one computing, one queued (= reply arenas per worker)
 MAX_CHUNK = 8
 
@@ -115,8 +116,27 @@ def _reader(conn: Connection, inbox: queue.SimpleQueue) -> None:
             return
 
 
-def _worker_main(conn: Connection, setup: WorkerSetup) -> None:
+PARENT_POLL_S = 0.2
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Ends this worker once the server's process is gone, however it went.
+
+    A server killed outright (or one that exits without closing the pool) closes no pipe
+    that a worker would notice: forked siblings hold copies of each other's pipe ends.
+    """
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(0)
+
+
+def _worker_main(conn: Connection, setup: WorkerSetup, parent: int = 0) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when to stop
+    # A forked worker inherits the server's SIGTERM handler (a run stops cleanly on it);
+    # a worker has nothing to save, so SIGTERM simply ends it.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if parent:
+        threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     try:
         keep_freed_memory()
         torch.set_num_threads(setup.threads)
@@ -260,7 +280,10 @@ class WorkerPool:
         )
         parent, child = self.ctx.Pipe(duplex=True)
         proc = self.ctx.Process(
-            target=_worker_main, args=(child, setup), daemon=True, name=f"fedveil-worker-{index}"
+            target=_worker_main,
+            args=(child, setup, os.getpid()),
+            daemon=True,
+            name=f"fedveil-worker-{index}",
         )
         proc.start()
         child.close()
@@ -422,11 +445,14 @@ class WorkerPool:
         return len(failed)
 
     def close(self) -> None:
+        """Stops the workers: idle ones at once; busy ones (an interrupted round) are
+        killed after CLOSE_GRACE_S rather than waited for."""
         for w in self.workers:
             with contextlib.suppress(BrokenPipeError, OSError):
                 w.conn.send(("stop",))
+        deadline = time.monotonic() + CLOSE_GRACE_S
         for w in self.workers:
-            w.process.join(timeout=5)
+            w.process.join(timeout=max(0.0, deadline - time.monotonic()))
             if w.process.is_alive():
                 w.process.kill()
                 w.process.join(timeout=5)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config.fields import ConfigError, build, help_of, spec
+from fedveil.config.ray_address import check_ray_address
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -219,6 +220,20 @@ class SimulationConfig:
         0.5, lo=0.0, hi=10.0, help="log-normal sigma of each client's persistent slowness"
     )
     plots: bool = spec(True, help="save PNG plots of the run in the run directory")
+    ray_address: str = spec(
+        "",
+        help="Ray cluster for transport = 'flower': '' (RAY_ADDRESS if set, else a fresh local "
+        "instance), 'local', 'auto', 'host:port' (a head's GCS) or 'ray://host:port'",
+    )
+    client_cpus: float = spec(
+        1.0, lo=0.0, lo_open=True, hi=1024.0, help="CPUs Ray reserves per Flower client"
+    )
+    client_gpus: float = spec(
+        0.0,
+        lo=0.0,
+        hi=64.0,
+        help="GPUs Ray reserves per Flower client (fractions share one); > 0: clients train on it",
+    )
 
 
 @dataclass
@@ -316,6 +331,10 @@ def _check_cross_fields(cfg: RunConfig) -> None:
             parse_stage_dropout(cfg.simulation.dropout_stages)
         except ValueError as exc:
             raise ConfigError(f"simulation.dropout_stages: {exc}") from None
+    try:
+        check_ray_address(cfg.simulation.ray_address)
+    except ValueError as exc:
+        raise ConfigError(f"simulation.ray_address = {exc}") from None
     task = cfg.model.task
     if task is None:
         from fedveil.models import MODELS
