@@ -2,7 +2,7 @@
 ASGI app in-process, with a real HTTP upstream (uvicorn on a Unix socket, as the SuperLink
 is reached in deployment) that records what reaches it.
 
-Every request must get exactly one response, within a time bound, with no exception out
+Every request must get exactly one response, within a time bound (10 s wall), with no exception out
 of the gateway; nothing but well-formed `POST /v1/fleet/*` requests may reach the upstream;
 and the valid requests interleaved with the fuzz must all reach it exactly once, byte for
 byte, and get its answer back: the service keeps running and loses nothing it accepted.
@@ -34,6 +34,8 @@ DEFAULT_MESSAGES = 1_000
 MAX_BODY = 4096
 FLEET_PATHS = ("/v1/fleet/pull-messages", "/v1/fleet/push-messages", "/v1/fleet/create-node")
 VALID_EVERY = 10  # one genuine request among every this many
+# Wall time per request (upstream round trip included), generous for a busy shared machine.
+CALL_LIMIT_WALL_S = 10.0
 
 
 class Upstream:
@@ -213,7 +215,9 @@ def test_fuzz_gateway(upstream: tuple[Upstream, str], record_property: Any) -> N
 
     async def one(scope: dict[str, Any], chunks: list[dict[str, Any]]) -> Exchange:
         exchange = Exchange()
-        await asyncio.wait_for(gateway(scope, _receiver(chunks), exchange.send), timeout=5)
+        await asyncio.wait_for(
+            gateway(scope, _receiver(chunks), exchange.send), timeout=CALL_LIMIT_WALL_S
+        )
         return exchange
 
     async def campaign() -> None:
@@ -232,7 +236,7 @@ def test_fuzz_gateway(upstream: tuple[Upstream, str], record_property: Any) -> N
             except Exception as exc:  # any exception out of the gateway is a crash
                 pytest.fail(f"{run.replay_hint(i)}: {type(exc).__name__}: {exc}; input {shown}")
             elapsed = loop.time() - started
-            assert elapsed < 5, f"{run.replay_hint(i)}: {elapsed:.1f} s for {shown}"
+            assert elapsed < CALL_LIMIT_WALL_S, f"{run.replay_hint(i)}: {elapsed:.1f} s for {shown}"
             run.slowest_s = max(run.slowest_s, elapsed)
             statuses[status] = statuses.get(status, 0) + 1
             outcome = "forwarded" if status == 200 else f"refused {status}"

@@ -19,6 +19,7 @@ import warnings
 from typing import Any
 
 import numpy as np
+from flwr.app import Array, ArrayRecord, RecordDict
 from flwr.common import serde
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 from fuzzing import FuzzRun, fuzz_count, fuzz_seed, mutate_bytes, mutated_messages, random_bytes
@@ -130,21 +131,38 @@ def _flower_decode(raw: bytes) -> Any:
         return None
 
 
+def _with_mutated_array(run: FuzzRun, content: RecordDict) -> RecordDict:
+    """`content` with one array's .npy bytes (header or data) mutated."""
+    arrays = content["arrays"]
+    assert isinstance(arrays, ArrayRecord)
+    key = run.rng.choice(list(arrays))
+    array = arrays[key]
+    data = array.data
+    for _ in range(run.rng.randrange(1, 3)):
+        data = mutate_bytes(run.rng, data)
+    mutated = ArrayRecord({**arrays, key: Array(array.dtype, array.shape, array.stype, data)})
+    return RecordDict({"meta": content["meta"], "config": content["config"], "arrays": mutated})
+
+
 def test_fuzz_flower_content_bytes(record_property: Any) -> None:
     """Mutated and random protobuf bytes of messages, through Flower's parser into ours."""
-    valid = [
-        serde.recorddict_to_proto(to_content(env)).SerializeToString() for env in _valid_envelopes()
-    ]
+    contents = [to_content(env) for env in _valid_envelopes()]
+    contents = [c for c in contents if len(c["arrays"])]
+    valid = [serde.recorddict_to_proto(c).SerializeToString() for c in contents]
     run = FuzzRun("envelope_bytes", fuzz_count(DEFAULT_MESSAGES), fuzz_seed(), record_property)
     rng = run.rng
     flower_refused = 0
     with warnings.catch_warnings():  # numpy warns about odd .npy headers it still reads
         warnings.simplefilter("ignore", UserWarning)
         for i in range(run.count):
-            raw = random_bytes(rng, 400) if rng.random() < 0.1 else rng.choice(valid)
-            for _ in range(rng.randrange(1, 4)):
-                raw = mutate_bytes(rng, raw)
-            content = _flower_decode(raw)
+            if rng.random() < 0.4:  # a well-formed protobuf carrying a mutated .npy array
+                content = _with_mutated_array(run, rng.choice(contents))
+                raw = b"(an array mutated inside a valid message)"
+            else:
+                raw = random_bytes(rng, 400) if rng.random() < 0.1 else rng.choice(valid)
+                for _ in range(rng.randrange(1, 4)):
+                    raw = mutate_bytes(rng, raw)
+                content = _flower_decode(raw)
             if content is None:
                 flower_refused += 1
                 continue
