@@ -3,6 +3,7 @@ devices, a real two-node cluster on loopback, and an address nobody answers at."
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections import defaultdict
@@ -151,3 +152,13 @@ def test_two_node_cluster_trains_the_in_process_model_bit_for_bit(tmp_path, monk
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def test_a_configured_address_replaces_ray_address_while_the_run_starts_ray(monkeypatch):
+    # Ray itself prefers RAY_ADDRESS to the address it is given; the config must win.
+    from fedveil.simulations.ray_cluster import ray_environment
+
+    monkeypatch.setenv("RAY_ADDRESS", "10.9.9.9:6379")
+    with ray_environment(load_config(None, {"simulation.ray_address": "local"})) as address:
+        assert address.text == "local" and "RAY_ADDRESS" not in os.environ
+    assert os.environ["RAY_ADDRESS"] == "10.9.9.9:6379"
