@@ -25,6 +25,7 @@ from fedveil.privacy.dp.clipping import clip_l2, l2_norm
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import CLIP_NORM, DELTA, LOSS, NUM_EXAMPLES, UNCLIPPED, WEIGHT
 from fedveil.protocol.kinds import Kind
+from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.transport import ClientFailure, Transport
 
 log = logging.getLogger("fedveil.aggregation")
@@ -48,6 +49,14 @@ class Aggregate:
         return self.total / self.weight
 
 
+@dataclass(frozen=True)
+class NoUpdates:
+    """No update arrived to aggregate: every sampled client dropped, and why each did
+    (so a round in which all clients failed still says why)."""
+
+    dropped: dict[int, str] = field(default_factory=dict)
+
+
 class UpdateChannel(Protocol):
     def collect(
         self,
@@ -56,8 +65,9 @@ class UpdateChannel(Protocol):
         model_size: int,
         timeout_s: float | None,
         upcoming: list[int] | None = None,
-    ) -> Aggregate | None:
-        """Run the round's exchanges; None when too few updates arrived to aggregate.
+    ) -> Aggregate | Aborted | NoUpdates | None:
+        """Run the round's exchanges: the sum, an abort (secure aggregation), or no
+        update at all (NoUpdates with the reasons; None from a channel that has none).
         `upcoming` is the next round's cohort when known (a channel may prepare it)."""
         ...
 
@@ -141,14 +151,10 @@ class PlainChannel:
         model_size: int,
         timeout_s: float | None,
         upcoming: list[int] | None = None,
-    ) -> Aggregate | None:
+    ) -> Aggregate | NoUpdates:
         round_num = next(iter(requests.values())).round
         replies = transport.exchange(requests, timeout_s)
-        total: torch.Tensor | None = None
-        weight = 0.0
-        loss_sum = 0.0
-        extras: dict[str, float] = {}
-        contributors: list[int] = []
+        acc = _WeightedSum()
         dropped: dict[int, str] = {}
         clipped_by_server: int | None = None  # None: no request under central DP
         for cid in sorted(requests):
@@ -165,25 +171,45 @@ class PlainChannel:
             if clip is not None:
                 r, changed = enforce_clip(r, clip)
                 clipped_by_server = (clipped_by_server or 0) + int(changed)
-            w = r.weight
-            total = r.delta * w if total is None else total.add_(r.delta.to(total.device), alpha=w)
-            weight += w
-            loss_sum += r.loss * w
-            for key, value in r.counters.items():
-                extras[key] = extras.get(key, 0.0) + value
-            contributors.append(cid)
+            acc.add(cid, r)
         if clipped_by_server is not None:
-            extras[RECLIPPED] = float(clipped_by_server)
+            acc.extras[RECLIPPED] = float(clipped_by_server)
             if clipped_by_server:
                 log.debug(
                     "round %d: %d of %d updates re-clipped to the clip norm or re-weighted to 1",
                     round_num,
                     clipped_by_server,
-                    len(contributors),
+                    len(acc.contributors),
                 )
         if self.on_drop:
             for cid, reason in dropped.items():
                 self.on_drop(cid, reason)
-        if total is None:
-            return None
-        return Aggregate(total, weight, contributors, loss_sum / weight, dropped, extras)
+        return acc.result(dropped)
+
+
+@dataclass
+class _WeightedSum:
+    """The cohort's updates summed in the order they are added (client-id order: the
+    float sums are then the same on every run)."""
+
+    total: torch.Tensor | None = None
+    weight: float = 0.0
+    loss_sum: float = 0.0
+    extras: dict[str, float] = field(default_factory=dict)
+    contributors: list[int] = field(default_factory=list)
+
+    def add(self, cid: int, r: TrainReply) -> None:
+        w = r.weight
+        t = self.total
+        self.total = r.delta * w if t is None else t.add_(r.delta.to(t.device), alpha=w)
+        self.weight += w
+        self.loss_sum += r.loss * w
+        for key, value in r.counters.items():
+            self.extras[key] = self.extras.get(key, 0.0) + value
+        self.contributors.append(cid)
+
+    def result(self, dropped: dict[int, str]) -> Aggregate | NoUpdates:
+        if self.total is None:
+            return NoUpdates(dropped)
+        loss = self.loss_sum / self.weight
+        return Aggregate(self.total, self.weight, self.contributors, loss, dropped, self.extras)

@@ -1,8 +1,11 @@
 """The round engine: written once against the Transport interface.
 
-One round: sample a cohort, send the global model and the local-training
-config, collect the cohort's weighted update sum through an UpdateChannel,
-average, take a server-optimizer step, evaluate, record, checkpoint.
+One round is data through named steps (`RoundEngine.run_round`):
+draw cohort -> build request -> collect (the UpdateChannel) -> account drops ->
+release (none / central / distributed DP) -> apply (server optimizer) -> evaluate ->
+report (RoundReporter parts, annotators) -> persist (metrics, private annex,
+checkpoint). The steps that need no engine state are in round_steps.py; the record
+in round_record.py; drop reasons in drops.py.
 """
 
 from __future__ import annotations
@@ -10,8 +13,8 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,12 +26,13 @@ from fedveil.params import FlatModel
 from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
-from fedveil.server.engine.aggregation import Aggregate, PlainChannel, UpdateChannel
+from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel
 from fedveil.server.engine.dpsgd_accounting import ClientDpSgdAccountant
-from fedveil.server.engine.optimizers import make_optimizer
-from fedveil.server.engine.outcome import Aborted
+from fedveil.server.engine.optimizers import ServerOptimizer, make_optimizer
 from fedveil.server.engine.privacy_stage import CentralDP, Release
 from fedveil.server.engine.requests import build_train_request
+from fedveil.server.engine.round_record import PUBLIC_UNDER_DP, RoundRecord
+from fedveil.server.engine.round_steps import Collected, account_drops, persist, plain_release
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.sampling import CohortSampler, SecretCohortSampler
 from fedveil.server.engine.transport import (
@@ -39,57 +43,10 @@ from fedveil.server.engine.transport import (
 )
 from fedveil.tasks import Task
 
+# Other modules import the record and the DP-public keys from here.
+__all__ = ["PUBLIC_UNDER_DP", "RoundEngine", "RoundRecord", "initial_model"]
+
 log = logging.getLogger("fedveil.server")
-
-
-@dataclass
-class RoundRecord:
-    round: int
-    cohort_planned: int
-    cohort_aggregated: int
-    dropped: int
-    applied: bool
-    train_loss: float | None = None
-    test_loss: float | None = None
-    test_accuracy: float | None = None
-    federated_loss: float | None = None
-    federated_accuracy: float | None = None
-    duration_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.update(d.pop("extra"))
-        return d
-
-    def public_json(self) -> dict[str, Any]:
-        """What a DP run may publish about the round: accounted figures and the server's
-        own evaluation. Counts, drops, client losses and federated metrics come from
-        clients' data or reveal participation: they go to the private annex only."""
-        full = self.to_json()
-        return {k: v for k, v in full.items() if k in PUBLIC_UNDER_DP}
-
-
-# Round-record keys a DP run publishes (metrics.jsonl, the API, the dashboard).
-PUBLIC_UNDER_DP = frozenset(
-    {
-        "round",
-        "status",
-        "test_loss",
-        "test_accuracy",
-        "duration_s",
-        "epsilon",
-        "epsilon_coordinator_max",
-        "clip_norm",
-        "next_clip_norm",
-        "noise_multiplier",
-        "secagg_threat",
-        "secagg_neighbors",
-        "secagg_threshold",
-        "dp_sgd_epsilon_max",
-        "clients_connected",
-    }
-)
 
 
 def initial_model(task: Task, seed: int) -> torch.nn.Module:
@@ -116,6 +73,7 @@ class RoundEngine:
         """`model`: the global model, already built from `initial_model(task, cfg.seed)`
         (the run lifecycle builds it first, so a transport can know the model's size);
         None: built here on `device`."""
+        _check_client_ids(transport, task)
         self.cfg, self.task, self.transport, self.store = cfg, task, transport, store
         self.privacy = privacy
         self.stopped_reason: str | None = None
@@ -125,50 +83,17 @@ class RoundEngine:
             model if model is not None else FlatModel(initial_model(task, cfg.seed), device)
         )
         self.weights = self.model.get()
-        s = cfg.server
-        self.optimizer = make_optimizer(
-            s.optimizer,
-            lr=s.server_lr,
-            momentum=s.server_momentum,
-            beta1=s.beta1,
-            beta2=s.beta2,
-            tau=s.tau,
-        )
-        ids = list(transport.client_ids())
-        if sorted(ids) != list(range(task.num_clients)):
-            raise ValueError(
-                f"transport has {len(ids)} clients, the task has {task.num_clients}; "
-                "client ids must be 0..num_clients-1"
-            )
-        # Under DP the cohorts must stay secret (amplification by sampling depends on it),
-        # so they come from a secret key, not the public seed, unless the run asks for
-        # seeded cohorts (then it is accounted with q = 1).
-        self.secret_sampler: SecretCohortSampler | None = None
-        self.sampler: CohortSampler | SecretCohortSampler
-        if privacy is not None and privacy.cohorts_secret:
-            self.secret_sampler = SecretCohortSampler(
-                task.num_clients, s.sampling, s.per_round, cfg.poisson_rate, privacy.cohort_key
-            )
-            self.sampler = self.secret_sampler
-        else:
-            self.sampler = CohortSampler(
-                task.num_clients, s.sampling, s.per_round, cfg.poisson_rate, cfg.seed
-            )
-        self.dp_sgd: ClientDpSgdAccountant | None = None
-        if cfg.client.dp_sgd_noise > 0 and task.client_sizes is not None:
-            self.dp_sgd = ClientDpSgdAccountant(
-                cfg.client.dp_sgd_noise,
-                cfg.client.batch_size,
-                max(1, cfg.client.local_epochs),
-                task.client_sizes,
-                cfg.dp.delta,
-            )
+        self.optimizer = _server_optimizer(cfg)
+        self.secret_sampler, self.sampler = _cohort_samplers(cfg, task, privacy)
+        self.dp_sgd = _dp_sgd_accountant(cfg, task)
         self.eval_rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xE7A1]))
         self.round = 0
         # The next round's cohort, drawn one round ahead so the channel can prepare it
         # (secure aggregation's key stages); the draws and their order are unchanged.
         self.upcoming: list[int] | None = None
         self.history: list[RoundRecord] = []
+        # The first drop reason of this run, whole (the summary's `first_client_error`).
+        self.first_client_error: str | None = None
         # Facts from the parts around the engine (clients connected in a deployment,
         # epsilon spent under DP) go into the round's record before it is stored, so
         # they are part of the same durable line as the round itself.
@@ -210,64 +135,87 @@ class RoundEngine:
         return build_train_request(self.cfg, round_num, self.weights, privacy)
 
     def run_round(self) -> RoundRecord:
+        """One round, as data through its steps (see ARCHITECTURE.md)."""
         round_num = self.round + 1
         start = time.perf_counter()
+        dp = self.privacy is not None
+        cohort = self._draw_cohort(round_num)
+        record = RoundRecord(round_num, len(cohort), 0, 0, applied=False)
+        got = self._collect(round_num, cohort)
+        account_drops(record, cohort, got, dp=dp)
+        self._account_dp_sgd(record, got)
+        self._note_first_error(got)
+        release = self._release(round_num, got)
+        self._apply(record, cohort, got, release)
+        self.round = round_num
+        self._evaluate(record)
+        self._report(record, start)
+        self.history.append(record)
+        if self.store is not None:
+            persist(self.store, record, cohort, got, dp=dp)
+            self.store.save_checkpoint(self.state())
+        if self.on_round:
+            self.on_round(record)
+        return record
+
+    def _draw_cohort(self, round_num: int) -> list[int]:
+        """This round's cohort (drawn one round ahead when known) and the next one's."""
         cohort = self.upcoming if self.upcoming is not None else self.sampler.sample()
         self.upcoming = self.sampler.sample() if round_num < self.cfg.server.rounds else None
-        record = RoundRecord(round_num, len(cohort), 0, 0, applied=False)
-        outcome: Aggregate | Aborted | None = None
-        if cohort:
-            request = self.train_request(round_num)
-            requests = {cid: request for cid in cohort}
-            timeout = self.cfg.server.round_timeout or None
-            outcome = self.channel.collect(
-                self.transport, requests, self.model.size, timeout, upcoming=self.upcoming
-            )
-        agg = outcome if isinstance(outcome, Aggregate) else None
-        aborted = outcome if isinstance(outcome, Aborted) else None
-        dropped = agg.dropped if agg is not None else aborted.dropped if aborted else {}
-        # Under DP, who dropped and why is the operator's alone (private annex, debug log).
-        level = logging.DEBUG if self.privacy is not None else logging.WARNING
-        for cid, reason in dropped.items():
-            log.log(level, "round %d: client %d dropped: %s", round_num, cid, reason)
-        if agg is not None:
-            record.dropped = len(agg.dropped)
-            record.cohort_aggregated = len(agg.contributors)
-            if self.dp_sgd is not None:
-                record.extra["dp_sgd_epsilon_max"] = self.dp_sgd.record_round(agg.contributors)
-        else:
-            record.dropped = len(cohort)
-        if aborted is not None:
-            # Aborted before unmasking: nothing revealed, applied or charged. After it: the
-            # sum may have been seen; under distributed DP it was charged first.
-            record.extra.update(status="aborted", aborted_stage=aborted.stage)
-            record.extra["abort_reason"] = aborted.reason
-        # None: nothing to publish (central DP always releases; distributed DP does not
-        # when nothing was unmasked and charged).
-        released: Release | None = None
-        if self.privacy is not None and aborted is None:
-            released = self.privacy.release(round_num, agg, self.model.size)
-        if released is not None:
-            record.extra.update(released.metrics)
-            self.weights = self.optimizer.step(
-                self.weights, released.update.to(self.weights.device)
-            )
+        return cohort
+
+    def _collect(self, round_num: int, cohort: list[int]) -> Collected:
+        """The training request to every cohort member, and the update channel's sum."""
+        if not cohort:
+            return Collected()
+        request = self.train_request(round_num)
+        requests = {cid: request for cid in cohort}
+        timeout = self.cfg.server.round_timeout or None
+        outcome = self.channel.collect(
+            self.transport, requests, self.model.size, timeout, upcoming=self.upcoming
+        )
+        return Collected.of(outcome)
+
+    def _account_dp_sgd(self, record: RoundRecord, got: Collected) -> None:
+        if self.dp_sgd is not None and got.agg is not None:
+            record.extra["dp_sgd_epsilon_max"] = self.dp_sgd.record_round(got.agg.contributors)
+
+    def _note_first_error(self, got: Collected) -> None:
+        if self.first_client_error is None and got.dropped:
+            self.first_client_error = got.dropped[min(got.dropped)]
+
+    def _release(self, round_num: int, got: Collected) -> Release | None:
+        """What the round may publish. None: nothing (too few updates without DP; under
+        distributed DP nothing unmasked and charged; any abort). Central DP always
+        releases, noise alone when no update arrived: the accountant charges every round
+        the sampling scheme ran."""
+        if self.privacy is None:
+            return plain_release(got, self.cfg.server.min_clients)
+        if got.aborted is not None:
+            return None
+        return self.privacy.release(round_num, got.agg, self.model.size)
+
+    def _apply(
+        self, record: RoundRecord, cohort: list[int], got: Collected, release: Release | None
+    ) -> None:
+        """The server optimizer's step on the released update, and the round's status."""
+        agg = got.agg
+        if release is not None:
+            record.extra.update(release.metrics)
+            self.weights = self.optimizer.step(self.weights, release.update.to(self.weights.device))
             record.applied = True
-            record.train_loss = None if agg is None or math.isnan(agg.loss) else agg.loss
-        elif (
-            self.privacy is None
-            and agg is not None
-            and record.cohort_aggregated >= self.cfg.server.min_clients
-        ):
-            update = agg.mean.to(self.weights.device)
-            self.weights = self.optimizer.step(self.weights, update)
-            record.applied = True
-            record.train_loss = agg.loss
-        elif cohort and aborted is None and self.privacy is None:
+            if self.privacy is None:
+                assert agg is not None
+                record.train_loss = agg.loss
+            else:
+                record.train_loss = None if agg is None or math.isnan(agg.loss) else agg.loss
+                if agg is None or not agg.contributors:
+                    record.extra["noise_only"] = True  # private: it reveals participation
+        elif cohort and got.aborted is None and self.privacy is None:
             log.warning(
                 "round %d: %d of %d clients aggregated, fewer than min_clients=%d; "
                 "global model unchanged",
-                round_num,
+                record.round,
                 record.cohort_aggregated,
                 len(cohort),
                 self.cfg.server.min_clients,
@@ -275,33 +223,17 @@ class RoundEngine:
         record.extra.setdefault("status", "applied" if record.applied else "skipped")
         if self.privacy is not None and "epsilon" not in record.extra:
             record.extra["epsilon"] = self.privacy.epsilon()
-        self.round = round_num
-        self._evaluate(record)
+
+    def _report(self, record: RoundRecord, start: float) -> None:
+        """Facts about the round that only the parts around the engine know."""
         # A transport or channel may add facts about the round only it knows (simulated
         # dropouts; the secure-aggregation mode and parameters).
         for part in (self.transport, self.channel):
             if isinstance(part, RoundReporter):
-                record.extra.update(part.round_report(round_num))
+                record.extra.update(part.round_report(record.round))
         record.duration_s = time.perf_counter() - start
         for annotate in self.annotators:
             annotate(record)
-        self.history.append(record)
-        if self.store is not None:
-            if self.privacy is None:
-                self.store.append_metrics(record.to_json())
-            else:
-                private = record.to_json()
-                private.update(
-                    cohort=cohort, dropped_reasons={str(c): r for c, r in dropped.items()}
-                )
-                if agg is not None:
-                    private["survivors"] = list(agg.contributors)
-                self.store.append_private(private)
-                self.store.append_metrics(record.public_json())
-            self.store.save_checkpoint(self.state())
-        if self.on_round:
-            self.on_round(record)
-        return record
 
     def _evaluate(self, record: RoundRecord) -> None:
         e = self.cfg.eval
@@ -311,39 +243,47 @@ class RoundEngine:
             and e.central_every
             and (record.round % e.central_every == 0 or last)
         ):
-            # A transport with idle workers (the in-process engine's) may evaluate for us.
-            result = None
-            if isinstance(self.transport, CentralEvaluator):
-                result = self.transport.evaluate_central(self.weights, record.round, e.batch_size)
-            if result is None:
-                x, y = self.task.test_data
-                result = evaluate(self.model, self.weights, x, y, self.task.loss_fn, e.batch_size)
-            record.test_loss, record.test_accuracy = result[0], result[1]
+            record.test_loss, record.test_accuracy = self._evaluate_central(record.round)
         if e.federated_every and (record.round % e.federated_every == 0 or last):
-            k = min(e.federated_clients, self.task.num_clients)
-            if self.secret_sampler is not None:
-                chosen = self.secret_sampler.choice(b"federated-eval", record.round, k)
-            else:
-                chosen = sorted(
-                    int(c) for c in self.eval_rng.choice(self.task.num_clients, k, replace=False)
-                )
-            req = Envelope(Kind.EVALUATE, record.round, {}, {F.MODEL: self.weights})
-            replies = self.transport.exchange({c: req for c in chosen}, None)
-            n_total, loss_sum, correct = 0, 0.0, 0.0
-            for cid in chosen:
-                r = replies.get(cid)
-                if r is None or isinstance(r, ClientFailure):
-                    continue
-                n = int(r.config.get(F.NUM_EXAMPLES, 0))
-                if n > 0:
-                    n_total += n
-                    loss_sum += float(r.config[F.LOSS]) * n
-                    correct += float(r.config["accuracy"]) * n
-            if n_total:
-                record.federated_loss, record.federated_accuracy = (
-                    loss_sum / n_total,
-                    correct / n_total,
-                )
+            self._evaluate_federated(record)
+
+    def _evaluate_central(self, round_num: int) -> tuple[float, float]:
+        """The global model on the task's test set: (loss, accuracy)."""
+        batch_size = self.cfg.eval.batch_size
+        # A transport with idle workers (the in-process engine's) may evaluate for us.
+        result = None
+        if isinstance(self.transport, CentralEvaluator):
+            result = self.transport.evaluate_central(self.weights, round_num, batch_size)
+        if result is None:
+            assert self.task.test_data is not None
+            x, y = self.task.test_data
+            result = evaluate(self.model, self.weights, x, y, self.task.loss_fn, batch_size)
+        return result[0], result[1]
+
+    def _evaluate_federated(self, record: RoundRecord) -> None:
+        """The global model on a sample of clients' own data, weighted by their examples."""
+        k = min(self.cfg.eval.federated_clients, self.task.num_clients)
+        if self.secret_sampler is not None:
+            chosen = self.secret_sampler.choice(b"federated-eval", record.round, k)
+        else:
+            chosen = sorted(
+                int(c) for c in self.eval_rng.choice(self.task.num_clients, k, replace=False)
+            )
+        req = Envelope(Kind.EVALUATE, record.round, {}, {F.MODEL: self.weights})
+        replies = self.transport.exchange({c: req for c in chosen}, None)
+        n_total, loss_sum, correct = 0, 0.0, 0.0
+        for cid in chosen:
+            r = replies.get(cid)
+            if r is None or isinstance(r, ClientFailure):
+                continue
+            n = int(r.config.get(F.NUM_EXAMPLES, 0))
+            if n > 0:
+                n_total += n
+                loss_sum += float(r.config[F.LOSS]) * n
+                correct += float(r.config["accuracy"]) * n
+        if n_total:
+            record.federated_loss = loss_sum / n_total
+            record.federated_accuracy = correct / n_total
 
     # -- whole run --------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -400,9 +340,14 @@ class RoundEngine:
         if self.privacy is not None:
             # How many rounds applied and how many clients dropped reveal participation.
             return {}
+        errors: Counter[str] = Counter()
+        for r in self.history:
+            errors.update(r.extra.get("drops_by_reason", {}))
         return {
             "rounds_applied": sum(r.applied for r in self.history),
             "dropped_total": sum(r.dropped for r in self.history),
+            "client_errors": dict(errors.most_common()),
+            "first_client_error": self.first_client_error,
         }
 
     def _privacy_summary(self) -> dict[str, Any]:
@@ -421,3 +366,55 @@ class RoundEngine:
             "sampling_rate": c.sampling_rate,
             "neighbouring": c.neighbouring,
         }
+
+
+# -- construction ---------------------------------------------------------------------
+def _check_client_ids(transport: Transport, task: Task) -> None:
+    ids = list(transport.client_ids())
+    if sorted(ids) != list(range(task.num_clients)):
+        raise ValueError(
+            f"transport has {len(ids)} clients, the task has {task.num_clients}; "
+            "client ids must be 0..num_clients-1"
+        )
+
+
+def _server_optimizer(cfg: RunConfig) -> ServerOptimizer:
+    s = cfg.server
+    return make_optimizer(
+        s.optimizer,
+        lr=s.server_lr,
+        momentum=s.server_momentum,
+        beta1=s.beta1,
+        beta2=s.beta2,
+        tau=s.tau,
+    )
+
+
+def _cohort_samplers(
+    cfg: RunConfig, task: Task, privacy: CentralDP | None
+) -> tuple[SecretCohortSampler | None, CohortSampler | SecretCohortSampler]:
+    """(the secret sampler or None, the sampler the rounds draw from).
+
+    Under DP the cohorts must stay secret (amplification by sampling depends on it),
+    so they come from a secret key, not the public seed, unless the run asks for
+    seeded cohorts (then it is accounted with q = 1)."""
+    s = cfg.server
+    if privacy is not None and privacy.cohorts_secret:
+        secret = SecretCohortSampler(
+            task.num_clients, s.sampling, s.per_round, cfg.poisson_rate, privacy.cohort_key
+        )
+        return secret, secret
+    seeded = CohortSampler(task.num_clients, s.sampling, s.per_round, cfg.poisson_rate, cfg.seed)
+    return None, seeded
+
+
+def _dp_sgd_accountant(cfg: RunConfig, task: Task) -> ClientDpSgdAccountant | None:
+    if cfg.client.dp_sgd_noise <= 0 or task.client_sizes is None:
+        return None
+    return ClientDpSgdAccountant(
+        cfg.client.dp_sgd_noise,
+        cfg.client.batch_size,
+        max(1, cfg.client.local_epochs),
+        task.client_sizes,
+        cfg.dp.delta,
+    )

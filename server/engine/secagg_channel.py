@@ -87,6 +87,29 @@ class _Ahead:
             self.dropped.setdefault(cid, str(exc))
 
 
+@dataclass
+class _Round:
+    """One round's protocol run: its server, the training requests that ride on the
+    masked-input stage, and what it found out so far."""
+
+    round: int
+    server: SecAggServer
+    requests: dict[int, Envelope]
+    enc_config: dict[str, Any]
+    dropped: dict[int, str]
+    unmasked: bool = False  # whether any unmasking request went out
+
+    def envelope(self, cid: int, req: Message) -> Envelope:
+        """A stage request as the client gets it; the training request rides on the
+        training stage (masked input), so the plain update never waits between stages."""
+        env = wrap(Kind.secagg(req.STAGE), self.round, req)
+        if req.STAGE is TRAINING_STAGE:
+            env.config.update(self.requests[cid].config)
+            env.config.update(self.enc_config)
+            env.arrays.update(self.requests[cid].arrays)
+        return env
+
+
 class SecAggChannel:
     """`roster` (client id -> Ed25519 identity public key) is needed for the
     malicious-server mode: the server checks signed advertisements with it, and a
@@ -191,17 +214,37 @@ class SecAggChannel:
         _Ahead). The gate (distributed DP) checks and charges before any unmasking."""
         cohort = sorted(requests)
         round_num = requests[cohort[0]].round
-        dropped: dict[int, str] = {}
-        for cid in self._unlisted(cohort):
-            dropped[cid] = "no identity key in the secure-aggregation roster"
-            cohort.remove(cid)
+        dropped = self._leave_out_unlisted(round_num, cohort)
         ahead = self._take_ahead(round_num, cohort, model_size)
         self._start_ahead(round_num + 1, upcoming, model_size)
         if len(cohort) < 2:
             reason = f"a cohort of {len(cohort)} cannot be securely aggregated"
             log.warning("round %d: %s", round_num, reason)
             return Aborted(reason, unmasked=False, dropped=dropped)
-        if dropped:
+        started = self._start(round_num, cohort, model_size, ahead, requests, dropped)
+        if isinstance(started, Aborted):
+            return started
+        try:
+            self._run_stages(transport, started, timeout_s)
+            result = started.server.finalize()
+            decoded = self.encoding.decode(result.total, len(result.survivors), model_size)
+        except SecAggAborted as exc:
+            return self._aborted(started, exc)
+        for cid in result.dropped:
+            dropped.setdefault(cid, "dropped during secure aggregation")
+        loss = decoded.loss if decoded.loss is not None else math.nan
+        return Aggregate(
+            decoded.total, decoded.weight, sorted(result.survivors), loss, dropped, decoded.extras
+        )
+
+    def _leave_out_unlisted(self, round_num: int, cohort: list[int]) -> dict[int, str]:
+        """Removes from `cohort` the clients without an identity key (malicious mode);
+        their drop reasons."""
+        dropped: dict[int, str] = {}
+        for cid in self._unlisted(cohort):
+            dropped[cid] = "no identity key in the secure-aggregation roster"
+            cohort.remove(cid)
+        if dropped and len(cohort) >= 2:
             log.warning(
                 "round %d: %d sampled clients have no identity key in the roster and are "
                 "left out: %s",
@@ -209,6 +252,18 @@ class SecAggChannel:
                 len(dropped),
                 sorted(dropped)[:10],
             )
+        return dropped
+
+    def _start(
+        self,
+        round_num: int,
+        cohort: list[int],
+        model_size: int,
+        ahead: _Ahead | None,
+        requests: dict[int, Envelope],
+        dropped: dict[int, str],
+    ) -> _Round | Aborted:
+        """The round's protocol server (the one whose keys were shared early, if any)."""
         try:
             enc_config = encoding_config(self.encoding.request_fields(len(cohort)))
             if ahead is not None:
@@ -220,70 +275,69 @@ class SecAggChannel:
             log.warning("round %d: secure aggregation not started: %s", round_num, exc)
             return Aborted(f"not started: {exc}", unmasked=False, dropped=dropped)
         self.last_session, self._last_round = server.session, round_num
-        unmasked = False
-        try:
-            stage_requests = server.next_requests()
-            while stage_requests is not None:
-                if not unmasked and _is_unmask(stage_requests):
-                    # Every unmasking is charged first, and only with enough honest noise.
-                    if self.gate is not None:
-                        self.gate.before_unmask(round_num, server.survivors)
-                    unmasked = True
-                out: dict[int, Envelope] = {}
-                for cid, req in stage_requests.items():
-                    env = wrap(Kind.secagg(req.STAGE), round_num, req)
-                    if req.STAGE is TRAINING_STAGE:
-                        env.config.update(requests[cid].config)
-                        env.config.update(enc_config)
-                        env.arrays.update(requests[cid].arrays)
-                    out[cid] = env
-                riders = self._riders()
-                sent = dict(out)
-                for cid, rider in riders.items():
-                    sent[cid] = attach(out[cid], rider) if cid in out else rider
-                replies = transport.exchange(sent, timeout_s)
-                for cid in sorted(sent):
-                    reply = replies.get(cid, ClientFailure(cid, "no reply"))
-                    mine, theirs = _split(reply, riders.get(cid), cid in out)
-                    accepted = False
-                    if isinstance(mine, Envelope):
-                        try:
-                            config, arrays = protocol_part(mine)
-                            server.receive(cid, decode_message(config, arrays))
-                            accepted = True
-                        except (SecAggError, ValueError) as exc:
-                            dropped.setdefault(cid, str(exc))
-                    elif isinstance(mine, str):
-                        dropped.setdefault(cid, mine)
-                    if theirs is not None:
-                        assert self._ahead is not None
-                        self._ahead.receive(cid, theirs)
-                        # A valid answer without the rider's: a client that does not know
-                        # riders (garbage from a faulty one proves nothing).
-                        if accepted and isinstance(theirs, str) and theirs.startswith(IGNORED):
-                            self._riders_ignored(cid)
-                stage_requests = server.next_requests()
-            result = server.finalize()
-            decoded = self.encoding.decode(result.total, len(result.survivors), model_size)
-        except SecAggAborted as exc:
-            where = (
-                "after unmasking (the server may have seen the sum)"
-                if unmasked
-                else "before unmasking (nothing revealed)"
-            )
-            log.warning(
-                "round %d: secure aggregation aborted %s; nothing released: %s",
-                round_num,
-                where,
-                "(reason in the private annex)" if self.quiet_counts else exc,
-            )
-            return Aborted(str(exc), unmasked=unmasked, dropped=dropped)
-        for cid in result.dropped:
-            dropped.setdefault(cid, "dropped during secure aggregation")
-        loss = decoded.loss if decoded.loss is not None else math.nan
-        return Aggregate(
-            decoded.total, decoded.weight, sorted(result.survivors), loss, dropped, decoded.extras
+        return _Round(round_num, server, requests, enc_config, dropped)
+
+    def _run_stages(self, transport: Transport, run: _Round, timeout_s: float | None) -> None:
+        """Every stage's exchange, until the protocol has no more requests."""
+        stage_requests = run.server.next_requests()
+        while stage_requests is not None:
+            if not run.unmasked and _is_unmask(stage_requests):
+                # Every unmasking is charged first, and only with enough honest noise.
+                if self.gate is not None:
+                    self.gate.before_unmask(run.round, run.server.survivors)
+                run.unmasked = True
+            out = {cid: run.envelope(cid, req) for cid, req in stage_requests.items()}
+            riders = self._riders()
+            sent = dict(out)
+            for cid, rider in riders.items():
+                sent[cid] = attach(out[cid], rider) if cid in out else rider
+            replies = transport.exchange(sent, timeout_s)
+            for cid in sorted(sent):
+                reply = replies.get(cid, ClientFailure(cid, "no reply"))
+                self._receive(run, cid, reply, riders.get(cid), cid in out)
+            stage_requests = run.server.next_requests()
+
+    def _receive(
+        self,
+        run: _Round,
+        cid: int,
+        reply: Envelope | ClientFailure,
+        rider: Envelope | None,
+        primary: bool,
+    ) -> None:
+        """One client's reply: its answer to this round's stage, and to the rider."""
+        mine, theirs = _split(reply, rider, primary)
+        accepted = False
+        if isinstance(mine, Envelope):
+            try:
+                config, arrays = protocol_part(mine)
+                run.server.receive(cid, decode_message(config, arrays))
+                accepted = True
+            except (SecAggError, ValueError) as exc:
+                run.dropped.setdefault(cid, str(exc))
+        elif isinstance(mine, str):
+            run.dropped.setdefault(cid, mine)
+        if theirs is not None:
+            assert self._ahead is not None
+            self._ahead.receive(cid, theirs)
+            # A valid answer without the rider's: a client that does not know riders
+            # (garbage from a faulty one proves nothing).
+            if accepted and isinstance(theirs, str) and theirs.startswith(IGNORED):
+                self._riders_ignored(cid)
+
+    def _aborted(self, run: _Round, exc: SecAggAborted) -> Aborted:
+        where = (
+            "after unmasking (the server may have seen the sum)"
+            if run.unmasked
+            else "before unmasking (nothing revealed)"
         )
+        log.warning(
+            "round %d: secure aggregation aborted %s; nothing released: %s",
+            run.round,
+            where,
+            "(reason in the private annex)" if self.quiet_counts else exc,
+        )
+        return Aborted(str(exc), unmasked=run.unmasked, dropped=run.dropped)
 
     def round_report(self, round_num: int) -> dict[str, Any]:
         """The protocol's mode and parameters, for the round's record (when it started)."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.engine.aggregation import PlainChannel
+from fedveil.server.engine.aggregation import NoUpdates, PlainChannel
 from fedveil.server.engine.optimizers import make_optimizer
 from fedveil.server.engine.transport import ClientFailure
 
@@ -75,9 +75,10 @@ def test_bad_replies_drop_the_client_and_keep_the_rest(bad, reason):
     assert torch.equal(agg.mean, torch.tensor([2.0, 2.0]))
 
 
-def test_no_usable_reply_gives_nothing():
+def test_no_usable_reply_gives_no_update_and_says_why():
     clients = ScriptedClients({0: ClientFailure(0, "gone")})
-    assert PlainChannel().collect(clients, {0: Envelope("train", 1)}, 2, None) is None
+    got = PlainChannel().collect(clients, {0: Envelope("train", 1)}, 2, None)
+    assert got == NoUpdates({0: "gone"})
 
 
 def test_server_optimizers_match_hand_computation():

@@ -1,0 +1,57 @@
+"""What one round leaves behind: its RoundRecord, and which of its keys a DP run may publish."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    cohort_planned: int
+    cohort_aggregated: int
+    dropped: int
+    applied: bool
+    train_loss: float | None = None
+    test_loss: float | None = None
+    test_accuracy: float | None = None
+    federated_loss: float | None = None
+    federated_accuracy: float | None = None
+    duration_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(d.pop("extra"))
+        return d
+
+    def public_json(self) -> dict[str, Any]:
+        """What a DP run may publish about the round: accounted figures and the server's
+        own evaluation. Counts, drops, client losses and federated metrics come from
+        clients' data or reveal participation: they go to the private annex only."""
+        full = self.to_json()
+        return {k: v for k, v in full.items() if k in PUBLIC_UNDER_DP}
+
+
+# Round-record keys a DP run publishes (metrics.jsonl, the API, the dashboard).
+# Never the drop counts (`dropped`, `drops_by_reason`): they reveal participation.
+PUBLIC_UNDER_DP = frozenset(
+    {
+        "round",
+        "status",
+        "test_loss",
+        "test_accuracy",
+        "duration_s",
+        "epsilon",
+        "epsilon_coordinator_max",
+        "clip_norm",
+        "next_clip_norm",
+        "noise_multiplier",
+        "secagg_threat",
+        "secagg_neighbors",
+        "secagg_threshold",
+        "dp_sgd_epsilon_max",
+        "clients_connected",
+    }
+)
