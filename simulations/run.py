@@ -5,22 +5,28 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fedveil.config import RunConfig, to_toml
+from fedveil.config import RunConfig, config_from_dict, to_toml, toml_text
 from fedveil.privacy.secagg.identity import DerivedIdentities
 from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.rounds import RoundEngine, RoundRecord
 from fedveil.server.engine.runstore import RunStore
 from fedveil.simulations.availability import DROPPED, LATE, AvailabilityModel, AvailabilityTransport
+from fedveil.simulations.failures import FailureLog, check_some_client_contributed
 from fedveil.simulations.plots import PLOTS
+from fedveil.taskcheck import check_settings_read, check_task, reading_config
 from fedveil.tasks import Task, make_task
 
 log = logging.getLogger("fedveil.simulate")
+
+CHECKPOINT = Path("checkpoint") / "state.pt"  # RunStore.checkpoint_path, before the store exists
 
 
 def resolve_device(name: str) -> torch.device:
@@ -79,77 +85,213 @@ def simulate(
     on_round: Callable[[RoundRecord], None] | None = None,
     on_clients: Callable[[int, int], None] | None = None,
     resume: bool = False,
+    given: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run `cfg` on its transport; write the run directory; return the summary.
 
     `on_round(record)` follows rounds, `on_clients(done, total)` the clients within one
-    (in-process engine only).
+    (in-process engine only). `given`: the settings the user named on the command line
+    (key -> how, e.g. 'data.num_clients' -> '--clients 50'); a custom task that does not
+    honour one is refused. Raises RunFailed (after writing the run directory) when no
+    client's update was ever aggregated. On KeyboardInterrupt (Ctrl-C; SIGTERM from the
+    CLI) the last completed round's model and a summary marked interrupted are written.
     """
     start = time.perf_counter()
     device = resolve_device(cfg.device)
-    task = make_task(cfg)  # loads the data: missing files fail here, before training
+    if resume:
+        require_checkpoint(Path(cfg.out))
     store = RunStore(cfg.out)
+    prepared = prepare_task(cfg, device, given or {})
+    cfg, task = prepared.cfg, prepared.task
+    open_run_dir(store, prepared, resume)
+    attempt = Attempt(cfg, task, device, store, resume=resume, on_round=on_round)
+    try:
+        with _quiet_simulated_drops(attempt.availability is not None):
+            attempt.drive(on_clients)
+    except KeyboardInterrupt:
+        attempt.write_interrupted(time.perf_counter() - start)
+        raise
+    return attempt.finish(time.perf_counter() - start)
+
+
+def require_checkpoint(out: Path) -> None:
+    """--resume continues a run; without its checkpoint it would silently start afresh."""
+    path = out / CHECKPOINT
+    if not path.exists():
+        raise ValueError(
+            f"--resume: no checkpoint at {path}; nothing to resume "
+            "(check --out, or leave --resume out to start a new run)"
+        )
+
+
+@dataclass
+class PreparedTask:
+    """The task a run trains, checked, and the config it runs under."""
+
+    cfg: RunConfig
+    task: Task
+    # [data]/[model] keys a custom task read (None: the built-in task, which reads all).
+    reads: set[str] | None = None
+
+
+def prepare_task(cfg: RunConfig, device: torch.device, given: Mapping[str, str]) -> PreparedTask:
+    """Load the task (the data: missing files fail here, before training). A custom task's
+    contract is checked on one client first, and the settings it ignores are refused; its
+    population becomes data.num_clients (DP's sampling rate is per_round / num_clients)."""
+    ref = cfg.model.task
+    if ref is None:
+        return PreparedTask(cfg, make_task(cfg))
+    reading, reads = reading_config(cfg)
+    task = make_task(reading)
+    check_task(task, ref, batch_size=cfg.client.batch_size, device=str(device))
+    check_settings_read(ref, task, reads, given, cfg.data.num_clients)
+    if task.num_clients != cfg.data.num_clients:
+        log.info("task %s: %d clients (data.num_clients follows)", task.name, task.num_clients)
+        values = cfg.to_dict()
+        values["data"]["num_clients"] = task.num_clients
+        cfg = config_from_dict(_without_none(values))
+    return PreparedTask(cfg, task, reads)
+
+
+def _without_none(values: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: _without_none(v) if isinstance(v, dict) else v
+        for k, v in values.items()
+        if v is not None
+    }
+
+
+def config_record(prepared: PreparedTask) -> str:
+    """config.toml: the run as it ran. A custom task's run records the task and the [data]
+    and [model] settings it read, not the built-in defaults it ignored."""
+    cfg, task = prepared.cfg, prepared.task
+    if prepared.reads is None:
+        return to_toml(cfg)
+    values = cfg.to_dict()
+    for section in ("data", "model"):
+        values[section] = {
+            k: v
+            for k, v in values[section].items()
+            if f"{section}.{k}" in prepared.reads or k in ("task", "num_clients")
+        }
+    header = (
+        f"# task {task.name!r} from {cfg.model.task}: {task.num_clients} clients, input "
+        f"shape {task.input_shape}, {task.num_classes} classes\n"
+    )
+    return header + toml_text(values)
+
+
+def open_run_dir(store: RunStore, prepared: PreparedTask, resume: bool) -> None:
     if not resume:
         store.clear()
         for name in PLOTS:
             (store.path / name).unlink(missing_ok=True)
-    store.write_config(to_toml(cfg))
-    write_partition_report(store, task)
+    store.write_config(config_record(prepared))
+    write_partition_report(store, prepared.task)
 
-    # Malicious-server secure aggregation needs client identity keys and a roster. The
-    # simulated population's come from one fresh secret (never written anywhere); a
-    # deployment's are made on each device and listed by the operator.
-    identities = (
-        DerivedIdentities() if cfg.secagg.enabled and cfg.secagg.threat == "malicious" else None
-    )
-    roster = None if identities is None else identities.roster
-    run = RunLifecycle(cfg, task, store, device=device, roster=roster)
-    availability = AvailabilityModel.from_config(cfg)
 
-    def build_engine(transport: Any) -> RoundEngine:
-        if availability is not None:
-            transport = AvailabilityTransport(transport, availability)
-        return run.engine(transport, on_round=on_round, resume=resume)
-
+@contextmanager
+def _quiet_simulated_drops(on: bool) -> Iterator[None]:
     quiet = _QuietSimulatedDrops()
     server_log = logging.getLogger("fedveil.server")
-    if availability is not None:
+    if on:
         server_log.addFilter(quiet)
     try:
-        if cfg.transport == "inprocess":
-            from fedveil.simulations.inprocess import InProcessTransport
-
-            workers = resolve_workers(cfg, device)
-            with InProcessTransport(
-                task,
-                device,
-                workers=workers,
-                unit_size=cfg.simulation.vmap_clients,
-                task_factory=TaskFactory(cfg),
-                on_progress=on_clients,
-                identities=identities,
-                run_config=cfg,  # the clients' own copy: distributed-DP parameters
-            ) as transport:
-                engine = build_engine(transport)
-                engine.run()
-        else:
-            from fedveil.simulations.flower_runner import run_on_flower
-
-            workers = None
-            engine = run_on_flower(cfg, task.num_clients, build_engine, identities=identities)[
-                "engine"
-            ]
+        yield
     finally:
         server_log.removeFilter(quiet)
-    wall = time.perf_counter() - start
-    summary = engine.summary(wall)
-    summary["device"] = str(device)
-    summary["out"] = str(Path(cfg.out))
-    if workers is not None:
-        summary["workers"] = workers
-    if cfg.simulation.plots:  # from metrics.jsonl, complete once the rounds are done
-        summary["plots"] = _plots(store.path)
-    return run.finish(engine, summary, model_metadata={"task": task.name})
+
+
+class Attempt:
+    """One call of `simulate` from its lifecycle on: the engine it builds is kept, so an
+    interrupted run still writes its model and summary."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        task: Task,
+        device: torch.device,
+        store: RunStore,
+        *,
+        resume: bool,
+        on_round: Callable[[RoundRecord], None] | None,
+    ) -> None:
+        self.cfg, self.task, self.device, self.store = cfg, task, device, store
+        self.resume, self.on_round = resume, on_round
+        # Malicious-server secure aggregation needs client identity keys and a roster.
+        # The simulated population's come from one fresh secret (never written
+        # anywhere); a deployment's are made on each device and listed by the operator.
+        malicious = cfg.secagg.enabled and cfg.secagg.threat == "malicious"
+        self.identities = DerivedIdentities() if malicious else None
+        roster = None if self.identities is None else self.identities.roster
+        self.run = RunLifecycle(cfg, task, store, device=device, roster=roster)
+        self.availability = AvailabilityModel.from_config(cfg)
+        self.engine: RoundEngine | None = None
+        self.failures: FailureLog | None = None
+        self.workers: int | None = None
+
+    def build_engine(self, transport: Any) -> RoundEngine:
+        self.failures = FailureLog(transport)  # innermost: the clients' own failures
+        outer: Any = self.failures
+        if self.availability is not None:
+            outer = AvailabilityTransport(outer, self.availability)
+        self.engine = self.run.engine(outer, on_round=self.on_round, resume=self.resume)
+        return self.engine
+
+    def drive(self, on_clients: Callable[[int, int], None] | None) -> None:
+        cfg = self.cfg
+        if cfg.transport != "inprocess":
+            from fedveil.simulations.flower_runner import run_on_flower
+
+            run_on_flower(cfg, self.task.num_clients, self.build_engine, identities=self.identities)
+            return
+        from fedveil.simulations.inprocess import InProcessTransport
+
+        self.workers = resolve_workers(cfg, self.device)
+        with InProcessTransport(
+            self.task,
+            self.device,
+            workers=self.workers,
+            unit_size=cfg.simulation.vmap_clients,
+            task_factory=TaskFactory(cfg),
+            on_progress=on_clients,
+            identities=self.identities,
+            run_config=cfg,  # the clients' own copy: distributed-DP parameters
+        ) as transport:
+            self.build_engine(transport).run()
+
+    def summary(self, wall: float) -> dict[str, Any]:
+        assert self.engine is not None
+        summary = self.engine.summary(wall)
+        summary["device"] = str(self.device)
+        summary["out"] = str(Path(self.cfg.out))
+        if self.workers is not None:
+            summary["workers"] = self.workers
+        return summary
+
+    def finish(self, wall: float) -> dict[str, Any]:
+        """The closing files; then RunFailed if no client ever contributed."""
+        engine, summary = self.engine, self.summary(wall)
+        assert engine is not None and self.failures is not None
+        if self.cfg.simulation.plots:  # from metrics.jsonl, complete once the rounds are done
+            summary["plots"] = _plots(self.store.path)
+        summary = self.run.finish(engine, summary, model_metadata={"task": self.task.name})
+        check_some_client_contributed(engine.history, self.failures)
+        return summary
+
+    def write_interrupted(self, wall: float) -> None:
+        """The last completed round's model and a summary marked interrupted (the DP
+        ledger was already closed as interrupted by the engine)."""
+        if self.engine is None:
+            return
+        summary = self.summary(wall)
+        summary.update(status="interrupted", interrupted=True)
+        try:
+            self.run.finish(self.engine, summary, model_metadata={"task": self.task.name})
+        except Exception as exc:  # the interruption is what the caller must hear about
+            log.warning("interrupted: could not write the model and summary: %s", exc)
+            return
+        log.warning("interrupted after round %d: model and summary written", self.engine.round)
 
 
 def _plots(run_dir: Path) -> list[str]:

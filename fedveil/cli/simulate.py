@@ -1,0 +1,219 @@
+"""`fedveil simulate`: its flags, and what the command line adds around a run.
+
+Settings named on the command line are passed on, so a custom task that cannot honour
+one (--dataset with --task) is refused rather than silently ignored; a built-in
+dataset gets its own defaults for what the user left unset (tasks.DATASET_DEFAULTS);
+SIGTERM stops a run as Ctrl-C does, leaving its last round's model and summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from fedveil.config import ConfigError, RunConfig, load_config
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+# Command-line flag -> dotted config key. Every flag overrides the TOML file.
+SIMULATE_FLAGS: list[tuple[str, str, type, str]] = [
+    ("--dataset", "data.dataset", str, "fashion-mnist, digits or synthetic"),
+    ("--data-dir", "data.data_dir", str, "directory holding the dataset files"),
+    ("--clients", "data.num_clients", int, "population size"),
+    ("--partition", "data.partition", str, "iid, dirichlet, shards, lognormal or writer"),
+    ("--alpha", "data.alpha", float, "Dirichlet concentration (label skew)"),
+    ("--model", "model.name", str, "logreg, mlp or cnn"),
+    ("--task", "model.task", str, "custom task as 'module:function'"),
+    ("--rounds", "server.rounds", int, "number of rounds"),
+    ("--per-round", "server.per_round", int, "cohort size (fixed sampling)"),
+    ("--sampling", "server.sampling", str, "fixed or poisson"),
+    ("--sample-rate", "server.sample_rate", float, "Poisson rate q"),
+    ("--optimizer", "server.optimizer", str, "fedavg, fedavgm, fedadam or fedyogi"),
+    ("--server-lr", "server.server_lr", float, "server learning rate"),
+    ("--local-epochs", "client.local_epochs", int, "local epochs per round"),
+    ("--local-steps", "client.local_steps", int, "local steps per round (overrides epochs)"),
+    ("--batch-size", "client.batch_size", int, "local batch size"),
+    ("--lr", "client.lr", float, "local learning rate"),
+    ("--momentum", "client.momentum", float, "local SGD momentum"),
+    ("--prox-mu", "client.prox_mu", float, "FedProx mu"),
+    ("--dp", "dp.mechanism", str, "differential privacy: none, central or distributed"),
+    ("--clip", "dp.clip", float, "L2 clip norm of a client update"),
+    ("--noise-multiplier", "dp.noise_multiplier", float, "noise std / clip; 0: from --epsilon"),
+    ("--epsilon", "dp.epsilon", float, "privacy budget epsilon"),
+    ("--delta", "dp.delta", float, "privacy budget delta"),
+    ("--seed", "seed", int, "seed for data split, model init and sampling"),
+    ("--transport", "transport", str, "inprocess or flower"),
+    ("--device", "device", str, "auto, cpu or cuda"),
+    ("--out", "out", str, "run directory"),
+]
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. client.lr=0.1")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def add_simulate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="run many clients on this machine",
+        description="Simulate a federated run on this machine and write a run directory "
+        "(config.toml, metrics.jsonl, model.safetensors, summary.json). Defaults: "
+        "Fashion-MNIST, 100 clients with Dirichlet(0.5) label skew, 20 per round, small CNN.",
+    )
+    p.add_argument("--config", help="TOML file; flags below override it")
+    for flag, key, kind, text in SIMULATE_FLAGS:
+        p.add_argument(flag, dest=key, type=kind, default=None, help=f"{text} [{key}]")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key, e.g. --set client.momentum=0.9",
+    )
+    p.add_argument(
+        "--secagg",
+        action="store_const",
+        const=True,
+        dest="secagg.enabled",
+        help="secure aggregation: the server learns only the sum [secagg.enabled]",
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its checkpoint"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the summary as the last line of stdout"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_simulate)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    overrides, given = command_line_settings(args)
+    cfg = resolve_config(args.config, overrides)
+    _check_privacy_plan(cfg)
+
+    from fedveil.cli.progress import RoundProgress
+    from fedveil.simulations.failures import RunFailed
+    from fedveil.simulations.run import simulate
+
+    progress = RoundProgress(cfg.server.rounds, disable=args.quiet)
+    try:
+        with sigterm_as_interrupt():
+            summary = simulate(
+                cfg,
+                on_round=progress.update,
+                on_clients=progress.clients,
+                resume=args.resume,
+                given=given,
+            )
+    except RunFailed as exc:  # the run directory is written; the exit status says it failed
+        progress.close()
+        print(f"fedveil: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        progress.close()
+    if summary.get("stopped_reason"):
+        print(f"fedveil: {summary['stopped_reason']}", file=sys.stderr)
+    acc = summary.get("test_accuracy")
+    print(
+        f"done: {summary['rounds']} rounds, test accuracy "
+        f"{'n/a' if acc is None else f'{acc:.4f}'}, {summary['wall_s']:.1f} s -> {cfg.out}",
+        file=sys.stderr,
+    )
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+def _check_privacy_plan(cfg: RunConfig) -> None:
+    """Before any data is loaded: refuse secure aggregation that cannot reach its threshold
+    (ConfigError -> exit 2), and warn with the numbers when DP noise dominates the update."""
+    from fedveil.privacy.dp.signal import noise_to_signal
+    from fedveil.privacy.secagg.feasibility import check_secagg_feasible
+
+    check_secagg_feasible(cfg, cfg.data.num_clients)
+    signal = noise_to_signal(cfg, cfg.data.num_clients)
+    if signal is not None:
+        warning = signal.warning()
+        print(
+            f"fedveil: {'warning: ' + warning if warning else signal.describe()}", file=sys.stderr
+        )
+
+
+def command_line_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
+    """The overrides (dotted key -> value) and, for [data] and model.name, how each was
+    given ('--clients 50', '--set data.alpha=0.1'): a custom task must honour those."""
+    overrides = _parse_set(args.set)
+    given = {k: f"--set {k}={v}" for k, v in overrides.items()}
+    for flag, key, _, _ in SIMULATE_FLAGS:
+        value = getattr(args, key)
+        if value is not None:
+            overrides[key] = value
+            given[key] = f"{flag} {value}"
+    if args.__dict__.get("secagg.enabled") is not None:
+        overrides["secagg.enabled"] = True
+    task_keys = {k: v for k, v in given.items() if k.startswith("data.") or k == "model.name"}
+    return overrides, task_keys
+
+
+def resolve_config(path: str | None, overrides: dict[str, Any]) -> RunConfig:
+    """The config, with the built-in dataset's own defaults for what neither the file nor
+    the command line set (e.g. `--dataset digits` alone runs the MLP on 20 clients)."""
+    from fedveil.tasks import dataset_defaults
+
+    cfg = load_config(path, overrides)
+    if cfg.model.task is not None:
+        return cfg
+    extra = dataset_defaults(cfg.data.dataset, set(overrides) | _file_keys(path))
+    if not extra:
+        return cfg
+    shown = ", ".join(f"{k} = {v!r}" for k, v in extra.items())
+    print(f"fedveil: dataset {cfg.data.dataset}: {shown} (its defaults)", file=sys.stderr)
+    return load_config(path, {**extra, **overrides})
+
+
+def _file_keys(path: str | None) -> set[str]:
+    if path is None:
+        return set()
+    values = tomllib.loads(Path(path).read_text())  # load_config has read it already
+    return {
+        f"{section}.{key}" if isinstance(table, dict) else section
+        for section, table in values.items()
+        for key in (table if isinstance(table, dict) else [None])
+    }
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the run is, so it stops as on Ctrl-C (exit 143)."""
+
+    signum = signal.SIGTERM
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While the run is on, SIGTERM raises Terminated: the engine closes a DP ledger as
+    interrupted, the workers are stopped, and the model and summary are written."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
