@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import ray
 from flwr.app import Context
 from flwr.simulation import run_simulation
 from flwr.superlink.grid import InMemoryGrid
@@ -30,6 +31,7 @@ from fedveil.protocol.envelope import Envelope
 from fedveil.server.engine.flower_app import FlowerTransport, make_server_app
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.simulations.ray_cluster import (
+    check_fits,
     client_resources,
     init_ray,
     node_id,
@@ -147,6 +149,9 @@ def run_on_flower(
     with ray_environment(cfg) as address, _stoppable_grid() as stop:
         try:
             init_ray(address, verbose=verbose)
+            check_fits(
+                ray.cluster_resources(), cfg.simulation.client_cpus, cfg.simulation.client_gpus
+            )
             run_simulation(
                 server_app=server_app,
                 client_app=client_app,

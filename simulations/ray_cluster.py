@@ -189,3 +189,19 @@ def _freeze_once() -> None:
 
         gc.freeze()
         _frozen = True
+
+
+def check_fits(cluster: dict[str, float], client_cpus: float, client_gpus: float) -> None:
+    """Refuse a cluster on which no node could host even one client (Flower would fail
+    later with "ActorPool is empty"). `cluster`: ray.cluster_resources()."""
+    have_cpus, have_gpus = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
+    if client_gpus > 0 and have_gpus <= 0:
+        raise RuntimeError(
+            f"simulation.client_gpus = {client_gpus:g}: the Ray cluster has no GPU; "
+            "set simulation.client_gpus = 0 or join a cluster with GPUs"
+        )
+    if client_cpus > have_cpus:
+        raise RuntimeError(
+            f"simulation.client_cpus = {client_cpus:g}: more than the Ray cluster's "
+            f"{have_cpus:g} CPUs; must be <= {have_cpus:g}"
+        )

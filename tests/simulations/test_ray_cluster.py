@@ -162,3 +162,13 @@ def test_a_configured_address_replaces_ray_address_while_the_run_starts_ray(monk
     with ray_environment(load_config(None, {"simulation.ray_address": "local"})) as address:
         assert address.text == "local" and "RAY_ADDRESS" not in os.environ
     assert os.environ["RAY_ADDRESS"] == "10.9.9.9:6379"
+
+
+def test_a_cluster_that_cannot_host_one_client_is_refused_by_name():
+    from fedveil.simulations.ray_cluster import check_fits
+
+    check_fits({"CPU": 4.0, "GPU": 1.0}, 2.0, 0.5)
+    with pytest.raises(RuntimeError, match=r"client_gpus = 0\.5: the Ray cluster has no GPU"):
+        check_fits({"CPU": 4.0}, 1.0, 0.5)
+    with pytest.raises(RuntimeError, match=r"client_cpus = 8: more than the Ray cluster's 4"):
+        check_fits({"CPU": 4.0}, 8.0, 0.0)
