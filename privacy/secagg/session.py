@@ -57,8 +57,9 @@ _FIELDS = {
     "session_id": Bytes(SESSION_ID_MIN, SESSION_ID_MAX),
     "modulus_bits": Int(1, MAX_BITS),
     "dimension": Int(1, MAX_DIMENSION),
-    "neighbors": Int(2, 1 << 32),
-    "threshold": Int(2, 1 << 32),
+    # At most 2^32 - 1: the canonical encoding (and the digest) packs both as uint32.
+    "neighbors": Int(2, 2**32 - 1),
+    "threshold": Int(2, 2**32 - 1),
     "threat_mode": Str(tuple(m.value for m in ThreatMode)),
     "graph_seed": Bytes(GRAPH_SEED_BYTES, GRAPH_SEED_BYTES),
     "run_id": Bytes(RUN_ID_MIN, RUN_ID_MAX),

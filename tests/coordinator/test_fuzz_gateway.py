@@ -264,3 +264,32 @@ def test_fuzz_gateway(upstream: tuple[Upstream, str], record_property: Any) -> N
     assert statuses.get(200, 0) == len(recorder.seen) <= forwarded, f"seed {run.seed}"
     record_property("fuzz_gateway_statuses", statuses)
     run.report(messages=run.count)
+
+
+def test_gateway_refuses_odd_paths_and_headers_by_status(upstream: tuple[Upstream, str]) -> None:
+    """Regressions found by the fuzz: a NUL in the path raised httpx.InvalidURL out of the
+    gateway; headers that cannot be sent on were a 503 'restarting; retry'."""
+    recorder, uds = upstream
+    counters = ServiceCounters()
+    gateway = FleetGateway("http://superlink", False, MAX_BODY, counters, uds=uds)
+    body = [{"type": "http.request", "body": b"x", "more_body": False}]
+
+    async def status(path: str, headers: list[tuple[bytes, bytes]]) -> int:
+        exchange = Exchange()
+        await gateway(_scope("POST", path, headers), _receiver(body), exchange.send)
+        return exchange.status
+
+    async def main() -> list[int]:
+        try:
+            return [
+                await status("/v1/fleet/pull-messages\x00", []),
+                await status("/v1/fleet/%2e%2e/control/list-runs", []),
+                await status("/v1/fleet/pull-messages", [(b"x", b"a\r\nb")]),
+                await status("/v1/fleet/pull-messages", [(b"", b"1")]),
+                await status("/v1/fleet/pull-messages", []),
+            ]
+        finally:
+            await gateway.aclose()
+
+    assert asyncio.run(main()) == [404, 404, 400, 400, 200]
+    assert [path for path, _, _ in recorder.seen] == ["/v1/fleet/pull-messages"]

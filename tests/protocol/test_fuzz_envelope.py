@@ -19,6 +19,7 @@ import warnings
 from typing import Any
 
 import numpy as np
+import pytest
 from flwr.app import Array, ArrayRecord, RecordDict
 from flwr.common import serde
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
@@ -265,3 +266,23 @@ def test_hypothesis_envelope_readers(config: dict[str, Any], arrays: dict[str, A
             assert key in str(exc)
         else:
             assert t.numel() == MODEL_SIZE and bool(t.isfinite().all())
+
+
+def test_malformed_arrays_are_message_errors_naming_the_array() -> None:
+    """Regressions found by the fuzz: each raised TypeError, ValueError, EOFError or
+    tokenize.TokenError before, which callers catching MessageError did not expect."""
+    for bad in (np.array([1, 2], dtype=object), np.array([1.0], dtype=">f4"), np.array(["a"])):
+        with pytest.raises(MessageError, match="'model' has dtype"):
+            Envelope(Kind.TRAIN, 1, {}, {F.MODEL: bad}).tensor(F.MODEL)
+    content = to_content(Envelope(Kind.TRAIN, 1, {}, {F.MODEL: np.ones(4, np.float32)}))
+    array = content["arrays"][F.MODEL]
+    for data in (array.data[:-3], array.data[:20], array.data.replace(b"(4,)", b"(9,)")):
+        broken = ArrayRecord({F.MODEL: Array(array.dtype, array.shape, array.stype, data)})
+        content = RecordDict(
+            {"meta": content["meta"], "config": content["config"], "arrays": broken}
+        )
+        with pytest.raises(MessageError, match="'model' cannot be decoded"):
+            from_content(content)
+    ragged = Envelope(Kind.SECAGG_MASKED_INPUT, 1, {}, {"sa.masked_vector": [[1], [1, 2]]})
+    with pytest.raises(SecAggProtocolError):
+        decode_message(*protocol_part(ragged))

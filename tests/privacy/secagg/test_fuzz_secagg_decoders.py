@@ -12,6 +12,7 @@ replays a run; both are printed and reported (see tests/fuzzing.py).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,8 @@ from secagg_helpers import make_session, plain_sum, random_inputs
 
 from fedveil.privacy.secagg import (
     SecAggAborted,
+    SecAggClient,
+    SecAggError,
     SecAggProtocolError,
     SecAggServer,
     ThreatMode,
@@ -38,6 +41,7 @@ DEFAULT_SESSION_MESSAGES = 3_000
 PER_STAGE = 150  # fuzzed messages a victim sends in each stage of a round
 
 Wire = tuple[dict[str, Any], dict[str, np.ndarray]]
+Keys = dict[int, Ed25519PrivateKey] | None
 
 
 def _identity(session: SessionConfig) -> dict[int, Ed25519PrivateKey]:
@@ -247,3 +251,93 @@ class _Slice:
 
     def __init__(self, run: FuzzRun, count: int) -> None:
         self.rng, self.count = run.rng, count
+
+
+def _client_copy(
+    cid: int, request: Message, client: SecAggClient | None, keys: Keys
+) -> SecAggClient:
+    """What a client process does with a request: a fresh client for an advertisement,
+    else the client restored from its saved state (so the real one stays untouched)."""
+    key = keys[cid] if keys else None
+    public = {c: k.public_key() for c, k in keys.items()} if keys else None
+    if client is None:
+        session = getattr(request, "session", None)
+        if session is None:
+            raise SecAggProtocolError("no session in progress")
+        return SecAggClient(cid, session, identity_key=key, identity_public_keys=public)
+    return SecAggClient.from_state(client.to_state(), identity_key=key, identity_public_keys=public)
+
+
+@pytest.mark.parametrize("mode", [ThreatMode.SEMI_HONEST, ThreatMode.MALICIOUS])
+def test_fuzz_client_refuses_fuzzed_requests(mode: ThreatMode, record_property: Any) -> None:
+    """A client holding a live round's state gets fuzzed server requests at every stage:
+    only SecAggError may come out (a refusal or an abort), and the round then completes
+    with the genuine requests and the exact sum."""
+    count = fuzz_count(DEFAULT_SESSION_MESSAGES)
+    run = FuzzRun(f"secagg_client_{mode.value}", count, fuzz_seed(), record_property)
+    session, keys = _sessions()[0 if mode is ThreatMode.SEMI_HONEST else 1]
+    public = {c: k.public_key() for c, k in keys.items()} if keys else None
+    fed = rounds = 0
+    while fed < count:
+        rounds += 1
+        inputs = random_inputs(session, run.rng.randrange(2**32))
+        victim = run.rng.choice(session.client_ids)
+        server = SecAggServer(session, identity_public_keys=public)
+        clients: dict[int, SecAggClient] = {}
+        requests = server.next_requests()
+        while requests:
+            stage = next(iter(requests.values())).STAGE
+            for cid, request in requests.items():
+                vector = inputs[cid] if stage is Stage.MASKED_INPUT else None
+                if cid == victim:
+                    wire = [tuple(dict(part) for part in request.to_wire())]
+                    for config, arrays in mutated_messages(_Slice(run, PER_STAGE), wire):  # type: ignore[arg-type]
+                        fed += 1
+                        run.feed(
+                            fed,
+                            functools.partial(
+                                _respond_fuzzed, config, arrays, cid, clients.get(cid), keys, vector
+                            ),
+                            (SecAggError,),
+                            functools.partial(repr, (stage, config, arrays)),
+                        )
+                client = clients.get(cid) or _client_copy(cid, request, None, keys)
+                clients[cid] = client
+                server.receive(
+                    cid, client.respond(request, None if vector is None else vector.copy())
+                )
+            requests = server.next_requests()
+        result = server.finalize()
+        assert result.survivors == frozenset(session.client_ids), run.replay_hint(fed)
+        expected = plain_sum(inputs, result.survivors, session.modulus_bits)
+        np.testing.assert_array_equal(
+            result.total.astype(np.uint64), expected, err_msg=run.replay_hint(fed)
+        )
+    record_property(f"fuzz_{run.family}_rounds", rounds)
+    run.report(messages=fed)
+
+
+def _respond_fuzzed(
+    config: dict[str, Any],
+    arrays: dict[str, Any],
+    cid: int,
+    client: SecAggClient | None,
+    keys: Keys,
+    vector: np.ndarray | None,
+) -> None:
+    request = decode_message(config, arrays)
+    copy = _client_copy(cid, request, client, keys)
+    copy.respond(request, None if vector is None else vector.copy())
+
+
+def test_a_session_view_with_a_degree_past_uint32_is_refused_at_decoding() -> None:
+    """Found by the client fuzz: neighbors = 2^32 decoded, then the view's canonical
+    encoding (uint32 fields) raised struct.error when the client compared sessions."""
+    config, arrays = next(
+        (c, a)
+        for c, a in _valid_messages()
+        if c["msg"] == "advertise_request" and "session.holder" in c
+    )
+    config["session.neighbors"] = 2**32
+    with pytest.raises(SecAggProtocolError, match=r"session\.neighbors"):
+        decode_message(config, arrays)
