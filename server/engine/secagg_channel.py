@@ -245,7 +245,9 @@ class SecAggChannel:
             dropped[cid] = "no identity key in the secure-aggregation roster"
             cohort.remove(cid)
         if dropped and len(cohort) >= 2:
-            log.warning(
+            # Under DP the count and the ids reveal participation: debug log only.
+            log.log(
+                logging.DEBUG if self.quiet_counts else logging.WARNING,
                 "round %d: %d sampled clients have no identity key in the roster and are "
                 "left out: %s",
                 round_num,

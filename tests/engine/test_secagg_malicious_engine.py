@@ -112,6 +112,8 @@ def test_clients_missing_from_the_roster_are_left_out_by_name(tmp_path, caplog):
     records, recorder, _ = engine_run(cfg, listed, ids)
     for record in records:
         assert record.applied and record.cohort_aggregated == 10 and record.dropped == 2
+        reasons = record.extra["drops_by_reason"]
+        assert reasons == {"no identity key in the secure-aggregation roster": 2}
     assert "no identity key in the roster" in caplog.text
     # The listed clients' next round is still keyed early.
     assert [recorder.exchanges[r] for r in (1, 2)] == [5, 3]
