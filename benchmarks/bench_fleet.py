@@ -104,6 +104,10 @@ class Tally:
     retries: dict[str, int] = field(default_factory=dict)  # attempts retried, as Flower does
     failed_devices: set[int] = field(default_factory=set)  # a pull lost after its retries
 
+    @property
+    def stop(self) -> float:
+        return self.window[1]
+
     def inside(self, started: float) -> bool:
         return self.window[0] <= started < self.window[1]
 
@@ -173,25 +177,23 @@ async def _nap(seconds: float, stop: float) -> None:
 
 
 async def _poll(
-    http: httpx.AsyncClient, d: Device, poll_s: float, stop: float, tally: Tally, rng: random.Random
+    http: httpx.AsyncClient, d: Device, poll_s: float, tally: Tally, rng: random.Random
 ) -> None:
-    await _nap(rng.uniform(0, poll_s), stop)  # devices come up at different moments
+    await _nap(rng.uniform(0, poll_s), tally.stop)  # devices come up at different moments
     node = Node(node_id=d.node_id)
-    while time.perf_counter() < stop:
+    while time.perf_counter() < tally.stop:
         await _timed(http, d, "PullMessages", PullMessagesRequest(node=node), tally, tries=5)
-        await _nap(poll_s, stop)
+        await _nap(poll_s, tally.stop)
 
 
-async def _heartbeat(
-    http: httpx.AsyncClient, d: Device, stop: float, tally: Tally, rng: random.Random
-) -> None:
+async def _heartbeat(http: httpx.AsyncClient, d: Device, tally: Tally, rng: random.Random) -> None:
     req = SendNodeHeartbeatRequest(
         node=Node(node_id=d.node_id), heartbeat_interval=HEARTBEAT_DEFAULT_INTERVAL
     )
-    await _nap(rng.uniform(0, heartbeat_interval(rng)), stop)
-    while time.perf_counter() < stop:
+    # HeartbeatSender sends its first heartbeat as soon as the node is activated.
+    while time.perf_counter() < tally.stop:
         await _timed(http, d, "SendNodeHeartbeat", req, tally, tries=1)
-        await _nap(heartbeat_interval(rng), stop)
+        await _nap(heartbeat_interval(rng), tally.stop)
 
 
 async def _bounded(limit: int, coros: list[Any]) -> list[Any]:
@@ -254,17 +256,36 @@ async def measure(
     n = len(devices)
     limits = httpx.Limits(max_connections=n + 16, max_keepalive_connections=n + 16)
     async with httpx.AsyncClient(verify=tls_context(coord.ca), limits=limits) as http:
+        # Each device starts polling and heartbeating once it is activated, as a SuperNode
+        # does; the window opens `warmup_s` after the last activation.
+        tally = Tally((math.inf, math.inf))
+        rng = random.Random(seed)
+        sem, activated, all_up = asyncio.Semaphore(32), [0], asyncio.Event()
+        activation_errors: dict[str, int] = {}
+
+        async def device(d: Device) -> None:
+            try:
+                async with sem:
+                    await _activate(http, d)
+            except httpx.HTTPError as exc:
+                name = _error_name(exc)
+                activation_errors[name] = activation_errors.get(name, 0) + 1
+                return
+            finally:
+                activated[0] += 1
+                if activated[0] == n:
+                    all_up.set()
+            beat = asyncio.create_task(_heartbeat(http, d, tally, rng))
+            await _poll(http, d, poll_s, tally, rng)
+            await beat
+
         t0 = time.perf_counter()
-        await _bounded(32, [_activate(http, d) for d in devices])
+        tasks = [asyncio.create_task(device(d)) for d in devices]
+        await all_up.wait()
         activate_s = time.perf_counter() - t0
         start = time.perf_counter()
         window = (start + warmup_s, start + warmup_s + window_s)
-        tally = Tally(window)
-        rng = random.Random(seed)
-        tasks = [
-            asyncio.create_task(_poll(http, d, poll_s, window[1], tally, rng)) for d in devices
-        ]
-        tasks += [asyncio.create_task(_heartbeat(http, d, window[1], tally, rng)) for d in devices]
+        tally.window = window
         await asyncio.sleep(max(0.0, window[0] - time.perf_counter()))
         before, self_before, t_before = coord.sample(), _self_cpu_s(), time.perf_counter()
         await asyncio.sleep(max(0.0, window[1] - time.perf_counter()))
@@ -272,7 +293,7 @@ async def measure(
         # The coordinator's view while every device is still polling.
         connected = await asyncio.to_thread(coord.connected)
         await asyncio.gather(*tasks)
-        await _bounded(32, [_deactivate(http, d) for d in devices])
+        await _bounded(32, [_deactivate(http, d) for d in devices if d.node_id])
     wall = t_after - t_before
     lat = tally.latencies
     requests = len(lat) + sum(tally.failures.values())
@@ -306,6 +327,7 @@ async def measure(
         ),
         "emulator_cpu_percent": round(100 * (self_after - self_before) / wall, 1),
         "activate_s": round(activate_s, 2),
+        "activation_failures": dict(sorted(activation_errors.items())),
     }
 
 
