@@ -151,3 +151,14 @@ def test_under_dp_drop_counts_reach_only_the_private_annex(tmp_path, caplog):
     debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
     assert any("3 of 12 clients failed: 3 x RuntimeError" in line for line in debug)
     assert all(r.applied for r in engine.history)
+
+
+def test_under_central_dp_a_round_without_updates_is_marked_noise_only_in_private(tmp_path):
+    dp = {"dp.mechanism": "central", "dp.epsilon": 8.0, "server.rounds": 1}
+    engine, _, metrics, store = run(tmp_path, failing=set(range(12)), **dp)
+    # Central DP still releases (and charges) noise; the record says it carried no update,
+    # so a caller can tell a run in which no client's update was ever applied.
+    assert [(r.applied, r.extra.get("noise_only")) for r in engine.history] == [(True, True)]
+    assert "noise_only" not in metrics[0]
+    private = json.loads(store.private_rounds_path.read_text().splitlines()[0])
+    assert private["noise_only"] is True
