@@ -61,11 +61,13 @@ def account_drops(record: RoundRecord, cohort: list[int], got: Collected, *, dp:
 
 
 def log_drops(round_num: int, cohort_size: int, dropped: dict[int, str], *, dp: bool) -> None:
-    """One line per round, not one per client (those are at debug level): "round 3: 20 of
-    20 clients failed: 20 x RuntimeError: ...". Under DP the warning names the distinct
-    reasons without counts or ids; the counts go to the debug log."""
+    """One warning per round, not one per client: "round 3: 20 of 20 clients failed:
+    20 x RuntimeError: ...". Under DP it names the distinct reasons without counts or
+    ids; the counts go to the debug log. Per-client lines are below the default level:
+    info (`-v`, the deployed server.log), under DP debug only."""
+    per_client = logging.DEBUG if dp else logging.INFO
     for cid, reason in sorted(dropped.items()):
-        log.debug("round %d: client %d dropped: %s", round_num, cid, reason)
+        log.log(per_client, "round %d: client %d dropped: %s", round_num, cid, reason)
     if not dropped:
         return
     counted = failure_summary(dropped, counts=True)

@@ -120,8 +120,10 @@ def test_every_client_failing_says_why_in_the_log_the_record_and_the_summary(tmp
     assert failed == [
         f"round {n}: 12 of 12 clients failed: 12 x RuntimeError: {FAILURE}" for n in (1, 2)
     ]
-    # One line per round, not one per client.
+    # One warning per round; per-client lines only with -v (info: the deployed server.log).
     assert not [line for line in lines if "dropped:" in line]
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert f"round 1: client 0 dropped: RuntimeError: {FAILURE}" in info
     assert [m["drops_by_reason"] for m in metrics] == [{"client error: RuntimeError": 12}] * 2
     assert not any(r.applied for r in engine.history)
     assert summary["client_errors"] == {"client error: RuntimeError": 24}
@@ -148,6 +150,8 @@ def test_under_dp_drop_counts_reach_only_the_private_annex(tmp_path, caplog):
     failed = [line for line in warned if "clients failed" in line]
     # The distinct reason, without counts or client ids; the counts only at debug level.
     assert failed == [f"round {n}: clients failed: RuntimeError: {FAILURE}" for n in (1, 2)]
+    shown = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert not [line for line in shown if "dropped:" in line]
     debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
     assert any("3 of 12 clients failed: 3 x RuntimeError" in line for line in debug)
     assert all(r.applied for r in engine.history)
