@@ -335,6 +335,12 @@ def _check_cross_fields(cfg: RunConfig) -> None:
         check_ray_address(cfg.simulation.ray_address)
     except ValueError as exc:
         raise ConfigError(f"simulation.ray_address = {exc}") from None
+    if cfg.transport == "flower" and cfg.device == "cuda" and cfg.simulation.client_gpus == 0:
+        # Ray gives a client no GPU unless it reserves one; it would train on CPU silently.
+        raise ConfigError(
+            "device = 'cuda' with transport = 'flower' needs simulation.client_gpus > 0 "
+            "(the GPU share Ray reserves per client; 0 means clients train on CPU)"
+        )
     task = cfg.model.task
     if task is None:
         from fedveil.models import MODELS

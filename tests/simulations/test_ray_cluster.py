@@ -49,6 +49,12 @@ def test_bad_cluster_settings_are_refused_by_name(key, value, needle):
     assert needle in str(err.value)
 
 
+def test_cuda_under_flower_without_a_gpu_share_is_refused_not_run_on_cpu():
+    with pytest.raises(ConfigError, match=r"simulation.client_gpus > 0"):
+        load_config(None, {"transport": "flower", "device": "cuda"})
+    load_config(None, {"transport": "flower", "device": "cuda", "simulation.client_gpus": 0.5})
+
+
 def test_client_resources_come_from_the_config():
     cfg = load_config(None, {"simulation.client_cpus": 2.5, "simulation.client_gpus": 0.25})
     assert client_resources(cfg) == {"num_cpus": 2.5, "num_gpus": 0.25}
