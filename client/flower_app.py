@@ -1,8 +1,11 @@
 """Flower ClientApp adapter around ClientRuntime.
 
-The client's logical id is its `partition-id` (Flower simulation) or the
-`client-id` given in the SuperNode's node config (deployment). A bad server
-message is logged and answered with an error reply; it never crashes the node.
+It answers fedveil's own message types (`query.hello`, `train.train`, ...) and, beside
+them, a stock Flower server's `train` / `evaluate` (flwr.serverapp.strategy.FedAvg's
+conventions, see flower_stock.py). The client's logical id is its `partition-id`
+(Flower simulation) or the `client-id` given in the SuperNode's node config
+(deployment). A bad server message is logged and answered with an error reply; it
+never crashes the node.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 
+from fedveil.client.flower_stock import STOCK_TYPES, StockRefused, answer_stock
 from fedveil.client.runtime import ClientRuntime
 from fedveil.protocol.envelope import MessageError
 from fedveil.protocol.flower_codec import KINDS, from_content, message_type, to_content
@@ -110,7 +114,27 @@ def make_client_app(runtime_factory: Callable[[], ClientRuntime]) -> ClientApp:
             return Message(Error(CLIENT_FAILURE, f"{type(exc).__name__}: {exc}"), reply_to=msg)
         return Message(to_content(reply), reply_to=msg)
 
+    def handle_stock(msg: Message, context: Context) -> Message:
+        runtime = runtime_of_this_process(token, runtime_factory)
+        cid = client_id_of(context)
+        mtype = msg.metadata.message_type
+        try:
+            content = answer_stock(runtime, cid, mtype, msg.content)
+        except StockRefused as exc:
+            log.warning("client %d: stock %s message refused: %s", cid, mtype, exc)
+            return Message(Error(BAD_MESSAGE, str(exc)), reply_to=msg)
+        except MessageError as exc:
+            log.warning("client %d: bad stock %s message dropped: %s", cid, mtype, exc)
+            return Message(Error(BAD_MESSAGE, str(exc)), reply_to=msg)
+        except Exception as exc:
+            log.exception("client %d: failed to handle stock %s", cid, mtype)
+            return Message(Error(CLIENT_FAILURE, f"{type(exc).__name__}: {exc}"), reply_to=msg)
+        return Message(content, reply_to=msg)
+
     for kind in KINDS:
         category, action = message_type(kind).split(".")
         getattr(app, category)(action)(handle)
+    # A stock server's types carry no action: Flower dispatches them to 'default'.
+    for category in STOCK_TYPES:
+        getattr(app, category)()(handle_stock)
     return app
