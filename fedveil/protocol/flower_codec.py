@@ -23,6 +23,16 @@ CATEGORY = {Kind.HELLO: "query", Kind.EVALUATE: "evaluate"}
 # Every kind a ClientApp answers; protocols that add kinds extend Kind.
 KINDS = [kind.value for kind in Kind]
 
+# Flower's own Message-API conventions (flwr.serverapp.strategy.FedAvg and the quickstart
+# ClientApps): what a stock client reads and answers, without fedveil's envelope.
+STOCK_TRAIN = "train"  # message types of a stock app's @app.train() / @app.evaluate()
+STOCK_EVALUATE = "evaluate"
+STOCK_ARRAYS = "arrays"  # ArrayRecord: the model's state_dict, in its order
+STOCK_CONFIG = "config"  # ConfigRecord: "server-round" plus the training settings
+STOCK_METRICS = "metrics"  # MetricRecord of a reply
+STOCK_SERVER_ROUND = "server-round"
+STOCK_NUM_EXAMPLES = "num-examples"  # FedAvg's weighting key
+
 
 def message_type(kind: str) -> str:
     category = CATEGORY.get(kind, Kind.TRAIN.value)
@@ -55,6 +65,11 @@ def from_content(content: RecordDict) -> Envelope:
     if not isinstance(kind, str) or not isinstance(rnd, int) or isinstance(rnd, bool):
         raise MessageError("message meta record needs a string 'kind' and an integer 'round'")
     return Envelope(kind, rnd, dict(config), {k: _numpy(k, a) for k, a in arrays.items()})
+
+
+def numpy_of(key: str, array: Array) -> np.ndarray:
+    """A peer's array as numpy, checked as `from_content` checks it (MessageError)."""
+    return _numpy(key, array)
 
 
 def _numpy(key: str, array: Array) -> np.ndarray:
