@@ -135,3 +135,37 @@ def test_sigterm_leaves_the_last_rounds_model_and_an_interrupted_summary(tmp_pat
     done = len(metrics.read_text().splitlines())
     assert 2 <= summary["rounds"] == done < 100000
     assert load_file(out / "model.safetensors")  # the last completed round's model
+
+
+def test_an_interrupted_dp_run_has_its_summary_and_a_ledger_verify_calls_interrupted(
+    tmp_path, capsys
+):
+    from fedveil.config import load_config
+    from fedveil.simulations.run import simulate
+
+    cfg = load_config(
+        None,
+        {
+            "model.task": "tiny_task:make",
+            "data.num_clients": 12,
+            "server.per_round": 4,
+            "server.rounds": 5,
+            "dp.mechanism": "central",
+            "dp.epsilon": 50.0,
+            "dp.noise_multiplier": 1.0,  # given, not calibrated: fast
+            "simulation.workers": 1,
+            "out": str(tmp_path / "dp"),
+        },
+    )
+
+    def ctrl_c_after_round_2(record) -> None:
+        if record.round == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        simulate(cfg, on_round=ctrl_c_after_round_2)
+    summary = json.loads((tmp_path / "dp" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds"] == 2
+    assert "epsilon" in summary and "rounds_applied" not in summary  # DP's public summary
+    assert main(["privacy", "verify", str(tmp_path / "dp")]) == 3  # interrupted, not truncated
+    assert "interrupted at training round 2" in capsys.readouterr().err
