@@ -60,6 +60,7 @@ from fedveil.ops.certs import CLIENT_CURVE
 
 RETRY_STATUS = (502, 503, 504)  # e.g. the gateway's "SuperLink starting or restarting"
 REQUEST_TIMEOUT_S = 30.0  # ProtobufClient's default timeout
+GRACE_S = 30.0  # after the window: open calls may finish, then they count as lost
 SECAGG_NOT_RUN = (
     "not measured: the 200-device secure round needs the emulated devices to run "
     "fedveil's ClientApp (client/runtime.py, secagg_stages.py) on pulled messages "
@@ -103,6 +104,7 @@ class Tally:
     failures: dict[str, int] = field(default_factory=dict)  # "<method> <error>": calls lost
     retries: dict[str, int] = field(default_factory=dict)  # attempts retried, as Flower does
     failed_devices: set[int] = field(default_factory=set)  # a pull lost after its retries
+    open: int = 0  # calls started in the window and not answered yet
 
     @property
     def stop(self) -> float:
@@ -154,6 +156,22 @@ async def _timed(
     not retried (the next one comes ~20 s later; the SuperLink waits two intervals). The
     latency is the device's: from the first attempt to the answer."""
     started = time.perf_counter()
+    tally.open += tally.inside(started)
+    try:
+        return await _attempts(http, d, method, req, tally, started, tries)
+    finally:
+        tally.open -= tally.inside(started)
+
+
+async def _attempts(
+    http: httpx.AsyncClient,
+    d: Device,
+    method: str,
+    req: Any,
+    tally: Tally,
+    started: float,
+    tries: int,
+) -> Any:
     for attempt in range(tries):
         try:
             res = await call(http, d.client, method, req, REQUEST_TIMEOUT_S)
@@ -292,8 +310,18 @@ async def measure(
         after, self_after, t_after = coord.sample(), _self_cpu_s(), time.perf_counter()
         # The coordinator's view while every device is still polling.
         connected = await asyncio.to_thread(coord.connected)
-        await asyncio.gather(*tasks)
-        await _bounded(32, [_deactivate(http, d) for d in devices if d.node_id])
+        # Calls still open GRACE_S after the window are counted as lost, not waited for
+        # (with Flower's retries one could take minutes on an overloaded machine).
+        _, pending = await asyncio.wait(tasks, timeout=GRACE_S)
+        if tally.open:
+            tally.failures["unanswered"] = tally.open
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                _bounded(32, [_deactivate(http, d) for d in devices if d.node_id]), GRACE_S
+            )
     wall = t_after - t_before
     lat = tally.latencies
     requests = len(lat) + sum(tally.failures.values())
