@@ -15,6 +15,7 @@ import flower_quickstart_app as quickstart
 import pytest
 import torch
 from flwr.simulation import run_simulation
+from local_ray import local_ray
 from safetensors.torch import load_file
 
 from fedveil.config import RunConfig, load_config
@@ -44,28 +45,8 @@ def _config(tmp_path: Path, **overrides: object) -> RunConfig:
     return load_config(None, values)
 
 
-def _local_ray() -> None:
-    """A Ray instance of this test's own: `ray.init()` without an address would join any
-    cluster another process started on this machine (`ray start`), and die with it."""
-    import os
-    import sys
-
-    import ray
-
-    if ray.is_initialized():
-        return
-    pythonpath = os.pathsep.join(sys.path)  # the workers import the quickstart app by name
-    os.environ["PYTHONPATH"] = pythonpath
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
-        logging_level="error",
-    )
-
-
 def _simulate(cfg: RunConfig, client_app: object) -> None:
-    _local_ray()
+    local_ray()
     run_simulation(
         server_app=server_app(cfg),
         client_app=client_app,
