@@ -26,6 +26,8 @@ table.summary td, table.summary th { border: 1px solid #ccc; padding: 4px 10px;
 table.summary td { vertical-align: top; overflow-wrap: anywhere; }
 table.summary th { white-space: nowrap; }
 .ok { color: #1a7f37; } .bad { color: #b42318; }
+.operator { background: #fff4e5; border: 1px solid #d97706; padding: .6em 1em;
+       border-radius: 6px; }
 svg.chart { display: block; margin: 1em 0; background: #fff; }
 svg .axis { stroke: #444; } svg .grid { stroke: #e5e5e5; }
 svg .tick, svg .legend, svg .axis-label { font-size: 11px; fill: #333; }
@@ -64,6 +66,13 @@ def render_html(report: Mapping[str, Any]) -> str:
             1,
             Series("coordinator max", _floats(series["epsilon_coordinator_max"]), "#9a6700"),
         )
+    noise_only = set(report.get("noise_only_rounds", []))  # the operator's report only
+    if noise_only:
+        epsilons = _floats(series["epsilon"])
+        marks = [
+            e if int(r) in noise_only else math.nan for r, e in zip(rounds, epsilons, strict=True)
+        ]
+        lines.append(Series("noise-only round", marks, "#d97706", markers=True))
     epsilon_chart = line_chart("Cumulative epsilon vs budget", rounds, lines, "epsilon")
     clip_chart = line_chart(
         "Clip norm per round",
@@ -78,6 +87,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         "<title>fedveil privacy report</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>Differential privacy report</h1>",
+        _operator_banner(report),
         "<h2>One guarantee per adversary</h2>",
         _observers(report, adversaries.get("observers", {})),
         _coordinator(report, adversaries.get("coordinator", {})),
@@ -87,6 +97,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         f"<p><b>Sampling.</b> {escape(str(report.get('sampling_statement', '')))}</p>"
         if report.get("sampling_statement")
         else "",
+        _noise_only(report),
         _ledger_state(report),
         _verification(report.get("verification")),
         "<h2>Parameters</h2>",
@@ -106,6 +117,25 @@ def render_html(report: Mapping[str, Any]) -> str:
         "</body></html>",
     ]
     return "\n".join(part for part in body if part)
+
+
+def _operator_banner(report: Mapping[str, Any]) -> str:
+    if report.get("view") != "operator":
+        return ""
+    return (
+        '<p class="operator"><b>Operator\'s view.</b> Built from the private annex: it '
+        "marks rounds by whether any client's update survived, which reveals participation. "
+        "Keep it with the admin token; publish report.html instead.</p>"
+    )
+
+
+def _noise_only(report: Mapping[str, Any]) -> str:
+    """Noise-only rounds: listed (operator's view) or where to find them (public)."""
+    statement = report.get("noise_only_rounds_statement")
+    if not statement:
+        return ""
+    css = ' class="bad"' if report.get("noise_only_rounds") else ""
+    return f"<p{css}><b>Noise-only rounds.</b> {escape(str(statement))}</p>"
 
 
 def _sentence(text: str) -> str:
@@ -218,11 +248,16 @@ def _published(statistics: list[Mapping[str, Any]]) -> str:
 
 def _summary_table(report: Mapping[str, Any]) -> str:
     rows = "".join(
-        f"<tr><th>{escape(label)}</th><td>{escape(str(report[key]))}</td></tr>"
+        f"<tr><th>{escape(label)}</th><td>{escape(_value(report[key]))}</td></tr>"
         for key, label in _LABELS.items()
         if key in report and report[key] is not None
     )
     return f'<table class="summary">{rows}</table>'
+
+
+def _value(value: Any) -> str:
+    # z and q as read, not as binary floating point prints them (2.4021667092236263)
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
 def _verification(verification: Mapping[str, Any] | None) -> str:

@@ -27,6 +27,16 @@ from .ledger import GENESIS_HASH, RELEASE, entry_kind
 from .verify import VerifyResult
 
 REPORT_SCHEMA = "fedveil.dp.report/2"
+# Why the public report neither marks noise-only rounds nor counts them (README "Trust
+# model"): a round released as noise only is one in which no client's update survived.
+# Whether anyone survived is a survivor count, and survivor counts reveal who took part,
+# so under DP they live in the private annex; only the operator's report lists them.
+NOISE_ONLY_WITHHELD = (
+    "Rounds released as noise only (no client update survived; the model moved by noise "
+    "alone) are marked only in the operator's report (private/report.html, or "
+    "GET /runs/<id>/privacy/private with the admin token). Whether anyone survived a "
+    "round reveals participation, so neither those rounds nor their number are published."
+)
 _SERIES_FIELDS = ("round", "epsilon", "clip_norm", "noise_multiplier")
 _COORDINATOR_SERIES = "epsilon_coordinator_max"
 
@@ -76,6 +86,7 @@ def build_report(
         "budget_remaining": max(0.0, float(last["budget_epsilon"]) - budgeted),
         **_parameters(last, cohort_source),
         "adversaries": _adversaries(last, epsilon, coordinator, cohort_source, secure_aggregation),
+        "noise_only_rounds_statement": NOISE_ONLY_WITHHELD,
         "sensitivity": sensitivity_statement(mechanism, secure_aggregation),
         "published_statistics": _statistics(
             last, releases, config, secure_aggregation, coordinator
@@ -100,6 +111,47 @@ def build_report(
     if verification is not None:
         report["verification"] = _verification(verification)
     return report
+
+
+def noise_only_rounds(private_records: Iterable[Mapping[str, Any]] | None) -> list[int]:
+    """Rounds released with no client update in them (central DP: noise alone), from the
+    operator's private annex (the engine marks them noise_only; older records: released
+    with cohort_aggregated 0)."""
+    rounds: set[int] = set()
+    for record in private_records or ():
+        number = record.get("round")
+        if record.get("kind") == "charge" or not isinstance(number, int):
+            continue
+        released = record.get("applied") is True or record.get("status") == "applied"
+        if record.get("noise_only") is True or (released and record.get("cohort_aggregated") == 0):
+            rounds.add(number)
+    return sorted(rounds)
+
+
+def operator_report(
+    report: Mapping[str, Any], private_records: Iterable[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The public report plus what only the operator may see: the noise-only rounds."""
+    marked = noise_only_rounds(private_records)
+    released = int(report.get("rounds", 0))
+    if marked:
+        listed = ", ".join(str(r) for r in marked)
+        statement = (
+            f"{len(marked)} of {released} released rounds were noise only (no client update "
+            f"survived; the model moved by noise alone): round{'s' if len(marked) > 1 else ''} "
+            f"{listed}. Operator's view: this reveals participation; do not publish it."
+        )
+    else:
+        statement = (
+            f"None of the {released} released rounds was noise only: each carried at least "
+            "one client's update. Operator's view: do not publish it."
+        )
+    return {
+        **report,
+        "view": "operator",
+        "noise_only_rounds": marked,
+        "noise_only_rounds_statement": statement,
+    }
 
 
 def _parameters(last: Mapping[str, Any], cohort_source: str | None) -> dict[str, Any]:
@@ -208,6 +260,9 @@ def headline_lines(report: Mapping[str, Any]) -> list[str]:
     else:
         lines.append(f"coordinator: {coordinator.get('statement', 'no figure')}")
     lines.append(f"z = {float(report['noise_multiplier']):.4g}; {report['sampling_statement']}")
+    if "noise_only_rounds" in report:  # the operator's report only
+        marked = ", ".join(str(r) for r in report["noise_only_rounds"]) or "none"
+        lines.append(f"noise-only rounds (operator's view, do not publish): {marked}")
     lines.append(f"ledger: {report['ledger_state']}; {report['rounds']} releases")
     return lines
 

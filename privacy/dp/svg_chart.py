@@ -17,6 +17,7 @@ class Series:
     values: Sequence[float]
     colour: str
     dashed: bool = False
+    markers: bool = False  # rings at the values, no line (marks rounds on another series)
 
 
 def line_chart(title: str, xs: Sequence[float], series: Sequence[Series], y_label: str) -> str:
@@ -67,26 +68,46 @@ def line_chart(title: str, xs: Sequence[float], series: Sequence[Series], y_labe
         )
     for index, s in enumerate(series):
         points = [(px(x), py(y)) for x, y in zip(xs, s.values, strict=True) if math.isfinite(y)]
-        dash = ' stroke-dasharray="6 4"' if s.dashed else ""
-        if len(points) > 1:
-            coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
-            parts.append(
-                f'<polyline points="{coords}" fill="none" stroke="{s.colour}" '
-                f'stroke-width="2"{dash}/>'
-            )
-        for x, y in points if len(points) <= 60 else []:
-            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{s.colour}"/>')
-        legend_y = TOP + 14 + 18 * index
-        parts.append(
-            f'<line x1="{WIDTH - RIGHT + 12}" y1="{legend_y - 4}" '
-            f'x2="{WIDTH - RIGHT + 32}" y2="{legend_y - 4}" stroke="{s.colour}" '
-            f'stroke-width="2"{dash}/>'
-        )
-        parts.append(
-            f'<text x="{WIDTH - RIGHT + 36}" y="{legend_y}" class="legend">{escape(s.label)}</text>'
-        )
+        parts += _drawn(s, points) + _legend(s, TOP + 14 + 18 * index)
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def _drawn(s: Series, points: list[tuple[float, float]]) -> list[str]:
+    """One series' marks: a line with its points, or rings only (`markers`)."""
+    if s.markers:
+        return [
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="6" fill="none" stroke="{s.colour}" '
+            'stroke-width="2"/>'
+            for x, y in points
+        ]
+    parts = []
+    if len(points) > 1:
+        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+        parts.append(
+            f'<polyline points="{coords}" fill="none" stroke="{s.colour}" '
+            f'stroke-width="2"{_dash(s)}/>'
+        )
+    for x, y in points if len(points) <= 60 else []:
+        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{s.colour}"/>')
+    return parts
+
+
+def _legend(s: Series, legend_y: float) -> list[str]:
+    swatch = (
+        f'<circle cx="{WIDTH - RIGHT + 22}" cy="{legend_y - 4}" r="5" fill="none" '
+        f'stroke="{s.colour}" stroke-width="2"/>'
+        if s.markers
+        else f'<line x1="{WIDTH - RIGHT + 12}" y1="{legend_y - 4}" '
+        f'x2="{WIDTH - RIGHT + 32}" y2="{legend_y - 4}" stroke="{s.colour}" '
+        f'stroke-width="2"{_dash(s)}/>'
+    )
+    label = f'<text x="{WIDTH - RIGHT + 36}" y="{legend_y}" class="legend">{escape(s.label)}</text>'
+    return [swatch, label]
+
+
+def _dash(s: Series) -> str:
+    return ' stroke-dasharray="6 4"' if s.dashed else ""
 
 
 def _x_ticks(xs: Sequence[float]) -> list[float]:

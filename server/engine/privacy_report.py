@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.privacy.dp import DpConfig, VerifyResult, build_report, render_html, verify_ledger
+from fedveil.privacy.dp.report import operator_report
 from fedveil.privacy.dp.verify import read_witness_file
 from fedveil.server.engine.runstore import atomic_write_bytes
 
@@ -28,7 +29,8 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
     `config` lets a run that stopped before its first release (budget too small
     for even one round) still get a report saying so. The operator's private annex
     (private/rounds.jsonl), when readable here, gives the coordinator's per-client
-    epsilon distribution; an auditor without it gets the ledger's largest figure.
+    epsilon distribution; an auditor without it gets the ledger's largest figure. With
+    the annex, the operator's report (noise-only rounds marked) goes to private/.
     """
     run_dir = Path(run_dir)
     path = ledger_path(run_dir)
@@ -42,6 +44,7 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
         entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     path.parent.mkdir(parents=True, exist_ok=True)
     run_config = _run_config(run_dir)
+    annex = private_annex(run_dir)
     dp_section = run_config.get("dp", {}) if isinstance(run_config.get("dp"), dict) else {}
     report = build_report(
         entries,
@@ -49,14 +52,29 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
         verification=verification,
         secure_aggregation=secure_aggregation_mode(run_dir),
         cohort_source=cohort_source(run_dir, dp_section),
-        private_records=private_annex(run_dir),
+        private_records=annex,
         budget_against=dp_section.get("budget_against"),
     )
     # Public files, like the ledger: readable by an auditor (atomic writes default to 600).
     data = (json.dumps(report, indent=2) + "\n").encode()
     atomic_write_bytes(path.parent / "report.json", data, mode=0o644)
     atomic_write_bytes(path.parent / "report.html", render_html(report).encode(), mode=0o644)
+    if annex is not None:
+        write_operator_report(run_dir, report, annex)
     return report
+
+
+def write_operator_report(
+    run_dir: Path, report: dict[str, Any], annex: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """private/report.json and report.html (mode 600): the public report plus what the
+    private annex shows, such as the rounds released as noise only."""
+    full = operator_report(report, annex)
+    private = Path(run_dir) / "private"
+    data = (json.dumps(full, indent=2) + "\n").encode()
+    atomic_write_bytes(private / "report.json", data, mode=0o600)
+    atomic_write_bytes(private / "report.html", render_html(full).encode(), mode=0o600)
+    return full
 
 
 def cohort_source(run_dir: Path, dp_section: dict[str, Any] | None = None) -> str | None:

@@ -63,6 +63,10 @@ def _write_run(state: Path, rid: str, dp: bool, leaky: bool = False) -> None:
         ]
         annex.insert(1, {"kind": "charge", "round": 1, "clients": [3, 9]})
         (run / "private" / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in annex))
+        (run / "privacy").mkdir()  # as write_privacy_report leaves them
+        (run / "privacy" / "report.json").write_text(json.dumps({"epsilon": 1.0}))
+        (run / "private" / "report.json").write_text(json.dumps({"noise_only_rounds": [2]}))
+        (run / "private" / "report.html").write_text("<p>noise-only rounds: 2</p>")
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in public))
 
 
@@ -145,3 +149,20 @@ def test_without_dp_drop_reasons_are_public(api):
         f'fedveil_client_dropouts_by_reason_total{{run="{PLAIN_RUN}",reason="norm_bound"}} 2'
         in text.splitlines()
     )
+
+
+def test_the_operators_privacy_report_needs_the_admin_token(api):
+    http, token = api
+    admin = {"Authorization": f"Bearer {token}"}
+    public = http.get(f"/runs/{DP_RUN}/privacy")
+    assert public.status_code == 200, public.text
+    assert "noise_only_rounds" not in public.text
+    for fmt in ("json", "html"):
+        url = f"/runs/{DP_RUN}/privacy/private?format={fmt}"
+        assert http.get(url).status_code == 401
+        got = http.get(url, headers=admin)
+        assert got.status_code == 200 and "2" in got.text
+    html = http.get(f"/runs/{DP_RUN}/privacy/private?format=html", headers=admin)
+    assert "sandbox" in html.headers["content-security-policy"]
+    missing = http.get(f"/runs/{PLAIN_RUN}/privacy/private", headers=admin)
+    assert missing.status_code == 404

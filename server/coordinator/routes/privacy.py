@@ -1,11 +1,14 @@
-"""A run's privacy report, as JSON or as an inert HTML page."""
+"""A run's privacy report, as JSON or as an inert HTML page: the public one, and the
+operator's (admin token), which marks what only the private annex shows."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, Response
 
-from fedveil.server.coordinator.routes.deps import ApiError, ServiceDep, run_or_404
+from fedveil.server.coordinator.routes.deps import ADMIN, ApiError, ServiceDep, run_or_404
 
 router = APIRouter(tags=["runs"])
 
@@ -21,11 +24,25 @@ def wants_html(request: Request, format: str) -> bool:
 
 @router.get("/runs/{run_id}/privacy", summary="The run's privacy report (JSON or HTML)")
 def privacy(run_id: str, request: Request, service: ServiceDep, format: str = "json") -> Response:
-    path = run_or_404(service, run_id) / "privacy"
-    html = wants_html(request, format)
+    return _report(run_or_404(service, run_id) / "privacy", run_id, request, format)
+
+
+@router.get(
+    "/runs/{run_id}/privacy/private",
+    summary="The operator's privacy report: noise-only rounds marked (admin; JSON or HTML)",
+    dependencies=ADMIN,
+)
+def privacy_private(
+    run_id: str, request: Request, service: ServiceDep, format: str = "json"
+) -> Response:
+    return _report(run_or_404(service, run_id) / "private", run_id, request, format)
+
+
+def _report(folder: Path, run_id: str, request: Request, format: str) -> Response:
     if format not in ("json", "html"):
         raise ApiError(422, "format: must be json or html", "format")
-    target = path / ("report.html" if html else "report.json")
+    html = wants_html(request, format)
+    target = folder / ("report.html" if html else "report.json")
     if not target.is_file():
         raise ApiError(
             404, f"run {run_id} has no privacy report ({target.name}); DP is off or pending"

@@ -58,3 +58,70 @@ def test_report_before_any_release_uses_the_config():
     assert report["epsilon"] == 0.0 and report["accountant"] == "skellam_rdp"
     html = render_html(report)
     assert "Distributed DP" in html and html.count("<svg") == 2
+
+
+def test_z_and_q_equal_to_one_are_said_in_words_in_html_and_text():
+    from fedveil.privacy.dp.report import headline_lines
+
+    cfg = DpConfig(
+        mechanism="central_gaussian",
+        noise_multiplier=1.34,
+        clip_norm=1.0,
+        sampling_rate=1.0,
+        sampling="fixed",
+        rounds=5,
+        delta=1e-5,
+        budget_epsilon=8.0,
+        cohort_size=3,
+        population_size=3,
+    )
+    report = build_report([], config=cfg, cohort_source="seed")
+    html = render_html(report)
+    assert "z = 1.34</b>" in html
+    words = "q = 1: no amplification by sampling; every round is charged in full."
+    assert words in html and "public run seed" in html
+    text = "\n".join(headline_lines(report))
+    assert "z = 1.34" in text and words in text
+
+
+# The operator's private annex: round 2 released with nobody in it, round 4 marked by the
+# engine, round 3 aborted (nothing released), and a charge record that is no round.
+ANNEX = [
+    {"round": 1, "status": "applied", "applied": True, "cohort_aggregated": 3},
+    {"round": 2, "status": "applied", "applied": True, "cohort_aggregated": 0},
+    {"kind": "charge", "round": 2, "clients": [1, 2]},
+    {"round": 3, "status": "aborted", "applied": False, "cohort_aggregated": 0},
+    {"round": 4, "status": "applied", "applied": True, "cohort_aggregated": 0, "noise_only": True},
+    {"round": 5, "status": "applied", "applied": True, "cohort_aggregated": 2},
+]
+
+
+def test_noise_only_rounds_are_marked_in_the_operators_report_only(make_ledger):
+    from fedveil.privacy.dp.report import headline_lines, noise_only_rounds, operator_report
+
+    path, _, _ = make_ledger(rounds=5)
+    public = build_report(Ledger(path).entries, verification=verify_ledger(path))
+    assert noise_only_rounds(ANNEX) == [2, 4]
+    # Public: not the rounds, not their number (survivor counts reveal participation).
+    assert "noise_only_rounds" not in public
+    assert "neither those rounds nor their number" in public["noise_only_rounds_statement"]
+    html = render_html(public)
+    assert "<b>Noise-only rounds.</b> Rounds released as noise only" in html
+    assert "noise-only round<" not in html and "Operator&#x27;s view" not in html
+    assert not any("noise-only" in line for line in headline_lines(public))
+
+    private = operator_report(public, ANNEX)
+    assert private["noise_only_rounds"] == [2, 4] and private["view"] == "operator"
+    assert private["noise_only_rounds_statement"].startswith(
+        "2 of 5 released rounds were noise only"
+    )
+    html = render_html(private)
+    assert "<b>Operator's view.</b>" in html
+    assert '<p class="bad"><b>Noise-only rounds.</b> 2 of 5 released rounds' in html
+    assert "rounds 2, 4." in html
+    assert ">noise-only round</text>" in html  # the epsilon chart marks them
+    assert html.count('r="6" fill="none" stroke="#d97706"') == 2  # a ring per noise-only round
+    assert "noise-only rounds (operator's view, do not publish): 2, 4" in headline_lines(private)
+    none = operator_report(public, ANNEX[:1])
+    assert none["noise_only_rounds"] == []
+    assert none["noise_only_rounds_statement"].startswith("None of the 5 released rounds")
