@@ -85,6 +85,24 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def death_cause(exitcode: int | None) -> str:
+    """Why a worker process ended, in words: its exit code, or the signal that killed it."""
+    if exitcode is None:
+        return "it did not exit"
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        return f"killed by signal {-exitcode}"
+    hints = {
+        "SIGKILL": ": out of memory? (see `dmesg`)",
+        "SIGSEGV": ": a crash in native code (torch, numpy)",
+        "SIGABRT": ": aborted by native code",
+    }
+    return f"killed by {name}{hints.get(name, '')}"
+
+
 @dataclass
 class WorkerSetup:
     """What a worker needs; pickled only for spawned workers (then `task` is None)."""
@@ -424,9 +442,13 @@ class WorkerPool:
 
     def _worker_died(self, w: _Worker, out: dict[int, Envelope | str]) -> int:
         w.process.join(timeout=5)
-        reason = f"worker process {w.index} died (exit code {w.process.exitcode})"
+        running = sorted(cid for _, cids in w.in_flight.values() for cid in cids)
+        reason = (
+            f"worker process {w.index} died ({death_cause(w.process.exitcode)}) "
+            f"while running client(s) {', '.join(map(str, running)) or 'none'}"
+        )
         log.warning("%s; restarting it; its clients this round count as dropped", reason)
-        failed = [cid for _, cids in w.in_flight.values() for cid in cids]
+        failed = list(running)
         # Clients whose state it held cannot go on this round, like crashed devices.
         stranded = [item[0] for unit in self._pinned[w.index] for item in unit]
         self._pinned[w.index].clear()

@@ -17,7 +17,7 @@ from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.transport import ClientFailure
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.shm import Arena, Packer, take
-from fedveil.simulations.workers import WorkerPool
+from fedveil.simulations.workers import WorkerPool, death_cause
 
 
 def tiny_config(**extra):
@@ -155,10 +155,20 @@ def test_a_crashed_worker_fails_its_clients_and_is_replaced(tmp_path):
         request = engine.train_request(1)
         replies = transport.exchange({c: request for c in range(12)}, None)
         failed = {c: r for c, r in replies.items() if isinstance(r, ClientFailure)}
-        assert 7 in failed and "died (exit code 3)" in failed[7].reason
+        assert 7 in failed and "died (exit code 3) while running client(s) " in failed[7].reason
+        # It names the clients it was running: 7 among them.
+        running = failed[7].reason.rsplit("client(s) ", 1)[1].split(", ")
+        assert "7" in running and set(map(int, running)) <= set(failed)
         assert len(failed) < 12, "the other worker's clients were unaffected"
         again = transport.exchange({c: engine.train_request(2) for c in range(12)}, None)
         assert not any(isinstance(r, ClientFailure) for r in again.values())
+
+
+def test_a_worker_death_is_said_in_words():
+    assert death_cause(3) == "exit code 3"
+    assert death_cause(-9).startswith("killed by SIGKILL: out of memory?")
+    assert death_cause(-11).startswith("killed by SIGSEGV: a crash in native code")
+    assert death_cause(None) == "it did not exit"
 
 
 def test_spawned_workers_need_a_task_factory():
