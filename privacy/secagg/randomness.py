@@ -1,8 +1,8 @@
 """The single source of randomness of the protocol: the OS CSPRNG.
 
 Every key, seed, nonce and polynomial coefficient comes from `random_bytes`, so tests can swap
-it for a deterministic generator in one place (see tests/privacy/secagg/conftest.py). Production code
-must never replace it.
+it for a deterministic generator in one place (see tests/privacy/secagg/conftest.py).
+Production code must never replace it.
 """
 
 from __future__ import annotations

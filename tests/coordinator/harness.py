@@ -24,7 +24,9 @@ TOKEN = "test-admin-token-0123456789abcdef"
 
 def test_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(COORDINATOR_TESTS), str(TESTS), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(COORDINATOR_TESTS), str(TESTS), env.get("PYTHONPATH", "")]
+    )
     env["FLWR_TELEMETRY_ENABLED"] = "0"
     env.pop("FEDVEIL_ADMIN_TOKEN", None)
     env.update(extra or {})
