@@ -65,7 +65,9 @@ def _final(cfg: RunConfig, model: FlatModel) -> torch.Tensor:
 
 
 def test_stock_quickstart_client_trains_in_a_fedveil_run(tmp_path):
-    cfg = _config(tmp_path)
+    # Federated evaluation in the last round: the stock app's @app.evaluate() answers it.
+    federated = {"eval.federated_every": 3, "eval.client_holdout": 0.1}
+    cfg = _config(tmp_path, **{**federated, "eval.federated_clients": CLIENTS})
     model, before = _initial(cfg)
     x, y = quickstart.test_data()
     initial_loss, _ = quickstart.test_fn(model.module, x, y)
@@ -77,6 +79,7 @@ def test_stock_quickstart_client_trains_in_a_fedveil_run(tmp_path):
     assert rows[-1]["test_loss"] < rows[0]["test_loss"] < initial_loss
     assert rows[-1]["test_accuracy"] > 0.8
     assert rows[0]["train_loss"] > 0  # the stock client's train_loss metric
+    assert rows[-1]["federated_accuracy"] > 0.8 and rows[-1]["federated_loss"] > 0
     after = _final(cfg, model)
     assert not torch.equal(after, before)
     # The BatchNorm buffers travelled too: the clients' running statistics reached the model.
