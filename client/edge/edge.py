@@ -8,7 +8,8 @@ isolation). This process is the worker: it claims those tasks (HMAC-signed
 with a secret made at each start, so no other local process can), answers
 each with EdgeClient and pushes the reply. Data and model stay loaded between
 rounds, and the code that runs is the fedveil installed here — never code
-from the server (a run of any other Flower app is refused).
+from the server (a run of another Flower app is refused unless the device's
+policy allows it, --allow-app; even then the device answers with its own code).
 
 Reconnection: the SuperNode retries an unreachable or restarting coordinator
 with exponential backoff (Flower's, up to 20 s between tries). If the
@@ -37,7 +38,6 @@ from fedveil.client.edge.flower_deploy import EdgeClient, answer
 from fedveil.client.edge.tls_probe import insecure_against_tls_error, server_speaks_tls
 from fedveil.client.edge.witness import WitnessStore
 from fedveil.ops.procs import child_env, flwr_command, free_port, spawn, stop_group, wait_port
-from fedveil.protocol.deployment import CLIENTAPP_REF, FAB_ID
 
 log = logging.getLogger("fedveil.edge")
 
@@ -48,6 +48,7 @@ HEARTBEAT_S = 10.0  # a claimed task's heartbeat (Flower expires tasks silent fo
 # for them, during which the device serves nobody and cannot stop; ours gives up when no
 # object has arrived for this long (a slow link still makes progress) or on a stop request.
 TASK_PULL_STALL_S = 60.0
+APP_REFUSED = 4003  # a run of an app this device's policy does not allow (--allow-app)
 
 
 class TaskPullAbandoned(RuntimeError):
@@ -222,9 +223,11 @@ class EdgeNode:
             context, run, fab = pull_task_input(client)
             try:
                 components = get_fab_config(fab.content)["tool"]["flwr"]["app"]["components"]
-                ours = run.fab_id == FAB_ID and components.get("clientapp") == CLIENTAPP_REF
+                clientapp = components.get("clientapp")
             except Exception:
-                ours = False
+                clientapp = None
+            # Which apps' runs this device takes part in is its own policy (--allow-app).
+            refusal = self.edge.policy.app_refusal(run.fab_id, clientapp)
             # The SuperNode hands a task the oldest unanswered message of its run, not the
             # one the task was made for; a task that expired unclaimed (the device was busy
             # elsewhere) would leave the device one message behind for the rest of the run.
@@ -234,15 +237,11 @@ class EdgeNode:
                 message = pull_message(client, context, TASK_PULL_STALL_S, lambda: self.stopping)
                 if message is None:
                     break
-                if ours:
+                if refusal is None:
                     reply = answer(self.edge, message, context.run_id, context.run_config)
                 else:
-                    log.warning(
-                        "run %d is not a fedveil run (%s); refused", context.run_id, run.fab_id
-                    )
-                    reply = Message(
-                        Error(4003, "this device only runs fedveil runs"), reply_to=message
-                    )
+                    log.warning("run %d refused: %s", context.run_id, refusal)
+                    reply = Message(Error(APP_REFUSED, refusal), reply_to=message)
                 push_message(client, reply, context)
                 answered += 1
             if answered > 1:

@@ -13,6 +13,12 @@ Either is checked, and capped, before any training:
 - max_local_epochs / max_local_steps: cap the work of one round.
 - max_train_seconds: cap one round's local training time; steps are capped
   from the measured time per step (a probe step before the first round).
+- allow_apps: the Flower apps (FAB ids, `publisher/name`) whose runs this device
+  takes part in besides the coordinator's own (fedveil/fedveil-service, always
+  allowed); `fedveil client --allow-app NAME`. Whatever the app, the device runs
+  its own installed ClientApp, never code the app brings, so the app must name it.
+A stock Flower `train` message (Flower's Message-API conventions, no fedveil
+protocol) would take the update in the clear: refused under require_secagg.
 A refusal is a MessageError: the device answers with an error, the server
 drops it from that round, and the device stays connected for the next one.
 """
@@ -22,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fedveil.protocol.deployment import CLIENTAPP_REF, FAB_ID
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import BATCH_SIZE, CLIP_NORM, DP_SGD_NOISE, LOCAL_EPOCHS, LOCAL_STEPS
 from fedveil.protocol.kinds import TRAINING_KINDS, Kind
@@ -39,8 +46,15 @@ class LocalPolicy:
     max_local_epochs: int = 0  # 0: no cap
     max_local_steps: int = 0
     max_train_seconds: float = 0.0
+    allow_apps: tuple[str, ...] = ()  # FAB ids allowed besides FAB_ID
 
     def __post_init__(self) -> None:
+        for app in self.allow_apps:
+            if not _is_fab_id(app):
+                raise ValueError(
+                    f"allow_apps (--allow-app): {app!r} is not a Flower app id; expected "
+                    "'publisher/name' (as in [tool.flwr.app] publisher and [project] name)"
+                )
         for name in ("min_dp_noise", "max_train_seconds", "max_clip_norm"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
@@ -63,7 +77,38 @@ class LocalPolicy:
             parts.append(f"<= {self.max_local_steps} local steps")
         if self.max_train_seconds:
             parts.append(f"<= {self.max_train_seconds:g} s of training")
+        if self.allow_apps:
+            parts.append(f"also runs apps {', '.join(self.allow_apps)}")
         return ", ".join(parts) or "none"
+
+    def app_refusal(self, fab_id: str, clientapp: object) -> str | None:
+        """Why this device does not take part in a run of the app `fab_id` whose FAB names
+        `clientapp` (None: it does)."""
+        allowed = (FAB_ID, *self.allow_apps)
+        if fab_id not in allowed:
+            return (
+                f"local policy: this device runs only the apps {', '.join(allowed)}; the run "
+                f"is of app {fab_id!r}. Start the device with --allow-app {fab_id} to take "
+                "part in its runs"
+            )
+        if clientapp != CLIENTAPP_REF:
+            return (
+                f"app {fab_id!r} names ClientApp {clientapp!r}; this device runs only its "
+                f"own installed ClientApp ({CLIENTAPP_REF}), never code an app brings"
+            )
+        return None
+
+    def stock_refusal(self, message_type: str) -> str:
+        """The reply to a stock Flower `train`/`evaluate` message (no fedveil protocol)."""
+        if self.require_secagg and message_type == Kind.TRAIN.value:
+            return (
+                "local policy: this device requires secure aggregation (--require-secagg); "
+                "a stock Flower train message would take its update in the clear"
+            )
+        return (
+            f"this device answers fedveil's protocol only, not a stock Flower "
+            f"{message_type!r} message"
+        )
 
     def apply(
         self, request: Envelope, num_examples: int, seconds_per_step: float | None
@@ -111,6 +156,11 @@ class LocalPolicy:
             return request, False
         config[LOCAL_STEPS] = int(cap)
         return Envelope(request.kind, request.round, config, request.arrays), True
+
+
+def _is_fab_id(app: str) -> bool:
+    publisher, slash, name = app.partition("/")
+    return bool(slash and publisher and name and "/" not in name and app.strip() == app)
 
 
 def planned_steps(request: Envelope, num_examples: int) -> int | None:

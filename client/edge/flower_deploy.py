@@ -28,6 +28,7 @@ from flwr.clientapp import ClientApp
 
 from fedveil.client.edge.edge_data import load_local_data, with_holdout
 from fedveil.client.edge.edge_policy import LocalPolicy, planned_steps
+from fedveil.client.flower_stock import is_stock_type
 from fedveil.client.runtime import ClientRuntime
 from fedveil.client.sessions import Advance, RoundClock, SecAggSessions
 from fedveil.config import ConfigError, RunConfig, config_from_dict
@@ -247,6 +248,10 @@ def answer(
     edge: EdgeClient, msg: Message, context_run_id: int, run_config: Mapping[str, Any]
 ) -> Message:
     """The reply Message to a request Message: a result or an error, never an exception."""
+    if is_stock_type(msg.metadata.message_type):  # Flower's conventions, no fedveil envelope
+        reason = edge.policy.stock_refusal(msg.metadata.message_type)
+        log.warning("run %d: %s", context_run_id, reason)
+        return Message(Error(BAD_MESSAGE, reason), reply_to=msg)
     try:
         request = from_content(msg.content)
     except Exception as exc:
@@ -292,6 +297,7 @@ def edge_from_node_config(node_config: Mapping[str, Any]) -> EdgeClient:
         max_local_epochs=int(node_config.get("max-local-epochs", 0)),
         max_local_steps=int(node_config.get("max-local-steps", 0)),
         max_train_seconds=float(node_config.get("max-train-seconds", 0.0)),
+        allow_apps=tuple(str(node_config.get("allow-apps", "")).split()),
     )
     return EdgeClient(source, cid, policy, "cuda" if torch.cuda.is_available() else "cpu")
 

@@ -147,6 +147,15 @@ def add_client(sub: argparse._SubParsersAction) -> None:
         "--max-train-seconds", type=float, default=0.0, help="cap training time per round"
     )
     g.add_argument(
+        "--allow-app",
+        action="append",
+        default=[],
+        metavar="PUBLISHER/NAME",
+        help="also take part in runs of this Flower app (FAB id; repeatable); by default "
+        "only the coordinator's own (fedveil/fedveil-service). The device still answers "
+        "with its own installed ClientApp",
+    )
+    g.add_argument(
         "--identity-key",
         help="this device's Ed25519 identity key (fedveil identity keygen); with --roster, "
         "secure aggregation runs only in malicious-server mode and --require-secagg holds",
@@ -201,6 +210,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         max_local_epochs=args.max_local_epochs,
         max_local_steps=args.max_local_steps,
         max_train_seconds=args.max_train_seconds,
+        allow_apps=tuple(args.allow_app),
     )
     state = Path(args.state_dir or Path.home() / ".fedveil" / "client").expanduser()
     _service_logging(None, "client")
