@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -58,3 +59,87 @@ def test_fedveil_client_app_under_fedveil_server_app(tmp_path):
     summary = json.loads((Path(cfg.out) / "summary.json").read_text())
     assert summary["rounds_applied"] == 2 and summary["first_client_error"] is None
     assert (Path(cfg.out) / "model.safetensors").exists()
+
+
+APP_PYPROJECT = """
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "fedveil-flwr-run-test"
+version = "1.0.0"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "fedveil-tests"
+
+[tool.flwr.app.components]
+serverapp = "fedveil.flower:server"
+clientapp = "fedveil.flower:client"
+
+[tool.flwr.app.config]
+model.task = "tiny_task:make"
+data.num_clients = 3
+server.per_round = 3
+server.rounds = 2
+device = "cpu"
+out = "{out}"
+num-server-rounds = 7   # the app's own key: fedveil ignores it
+
+[tool.flwr.federations]
+default = "local-simulation"
+
+[tool.flwr.federations.local-simulation]
+options.num-supernodes = 3
+"""
+
+
+def _end_processes_with(marker: str) -> None:
+    """End the processes `flwr run` left behind (its local SuperLink outlives it): those
+    whose environment holds this test's own FLWR_HOME, one by one."""
+    import os
+    import signal
+
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in environ.split(b"\0"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGTERM)
+
+
+@pytest.mark.flower
+@pytest.mark.slow
+def test_flwr_run_builds_the_run_from_the_apps_config(tmp_path, tiny_env):
+    """`flwr run .` with fedveil's module-level apps: the run comes from the app's
+    [tool.flwr.app.config] (fedveil's keys read, the app's own ignored)."""
+    import os
+    import subprocess
+    import sys
+
+    app, out, home = tmp_path / "app", tmp_path / "run", tmp_path / "flwr-home"
+    app.mkdir()
+    (app / "pyproject.toml").write_text(APP_PYPROJECT.replace("{out}", str(out)))
+    env = dict(tiny_env, FLWR_HOME=str(home))
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    try:
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "flwr"), "run", ".", "--stream"],
+            cwd=app,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    finally:
+        _end_processes_with(f"FLWR_HOME={home}")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds"] == 2 and summary["rounds_applied"] == 2
+    assert summary["clients"] == 3 and summary["first_client_error"] is None
