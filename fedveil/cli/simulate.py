@@ -54,6 +54,8 @@ SIMULATE_FLAGS: list[tuple[str, str, type, str]] = [
     ("--transport", "transport", str, "inprocess or flower"),
     ("--device", "device", str, "auto, cpu or cuda"),
     ("--out", "out", str, "run directory"),
+    ("--tensorboard", "tracking.tensorboard", str, "write TensorBoard event files to DIR"),
+    ("--mlflow", "tracking.mlflow_uri", str, "log to MLflow: a directory (file store) or URI"),
 ]
 
 
@@ -106,6 +108,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     overrides, given = command_line_settings(args)
     cfg = resolve_config(args.config, overrides)
     _check_privacy_plan(cfg)
+    from fedveil.server.engine.tracking import check_tracking_available
+
+    check_tracking_available(cfg.tracking)  # a missing extra: exit 2 before any data loads
 
     from fedveil.cli.progress import RoundProgress
     from fedveil.simulations.failures import RunFailed

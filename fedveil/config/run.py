@@ -237,6 +237,25 @@ class SimulationConfig:
 
 
 @dataclass
+class TrackingConfig:
+    """Experiment tracking (pip install 'fedveil[tracking]'); off unless a target is named."""
+
+    tensorboard: str = spec(
+        "", help="directory for TensorBoard event files (--tensorboard DIR); '': off"
+    )
+    mlflow_uri: str = spec(
+        "",
+        help="MLflow tracking URI (--mlflow URI): a directory or 'file:DIR' (a local file "
+        "store), or a server ('http://host:5000'); '': off",
+    )
+    mlflow_experiment: str = spec("fedveil", help="MLflow experiment the run is logged under")
+
+
+# Tracking URIs MLflow itself resolves; a plain path is a local file store.
+MLFLOW_SCHEMES = ("file", "http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks")
+
+
+@dataclass
 class RunConfig:
     seed: int = spec(0, lo=0, hi=2**63 - 1, help="seed for data, model init, sampling")
     transport: str = spec(
@@ -252,6 +271,7 @@ class RunConfig:
     secagg: SecAggSection = field(default_factory=SecAggSection)
     dp: DpSection = field(default_factory=DpSection)
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -273,6 +293,7 @@ SECTIONS = {
     "secagg": SecAggSection,
     "dp": DpSection,
     "simulation": SimulationConfig,
+    "tracking": TrackingConfig,
 }
 
 
@@ -341,6 +362,7 @@ def _check_cross_fields(cfg: RunConfig) -> None:
             "device = 'cuda' with transport = 'flower' needs simulation.client_gpus > 0 "
             "(the GPU share Ray reserves per client; 0 means clients train on CPU)"
         )
+    _check_tracking(cfg.tracking)
     task = cfg.model.task
     if task is None:
         from fedveil.models import MODELS
@@ -353,6 +375,22 @@ def _check_cross_fields(cfg: RunConfig) -> None:
             )
     if task is not None and (task.count(":") != 1 or not all(task.split(":"))):
         raise ConfigError(f"model.task = {task!r}: must look like 'package.module:function'")
+
+
+def _check_tracking(t: TrackingConfig) -> None:
+    uri = t.mlflow_uri
+    scheme, sep, _ = uri.partition(":")
+    # 'C:\runs' is a Windows path, not a scheme; 'x://' with an unknown scheme is a typo.
+    if sep and len(scheme) > 1 and scheme.isalpha() and scheme.lower() not in MLFLOW_SCHEMES:
+        raise ConfigError(
+            f"tracking.mlflow_uri = {uri!r}: unknown scheme {scheme!r}; use a directory, "
+            f"or one of {', '.join(s + ':' for s in MLFLOW_SCHEMES)}"
+        )
+    if uri and not t.mlflow_experiment.strip():
+        raise ConfigError(
+            f"tracking.mlflow_experiment = {t.mlflow_experiment!r}: must name an experiment "
+            "when tracking.mlflow_uri is set"
+        )
 
 
 def _check_dp_soundness(cfg: RunConfig) -> None:

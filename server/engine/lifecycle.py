@@ -13,13 +13,16 @@ does not hold are dropped, so no round is applied or recorded twice.
 
 from __future__ import annotations
 
+import json
 import logging
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fedveil import __version__
 from fedveil.config import RunConfig
 from fedveil.params import FlatModel
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
@@ -29,6 +32,7 @@ from fedveil.server.engine.privacy_report import write_privacy_report
 from fedveil.server.engine.privacy_stage import CentralDP
 from fedveil.server.engine.rounds import RoundEngine, RoundRecord, initial_model
 from fedveil.server.engine.runstore import RunStore, atomic_write_bytes
+from fedveil.server.engine.tracking import RunTracking, close_unfinished, summary_status
 from fedveil.server.engine.transport import Transport
 from fedveil.tasks import Task
 
@@ -74,6 +78,10 @@ class RunLifecycle:
         # function of the seed alone, so the same model as the engine would build.
         self._model: FlatModel | None = FlatModel(initial_model(task, cfg.seed), self.device)
         self.model_size = self._model.size
+        # [tracking]: publishes what metrics.jsonl publishes (public_json under DP).
+        self.tracking = RunTracking.open(cfg, store.path, dp=self.privacy is not None)
+        if self.tracking is not None:  # a crash never reaches finish(): marked failed
+            weakref.finalize(self, close_unfinished, self.tracking)
 
     def engine(
         self,
@@ -85,6 +93,8 @@ class RunLifecycle:
         """The round engine over `transport`, restored from the checkpoint if `resume`
         and there is one."""
         model, self._model = self._model, None  # the first engine takes the model built
+        if self.tracking is not None:
+            on_round = _tracked(self.tracking, on_round)
         engine = RoundEngine(
             self.cfg,
             self.task,
@@ -123,7 +133,8 @@ class RunLifecycle:
 
         path = self.store.path / MODEL_FILE
         tensors = engine.model.named_tensors(engine.weights.detach().cpu())
-        atomic_write_bytes(path, save(tensors, metadata=dict(metadata)))
+        meta = {**model_metadata(self.cfg, self.task, engine.round), **metadata}
+        atomic_write_bytes(path, save(tensors, metadata=meta))
         return path
 
     def finish(
@@ -134,4 +145,37 @@ class RunLifecycle:
         if self.privacy is not None:
             write_privacy_report(self.store.path, self.privacy.config)
         self.store.write_summary(summary)
+        if self.tracking is not None:
+            files = [self.store.path / n for n in (MODEL_FILE, "summary.json", "config.toml")]
+            self.tracking.close(summary_status(summary), files)
         return summary
+
+
+def _tracked(
+    tracking: RunTracking, on_round: Callable[[RoundRecord], None] | None
+) -> Callable[[RoundRecord], None]:
+    def hook(record: RoundRecord) -> None:
+        tracking.on_round(record)
+        if on_round is not None:
+            on_round(record)
+
+    return hook
+
+
+def model_metadata(cfg: RunConfig, task: Task, round_num: int) -> dict[str, str]:
+    """What rebuilds the model from model.safetensors alone (safetensors metadata is
+    text): a built-in model is `fedveil.models.build_model(model, input_shape,
+    num_classes)`; a custom task's model comes from its task function (`task_ref`)."""
+    meta = {
+        "format": "fedveil",
+        "fedveil_version": __version__,
+        "task": task.name,
+        "input_shape": json.dumps(list(task.input_shape)),
+        "num_classes": str(task.num_classes),
+        "round": str(round_num),
+    }
+    if cfg.model.task is None:
+        meta.update(model=cfg.model.name, dataset=cfg.data.dataset)
+    else:
+        meta["task_ref"] = cfg.model.task
+    return meta

@@ -1,0 +1,218 @@
+"""Experiment tracking: TensorBoard event files and MLflow runs, both optional.
+
+A run logs its parameters (the config, flattened), each round's metrics and, when it
+ends, its model, summary and config as MLflow artifacts. Under DP only what
+metrics.jsonl publishes reaches a tracker (`RoundRecord.public_json`): epsilon and the
+server's own evaluation, never cohort sizes, drops or client-reported losses.
+
+Trackers never stop a run: metrics.jsonl is the record; a tracker that fails (an MLflow
+server gone away) is warned about once and dropped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from fedveil.config import ConfigError, RunConfig
+from fedveil.config.run import TrackingConfig
+from fedveil.server.engine.round_record import RoundRecord
+
+log = logging.getLogger("fedveil.server")
+
+INSTALL_HINT = "pip install 'fedveil[tracking]'"
+# How a run ended -> MLflow's run status.
+MLFLOW_STATUS = {"finished": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}
+
+
+def check_tracking_available(t: TrackingConfig) -> None:
+    """ConfigError (exit 2, before any data is loaded) when a tracker is asked for and
+    its package is missing."""
+    wanted = [
+        ("tracking.tensorboard", t.tensorboard, "tensorboard"),
+        ("tracking.mlflow_uri", t.mlflow_uri, "mlflow"),
+    ]
+    for key, value, module in wanted:
+        if value and importlib.util.find_spec(module) is None:
+            raise ConfigError(
+                f"{key} = {value!r}: the {module!r} package is not installed; {INSTALL_HINT}"
+            )
+
+
+def mlflow_tracking_uri(uri: str) -> str:
+    """A directory or 'file:DIR' becomes an absolute file URI (a local file store, found
+    again whatever the working directory); other URIs go to MLflow unchanged."""
+    scheme, sep, rest = uri.partition(":")
+    if sep and len(scheme) > 1 and scheme.isalpha():
+        if scheme.lower() != "file":
+            return uri
+        path = rest[2:] if rest.startswith("//") else rest
+        return Path(path).expanduser().resolve().as_uri()
+    return Path(uri).expanduser().resolve().as_uri()
+
+
+def publishable_metrics(record: RoundRecord, *, dp: bool) -> dict[str, float]:
+    """The round's numbers a tracker may show: under DP only the keys metrics.jsonl
+    publishes (the same rule, `public_json`); without DP every numeric key."""
+    values = record.public_json() if dp else record.to_json()
+    out: dict[str, float] = {}
+    for key, value in values.items():
+        if key == "round" or value is None or isinstance(value, (str, dict, list)):
+            continue
+        if isinstance(value, (bool, int, float)):
+            out[key] = float(value)
+    return out
+
+
+def run_params(cfg: RunConfig) -> dict[str, str]:
+    """The config as flat 'section.key' -> text (None left out, as in config.toml)."""
+    out: dict[str, str] = {}
+    for key, value in cfg.to_dict().items():
+        if isinstance(value, dict):
+            out.update({f"{key}.{k}": str(v) for k, v in value.items() if v is not None})
+        elif value is not None:
+            out[key] = str(value)
+    return out
+
+
+class Sink(Protocol):
+    name: str
+
+    def round(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def close(self, status: str, files: Iterable[Path]) -> None: ...
+
+
+class TensorBoardSink:
+    """Event files under `log_dir`, flushed after every round (an interrupted run keeps
+    all completed rounds)."""
+
+    name = "tensorboard"
+
+    def __init__(self, log_dir: str, params: Mapping[str, str]) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=log_dir)
+        table = "\n".join(f"| {k} | {v} |" for k, v in sorted(params.items()))
+        self.writer.add_text("config", "| key | value |\n|---|---|\n" + table, 0)
+        self.writer.flush()
+
+    def round(self, step: int, metrics: Mapping[str, float]) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self, status: str, files: Iterable[Path]) -> None:
+        self.writer.add_text("status", status)
+        self.writer.close()
+
+
+class MlflowSink:
+    """One MLflow run per attempt (a resumed run starts a new one, its steps going on
+    from the checkpoint's round), through MlflowClient: no global active run is touched."""
+
+    name = "mlflow"
+
+    def __init__(
+        self,
+        uri: str,
+        experiment: str,
+        run_name: str,
+        params: Mapping[str, str],
+        tags: Mapping[str, str],
+    ) -> None:
+        tracking_uri = mlflow_tracking_uri(uri)
+        if tracking_uri.startswith("file:"):
+            # MLflow 3 keeps the file store in maintenance mode and refuses it unless
+            # allowed; a local file store is what `--mlflow DIR` asks for.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.tracking import MlflowClient
+
+        self._metric = Metric
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        found = self.client.get_experiment_by_name(experiment)
+        experiment_id = (
+            found.experiment_id if found is not None else self.client.create_experiment(experiment)
+        )
+        run = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
+        self.run_id: str = run.info.run_id
+        items = [Param(k, v[:6000]) for k, v in params.items()]  # MLflow's value limit
+        for i in range(0, len(items), 100):  # and its batch limit
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+        self._tag = RunTag
+
+    def round(self, step: int, metrics: Mapping[str, float]) -> None:
+        now = int(time.time() * 1000)
+        batch = [self._metric(k, v, now, step) for k, v in metrics.items()]
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
+
+    def close(self, status: str, files: Iterable[Path]) -> None:
+        try:
+            for path in files:
+                self.client.log_artifact(self.run_id, str(path))
+            self.client.set_tag(self.run_id, "fedveil.status", status)
+        finally:
+            self.client.set_terminated(self.run_id, MLFLOW_STATUS.get(status, "FAILED"))
+
+
+class RunTracking:
+    """The trackers a run asked for ([tracking]); `None` from `open` when none was."""
+
+    def __init__(self, sinks: list[Sink], *, dp: bool) -> None:
+        self.sinks, self.dp = sinks, dp
+        self.closed = False
+
+    @classmethod
+    def open(cls, cfg: RunConfig, run_dir: Path, *, dp: bool) -> RunTracking | None:
+        t = cfg.tracking
+        if not (t.tensorboard or t.mlflow_uri):
+            return None
+        check_tracking_available(t)
+        params = run_params(cfg)
+        sinks: list[Sink] = []
+        if t.tensorboard:
+            sinks.append(TensorBoardSink(t.tensorboard, params))
+        if t.mlflow_uri:
+            tags = {"fedveil.run_dir": str(run_dir), "fedveil.dp": cfg.dp.mechanism}
+            sinks.append(MlflowSink(t.mlflow_uri, t.mlflow_experiment, run_dir.name, params, tags))
+        return cls(sinks, dp=dp)
+
+    def on_round(self, record: RoundRecord) -> None:
+        metrics = publishable_metrics(record, dp=self.dp)
+        for sink in list(self.sinks):
+            try:
+                sink.round(record.round, metrics)
+            except Exception as exc:  # metrics.jsonl has the round; the run goes on
+                log.warning(
+                    "%s tracking failed at round %d, dropped: %s", sink.name, record.round, exc
+                )
+                self.sinks.remove(sink)
+
+    def close(self, status: str, files: Iterable[Path] = ()) -> None:
+        """End every tracker once: 'finished', 'interrupted' or 'failed'; `files` become
+        MLflow artifacts (the model, the summary, the config)."""
+        if self.closed:
+            return
+        self.closed = True
+        present = [p for p in files if p.exists()]
+        for sink in self.sinks:
+            try:
+                sink.close(status, present)
+            except Exception as exc:
+                log.warning("%s tracking could not be closed: %s", sink.name, exc)
+
+
+def close_unfinished(tracking: RunTracking) -> None:
+    """At exit or collection of a lifecycle that never finished (a crash): mark it failed."""
+    tracking.close("failed")
+
+
+def summary_status(summary: Mapping[str, Any]) -> str:
+    return "interrupted" if summary.get("interrupted") else "finished"

@@ -1,0 +1,189 @@
+"""Experiment tracking ([tracking], --tensorboard, --mlflow): what a user reads back.
+
+The event files are read with TensorBoard's own EventAccumulator and the MLflow store
+with MlflowClient, as a user's dashboard would. Under DP the trackers must publish no
+more than metrics.jsonl does (RoundRecord.public_json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedveil.cli.main import main
+from fedveil.config import ConfigError, load_config
+from fedveil.server.engine.round_record import PUBLIC_UNDER_DP
+from fedveil.server.engine.tracking import mlflow_tracking_uri
+from fedveil.simulations.run import simulate
+
+event_accumulator = pytest.importorskip(
+    "tensorboard.backend.event_processing.event_accumulator",
+    reason="tensorboard is not installed (pip install 'fedveil[tracking]')",
+)
+mlflow_client = pytest.importorskip(
+    "mlflow.tracking", reason="mlflow is not installed (pip install 'fedveil[tracking]')"
+)
+
+# Reading the file store back needs the same permission the tracker takes to write it.
+os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+
+
+def tracked_config(tmp_path: Path, **extra: object):
+    values: dict[str, object] = {
+        "model.task": "tiny_task:make",
+        "data.num_clients": 12,
+        "server.per_round": 6,
+        "server.rounds": 3,
+        "simulation.workers": 1,
+        "simulation.plots": False,
+        "out": str(tmp_path / "run"),
+        "tracking.tensorboard": str(tmp_path / "tb"),
+        "tracking.mlflow_uri": str(tmp_path / "mlruns"),
+    }
+    values.update(extra)
+    return load_config(None, values)
+
+
+def scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    acc = event_accumulator.EventAccumulator(str(log_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def only_mlflow_run(store: Path):
+    client = mlflow_client.MlflowClient(tracking_uri=mlflow_tracking_uri(str(store)))
+    experiment = client.get_experiment_by_name("fedveil")
+    assert experiment is not None, "no 'fedveil' experiment in the MLflow store"
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1
+    return client, runs[0]
+
+
+def metric_steps(client, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def metrics_lines(cfg) -> list[dict]:
+    return [json.loads(line) for line in Path(cfg.out, "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tensorboard_and_mlflow_hold_params_rounds_and_model(tmp_path):
+    cfg = tracked_config(tmp_path)
+    simulate(cfg)
+    lines = metrics_lines(cfg)
+    want = [(r["round"], r["test_accuracy"]) for r in lines]
+
+    tb = scalars(tmp_path / "tb")
+    assert [s for s, _ in tb["test_accuracy"]] == [1, 2, 3]
+    assert [v for _, v in tb["test_accuracy"]] == pytest.approx([v for _, v in want])
+    assert "cohort_aggregated" in tb  # no DP: the whole record is public
+
+    client, run = only_mlflow_run(tmp_path / "mlruns")
+    assert run.info.status == "FINISHED"
+    assert run.data.params["server.rounds"] == "3"
+    assert run.data.params["model.task"] == "tiny_task:make"
+    assert metric_steps(client, run.info.run_id, "test_accuracy") == want  # float64, exact
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"model.safetensors", "summary.json", "config.toml"} <= artifacts
+    local = Path(client.download_artifacts(run.info.run_id, "model.safetensors", str(tmp_path)))
+    assert local.read_bytes() == Path(cfg.out, "model.safetensors").read_bytes()
+
+
+def test_under_dp_trackers_publish_only_what_metrics_jsonl_publishes(tmp_path):
+    cfg = tracked_config(
+        tmp_path,
+        **{
+            "dp.mechanism": "central",
+            "dp.epsilon": 8.0,
+            "dp.clip": 0.5,
+            "dp.noise_multiplier": 3.0,
+        },
+    )
+    simulate(cfg)
+    public_keys = {k for line in metrics_lines(cfg) for k in line}
+
+    tb = scalars(tmp_path / "tb")
+    client, run = only_mlflow_run(tmp_path / "mlruns")
+    for shown in (set(tb), set(run.data.metrics)):
+        assert shown <= PUBLIC_UNDER_DP & public_keys, shown - PUBLIC_UNDER_DP
+        # cohort sizes, drops and client-reported losses reveal participation or data
+        assert not shown & {"cohort_aggregated", "cohort_planned", "dropped", "train_loss"}
+    epsilons = metric_steps(client, run.info.run_id, "epsilon")
+    assert [s for s, _ in epsilons] == [1, 2, 3]
+    assert all(0 < e <= 8.0 for _, e in epsilons)
+    assert [s for s, _ in tb["epsilon"]] == [1, 2, 3]
+
+
+class Stop(KeyboardInterrupt):
+    pass
+
+
+def test_an_interrupted_run_flushes_its_rounds_and_is_marked_killed(tmp_path):
+    cfg = tracked_config(tmp_path, **{"server.rounds": 5})
+
+    def ctrl_c_after_round_2(record):
+        if record.round == 2:
+            raise Stop
+
+    with pytest.raises(KeyboardInterrupt):
+        simulate(cfg, on_round=ctrl_c_after_round_2)
+
+    assert [s for s, _ in scalars(tmp_path / "tb")["test_accuracy"]] == [1, 2]
+    client, run = only_mlflow_run(tmp_path / "mlruns")
+    assert run.info.status == "KILLED"
+    assert run.data.tags["fedveil.status"] == "interrupted"
+    assert [s for s, _ in metric_steps(client, run.info.run_id, "test_accuracy")] == [1, 2]
+    assert "model.safetensors" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+@pytest.mark.parametrize(
+    ("flag", "module"), [("--mlflow", "mlflow"), ("--tensorboard", "tensorboard")]
+)
+def test_a_missing_extra_is_refused_before_the_run_with_the_install_line(
+    tmp_path, monkeypatch, capsys, flag, module
+):
+    monkeypatch.setitem(sys.modules, module, None)  # what Python sees when it is not installed
+    out = tmp_path / "run"
+    code = main(
+        ["simulate", "--task", "tiny_task:make", "--out", str(out), flag, str(tmp_path / "t")]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"the {module!r} package is not installed" in err
+    assert "pip install 'fedveil[tracking]'" in err
+    assert not out.exists(), "nothing may be written before the refusal"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"tracking.mlflow_uri": "ftp://host/runs"}, "tracking.mlflow_uri = 'ftp://host/runs'"),
+        (
+            {"tracking.mlflow_uri": "mlruns", "tracking.mlflow_experiment": " "},
+            "tracking.mlflow_experiment = ' '",
+        ),
+        ({"tracking.board": "x"}, "unknown key tracking.board"),
+    ],
+)
+def test_tracking_settings_are_checked_up_front(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        load_config(None, overrides)
+
+
+def test_tracking_is_off_by_default(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, {"model.task": "tiny_task:make", "server.rounds": 1, "out": "run"})
+    assert cfg.tracking.tensorboard == cfg.tracking.mlflow_uri == ""
+    simulate(cfg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no mlruns/, no runs/
+
+
+def test_a_directory_or_file_uri_is_a_local_store_found_from_anywhere(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert mlflow_tracking_uri("mlruns") == (tmp_path / "mlruns").as_uri()
+    assert mlflow_tracking_uri("file:./mlruns") == (tmp_path / "mlruns").as_uri()
+    assert mlflow_tracking_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
