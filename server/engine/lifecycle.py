@@ -167,7 +167,7 @@ def model_metadata(cfg: RunConfig, task: Task, round_num: int) -> dict[str, str]
     text): a built-in model is `fedveil.models.build_model(model, input_shape,
     num_classes)`; a custom task's model comes from its task function (`task_ref`)."""
     meta = {
-        "format": "fedveil",
+        "format": "pt",  # the convention safetensors loaders check (e.g. transformers)
         "fedveil_version": __version__,
         "task": task.name,
         "input_shape": json.dumps(list(task.input_shape)),
