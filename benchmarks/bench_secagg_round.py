@@ -58,8 +58,9 @@ from fedveil.privacy.secagg.wire import wire_size
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind, Stage
 from fedveil.protocol.riders import detach, join_replies
-from fedveil.server.engine.aggregation import Aggregate, UpdateChannel
+from fedveil.server.engine.aggregation import Aggregate, NoUpdates, UpdateChannel
 from fedveil.server.engine.lifecycle import RunLifecycle
+from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.rounds import RoundEngine, initial_model
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.transport import ClientFailure, RoundReporter, Transport
@@ -354,11 +355,12 @@ class RecordingChannel:
         model_size: int,
         timeout_s: float | None,
         upcoming: list[int] | None = None,
-    ) -> Aggregate | None:
-        agg = self.inner.collect(transport, requests, model_size, timeout_s, upcoming)
-        if self.first is None and agg is not None:
-            self.first = agg
-        return agg
+    ) -> Aggregate | Aborted | NoUpdates | None:
+        outcome = self.inner.collect(transport, requests, model_size, timeout_s, upcoming)
+        # Only a real sum is checked: an aborted round or one with no update is not.
+        if self.first is None and isinstance(outcome, Aggregate):
+            self.first = outcome
+        return outcome
 
     def round_report(self, round_num: int) -> Mapping[str, Any]:
         return report_of(self.inner, round_num)
