@@ -21,6 +21,7 @@ from fedveil.protocol.flower_codec import from_content, message_type, to_content
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.flower_stock import (
     StockCodec,
+    error_essence,
     legacy_refusal,
     node_kind_of,
     stock_refusal,
@@ -134,7 +135,7 @@ class FlowerTransport:
             if cid is None:
                 continue
             if reply.has_error():
-                out[cid] = ClientFailure(cid, f"client error: {reply.error.reason}")
+                out[cid] = ClientFailure(cid, f"client error: {error_essence(reply.error.reason)}")
                 continue
             try:
                 if node_id in self.stock_nodes:
@@ -171,7 +172,7 @@ class _Census:
             elif kind == "legacy":
                 self.legacy.append(node_id)
             else:
-                self.errors[reason[:200]] += 1
+                self.errors[error_essence(reason)] += 1
             return
         try:
             cid = from_content(reply.content).get(CLIENT_ID, int)

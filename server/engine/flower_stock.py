@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Mapping
 
 import torch
@@ -66,6 +67,25 @@ def node_kind_of(reason: str) -> str | None:
     if LEGACY_HELLO_ERROR in reason:
         return "legacy"
     return None
+
+
+def error_essence(reason: str, limit: int = 300) -> str:
+    """The cause in a Flower error reply's reason, without the wrapping the simulation
+    engine adds (exception classes, Ray's actor and process ids): replies from different
+    processes with the same cause then read the same, and count as one reason."""
+    text = " ".join(reason.split())
+    for marker in ("occurred. Message:", "Message:"):
+        if marker in text:  # Ray's wrapping: the ClientApp's own message comes last
+            text = text.rsplit(marker, 1)[1].strip().removesuffix("'>")
+            break
+    else:
+        wrapped = _CLASS_AND_MESSAGE.fullmatch(text)  # "<class 'm.E'>:<'message'>"
+        if wrapped:
+            text = f"{wrapped[1].rsplit('.', 1)[-1]}: {wrapped[2]}"
+    return (text or reason)[:limit]
+
+
+_CLASS_AND_MESSAGE = re.compile(r"<class '([^']+)'>:<'(.*)'>")
 
 
 def protocol_needs(cfg: RunConfig) -> str | None:

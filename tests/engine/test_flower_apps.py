@@ -12,6 +12,7 @@ from local_ray import local_ray
 
 from fedveil.config import ConfigError, load_config
 from fedveil.flower import client_app, run_config_of, server_app
+from fedveil.server.engine.flower_stock import error_essence
 
 
 def test_run_config_of_reads_a_path_and_flattened_keys(tmp_path):
@@ -33,6 +34,21 @@ def test_run_config_of_reads_a_path_and_flattened_keys(tmp_path):
 def test_run_config_of_names_a_misspelt_fedveil_key():
     with pytest.raises(ConfigError, match=r"server\.roundz"):
         run_config_of({"server.roundz": 3})
+
+
+def test_client_errors_read_as_their_cause_whatever_process_raised_them():
+    # Flower's simulation engine wraps a ClientApp's exception in Ray's text, with the
+    # actor's pid: without unwrapping, one cause counted as as many reasons as processes.
+    def ray_reason(pid: int) -> str:
+        return (
+            "<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'ray::ClientAppActor"
+            f".run() (pid={pid}, ip=192.0.2.2)\n  File ...\nException ClientAppException "
+            "occurred. Message: model.task = 'x:make': cannot import 'x''>"
+        )
+
+    assert error_essence(ray_reason(1)) == error_essence(ray_reason(2))
+    assert error_essence(ray_reason(1)) == "model.task = 'x:make': cannot import 'x'"
+    assert error_essence("<class 'ValueError'>:<'boom'>") == "ValueError: boom"
 
 
 @pytest.mark.flower
@@ -59,6 +75,32 @@ def test_fedveil_client_app_under_fedveil_server_app(tmp_path):
     summary = json.loads((Path(cfg.out) / "summary.json").read_text())
     assert summary["rounds_applied"] == 2 and summary["first_client_error"] is None
     assert (Path(cfg.out) / "model.safetensors").exists()
+
+
+@pytest.mark.flower
+@pytest.mark.slow
+def test_clients_that_fail_to_join_are_named_with_their_error(tmp_path):
+    """Not 'only 0 of N clients answered within 600 s': what the nodes answered."""
+    values = {
+        "model.task": "tiny_task:make",
+        "data.num_clients": 3,
+        "server.per_round": 3,
+        "server.rounds": 1,
+        "device": "cpu",
+        "out": str(tmp_path / "run"),
+    }
+    cfg = load_config(None, values)
+    broken = load_config(None, {**values, "model.task": "no_such_task_module:make"})
+    local_ray()
+    with pytest.raises(RuntimeError, match="only 0 of 3 clients joined") as err:
+        run_simulation(
+            server_app=server_app(cfg),
+            client_app=client_app(broken),
+            num_supernodes=3,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        )
+    assert "3 of 3 nodes answered with errors" in str(err.value)
+    assert "3 x model.task = 'no_such_task_module:make': cannot import" in str(err.value)
 
 
 APP_PYPROJECT = """
