@@ -187,3 +187,23 @@ def test_a_directory_or_file_uri_is_a_local_store_found_from_anywhere(tmp_path, 
     assert mlflow_tracking_uri("mlruns") == (tmp_path / "mlruns").as_uri()
     assert mlflow_tracking_uri("file:./mlruns") == (tmp_path / "mlruns").as_uri()
     assert mlflow_tracking_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+
+
+def test_a_resumed_run_continues_the_event_steps_in_a_new_mlflow_run(tmp_path):
+    cfg = tracked_config(tmp_path, **{"server.rounds": 4})
+
+    def ctrl_c_after_round_2(record):
+        if record.round == 2:
+            raise Stop
+
+    with pytest.raises(KeyboardInterrupt):
+        simulate(cfg, on_round=ctrl_c_after_round_2)
+    simulate(cfg, resume=True)
+
+    assert [s for s, _ in scalars(tmp_path / "tb")["test_accuracy"]] == [1, 2, 3, 4]
+    client = mlflow_client.MlflowClient(tracking_uri=mlflow_tracking_uri(str(tmp_path / "mlruns")))
+    experiment = client.get_experiment_by_name("fedveil")
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time"])
+    assert [r.info.status for r in runs] == ["KILLED", "FINISHED"]
+    steps = [[s for s, _ in metric_steps(client, r.info.run_id, "test_accuracy")] for r in runs]
+    assert steps == [[1, 2], [3, 4]]
