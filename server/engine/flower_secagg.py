@@ -1,0 +1,376 @@
+"""Secure aggregation for a Flower Message-API strategy: a Grid that runs fedveil's protocol.
+
+    strategy = FedAvg(...)
+    strategy.start(grid=secure(grid, strategy), ...)      # + fedveil_secagg_mod on clients
+
+`Strategy.start` sends one train exchange per round, so the protocol's extra stages
+cannot come from wrapping configure_train / aggregate_train: this Grid intercepts the
+strategy's train exchange instead and runs, with a cohort from fedveil's sampler, the
+stages of fedveil's secure aggregation (server.engine.secagg_channel, the same code as
+fedveil's own engine) over the wrapped Grid. It hands the strategy one reply, from a
+surviving node, whose arrays are the model plus the securely aggregated mean update and
+whose weighting metric is the total weight: the strategy's own aggregate_train (an
+average; FedAvgM and FedOpt then step their optimizer) therefore gives what it would
+give on the plain replies, up to the quantisation of the protocol. No node's update
+reaches the server.
+
+Federated evaluation runs the same way over the app's evaluate metrics (averaged inside
+the protocol). Under DP (`FlowerDP`) every client weighs 1 whatever it reports, clips its
+update to the clip norm, the server adds Gaussian noise to the unmasked sum and divides
+by the sampled cohort size; cohorts come from a secret key (SecretCohortSampler), and
+per-client metrics and federated evaluation are withheld.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app.message_type import MessageType
+from flwr.server import Grid
+from flwr.supercore.run import Run
+
+from fedveil.config import SecAggSection
+from fedveil.privacy.dp.central import add_gaussian_noise
+from fedveil.privacy.encodings import QuantizedEncoding
+from fedveil.privacy.secagg import flower_run_id
+from fedveil.protocol import flower_secagg_codec as codec
+from fedveil.protocol.envelope import Envelope, MessageError
+from fedveil.protocol.fields import CLIP_NORM
+from fedveil.protocol.kinds import TRAINING_STAGE, Kind
+from fedveil.server.engine.aggregation import Aggregate
+from fedveil.server.engine.flower_secagg_strategies import check_strategy
+from fedveil.server.engine.sampling import CohortSampler, SecretCohortSampler
+from fedveil.server.engine.secagg_channel import SecAggChannel
+from fedveil.server.engine.transport import ClientFailure
+
+log = logging.getLogger("fedveil.flower")
+
+TRAIN_METRICS = ("train_loss",)  # Flower's quickstart apps' metric names
+EVALUATE_METRICS = ("eval_loss", "eval_acc")
+
+
+@dataclass(frozen=True)
+class FlowerDP:
+    """Central DP on the securely aggregated sum: each client's update clipped to L2 norm
+    `clip`, the sum noised with N(0, (noise_multiplier * clip)^2), divided by the sampled
+    cohort size. Account it with fedveil.privacy.dp (fixed-size sampling, replace-one)."""
+
+    clip: float
+    noise_multiplier: float
+
+    def __post_init__(self) -> None:
+        for name in ("clip", "noise_multiplier"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"FlowerDP.{name} = {value!r}: must be a finite number > 0")
+
+
+@dataclass(frozen=True)
+class SecureSettings:
+    """The protocol's parameters on this path (see `secure`)."""
+
+    clip_range: float = 8.0
+    levels: int = 2**24
+    max_weight: int = 10_000
+    metric_range: float = 100.0
+    train_metrics: tuple[str, ...] = TRAIN_METRICS
+    evaluate_metrics: tuple[str, ...] = EVALUATE_METRICS
+    dropout_rate: float = 0.1
+    adversarial_rate: float = 0.05
+    seed: int = 0
+
+    def section(self, dp: bool) -> SecAggSection:
+        return SecAggSection(
+            enabled=True,
+            threat="semi_honest",
+            adversarial_rate=self.adversarial_rate,
+            dropout_rate=self.dropout_rate,
+            clip_range=self.clip_range,
+            levels=self.levels,
+            max_weight=1 if dp else self.max_weight,
+            pipeline=False,
+        )
+
+
+class _Stages:
+    """fedveil's Transport over a Flower Grid for one exchange of the strategy: each
+    stage is a message of the strategy's type carrying fedveil's records, the
+    masked-input stage also the strategy's own (model and config)."""
+
+    def __init__(self, grid: Grid, app_content: RecordDict, mtype: str, group_id: str) -> None:
+        self.grid, self.app_content, self.mtype, self.group_id = grid, app_content, mtype, group_id
+        self.last_reply: Message | None = None
+
+    def client_ids(self) -> Sequence[int]:
+        return sorted(self.grid.get_node_ids())
+
+    def exchange(
+        self, requests: Mapping[int, Envelope], timeout_s: float | None
+    ) -> dict[int, Envelope | ClientFailure]:
+        messages = []
+        for node_id, env in requests.items():
+            content = RecordDict(dict(self.app_content.items())) if _trains(env) else None
+            messages.append(
+                Message(
+                    codec.pack(env, content),
+                    dst_node_id=node_id,
+                    message_type=self.mtype,
+                    group_id=self.group_id,
+                )
+            )
+        out: dict[int, Envelope | ClientFailure] = {}
+        for reply in self.grid.send_and_receive(messages, timeout=timeout_s):
+            node_id = reply.metadata.src_node_id
+            if node_id not in requests:
+                continue
+            if reply.has_error():
+                out[node_id] = ClientFailure(node_id, f"client error: {reply.error.reason}")
+                continue
+            try:
+                out[node_id] = codec.unpack(reply.content)
+                self.last_reply = reply
+            except MessageError as exc:
+                out[node_id] = ClientFailure(node_id, str(exc))
+        for node_id in requests:
+            out.setdefault(node_id, ClientFailure(node_id, "no reply before the deadline"))
+        return out
+
+    def close(self) -> None:
+        return None
+
+
+def _trains(env: Envelope) -> bool:
+    return env.kind == Kind.secagg(TRAINING_STAGE)
+
+
+class SecAggGrid(Grid):
+    """The wrapped Grid, with the strategy's train and evaluate exchanges run as fedveil's
+    secure aggregation. Other messages pass through unchanged."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        strategy: Any,
+        settings: SecureSettings | None = None,
+        dp: FlowerDP | None = None,
+    ) -> None:
+        check_strategy(strategy)
+        self.grid = grid
+        self.settings = settings or SecureSettings()
+        self.dp = dp
+        self.strategy_weight_key = str(strategy.weighted_by_key)
+        # What weighs a client inside the protocol ("": 1 each, under DP).
+        self.weight_key = "" if dp is not None else self.strategy_weight_key
+        section = self.settings.section(dp is not None)
+        self._encoding = QuantizedEncoding(section.clip_range, section.levels, section.max_weight)
+        self._section = section
+        self._channels: dict[str, SecAggChannel] = {}
+        self._samplers: dict[tuple[int, int], CohortSampler | SecretCohortSampler] = {}
+        self.rounds: list[dict[str, Any]] = []  # what each secure exchange gave (counts)
+
+    # -- Grid, delegated ------------------------------------------------------------------
+    @property
+    def run(self) -> Run:
+        return self.grid.run
+
+    def set_run(self, run: Run) -> None:
+        self.grid.set_run(run)
+
+    def create_message(self, *args: Any, **kwargs: Any) -> Message:
+        return self.grid.create_message(*args, **kwargs)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.grid.get_node_ids()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.grid.pull_messages(message_ids)
+
+    # -- the strategy's exchanges -----------------------------------------------------------
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        messages = list(messages)
+        if not messages:
+            return []
+        types = {str(m.metadata.message_type) for m in messages}
+        purpose = types.pop() if len(types) == 1 else None
+        if purpose not in (MessageType.TRAIN, MessageType.EVALUATE):
+            if purpose is None or purpose.split(".")[0] in (
+                MessageType.TRAIN,
+                MessageType.EVALUATE,
+            ):
+                raise ValueError(
+                    f"secure aggregation: one exchange of message types {sorted(types)}; "
+                    "it serves the strategy's plain 'train' and 'evaluate' exchanges"
+                )
+            return self.grid.send_and_receive(messages, timeout=timeout)
+        metrics = (
+            self.settings.train_metrics
+            if purpose == MessageType.TRAIN
+            else self.settings.evaluate_metrics
+        )
+        if self.dp is not None:
+            if purpose == MessageType.EVALUATE:
+                log.info("federated evaluation withheld under DP (per-client metrics)")
+                return []
+            metrics = ()
+        elif purpose == MessageType.EVALUATE and not metrics:
+            return []
+        return self._secure(messages, purpose, tuple(metrics), timeout)
+
+    def _secure(
+        self,
+        messages: list[Message],
+        purpose: str,
+        metrics: tuple[str, ...],
+        timeout: float | None,
+    ) -> list[Message]:
+        content = messages[0].content
+        if any(m.content is not content for m in messages[1:]):
+            raise ValueError(
+                "secure aggregation: the strategy sent different content to different nodes; "
+                "it needs one model and config for the whole cohort"
+            )
+        model = _only(content.array_records, "ArrayRecord")
+        server_round = int(_only(content.config_records, "ConfigRecord").get("server-round", 0))
+        size = sum(int(a.numpy().size) for a in model.values()) if purpose == "train" else 0
+        cohort = self._cohort(len(messages))
+        # A session per exchange: train and evaluate of round r are sessions 2r and 2r + 1.
+        session_round = 2 * server_round + (0 if purpose == MessageType.TRAIN else 1)
+        fields: dict[str, Any] = {
+            codec.PURPOSE: purpose,
+            codec.WEIGHT_KEY: self.weight_key,
+            codec.METRIC_RANGE: float(self.settings.metric_range),
+        }
+        if metrics:
+            fields[codec.METRICS] = list(metrics)
+        if self.dp is not None:
+            fields[CLIP_NORM] = float(self.dp.clip)
+        requests = {nid: Envelope(Kind.TRAIN, session_round, dict(fields)) for nid in cohort}
+        stages = _Stages(
+            self.grid,
+            content,
+            str(messages[0].metadata.message_type),
+            messages[0].metadata.group_id,
+        )
+        result = self._channel(purpose).collect(stages, requests, size + len(metrics), timeout)
+        if not isinstance(result, Aggregate):
+            # Client errors name no one under DP (who dropped reveals participation).
+            reasons = sorted(set(result.dropped.values()))[:3] if self.dp is None else []
+            log.warning(
+                "round %d: secure %s aborted, nothing released: %s%s",
+                server_round,
+                purpose,
+                result.reason if self.dp is None else "(reason withheld under DP)",
+                f"; client errors: {reasons}" if reasons else "",
+            )
+            self.rounds.append({"round": server_round, "purpose": purpose, "aborted": True})
+            return []
+        assert stages.last_reply is not None  # an aggregate needs replies
+        self.rounds.append(
+            {"round": server_round, "purpose": purpose, "aggregated": len(result.contributors)}
+        )
+        # A reply of its own, addressed as a survivor's last reply was: the real one
+        # stays as the wrapped Grid delivered it.
+        content = self._content(purpose, model, result, size, metrics, len(cohort))
+        return [Message(content=content, metadata=copy.deepcopy(stages.last_reply.metadata))]
+
+    def _content(
+        self,
+        purpose: str,
+        model: ArrayRecord,
+        agg: Aggregate,
+        size: int,
+        metrics: tuple[str, ...],
+        sampled: int,
+    ) -> RecordDict:
+        """The one reply the strategy aggregates: model + mean update, total weight."""
+        total = agg.total.numpy().astype(np.float64)
+        if self.dp is None:
+            mean, weight = total / agg.weight, float(agg.weight)
+        else:  # noise on the sum, a fixed (public) denominator: the sampled cohort size
+            noised = add_gaussian_noise(total[:size], self.dp.noise_multiplier, self.dp.clip)
+            mean, weight = noised.astype(np.float64) / sampled, 1.0
+        values: dict[str, float] = {self.strategy_weight_key: weight}
+        span = self.settings.metric_range / self.settings.clip_range
+        for i, name in enumerate(metrics):
+            values[name] = float(mean[size + i] * span)
+        out = RecordDict({"metrics": MetricRecord(values)})
+        if purpose == MessageType.TRAIN:
+            out["arrays"] = ArrayRecord(_plus(model, mean[:size]))
+        return out
+
+    def _channel(self, purpose: str) -> SecAggChannel:
+        if purpose not in self._channels:
+            run_id = flower_run_id(int(self.grid.run.run_id))
+            self._channels[purpose] = SecAggChannel(
+                self._section, self._encoding, run_id=run_id, quiet_counts=self.dp is not None
+            )
+        return self._channels[purpose]
+
+    def _cohort(self, size: int) -> list[int]:
+        """`size` node ids from fedveil's sampler (the strategy's own draw is ignored)."""
+        nodes = sorted(self.grid.get_node_ids())
+        if size > len(nodes):
+            raise ValueError(f"secure aggregation: a cohort of {size} from {len(nodes)} nodes")
+        key = (len(nodes), size)
+        sampler = self._samplers.get(key)
+        if sampler is None:
+            if self.dp is not None:
+                key_bytes = secrets.token_bytes(32)  # the OS CSPRNG: cohorts stay secret
+                sampler = SecretCohortSampler(len(nodes), "fixed", size, 1.0, key_bytes)
+            else:
+                sampler = CohortSampler(len(nodes), "fixed", size, 1.0, self.settings.seed)
+            self._samplers[key] = sampler
+        return [nodes[i] for i in sampler.sample()]
+
+
+def _plus(model: ArrayRecord, mean: np.ndarray) -> dict[str, Array]:
+    """The model's arrays plus the mean update, in the dtypes plain FedAvg's average gives
+    (float arrays keep theirs; integer buffers become float64). Integer buffers (counters
+    such as BatchNorm's num_batches_tracked) are rounded to the nearest integer: the
+    quantised mean lands a hair off, and a client loading 3.9999 into an int truncates."""
+    out: dict[str, Array] = {}
+    offset = 0
+    for key, array in model.items():
+        values = array.numpy()
+        n = values.size
+        new = values.astype(np.float64) + mean[offset : offset + n].reshape(values.shape)
+        dtype = values.dtype if values.dtype.kind == "f" else np.dtype(np.float64)
+        if values.dtype.kind in "iub":
+            new = np.rint(new)
+        out[key] = Array(np.array(new, dtype=dtype, order="C"))  # keeps 0-d shapes
+        offset += n
+    return out
+
+
+def _only(records: Mapping[str, Any], kind: str) -> Any:
+    values = list(records.values())
+    if len(values) != 1:
+        raise ValueError(f"secure aggregation: the strategy's message has {len(values)} {kind}s")
+    return values[0]
+
+
+def secure(
+    grid: Grid,
+    strategy: Any,
+    *,
+    dp: FlowerDP | None = None,
+    **settings: Any,
+) -> SecAggGrid:
+    """`grid` with the strategy's rounds run under fedveil's secure aggregation (clients
+    need `fedveil_secagg_mod`). `settings`: SecureSettings' fields (clip_range, levels,
+    max_weight, metric_range, train_metrics, evaluate_metrics, dropout_rate,
+    adversarial_rate, seed). Refuses strategies that need each client's update."""
+    return SecAggGrid(grid, strategy, SecureSettings(**settings), dp)
