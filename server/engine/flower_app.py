@@ -135,7 +135,9 @@ class FlowerTransport:
             if cid is None:
                 continue
             if reply.has_error():
-                out[cid] = ClientFailure(cid, f"client error: {error_essence(reply.error.reason)}")
+                out[cid] = ClientFailure(
+                    cid, f"client error: {error_essence(reply.error.reason, limit=2000)}"
+                )
                 continue
             try:
                 if node_id in self.stock_nodes:

@@ -73,6 +73,8 @@ def error_essence(reason: str, limit: int = 300) -> str:
     """The cause in a Flower error reply's reason, without the wrapping the simulation
     engine adds (exception classes, Ray's actor and process ids): replies from different
     processes with the same cause then read the same, and count as one reason."""
+    if not reason.startswith("<class '"):  # not wrapped by Flower: the client's own words
+        return reason[:limit]
     text = " ".join(reason.split())
     for marker in ("occurred. Message:", "Message:"):
         if marker in text:  # Ray's wrapping: the ClientApp's own message comes last
