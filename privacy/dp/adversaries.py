@@ -5,8 +5,14 @@
 - The coordinator draws every cohort, so amplification never holds against it. Under
   central DP it sees the un-noised sum (a trusted curator: no epsilon). Under
   distributed DP each client's epsilon counts only the rounds it took part in,
-  unamplified (individual accounting, Feldman & Zrnic 2021); participations come from
-  the operator's private annex ("charge" records), absent on an auditor's machine.
+  unamplified (individual accounting, Feldman & Zrnic 2021).
+
+What the public report may say about the coordinator (README "Trust model"): only the
+data-independent bound, every released round composed unamplified, which is the figure
+of a client that took part in every round and is computed from the public ledger alone.
+The realised per-client figures (their largest, percentiles, histogram and the number of
+clients that took part) come from the operator's private annex ("charge" records): they
+are participation counts, so they go to the operator's report only.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .accounting import individual_epsilon
 from .budget import event_from_entry
 from .events import PrivacyEvent
 from .individual import individual_epsilon_summary, individual_epsilons
@@ -24,17 +31,20 @@ INDIVIDUAL_ACCOUNTING = (
     "individual, unamplified, from each client's own participations (Feldman & Zrnic 2021)"
 )
 TRUSTED_CURATOR = "a trusted curator: it sees the un-noised sum; no guarantee holds against it"
+PER_CLIENT_WITHHELD = (
+    "Each client's own figure (its rounds only) is at most this bound. The operator's "
+    "report (private/report.html, or GET /runs/<id>/privacy/private with the admin token) "
+    "gives each client's figure, their largest and their distribution; they count how "
+    "often clients took part, so neither they nor the number of clients that took part "
+    "are published."
+)
 
 
 def coordinator_figure(
-    mechanism: str,
-    releases: Sequence[Mapping[str, Any]],
-    closing: Mapping[str, Any] | None,
-    private_records: Iterable[Mapping[str, Any]] | None,
-    delta: float,
+    mechanism: str, releases: Sequence[Mapping[str, Any]], delta: float
 ) -> dict[str, Any]:
-    """What bounds the coordinator: the per-client distribution (distributed DP), or why
-    nothing does. `private_records` None means the annex is not available here."""
+    """The public figure against the coordinator: the data-independent bound under
+    distributed DP (from the ledger's releases alone), or why nothing bounds it."""
     if mechanism == CENTRAL_GAUSSIAN:
         return {"epsilon": None, "statement": TRUSTED_CURATOR}
     if mechanism != DISTRIBUTED_SKELLAM:
@@ -42,28 +52,67 @@ def coordinator_figure(
             "epsilon": None,
             "statement": f"{mechanism}: no coordinator figure is computed for this mechanism",
         }
-    charges = [r for r in private_records or () if r.get("kind") == CHARGE]
+    figure: dict[str, Any] = {"epsilon_bound": None}
+    try:
+        figure["epsilon_bound"] = coordinator_bound_series(releases, delta)[-1]
+    except IndexError:
+        figure["epsilon_bound"] = 0.0  # nothing released: nothing learnt
+    except ValueError as error:  # e.g. an old ledger whose adjacency has no sound bound
+        figure["bound_error"] = str(error)
+    figure["bound"] = "a client that took part in every released round"
+    figure["per_client"] = PER_CLIENT_WITHHELD
+    figure["accounting"] = INDIVIDUAL_ACCOUNTING
+    figure["delta"] = delta
+    return figure
+
+
+def coordinator_bound_series(releases: Sequence[Mapping[str, Any]], delta: float) -> list[float]:
+    """After each release, the unamplified epsilon of a client in every round so far.
+
+    Depends only on the public ledger's parameters (z, steps, adjacency), never on who
+    took part. Raises ValueError where the adjacency has no sound individual bound.
+    """
+    events: list[PrivacyEvent] = []
+    series: list[float] = []
+    for entry in releases:
+        events.append(event_from_entry(entry))
+        series.append(individual_epsilon(events, delta))
+    return series
+
+
+def operator_coordinator_figure(
+    public: Mapping[str, Any],
+    releases: Sequence[Mapping[str, Any]],
+    closing: Mapping[str, Any] | None,
+    private_records: Iterable[Mapping[str, Any]],
+    delta: float,
+) -> dict[str, Any]:
+    """The public figure plus the realised per-client figures from the private annex
+    (operator's view: they reveal participation)."""
+    if "epsilon_bound" not in public:
+        return dict(public)  # central DP or another mechanism: nothing per client
+    charges = [r for r in private_records if r.get("kind") == CHARGE]
     recorded = _last_recorded_max(releases, closing)
-    figure = {
+    figure: dict[str, Any] = {
+        **public,
         "epsilon_max": recorded,
         "distribution": None,
-        "source": "ledger (epsilon_coordinator_max); the private annex is not here",
+        "source": "ledger (epsilon_coordinator_max); the annex has no charge records",
     }
+    figure.pop("per_client", None)
     if charges:
         try:
             distribution = individual_epsilon_summary(_client_epsilons(charges, releases, delta))
-        except ValueError as error:  # e.g. an old ledger whose adjacency has no sound bound
+        except ValueError as error:
             figure["source"] = f"ledger (epsilon_coordinator_max); per-client accounting: {error}"
         else:
-            figure = {
-                "epsilon_max": distribution["max"],
-                "distribution": distribution,
-                "source": "private annex (private/rounds.jsonl charge records)",
-            }
+            figure.update(
+                epsilon_max=distribution["max"],
+                distribution=distribution,
+                source="private annex (private/rounds.jsonl charge records)",
+            )
             if recorded is not None:
                 figure["ledger_epsilon_max"] = recorded
-    figure["accounting"] = INDIVIDUAL_ACCOUNTING
-    figure["delta"] = delta
     return figure
 
 

@@ -134,8 +134,8 @@ def cohort_members_bound(mechanism: str, secure_aggregation: str | None) -> str:
     """Which figure holds against a cohort member."""
     if mechanism == DISTRIBUTED_SKELLAM:
         return (
-            "at most the coordinator's epsilon_max, since a cohort member knows no more of "
-            "the cohorts than the coordinator and sees no sum the coordinator does not"
+            "at most the coordinator's figure for that client, since a cohort member knows "
+            "no more of the cohorts than the coordinator and sees no sum it does not"
         )
     if secure_aggregation == OFF:
         return (
@@ -260,7 +260,7 @@ def published_statistics(
     if has_coordinator_epsilon:
         stats.append(
             {
-                "name": "epsilon_coordinator_max and its distribution",
+                "name": "epsilon_coordinator_max (ledger, metrics, summary.json)",
                 "protection": "a function of how often clients took part, not of who or "
                 "of their data; under zero-out or replace-one adjacency participation "
                 "itself is not what is protected",
@@ -431,7 +431,8 @@ def trust_model_markdown() -> str:
             "the cohorts): under central DP a trusted curator, no epsilon holds against "
             "it. Under distributed DP each client's own epsilon, unamplified, from the "
             "rounds it took part in (individual accounting, Feldman & Zrnic 2021); the "
-            "report gives the largest and the distribution. It assumes enough honest "
+            "public report gives the bound for a client in every round, the operator's "
+            "report each client's figure. It assumes enough honest "
             "clients' noise shares in every unmasked sum and, in semi-honest mode, a "
             "server that follows the protocol (it could show clients different survivor "
             "sets); malicious mode binds a deviating server through the signed survivor "

@@ -61,11 +61,12 @@ def render_html(report: Mapping[str, Any]) -> str:
         Series("observers' epsilon", _floats(series["epsilon"]), "#1f6feb"),
         Series("budget", [budget] * len(rounds), "#b42318", dashed=True),
     ]
-    if "epsilon_coordinator_max" in series:
-        lines.insert(
-            1,
-            Series("coordinator max", _floats(series["epsilon_coordinator_max"]), "#9a6700"),
-        )
+    if "epsilon_coordinator_bound" in series:  # public: a client in every round
+        bound = _floats(series["epsilon_coordinator_bound"])
+        lines.insert(1, Series("coordinator bound", bound, "#9a6700"))
+    if "epsilon_coordinator_max" in series:  # the operator's report only: realised
+        realised = _floats(series["epsilon_coordinator_max"])
+        lines.insert(2, Series("coordinator max (realised)", realised, "#6e7781"))
     noise_only = set(report.get("noise_only_rounds", []))  # the operator's report only
     if noise_only:
         epsilons = _floats(series["epsilon"])
@@ -124,8 +125,10 @@ def _operator_banner(report: Mapping[str, Any]) -> str:
         return ""
     return (
         '<p class="operator"><b>Operator\'s view.</b> Built from the private annex: it '
-        "marks rounds by whether any client's update survived, which reveals participation. "
-        "Keep it with the admin token; publish report.html instead.</p>"
+        "marks rounds by whether any client's update survived and, under distributed DP, "
+        "gives each client's epsilon against the coordinator and how many clients took "
+        "part, all of which reveal participation. Keep it with the admin token; publish "
+        "privacy/report.html instead.</p>"
     )
 
 
@@ -164,22 +167,38 @@ def _coordinator(report: Mapping[str, Any], coordinator: Mapping[str, Any]) -> s
     title = '<div class="who">The coordinator</div>'
     if not coordinator:
         return ""
-    if "epsilon_max" not in coordinator:
+    if "epsilon_bound" not in coordinator:
         statement = escape(_sentence(str(coordinator.get("statement", ""))))
         return f'<div class="headline">{title}<div class="figure">{statement}</div></div>'
-    maximum = coordinator["epsilon_max"]
+    bound = coordinator["epsilon_bound"]
     budget = float(report["budget_epsilon"])
-    if report.get("budget_against") == "coordinator":
-        applies = " (the budget applies here)"
-    elif maximum is not None and float(maximum) > budget:
-        applies = f" (above the budget {budget:.4g}, which caps the observers' figure)"
+    delta = float(coordinator.get("delta", report["delta"]))
+    applies = " (the budget applies here)" if report.get("budget_against") == "coordinator" else ""
+    if bound is None:
+        figure = f"no bound: {escape(str(coordinator.get('bound_error', 'unknown')))}"
     else:
-        applies = ""
-    figure = (
+        figure = (
+            f"at most &epsilon; = {float(bound):.4g}, &delta; = {delta:.3g}, for any client "
+            f"(a client in every released round){applies}"
+        )
+    accounting = escape(str(coordinator.get("accounting", "")))
+    if report.get("view") != "operator":
+        note = f"{escape(str(coordinator.get('per_client', '')))} Accounting: {accounting}."
+        return f'<div class="headline">{title}<div class="figure">{figure}</div>' + (
+            f'<div class="note">{note}</div></div>'
+        )
+    maximum = coordinator.get("epsilon_max")
+    over = (
+        f" (above the budget {budget:.4g}, which caps the observers' figure)"
+        if report.get("budget_against") != "coordinator"
+        and maximum is not None
+        and float(maximum) > budget
+        else ""
+    )
+    realised = (
         "not recorded"
         if maximum is None
-        else f"largest per-client &epsilon; = {float(maximum):.4g}, &delta; = "
-        f"{float(coordinator.get('delta', report['delta'])):.3g}{applies}"
+        else f"largest per-client &epsilon; = {float(maximum):.4g}{over}"
     )
     distribution = coordinator.get("distribution")
     spread = (
@@ -187,12 +206,13 @@ def _coordinator(report: Mapping[str, Any], coordinator: Mapping[str, Any]) -> s
         f"{float(distribution['p90']):.4g} over {int(distribution['clients'])} clients that "
         "took part"
         if distribution
-        else "distribution not available: the operator's private annex is not here"
+        else "no per-client distribution: the annex has no charge records"
     )
-    accounting = escape(str(coordinator.get("accounting", "")))
     return (
         f'<div class="headline">{title}<div class="figure">{figure}</div>'
-        f'<div class="note">{escape(spread)}; {accounting}.</div></div>'
+        f'<div class="figure">Operator\'s view: {realised}</div>'
+        f'<div class="note">{escape(spread)}; {accounting}. Do not publish: it reveals '
+        "participation.</div></div>"
     )
 
 

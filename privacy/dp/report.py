@@ -3,6 +3,11 @@
 `epsilon` stays the observers' figure (what the published models reveal, amplified by
 sampling while cohorts are secret); `adversaries` states one figure for each of the
 observers, the coordinator and cohort members.
+
+The public report is built from the public ledger alone: nothing in it may change with
+who took part (README "Trust model"). The operator's report (`operator_report`) adds
+what the private annex shows: each client's figure against the coordinator, their
+distribution and the noise-only rounds.
 """
 
 from __future__ import annotations
@@ -11,7 +16,11 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .adversaries import coordinator_figure
+from .adversaries import (
+    coordinator_bound_series,
+    coordinator_figure,
+    operator_coordinator_figure,
+)
 from .assumptions import (
     assumptions_for,
     cohort_members_bound,
@@ -26,7 +35,7 @@ from .config import DpConfig
 from .ledger import GENESIS_HASH, RELEASE, entry_kind
 from .verify import VerifyResult
 
-REPORT_SCHEMA = "fedveil.dp.report/2"
+REPORT_SCHEMA = "fedveil.dp.report/3"  # 3: the coordinator's public figure is a bound
 # Why the public report neither marks noise-only rounds nor counts them (README "Trust
 # model"): a round released as noise only is one in which no client's update survived.
 # Whether anyone survived is a survivor count, and survivor counts reveal who took part,
@@ -38,7 +47,8 @@ NOISE_ONLY_WITHHELD = (
     "round reveals participation, so neither those rounds nor their number are published."
 )
 _SERIES_FIELDS = ("round", "epsilon", "clip_norm", "noise_multiplier")
-_COORDINATOR_SERIES = "epsilon_coordinator_max"
+_COORDINATOR_SERIES = "epsilon_coordinator_max"  # realised: the operator's report only
+_BOUND_SERIES = "epsilon_coordinator_bound"  # a client in every round: public
 
 
 def build_report(
@@ -48,24 +58,22 @@ def build_report(
     verification: VerifyResult | None = None,
     secure_aggregation: str | None = None,
     cohort_source: str | None = None,
-    private_records: Iterable[Mapping[str, Any]] | None = None,
     budget_against: str | None = None,
 ) -> dict[str, Any]:
-    """Summarise ledger entries (JSON-serialisable dict).
+    """The public report of ledger entries (JSON-serialisable dict).
 
     `config` fills in the run's parameters when no round was released yet.
     `verification` (from verify_ledger) is embedded so a reader sees whether the
     numbers were recomputed independently, and gives the ledger's state.
     `secure_aggregation` ("off", "semi_honest", "malicious"), when known, says how
     updates travelled. `cohort_source` ("csprng" or "seed", from summary.json) says
-    whether cohorts were secret. `private_records` are the operator's private annex
-    (private/rounds.jsonl; None where it is absent, e.g. on an auditor's machine):
-    its charge records give the coordinator's per-client epsilon under distributed DP.
-    `budget_against` (dp.budget_against) is used when no release records it.
+    whether cohorts were secret. It takes no private annex: under distributed DP the
+    coordinator's public figure is the bound for a client in every released round
+    (`operator_report` adds each client's own). `budget_against` (dp.budget_against)
+    is used when no release records it.
     """
     entries = [dict(entry) for entry in ledger_entries]
     releases = [entry for entry in entries if entry_kind(entry) == RELEASE]
-    closing = entries[-1] if entries and entry_kind(entries[-1]) != RELEASE else None
     if not releases and config is None:
         raise ValueError("build_report needs at least one release entry or a config")
     last = releases[-1] if releases else _entry_from_config(config)  # type: ignore[arg-type]
@@ -73,10 +81,10 @@ def build_report(
     mechanism = str(last["mechanism"])
     delta = float(last["delta"])
     budget_against = str(last.get("budget_against", budget_against or "observers"))
-    coordinator = coordinator_figure(mechanism, releases, closing, private_records, delta)
+    coordinator = coordinator_figure(mechanism, releases, delta)
     budgeted = epsilon
-    if budget_against == "coordinator" and coordinator.get("epsilon_max") is not None:
-        budgeted = float(coordinator["epsilon_max"])
+    if budget_against == "coordinator" and coordinator.get("epsilon_bound") is not None:
+        budgeted = float(coordinator["epsilon_bound"])  # the operator's report: realised
     report: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
         "epsilon": epsilon,
@@ -95,7 +103,7 @@ def build_report(
         "rounds": len(releases),
         "ledger_entries": len(entries),
         "ledger_head_hash": entries[-1]["hash"] if entries else GENESIS_HASH,
-        "series": _series(releases),
+        "series": _series(releases, coordinator, delta),
         "assumptions": assumptions_for(
             mechanism,
             str(last["privacy_unit"]),
@@ -129,11 +137,39 @@ def noise_only_rounds(private_records: Iterable[Mapping[str, Any]] | None) -> li
 
 
 def operator_report(
-    report: Mapping[str, Any], private_records: Iterable[Mapping[str, Any]]
+    report: Mapping[str, Any],
+    private_records: Iterable[Mapping[str, Any]],
+    ledger_entries: Iterable[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The public report plus what only the operator may see: the noise-only rounds."""
-    marked = noise_only_rounds(private_records)
-    released = int(report.get("rounds", 0))
+    """The public report plus what only the operator may see, from the private annex:
+    the noise-only rounds and, given the ledger's entries (the events each charge
+    composes), each client's epsilon against the coordinator under distributed DP (the
+    largest, the distribution, how many took part)."""
+    records = [dict(record) for record in private_records]
+    entries = [dict(entry) for entry in ledger_entries]
+    releases = [entry for entry in entries if entry_kind(entry) == RELEASE]
+    closing = entries[-1] if entries and entry_kind(entries[-1]) != RELEASE else None
+    public = report.get("adversaries", {}).get("coordinator", {})
+    coordinator = operator_coordinator_figure(
+        public, releases, closing, records, float(report["delta"])
+    )
+    full: dict[str, Any] = {
+        **report,
+        "view": "operator",
+        "adversaries": {**report.get("adversaries", {}), "coordinator": coordinator},
+        **_noise_only_view(noise_only_rounds(records), int(report.get("rounds", 0))),
+    }
+    maximum = coordinator.get("epsilon_max")
+    if report.get("budget_against") == "coordinator" and maximum is not None:
+        budget = float(report["budget_epsilon"])
+        full["budget_remaining"] = max(0.0, budget - float(maximum))
+    if any(_COORDINATOR_SERIES in entry for entry in releases):
+        realised = [entry.get(_COORDINATOR_SERIES) for entry in releases]
+        full["series"] = {**report["series"], _COORDINATOR_SERIES: realised}
+    return full
+
+
+def _noise_only_view(marked: list[int], released: int) -> dict[str, Any]:
     if marked:
         listed = ", ".join(str(r) for r in marked)
         statement = (
@@ -146,12 +182,7 @@ def operator_report(
             f"None of the {released} released rounds was noise only: each carried at least "
             "one client's update. Operator's view: do not publish it."
         )
-    return {
-        **report,
-        "view": "operator",
-        "noise_only_rounds": marked,
-        "noise_only_rounds_statement": statement,
-    }
+    return {"noise_only_rounds": marked, "noise_only_rounds_statement": statement}
 
 
 def _parameters(last: Mapping[str, Any], cohort_source: str | None) -> dict[str, Any]:
@@ -221,16 +252,19 @@ def _statistics(
         secure_aggregation,
         adaptive_clipping=any("next_clip_norm" in entry for entry in releases)
         or bool(config is not None and config.adaptive_clipping),
-        has_coordinator_epsilon=coordinator.get("epsilon_max") is not None,
+        has_coordinator_epsilon=coordinator.get("epsilon_bound") is not None,
         has_cohort_commitment=bool(releases and "cohort_commitment" in releases[0]),
     )
 
 
-def _series(releases: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """Per-release values for the charts (the coordinator's when recorded)."""
+def _series(
+    releases: list[dict[str, Any]], coordinator: Mapping[str, Any], delta: float
+) -> dict[str, list[Any]]:
+    """Per-release values for the charts; under distributed DP the coordinator's bound
+    (a client in every round so far), which the ledger's parameters alone give."""
     series = {name: [entry.get(name) for entry in releases] for name in _SERIES_FIELDS}
-    if any(_COORDINATOR_SERIES in entry for entry in releases):
-        series[_COORDINATOR_SERIES] = [entry.get(_COORDINATOR_SERIES) for entry in releases]
+    if coordinator.get("epsilon_bound") is not None and releases:
+        series[_BOUND_SERIES] = coordinator_bound_series(releases, delta)
     return series
 
 
@@ -244,27 +278,44 @@ def headline_lines(report: Mapping[str, Any]) -> list[str]:
         + (f" of budget {report['budget_epsilon']:g}" if against == "observers" else "")
         + ("; holds while cohorts stay secret" if observers["amplified_by_sampling"] else ""),
     ]
-    if "epsilon_max" in coordinator and coordinator["epsilon_max"] is not None:
-        distribution = coordinator.get("distribution")
-        spread = (
-            f", median {float(distribution['p50']):.4f}, p90 {float(distribution['p90']):.4f} "
-            f"over {distribution['clients']} clients"
-            if distribution
-            else " (no private annex here: no distribution)"
-        )
-        lines.append(
-            f"coordinator: largest per-client epsilon {float(coordinator['epsilon_max']):.4f}"
-            + (f" of budget {report['budget_epsilon']:g}" if against == "coordinator" else "")
-            + spread
-        )
-    else:
-        lines.append(f"coordinator: {coordinator.get('statement', 'no figure')}")
+    lines.extend(_coordinator_lines(coordinator, report))
     lines.append(f"z = {float(report['noise_multiplier']):.4g}; {report['sampling_statement']}")
     if "noise_only_rounds" in report:  # the operator's report only
         marked = ", ".join(str(r) for r in report["noise_only_rounds"]) or "none"
         lines.append(f"noise-only rounds (operator's view, do not publish): {marked}")
     lines.append(f"ledger: {report['ledger_state']}; {report['rounds']} releases")
     return lines
+
+
+def _coordinator_lines(coordinator: Mapping[str, Any], report: Mapping[str, Any]) -> list[str]:
+    """The public bound; in the operator's report also each client's realised figure."""
+    if "epsilon_bound" not in coordinator:
+        return [f"coordinator: {coordinator.get('statement', 'no figure')}"]
+    budget = (
+        f" of budget {report['budget_epsilon']:g}"
+        if report.get("budget_against") == "coordinator"
+        else ""
+    )
+    bound = coordinator["epsilon_bound"]
+    if bound is None:
+        text = f"no bound ({coordinator.get('bound_error', 'unknown')})"
+    else:
+        text = f"at most {float(bound):.4f} for any client (a client in every round)"
+    if report.get("view") != "operator":
+        return [f"coordinator: {text}{budget}; each client's own figure: operator's report"]
+    maximum, distribution = coordinator.get("epsilon_max"), coordinator.get("distribution")
+    realised = "not recorded" if maximum is None else f"{float(maximum):.4f}"
+    spread = (
+        f", median {float(distribution['p50']):.4f}, p90 {float(distribution['p90']):.4f} "
+        f"over {distribution['clients']} clients that took part"
+        if distribution
+        else ""
+    )
+    return [
+        f"coordinator: {text}",
+        f"coordinator (operator's view, do not publish): largest per-client epsilon "
+        f"{realised}{budget}{spread}",
+    ]
 
 
 def ledger_state(entries: list[dict[str, Any]], verification: VerifyResult | None = None) -> str:

@@ -28,9 +28,9 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
 
     `config` lets a run that stopped before its first release (budget too small
     for even one round) still get a report saying so. The operator's private annex
-    (private/rounds.jsonl), when readable here, gives the coordinator's per-client
-    epsilon distribution; an auditor without it gets the ledger's largest figure. With
-    the annex, the operator's report (noise-only rounds marked) goes to private/.
+    (private/rounds.jsonl) never reaches the public files: they come from the ledger
+    alone, so they are the same whoever took part. With the annex, the operator's report
+    (each client's epsilon against the coordinator, noise-only rounds) goes to private/.
     """
     run_dir = Path(run_dir)
     path = ledger_path(run_dir)
@@ -52,7 +52,6 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
         verification=verification,
         secure_aggregation=secure_aggregation_mode(run_dir),
         cohort_source=cohort_source(run_dir, dp_section),
-        private_records=annex,
         budget_against=dp_section.get("budget_against"),
     )
     # Public files, like the ledger: readable by an auditor (atomic writes default to 600).
@@ -60,16 +59,20 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
     atomic_write_bytes(path.parent / "report.json", data, mode=0o644)
     atomic_write_bytes(path.parent / "report.html", render_html(report).encode(), mode=0o644)
     if annex is not None:
-        write_operator_report(run_dir, report, annex)
+        write_operator_report(run_dir, report, entries, annex)
     return report
 
 
 def write_operator_report(
-    run_dir: Path, report: dict[str, Any], annex: list[dict[str, Any]]
+    run_dir: Path,
+    report: dict[str, Any],
+    entries: list[dict[str, Any]],
+    annex: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """private/report.json and report.html (mode 600): the public report plus what the
-    private annex shows, such as the rounds released as noise only."""
-    full = operator_report(report, annex)
+    private annex shows: each client's epsilon against the coordinator (distributed DP)
+    and the rounds released as noise only."""
+    full = operator_report(report, annex, entries)
     private = Path(run_dir) / "private"
     data = (json.dumps(full, indent=2) + "\n").encode()
     atomic_write_bytes(private / "report.json", data, mode=0o600)

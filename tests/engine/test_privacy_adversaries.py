@@ -252,3 +252,58 @@ def test_cohorts_and_graphs_follow_the_committed_key(tmp_path):
     (run / "private" / "rounds.jsonl").write_text("\n".join([json.dumps(first), *rows[1:]]) + "\n")
     problems = audit_cohorts(run).problems
     assert problems == ["round 1: the recorded cohort did not follow the key"]
+
+
+def test_the_public_privacy_report_reveals_nothing_of_who_took_part(tmp_path, capsys):
+    """The observer of a distributed-DP run holds privacy/report.json and report.html
+    (also GET /runs/<id>/privacy) and what `fedveil privacy report` prints. Rewrite the
+    operator's annex with other participation for the same signed ledger: everything
+    the observer holds stays byte for byte the same; only the operator's report moves."""
+    from fedveil.cli.main import main
+
+    cfg = config(
+        tmp_path,
+        **{
+            "dp.mechanism": "distributed",
+            "secagg.enabled": True,
+            "server.sampling": "fixed",
+            "server.per_round": 11,
+            "server.rounds": 3,
+        },
+    )
+    simulate(cfg)
+    run = tmp_path / "run"
+    annex = run / "private" / "rounds.jsonl"
+    real = [json.loads(line) for line in annex.read_text().splitlines()]
+    charges = [r for r in real if r.get("kind") == "charge"]
+    assert len(charges) == 3 and all(len(r["survivors"]) >= 10 for r in charges)
+
+    def observe(records: list[dict]) -> dict[str, bytes]:
+        annex.write_text("".join(json.dumps(r) + "\n" for r in records))
+        code = main(["privacy", "report", str(run)])
+        return {
+            "cli": f"{code}\n{capsys.readouterr().out}".encode(),
+            **{
+                f"{folder}/{name}": (run / folder / name).read_bytes()
+                for folder in ("privacy", "private")
+                for name in ("report.json", "report.html")
+            },
+        }
+
+    # Another participation: client 0 in every round, the others in one or two.
+    rotated = [
+        {**r, "survivors": sorted({0, *r["survivors"][i::2]})} if r.get("kind") == "charge" else r
+        for i, r in enumerate(real)
+    ]
+    seen, other = observe(real), observe(rotated)
+    for public in ("cli", "privacy/report.json", "privacy/report.html"):
+        assert seen[public] == other[public], public
+    for private in ("private/report.json", "private/report.html"):
+        assert seen[private] != other[private], private
+    report = json.loads(seen["privacy/report.json"])
+    coordinator = report["adversaries"]["coordinator"]
+    assert coordinator["epsilon_bound"] > 0 and "distribution" not in coordinator
+    operator = json.loads(seen["private/report.json"])["adversaries"]["coordinator"]
+    took_part = {client for r in charges for client in r["survivors"]}
+    assert operator["distribution"]["clients"] == len(took_part)
+    assert operator["epsilon_max"] <= coordinator["epsilon_bound"] * (1 + 1e-9)

@@ -22,6 +22,7 @@ from fedveil.privacy.dp import (
     verify_ledger,
 )
 from fedveil.privacy.dp.accounting import individual_epsilon
+from fedveil.privacy.dp.report import operator_report
 from fedveil.privacy.dp.signing import load_or_create_signer
 from fedveil.server.engine.privacy_report import write_privacy_report
 
@@ -113,51 +114,97 @@ def test_central_dp_names_the_coordinator_a_trusted_curator(tmp_path):
 
 def test_distributed_dp_reports_each_clients_unamplified_epsilon(tmp_path):
     """A client in all 6 rounds: the coordinator knows it, so only its unamplified
-    epsilon holds, far above the observers' amplified figure."""
+    epsilon holds, far above the observers' amplified figure. The public report states
+    that bound; each client's figure and their distribution are the operator's."""
     path = tmp_path / "ledger.jsonl"
     cfg, maxima = _ledger(path, "distributed_skellam")
-    participations = {1: 6, 2: 3, **{client: 1 for client in range(3, 11)}}
-    report = _report(
-        path,
-        secure_aggregation="malicious",
-        cohort_source="csprng",
-        private_records=_charges(participations),
-    )
+    participations = {1: 5, 2: 3, **{client: 1 for client in range(3, 11)}}
+    report = _report(path, secure_aggregation="malicious", cohort_source="csprng")
     coordinator = report["adversaries"]["coordinator"]
-    assert coordinator["epsilon_max"] == pytest.approx(_unamplified(cfg, 6))
-    assert coordinator["epsilon_max"] == pytest.approx(maxima[-1])  # the ledger agrees
-    assert coordinator["epsilon_max"] > report["epsilon"]  # amplification is gone
-    distribution = coordinator["distribution"]
-    assert distribution["clients"] == 10
-    assert distribution["max"] == coordinator["epsilon_max"]
-    assert distribution["p50"] == pytest.approx(_unamplified(cfg, 1))
-    assert distribution["p90"] == pytest.approx(_unamplified(cfg, 3))
-    assert sum(row["clients"] for row in distribution["histogram"]) == 10
+    assert coordinator["epsilon_bound"] == pytest.approx(_unamplified(cfg, 6))
+    assert coordinator["epsilon_bound"] > report["epsilon"]  # amplification is gone
+    assert "epsilon_max" not in coordinator and "distribution" not in coordinator
+    assert "operator's report" in coordinator["per_client"]
     assert coordinator["accounting"] == (
         "individual, unamplified, from each client's own participations (Feldman & Zrnic 2021)"
     )
+    assert report["series"]["epsilon_coordinator_bound"] == pytest.approx(maxima)
+    assert "epsilon_coordinator_max" not in report["series"]
     assert "survivor set" in report["adversaries"]["cohort_members"]["sees"]
     assert report["neighbouring"] == "zero_out"
     assert "not the fact that it took part" in report["neighbouring_protects"]
-    assert report["series"]["epsilon_coordinator_max"] == pytest.approx(maxima)
-    text = json.dumps(report)
-    assert '"survivors"' not in text and '"cohort_aggregated"' not in text  # annex stays private
+    full = operator_report(report, _charges(participations), Ledger(path).entries)
+    mine = full["adversaries"]["coordinator"]
+    assert full["view"] == "operator"
+    assert mine["epsilon_bound"] == coordinator["epsilon_bound"]
+    assert mine["epsilon_max"] == pytest.approx(_unamplified(cfg, 5))  # nobody sat in all 6
+    assert mine["ledger_epsilon_max"] == pytest.approx(maxima[-1])
+    distribution = mine["distribution"]
+    assert distribution["clients"] == 10
+    assert distribution["max"] == mine["epsilon_max"]
+    assert distribution["p50"] == pytest.approx(_unamplified(cfg, 1))
+    assert distribution["p90"] == pytest.approx(_unamplified(cfg, 3))
+    assert sum(row["clients"] for row in distribution["histogram"]) == 10
+    assert full["series"]["epsilon_coordinator_max"] == pytest.approx(maxima)
+    text = json.dumps(full)
+    assert '"survivors"' not in text and '"cohort_aggregated"' not in text  # no raw annex
 
 
-def test_an_auditor_without_the_annex_gets_the_ledgers_largest_figure(tmp_path):
+def test_an_auditor_without_the_annex_gets_the_same_public_bound(tmp_path):
     path = tmp_path / "ledger.jsonl"
-    _, maxima = _ledger(path, "distributed_skellam")
+    cfg, _ = _ledger(path, "distributed_skellam")
     coordinator = _report(path, secure_aggregation="semi_honest")["adversaries"]["coordinator"]
-    assert coordinator["epsilon_max"] == maxima[-1]
-    assert coordinator["distribution"] is None
+    assert coordinator["epsilon_bound"] == pytest.approx(_unamplified(cfg, 6))
+    assert "distribution" not in coordinator
 
 
 def test_budget_against_the_coordinator_spends_the_coordinators_figure(tmp_path):
     path = tmp_path / "ledger.jsonl"
-    _, maxima = _ledger(path, "distributed_skellam", budget_against="coordinator")
-    report = _report(path, private_records=_charges({1: 6}))
+    cfg, _ = _ledger(path, "distributed_skellam", budget_against="coordinator")
+    report = _report(path)
     assert report["budget_against"] == "coordinator"
-    assert report["budget_remaining"] == pytest.approx(100.0 - maxima[-1])
+    # Public: what a client in every round would have spent (no participation in it).
+    assert report["budget_remaining"] == pytest.approx(100.0 - _unamplified(cfg, 6))
+    # The operator's: what the busiest client actually spent.
+    full = operator_report(report, _charges({1: 4, 2: 2}), Ledger(path).entries)
+    assert full["budget_remaining"] == pytest.approx(100.0 - _unamplified(cfg, 4))
+
+
+def test_the_public_report_is_the_same_whoever_took_part(tmp_path, capsys):
+    """The observer holds report.json, report.html (also GET /runs/<id>/privacy) and
+    what `fedveil privacy report` prints. Two runs with the same public ledger but
+    different participation in the operator's annex must look the same to it, byte for
+    byte; only the operator's reports may differ."""
+    from fedveil.cli.main import main
+
+    run = tmp_path / "run"
+    (run / "privacy").mkdir(parents=True)
+    _ledger(run / "privacy" / "ledger.jsonl", "distributed_skellam")
+    (run / "config.toml").write_text('[secagg]\nenabled = true\nthreat = "malicious"\n')
+    (run / "private").mkdir(mode=0o700)
+    annex = run / "private" / "rounds.jsonl"
+    seen: dict[str, dict[str, bytes]] = {}
+    for name, participations in {
+        "few, often": {1: 6, 2: 6, 3: 5},
+        "many, rarely": {client: 1 + client % 2 for client in range(1, 41)},
+    }.items():
+        annex.write_text("".join(json.dumps(r) + "\n" for r in _charges(participations)))
+        code = main(["privacy", "report", str(run)])  # hand-made: no Skellam params, 1
+        seen[name] = {
+            "cli": f"{code}\n{capsys.readouterr().out}".encode(),
+            **{
+                f"{folder}/{file}": (run / folder / file).read_bytes()
+                for folder in ("privacy", "private")
+                for file in ("report.json", "report.html")
+            },
+        }
+    first, second = seen.values()
+    for public in ("cli", "privacy/report.json", "privacy/report.html"):
+        assert first[public] == second[public], public
+    for private in ("private/report.json", "private/report.html"):
+        assert first[private] != second[private], private
+    assert b"40 clients that took part" in second["private/report.html"]
+    assert b"40 clients" not in second["privacy/report.html"]
 
 
 def test_seeded_cohorts_say_q_is_one_and_why(tmp_path):
@@ -248,8 +295,10 @@ def test_write_privacy_report_reads_the_run_and_keeps_the_page_self_contained(tm
     annex.write_text("".join(json.dumps(r) + "\n" for r in _charges({7: 6, 8: 2})))
     report = write_privacy_report(run)
     assert report["cohort_source"] == "csprng" and report["secure_aggregation"] == "malicious"
-    assert report["adversaries"]["coordinator"]["distribution"]["clients"] == 2
+    assert "distribution" not in report["adversaries"]["coordinator"]
     assert json.loads((run / "privacy" / "report.json").read_text()) == report
+    operator = json.loads((run / "private" / "report.json").read_text())
+    assert operator["adversaries"]["coordinator"]["distribution"]["clients"] == 2
     html = (run / "privacy" / "report.html").read_text()
     for text in (
         "Observers of what is published",
@@ -258,15 +307,15 @@ def test_write_privacy_report_reads_the_run_and_keeps_the_page_self_contained(tm
         "z = 1",
         "Published statistics",
         "Ledger state",
-        "largest per-client",
+        "for any client (a client in every released round)",
     ):
         assert text in html, text
+    assert "largest per-client" in (run / "private" / "report.html").read_text()
     assert not re.search(r"https?://", html)
     assert "<script" not in html and "<link" not in html and "src=" not in html
-    annex.unlink()  # an auditor's copy: the annex is not there
-    audited = write_privacy_report(run)["adversaries"]["coordinator"]
-    assert audited["epsilon_max"] == maxima[-1] and audited["distribution"] is None
-    assert "private annex is not here" in (run / "privacy" / "report.html").read_text()
+    annex.unlink()  # an auditor's copy: the annex is not there; the same public report
+    assert write_privacy_report(run) == report
+    assert report["adversaries"]["coordinator"]["epsilon_bound"] == pytest.approx(maxima[-1])
 
 
 def test_the_cli_prints_one_figure_per_adversary(tmp_path, capsys):
