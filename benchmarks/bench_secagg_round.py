@@ -288,24 +288,6 @@ class DroppingRuntimeFactory:
         return DroppingRuntime(w.task(), w.dropped, drop_kinds(w, self.secagg))
 
 
-@contextlib.contextmanager
-def _client_runtime(factory: DroppingRuntimeFactory) -> Iterator[None]:
-    """Run `run_on_flower` with our runtime factory in its ClientApps.
-
-    `run_on_flower` builds the runtime from the config's task and has no hook for another
-    runtime; swapping its factory for the call keeps everything else (server app, client
-    app, backend config) exactly what `fedveil simulate --transport flower` runs.
-    """
-    from fedveil.simulations import flower_runner
-
-    original = flower_runner._RuntimeFactory
-    flower_runner._RuntimeFactory = lambda _cfg, _identities=None: factory  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        flower_runner._RuntimeFactory = original
-
-
 class CountingTransport:
     """Counts payload bytes each way per client and round; notes failed clients."""
 
@@ -495,8 +477,8 @@ def _run_rounds(
         return engine, cpu_marks
     from fedveil.simulations.flower_runner import run_on_flower
 
-    with _client_runtime(DroppingRuntimeFactory(w, secagg)):
-        return run_on_flower(run.cfg, w.clients, build)["engine"], None
+    factory = DroppingRuntimeFactory(w, secagg)
+    return run_on_flower(run.cfg, w.clients, build, runtime_factory=factory)["engine"], None
 
 
 # -- the benchmark ------------------------------------------------------------------------

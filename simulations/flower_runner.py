@@ -58,7 +58,7 @@ class _NodeRecordingRuntime(ClientRuntime):
 class _RuntimeFactory:
     """Picklable: builds the task and client runtime inside each Ray worker."""
 
-    node_log: str = ""  # set after construction (benchmarks swap the class for their own)
+    node_log: str = ""  # FEDVEIL_RAY_NODE_LOG: note the Ray node of each message there
 
     def __init__(self, cfg: RunConfig, identities: IdentitySource | None = None) -> None:
         self.cfg, self.identities = cfg, identities
@@ -127,9 +127,12 @@ def run_on_flower(
     *,
     verbose: bool = False,
     identities: IdentitySource | None = None,
+    runtime_factory: Callable[[], ClientRuntime] | None = None,
 ) -> dict[str, Any]:
     """Run a whole training run on Flower's simulation engine; returns the summary.
-    `identities`: the clients' secure-aggregation identities (malicious mode)."""
+    `identities`: the clients' secure-aggregation identities (malicious mode).
+    `runtime_factory`: builds each ClientApp's runtime in its Ray worker (picklable);
+    None: fedveil's ClientRuntime for the config's task (benchmarks pass their own)."""
     result: dict[str, Any] = {}
 
     def main(transport: FlowerTransport, context: Context) -> None:
@@ -138,9 +141,13 @@ def run_on_flower(
         result["engine"] = engine
 
     server_app = make_server_app(main, expected_clients=num_clients)
-    factory = _RuntimeFactory(cfg, identities)
-    if os.environ.get(NODE_LOG_ENV):
-        factory.node_log = os.path.abspath(os.environ[NODE_LOG_ENV])
+    factory: Callable[[], ClientRuntime]
+    if runtime_factory is not None:
+        factory = runtime_factory
+    else:
+        factory = _RuntimeFactory(cfg, identities)
+        if os.environ.get(NODE_LOG_ENV):
+            factory.node_log = os.path.abspath(os.environ[NODE_LOG_ENV])
     client_app = make_client_app(factory)
     if not verbose:
         logging.getLogger("flwr").setLevel(logging.ERROR)
