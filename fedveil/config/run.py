@@ -319,6 +319,25 @@ def _check_cross_fields(cfg: RunConfig) -> None:
             "eval.federated_every > 0 needs eval.client_holdout > 0 "
             "(the share of each client's data kept for local evaluation)"
         )
+    _check_dp_fields(cfg)
+    _check_simulation_fields(cfg)
+    _check_tracking(cfg.tracking)
+    task = cfg.model.task
+    if task is None:
+        from fedveil.models import MODELS
+
+        if cfg.model.name not in MODELS:
+            known = ", ".join(sorted(MODELS))
+            raise ConfigError(
+                f"model.name = {cfg.model.name!r}: unknown; choose one of {known} "
+                "or give a task as 'module:function'"
+            )
+    if task is not None and (task.count(":") != 1 or not all(task.split(":"))):
+        raise ConfigError(f"model.task = {task!r}: must look like 'package.module:function'")
+
+
+def _check_dp_fields(cfg: RunConfig) -> None:
+    """DP settings against each other, the sampling and secure aggregation."""
     dp = cfg.dp
     if dp.mechanism != "none" and dp.epsilon == 0:
         raise ConfigError(
@@ -347,6 +366,10 @@ def _check_cross_fields(cfg: RunConfig) -> None:
         )
     if dp.mechanism == "distributed" and dp.adaptive_clip:
         raise ConfigError("dp.adaptive_clip is not supported with dp.mechanism = 'distributed'")
+
+
+def _check_simulation_fields(cfg: RunConfig) -> None:
+    """Simulation and placement settings: dropout stages, the Ray cluster, the device."""
     if cfg.simulation.dropout_stages:
         try:
             parse_stage_dropout(cfg.simulation.dropout_stages)
@@ -362,19 +385,6 @@ def _check_cross_fields(cfg: RunConfig) -> None:
             "device = 'cuda' with transport = 'flower' needs simulation.client_gpus > 0 "
             "(the GPU share Ray reserves per client; 0 means clients train on CPU)"
         )
-    _check_tracking(cfg.tracking)
-    task = cfg.model.task
-    if task is None:
-        from fedveil.models import MODELS
-
-        if cfg.model.name not in MODELS:
-            known = ", ".join(sorted(MODELS))
-            raise ConfigError(
-                f"model.name = {cfg.model.name!r}: unknown; choose one of {known} "
-                "or give a task as 'module:function'"
-            )
-    if task is not None and (task.count(":") != 1 or not all(task.split(":"))):
-        raise ConfigError(f"model.task = {task!r}: must look like 'package.module:function'")
 
 
 def _check_tracking(t: TrackingConfig) -> None:
