@@ -124,7 +124,13 @@ def add_client(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--state-dir", default=None, help="where the client keeps its files [~/.fedveil/client]"
     )
-    g = p.add_argument_group("local policy (the server cannot override it)")
+    _add_policy_args(p.add_argument_group("local policy (the server cannot override it)"))
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to train")
+    p.set_defaults(func=cmd_client)
+
+
+def _add_policy_args(g: argparse._ArgumentGroup) -> None:
+    """The device's own limits: whatever a run asks, these bind."""
     g.add_argument(
         "--require-secagg", action="store_true", help="refuse rounds without secure aggregation"
     )
@@ -166,8 +172,6 @@ def add_client(sub: argparse._SubParsersAction) -> None:
         "peers are checked against this copy, never against the coordinator's; a new "
         "version of the file (renamed over it) is taken at the next request, no restart",
     )
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to train")
-    p.set_defaults(func=cmd_client)
 
 
 def cmd_client(args: argparse.Namespace) -> int:
