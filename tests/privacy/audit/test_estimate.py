@@ -1,0 +1,73 @@
+"""The one-shot estimate (Andrew et al. 2024): the two-Gaussian epsilon and its interval."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from fedveil.privacy.audit import (
+    canary_directions,
+    cosine_scores,
+    estimate_epsilon,
+    gaussian_pair_epsilon,
+    hockey_stick,
+    max_round_scores,
+)
+
+
+def gaussian_mechanism_delta(mu: float, eps: float) -> float:
+    # Balle & Wang 2018: the exact delta(eps) of the Gaussian mechanism at mu = sens/sigma.
+    return norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2)
+
+
+@pytest.mark.parametrize("mu", [0.5, 1.0, 2.0, 4.0])
+def test_equal_variances_match_the_gaussian_mechanism(mu):
+    for eps in (0.0, 0.5, 2.0):
+        assert hockey_stick(mu, 1.0, 0.0, 1.0, eps) == pytest.approx(
+            gaussian_mechanism_delta(mu, eps), abs=1e-12
+        )
+    eps = gaussian_pair_epsilon(mu, 1.0, 0.0, 1.0, 1e-5)
+    assert gaussian_mechanism_delta(mu, eps) == pytest.approx(1e-5, rel=1e-4)
+
+
+def test_epsilon_grows_with_separation_and_is_zero_for_identical_gaussians():
+    values = [gaussian_pair_epsilon(m, 1.0, 0.0, 1.0, 1e-5) for m in (0.0, 0.5, 1, 2, 4)]
+    assert values[0] == 0.0
+    assert values == sorted(values)
+
+
+def test_unequal_variances_cost_epsilon_even_with_equal_means():
+    assert gaussian_pair_epsilon(0.0, 2.0, 0.0, 1.0, 1e-5) > 1.0
+
+
+def test_estimate_recovers_a_known_gaussian_mechanism_with_an_interval():
+    rng = np.random.default_rng(0)
+    mu = 2.0
+    truth = gaussian_pair_epsilon(mu, 1.0, 0.0, 1.0, 1e-5)
+    est = estimate_epsilon(rng.normal(mu, 1, 1000), rng.normal(0, 1, 1000), 1e-5, seed=1)
+    lo, hi = est.interval
+    assert lo <= truth <= hi
+    assert est.epsilon == pytest.approx(truth, rel=0.15)
+    nothing = estimate_epsilon(rng.normal(0, 1, 1000), rng.normal(0, 1, 1000), 1e-5)
+    # Not zero: sampling noise in the fitted variances alone reads as some epsilon.
+    assert nothing.epsilon < 1.0 and nothing.interval[0] < 0.5
+
+
+def test_canaries_are_unit_seeded_and_nearly_orthogonal():
+    a = canary_directions(7, 50, 4000)
+    assert np.allclose(np.linalg.norm(a, axis=1), 1.0)
+    assert np.array_equal(a, canary_directions(7, 50, 4000))
+    assert not np.array_equal(a, canary_directions(8, 50, 4000))
+    gram = a @ a.T - np.eye(50)
+    assert np.abs(gram).max() < 0.1
+
+
+def test_scores_find_the_inserted_canaries():
+    c = canary_directions(3, 20, 2000)
+    delta = c[:10].sum(axis=0)
+    scores = cosine_scores(c, delta)
+    assert scores[:10].min() > scores[10:].max()
+    per_round = max_round_scores(c, [c[0], c[1]])
+    assert per_round[0] == pytest.approx(1.0) and per_round[1] == pytest.approx(1.0)
+    assert np.all(cosine_scores(c, np.zeros(2000)) == 0)
