@@ -32,6 +32,15 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 _FLEET_PATH = re.compile(r"/v1/fleet/[a-z][a-z-]*")
 _HOP = {b"host", b"content-length", b"connection", b"transfer-encoding", b"keep-alive", b"upgrade"}
 
+# Upstream connections are kept and reused: each new one costs a TLS handshake on both
+# sides. The pool holds as many idle connections as it may open (httpx keeps only 20 by
+# default, so under load every connection past the 20th was closed after one request and
+# the next one paid a handshake), and lets an idle one go well before the SuperLink's
+# keep-alive timeout (link_socket.SUPERLINK_KEEP_ALIVE_S), so the gateway never sends on
+# a connection the SuperLink is closing at that moment.
+UPSTREAM_CONNECTIONS = 256
+UPSTREAM_IDLE_S = 30.0
+
 
 async def send_json(send: Send, status: int, detail: str) -> None:
     body = ('{"detail": "' + detail.replace('"', "'") + '"}').encode()
@@ -89,13 +98,21 @@ class FleetGateway:
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
-            transport = (
-                httpx.AsyncHTTPTransport(uds=self._uds, verify=self._verify)
-                if self._uds is not None
-                else None
+            transport: httpx.AsyncHTTPTransport | None = None
+            limits = httpx.Limits(
+                max_connections=UPSTREAM_CONNECTIONS,
+                max_keepalive_connections=UPSTREAM_CONNECTIONS,
+                keepalive_expiry=UPSTREAM_IDLE_S,
             )
+            if self._uds is not None:
+                transport = httpx.AsyncHTTPTransport(
+                    uds=self._uds, verify=self._verify, limits=limits
+                )
             self._client = httpx.AsyncClient(
-                verify=self._verify, timeout=httpx.Timeout(120.0, connect=5.0), transport=transport
+                verify=self._verify,
+                timeout=httpx.Timeout(120.0, connect=5.0),
+                transport=transport,
+                limits=limits,
             )
         return self._client
 
@@ -107,6 +124,30 @@ class FleetGateway:
     def _reject(self, reason: str) -> None:
         with self.counters.lock:
             self.counters.fleet_rejected[reason] += 1
+
+    async def _forward(
+        self, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> httpx.Response:
+        """POST to the SuperLink, sent a second time only if the first connection was closed
+        before a single response byte came back (httpx.RemoteProtocolError: "Server
+        disconnected without sending a response").
+
+        Why the retry is safe: uvicorn closes a kept-alive connection only while it is idle
+        (its keep-alive timer is cancelled as soon as request bytes arrive), so a close with
+        no response means the request was dropped unread, or the SuperLink died mid-request.
+        Pull, heartbeat, activate and PullObject are reads or idempotent writes; a push that
+        did reach the store before the SuperLink died is found again by its message id,
+        which is the hash of its content (SqlLinkState.store_message_res returns the stored
+        id on such a retry; PushObject stores by content hash too). The body is already in
+        memory, so it can be sent again as is. Any other error, or a second failure,
+        is the caller's 503.
+        """
+        client = self.client()
+        try:
+            return await client.post(self.upstream + path, content=body, headers=headers)
+        except httpx.RemoteProtocolError as exc:
+            log.info("Fleet request %s: SuperLink closed the connection (%s); retrying", path, exc)
+            return await client.post(self.upstream + path, content=body, headers=headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -126,7 +167,7 @@ class FleetGateway:
         if client:
             headers.append((b"x-forwarded-for", str(client[0]).encode()))
         try:
-            resp = await self.client().post(self.upstream + path, content=body, headers=headers)
+            resp = await self._forward(path, body, headers)
         except httpx.LocalProtocolError as exc:  # the device's headers cannot be sent on
             self._reject("bad_request")
             log.info("Fleet request %s: malformed headers refused: %s", path, exc)

@@ -34,6 +34,10 @@ from fedveil.config import ConfigError
 
 SOCKET_ENV = "FEDVEIL_SUPERLINK_SOCKET"
 SOCKET_NAME = "superlink.sock"
+# How long the SuperLink keeps an idle connection: above the gateway's pool expiry
+# (gateway.UPSTREAM_IDLE_S), so it is always the gateway that lets a connection go, never
+# the SuperLink closing one the gateway is about to send on (uvicorn's default is 5 s).
+SUPERLINK_KEEP_ALIVE_S = 75
 # sun_path is 108 bytes on Linux, with the terminating NUL.
 MAX_SOCKET_PATH = 107
 
@@ -113,6 +117,10 @@ def superlink_main() -> None:
         kwargs.pop("host", None)
         kwargs.pop("port", None)
         sock = bind_socket(path)
+        kwargs["timeout_keep_alive"] = SUPERLINK_KEEP_ALIVE_S
+        # No log line per Fleet request (a 1,000-device fleet polls ~350 times a second);
+        # the gateway counts requests for /metrics, and logs the refused ones.
+        kwargs["access_log"] = False
         real_run(app, fd=sock.fileno(), **kwargs)
 
     uvicorn.run = run  # flwr's flower_superlink calls `uvicorn.run(...)` at this point
