@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Error, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord
 from flwr.clientapp.typing import ClientAppCallable
 
-from fedveil.client.flower_app import load_state, save_state
 from fedveil.client.secagg_stages import handle_secagg
 from fedveil.privacy.dp.clipping import clip_update
 from fedveil.privacy.secagg import flower_run_id
@@ -35,6 +35,7 @@ from fedveil.protocol import flower_secagg_codec as codec
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import CLIP_NORM, ENC_CLIP_RANGE, ENC_MAX_WEIGHT, LOSS, WEIGHT
 from fedveil.protocol.kinds import ErrorCode
+from fedveil.protocol.riders import detach, join_replies
 
 log = logging.getLogger("fedveil.client")
 
@@ -59,15 +60,23 @@ def fedveil_secagg_mod(msg: Message, context: Context, call_next: ClientAppCalla
             return Message(Error(ErrorCode.BAD_MESSAGE.value, reason), reply_to=msg)
         return call_next(msg, context)
     cid = int(context.node_id)
-    state = load_state(context)
+    # Train and evaluate sessions live apart: both may be of the same round.
+    store = f"{codec.PREFIX}{mtype.split('.')[0]}."
+    state = _load(context, store)
+
+    def local(_cid: int, stage: Envelope) -> tuple[dict[str, Any], torch.Tensor]:
+        return local_contribution(msg, context, call_next, stage)
+
+    def answer(request: Envelope) -> Envelope:
+        return handle_secagg(cid, request, state, local, run_id=flower_run_id(context.run_id))
+
     try:
-        request = codec.unpack(msg.content)
-
-        def local(_cid: int, stage: Envelope) -> tuple[dict[str, Any], torch.Tensor]:
-            return local_contribution(msg, context, call_next, stage)
-
-        reply = handle_secagg(cid, request, state, local, run_id=flower_run_id(context.run_id))
-        save_state(context, state)
+        request, rider = detach(codec.unpack(msg.content))
+        if rider is None:
+            reply = answer(request)
+        else:  # the next round's key stage rides along: each half answered on its own
+            reply = join_replies(_attempt(answer, request), _attempt(answer, rider), request)
+        _save(context, store, state)
     except MessageError as exc:
         log.warning("node %d: secure-aggregation message refused: %s", cid, exc)
         return Message(Error(ErrorCode.BAD_MESSAGE.value, str(exc)), reply_to=msg)
@@ -76,6 +85,37 @@ def fedveil_secagg_mod(msg: Message, context: Context, call_next: ClientAppCalla
         reason = f"{type(exc).__name__}: {exc}"
         return Message(Error(ErrorCode.CLIENT_FAILURE.value, reason), reply_to=msg)
     return Message(codec.pack(reply), reply_to=msg)
+
+
+def _attempt(answer: Callable[[Envelope], Envelope], request: Envelope) -> Envelope | str:
+    """One half of a message with a rider: its answer, or why it failed."""
+    try:
+        return answer(request)
+    except Exception as exc:  # the other half still counts
+        log.warning("secure-aggregation %s refused: %s", request.kind, exc)
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _load(context: Context, store: str) -> dict[str, Any]:
+    """The protocol state kept in `context.state` under `store` (client.flower_app's flat
+    layout: config values in a ConfigRecord, arrays in an ArrayRecord)."""
+    state: dict[str, Any] = {}
+    config = context.state.get(store + "config")
+    if isinstance(config, ConfigRecord):
+        state.update(config)
+    arrays = context.state.get(store + "arrays")
+    if isinstance(arrays, ArrayRecord):
+        state.update({k: a.numpy() for k, a in arrays.items()})
+    return state
+
+
+def _save(context: Context, store: str, state: dict[str, Any]) -> None:
+    arrays = {k: v for k, v in state.items() if isinstance(v, (np.ndarray, torch.Tensor))}
+    config = {k: v for k, v in state.items() if k not in arrays}
+    context.state[store + "config"] = ConfigRecord(config)
+    context.state[store + "arrays"] = ArrayRecord(
+        {k: Array(np.ascontiguousarray(np.asarray(v))) for k, v in arrays.items()}
+    )
 
 
 def local_contribution(

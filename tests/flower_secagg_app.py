@@ -9,7 +9,7 @@ import flower_quickstart_app as quickstart
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from fedveil.client.flower_secagg_mod import fedveil_secagg_mod
+from fedveil.flower import fedveil_secagg_mod
 
 app = ClientApp(mods=[fedveil_secagg_mod])
 

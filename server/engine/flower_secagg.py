@@ -85,18 +85,22 @@ class SecureSettings:
     evaluate_metrics: tuple[str, ...] = EVALUATE_METRICS
     dropout_rate: float = 0.1
     adversarial_rate: float = 0.05
+    neighbors: int = 0  # 0: from the threat model (dropout and adversarial rates)
+    threshold: int = 0
     seed: int = 0
 
-    def section(self, dp: bool) -> SecAggSection:
+    def section(self, dp: bool, pipeline: bool = False) -> SecAggSection:
         return SecAggSection(
             enabled=True,
             threat="semi_honest",
             adversarial_rate=self.adversarial_rate,
             dropout_rate=self.dropout_rate,
+            neighbors=self.neighbors,
+            threshold=self.threshold,
             clip_range=self.clip_range,
             levels=self.levels,
             max_weight=1 if dp else self.max_weight,
-            pipeline=False,
+            pipeline=pipeline,
         )
 
 
@@ -169,12 +173,11 @@ class SecAggGrid(Grid):
         self.strategy_weight_key = str(strategy.weighted_by_key)
         # What weighs a client inside the protocol ("": 1 each, under DP).
         self.weight_key = "" if dp is not None else self.strategy_weight_key
-        section = self.settings.section(dp is not None)
-        self._encoding = QuantizedEncoding(section.clip_range, section.levels, section.max_weight)
-        self._section = section
         self._channels: dict[str, SecAggChannel] = {}
-        self._samplers: dict[tuple[int, int], CohortSampler | SecretCohortSampler] = {}
-        self.rounds: list[dict[str, Any]] = []  # what each secure exchange gave (counts)
+        self._samplers: dict[tuple[str, int, int], CohortSampler | SecretCohortSampler] = {}
+        self._drawn: dict[tuple[str, int, int], list[int]] = {}  # next cohort (node ids)
+        # What each secure exchange gave: aggregated clients (None under DP), or aborted.
+        self.rounds: list[dict[str, Any]] = []
 
     # -- Grid, delegated ------------------------------------------------------------------
     @property
@@ -245,9 +248,9 @@ class SecAggGrid(Grid):
         model = _only(content.array_records, "ArrayRecord")
         server_round = int(_only(content.config_records, "ConfigRecord").get("server-round", 0))
         size = sum(int(a.numpy().size) for a in model.values()) if purpose == "train" else 0
-        cohort = self._cohort(len(messages))
-        # A session per exchange: train and evaluate of round r are sessions 2r and 2r + 1.
-        session_round = 2 * server_round + (0 if purpose == MessageType.TRAIN else 1)
+        cohort, upcoming = self._cohort(purpose, len(messages))
+        # Train and evaluate sessions are apart (channels, and client state stores).
+        session_round = server_round
         fields: dict[str, Any] = {
             codec.PURPOSE: purpose,
             codec.WEIGHT_KEY: self.weight_key,
@@ -264,7 +267,8 @@ class SecAggGrid(Grid):
             str(messages[0].metadata.message_type),
             messages[0].metadata.group_id,
         )
-        result = self._channel(purpose).collect(stages, requests, size + len(metrics), timeout)
+        channel = self._channel(purpose)
+        result = channel.collect(stages, requests, size + len(metrics), timeout, upcoming)
         if not isinstance(result, Aggregate):
             # Client errors name no one under DP (who dropped reveals participation).
             reasons = sorted(set(result.dropped.values()))[:3] if self.dp is None else []
@@ -278,9 +282,9 @@ class SecAggGrid(Grid):
             self.rounds.append({"round": server_round, "purpose": purpose, "aborted": True})
             return []
         assert stages.last_reply is not None  # an aggregate needs replies
-        self.rounds.append(
-            {"round": server_round, "purpose": purpose, "aggregated": len(result.contributors)}
-        )
+        # Under DP how many took part reveals participation: the operator gets no count.
+        count = len(result.contributors) if self.dp is None else None
+        self.rounds.append({"round": server_round, "purpose": purpose, "aggregated": count})
         # A reply of its own, addressed as a survivor's last reply was: the real one
         # stays as the wrapped Grid delivered it.
         content = self._content(purpose, model, result, size, metrics, len(cohort))
@@ -311,20 +315,29 @@ class SecAggGrid(Grid):
             out["arrays"] = ArrayRecord(_plus(model, mean[:size]))
         return out
 
+    def _pipelined(self, purpose: str) -> bool:
+        """Whether the next round's key stages ride on this round's exchanges: training
+        without DP (the next cohort then hears of its selection one round early)."""
+        return purpose == MessageType.TRAIN and self.dp is None
+
     def _channel(self, purpose: str) -> SecAggChannel:
         if purpose not in self._channels:
             run_id = flower_run_id(int(self.grid.run.run_id))
+            section = self.settings.section(self.dp is not None, self._pipelined(purpose))
+            encoding = QuantizedEncoding(section.clip_range, section.levels, section.max_weight)
             self._channels[purpose] = SecAggChannel(
-                self._section, self._encoding, run_id=run_id, quiet_counts=self.dp is not None
+                section, encoding, run_id=run_id, quiet_counts=self.dp is not None
             )
         return self._channels[purpose]
 
-    def _cohort(self, size: int) -> list[int]:
-        """`size` node ids from fedveil's sampler (the strategy's own draw is ignored)."""
+    def _cohort(self, purpose: str, size: int) -> tuple[list[int], list[int] | None]:
+        """`size` node ids from fedveil's sampler (the strategy's own draw is ignored), and
+        the next round's when pipelined (drawn now, assuming the same size: a round of
+        another size discards the early key exchange and starts afresh)."""
         nodes = sorted(self.grid.get_node_ids())
         if size > len(nodes):
             raise ValueError(f"secure aggregation: a cohort of {size} from {len(nodes)} nodes")
-        key = (len(nodes), size)
+        key = (purpose, len(nodes), size)
         sampler = self._samplers.get(key)
         if sampler is None:
             if self.dp is not None:
@@ -333,7 +346,13 @@ class SecAggGrid(Grid):
             else:
                 sampler = CohortSampler(len(nodes), "fixed", size, 1.0, self.settings.seed)
             self._samplers[key] = sampler
-        return [nodes[i] for i in sampler.sample()]
+        drawn = self._drawn.pop(key, None)
+        if drawn is None or not set(drawn) <= set(nodes):  # nodes came and went: draw anew
+            drawn = [nodes[i] for i in sampler.sample()]
+        if not self._pipelined(purpose):
+            return drawn, None
+        self._drawn[key] = [nodes[i] for i in sampler.sample()]
+        return drawn, self._drawn[key]
 
 
 def _plus(model: ArrayRecord, mean: np.ndarray) -> dict[str, Array]:
@@ -372,5 +391,6 @@ def secure(
     """`grid` with the strategy's rounds run under fedveil's secure aggregation (clients
     need `fedveil_secagg_mod`). `settings`: SecureSettings' fields (clip_range, levels,
     max_weight, metric_range, train_metrics, evaluate_metrics, dropout_rate,
-    adversarial_rate, seed). Refuses strategies that need each client's update."""
+    adversarial_rate, neighbors, threshold, seed). Refuses strategies that need each
+    client's update (StrategyRefused)."""
     return SecAggGrid(grid, strategy, SecureSettings(**settings), dp)

@@ -27,9 +27,9 @@ from flwr.serverapp.strategy import FedAvg, FedMedian, Krum
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from flwr.simulation import run_simulation
 
+from fedveil.flower import FlowerDP, SecAggGrid, StrategyRefused, secure
 from fedveil.protocol import flower_secagg_codec as codec
-from fedveil.server.engine.flower_secagg import FlowerDP, SecAggGrid, SecureSettings, secure
-from fedveil.server.engine.flower_secagg_strategies import StrategyRefused
+from fedveil.server.engine.flower_secagg import SecureSettings
 
 CLIENTS = 4
 ROUNDS = 2
@@ -40,6 +40,16 @@ STEP = 2 * SETTINGS.clip_range / (SETTINGS.levels - 1)
 WEIGHTS = [flower_secagg_app.weight_of(p) for p in range(CLIENTS)]
 ROUND_BOUND = CLIENTS * STEP * SETTINGS.max_weight / sum(WEIGHTS)
 TOLERANCE = 4 * ROUNDS * ROUND_BOUND  # (round 2 starts from round 1's slightly other model)
+
+
+# Every node in every round (min_*_nodes: even if some connect after round 1 is set up).
+EVERY_NODE: dict[str, Any] = {
+    "fraction_train": 1.0,
+    "fraction_evaluate": 1.0,
+    "min_train_nodes": CLIENTS,
+    "min_evaluate_nodes": CLIENTS,
+    "min_available_nodes": CLIENTS,
+}
 
 
 class RecordingGrid:
@@ -136,12 +146,12 @@ def test_fedavg_app_gains_secure_aggregation_and_dp() -> None:
 
     def main(grid: Grid, context: Context) -> None:
         # The app's own server, as a Flower user writes it, with the one changed line.
-        strategy = FedAvg(fraction_train=1.0, fraction_evaluate=1.0, min_available_nodes=CLIENTS)
+        strategy = FedAvg(**EVERY_NODE)
         seen = RecordingGrid(grid)
         wrapped = secure(seen, strategy)
         out["plain"] = strategy.start(grid=wrapped, initial_arrays=_initial(), num_rounds=ROUNDS)
         out["seen"], out["wrapped"] = seen, wrapped
-        dp = FedAvg(fraction_train=1.0, fraction_evaluate=1.0, min_available_nodes=CLIENTS)
+        dp = FedAvg(**EVERY_NODE)
         big_clip = FlowerDP(clip=1e3, noise_multiplier=1e-10)  # DP's weighting, ~no noise
         out["dp"] = dp.start(
             grid=secure(grid, dp, dp=big_clip), initial_arrays=_initial(), num_rounds=1
@@ -205,6 +215,16 @@ def test_strategies_needing_each_update_are_refused(strategy: FedAvg) -> None:
     with pytest.raises(StrategyRefused, match="needs every client's update") as refused:
         secure(None, strategy)  # type: ignore[arg-type]
     assert type(strategy).__name__ in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "name", ["FedAvg", "FedProx", "FedAvgM", "FedAdam", "FedYogi", "FedAdagrad"]
+)
+def test_averaging_strategies_are_served(name: str) -> None:
+    import flwr.serverapp.strategy as strategies
+
+    strategy = getattr(strategies, name)()
+    assert isinstance(secure(object(), strategy), SecAggGrid)  # type: ignore[arg-type]
 
 
 def test_plain_messages_are_refused_by_the_client_mod() -> None:
