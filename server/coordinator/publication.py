@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedveil.server.engine.rounds import PUBLIC_UNDER_DP
+from fedveil.server.engine.round_record import PUBLIC_UNDER_DP
 
 if sys.version_info >= (3, 11):
     import tomllib

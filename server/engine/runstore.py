@@ -22,8 +22,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
 
 def atomic_write_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
     """Write via a temp file + fsync + rename, so readers see old or new, never half.
@@ -110,6 +108,8 @@ class RunStore:
         import io
 
         buf = io.BytesIO()
+        import torch  # here, not at import: the coordinator's API process never needs it
+
         torch.save(state, buf)
         # The checkpoint holds the sampler's state and the next cohort: operator-only.
         self.checkpoint_path.parent.mkdir(mode=0o700, exist_ok=True)
@@ -168,4 +168,6 @@ class RunStore:
     def load_checkpoint(self) -> dict[str, Any] | None:
         if not self.checkpoint_path.exists():
             return None
+        import torch
+
         return torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
