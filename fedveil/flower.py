@@ -33,10 +33,13 @@ from flwr.server import Grid
 from flwr.serverapp import ServerApp
 
 from fedveil.client.flower_app import make_client_app
+from fedveil.client.flower_secagg_mod import fedveil_secagg_mod
 from fedveil.client.runtime import ClientRuntime
 from fedveil.config import SECTIONS, ConfigError, RunConfig, config_from_dict, load_config, to_toml
 from fedveil.protocol.flower_codec import KINDS, STOCK_EVALUATE, STOCK_TRAIN, message_type
 from fedveil.server.engine.flower_app import FlowerTransport
+from fedveil.server.engine.flower_secagg import FlowerDP, SecAggGrid, secure
+from fedveil.server.engine.flower_secagg_strategies import StrategyRefused
 from fedveil.server.engine.flower_stock import StockCodec, protocol_needs
 from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.rounds import initial_model
@@ -44,11 +47,16 @@ from fedveil.server.engine.runstore import RunStore
 from fedveil.tasks import Task, make_server_task, make_task
 
 __all__ = [
+    "FlowerDP",
     "RunFailed",
+    "SecAggGrid",
+    "StrategyRefused",
     "client",
     "client_app",
+    "fedveil_secagg_mod",
     "run_config_of",
     "run_server",
+    "secure",
     "server",
     "server_app",
 ]

@@ -130,6 +130,14 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     add_fleet_arguments(p)
     p.set_defaults(func=cmd_bench_fleet)
 
+    p = bsub.add_parser(
+        "flower-secagg",
+        help="secure aggregation for a Flower FedAvg app: round overhead, ours vs Flower's SecAgg+",
+        description=FLOWER_SECAGG_SUMMARY,
+    )
+    add_flower_secagg_arguments(p)
+    p.set_defaults(func=cmd_bench_flower_secagg)
+
 
 def add_secagg_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `fedveil bench secagg` (also `python -m benchmarks.bench_secagg_round`)."""
@@ -209,6 +217,34 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
+FLOWER_SECAGG_SUMMARY = (
+    "`fedveil bench flower-secagg`: a Flower Message-API FedAvg app run plain and with "
+    "fedveil.flower.secure (fedveil_secagg_mod on the clients), against Flower's SecAgg+ "
+    "on its legacy path run plain and secure, on Flower's simulation engine with the same "
+    "workload, k, t and quantisation; prints each side's round overhead (secure minus plain "
+    "round, steady-round medians) and their ratio. --json prints one JSON object as the "
+    "last line of stdout."
+)
+
+
+def add_flower_secagg_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `fedveil bench flower-secagg` (also `python -m
+    benchmarks.bench_flower_strategy_secagg`)."""
+    p.add_argument("--clients", type=int, default=100, help="clients, all sampled [100]")
+    p.add_argument("--dim", type=int, default=100_000, help="model parameters [100000]")
+    p.add_argument("--rounds", type=int, default=4, help="rounds; first and last excluded [4]")
+    p.add_argument("--repeat", type=int, default=1, help="runs per configuration [1]")
+    p.add_argument("--neighbors", type=int, help="neighbours k [from the threat model]")
+    p.add_argument("--threshold", type=int, help="Shamir threshold t [from the threat model]")
+    p.add_argument("--examples", type=int, default=8, help="most examples per client [8]")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
+def cmd_bench_flower_secagg(args: argparse.Namespace) -> int:
+    return load_benchmark("bench_flower_strategy_secagg").cmd_bench_flower_secagg(args)
 
 
 def cmd_bench_fleet(args: argparse.Namespace) -> int:

@@ -58,6 +58,7 @@ class RecordingGrid:
     def __init__(self, grid: Grid) -> None:
         self.grid = grid
         self.replies: list[Message] = []
+        self.exchanges = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.grid, name)
@@ -65,6 +66,7 @@ class RecordingGrid:
     def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> list[Message]:
         replies = list(self.grid.send_and_receive(messages, timeout=timeout))
         self.replies.extend(replies)
+        self.exchanges += 1
         return replies
 
 
@@ -197,6 +199,9 @@ def test_fedavg_app_gains_secure_aggregation_and_dp() -> None:
         )
         assert np.abs(alone - update).mean() > 100 * np.abs(update).mean()
     wrapped: SecAggGrid = out["wrapped"]
+    # Round 2's key stages rode on round 1's exchanges: training took 4 + 2 exchanges,
+    # not 4 + 4 (each evaluation takes 4).
+    assert seen.exchanges == (4 + 2) + 4 * ROUNDS
     assert [r["aggregated"] for r in wrapped.rounds] == [CLIENTS] * (2 * ROUNDS)
 
     # Under DP every client weighs 1, whatever num-examples it reports; no client metrics.
