@@ -38,7 +38,10 @@ from flwr.server import Grid
 from flwr.supercore.run import Run
 
 from fedveil.config import SecAggSection
+from fedveil.privacy.dp.accounting import compute_epsilon
 from fedveil.privacy.dp.central import add_gaussian_noise
+from fedveil.privacy.dp.events import PrivacyEvent
+from fedveil.privacy.dp.vocabulary import CENTRAL_GAUSSIAN, FIXED, REPLACE_ONE, default_accountant
 from fedveil.privacy.encodings import QuantizedEncoding
 from fedveil.privacy.secagg import flower_run_id
 from fedveil.protocol import flower_secagg_codec as codec
@@ -71,6 +74,27 @@ class FlowerDP:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"FlowerDP.{name} = {value!r}: must be a finite number > 0")
+
+    def epsilon(self, rounds: int, cohort: int, population: int, delta: float) -> float:
+        """Epsilon at `delta` after `rounds` rounds of `cohort` clients sampled (fixed
+        size, without replacement) from `population` nodes: user-level, replace-one, the
+        sound accountant for fixed-size sampling (fedveil.privacy.dp)."""
+        if not 1 <= cohort <= population:
+            raise ValueError(f"cohort = {cohort}: must be in [1, population = {population}]")
+        event = PrivacyEvent(
+            self.noise_multiplier,
+            cohort / population,
+            steps=rounds,
+            sampling=FIXED,
+            neighbouring=REPLACE_ONE,
+            population_size=population,
+        )
+        return compute_epsilon(
+            [event],
+            delta,
+            default_accountant(CENTRAL_GAUSSIAN, FIXED, REPLACE_ONE),
+            mechanism=CENTRAL_GAUSSIAN,
+        )
 
 
 @dataclass(frozen=True)

@@ -242,3 +242,14 @@ def test_plain_messages_are_refused_by_the_client_mod() -> None:
     reply = fedveil_secagg_mod(msg, context, lambda m, c: called.append(m) or m)
     assert reply.has_error() and "only inside fedveil's secure aggregation" in reply.error.reason
     assert called == []  # the app never ran: no plain update was made to leak
+
+
+def test_dp_epsilon_follows_rounds_and_noise() -> None:
+    low, high = FlowerDP(clip=1.0, noise_multiplier=1.1), FlowerDP(clip=1.0, noise_multiplier=4.0)
+    ten = low.epsilon(10, 10, 100, 1e-5)
+    assert 0 < ten < low.epsilon(100, 10, 100, 1e-5)
+    assert high.epsilon(10, 10, 100, 1e-5) < ten
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        FlowerDP(clip=1.0, noise_multiplier=0.0)
+    with pytest.raises(ValueError, match="cohort = 200"):
+        low.epsilon(10, 200, 100, 1e-5)
