@@ -13,6 +13,7 @@ def add_privacy(sub: argparse._SubParsersAction) -> None:
     _add_report(psub)
     _add_verify(psub)
     _add_audit_cohorts(psub)
+    _add_attack_membership_and_model_inversion(attack_subparsers(psub))
 
 
 def _add_report(psub: argparse._SubParsersAction) -> None:
@@ -139,3 +140,121 @@ def cmd_verify(args: argparse.Namespace) -> int:
     label = {"final": "OK", "interrupted": "INTERRUPTED"}.get(result.status, "FAIL")
     print(f"{label}: {result.message}", file=sys.stdout if result.ok else sys.stderr)
     return result.exit_code
+
+
+def attack_subparsers(psub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """`fedveil privacy attack ACTION`: one parser shared by every attack (created once;
+    each attack adds its own subcommand to what this returns)."""
+    existing = psub.choices.get("attack")
+    if existing is not None:
+        return existing._fedveil_attacks  # type: ignore[attr-defined]
+    att = psub.add_parser(
+        "attack",
+        help="attacks as tests of the privacy a run delivers (in simulation)",
+        description="Run an attack against what an observer of a run sees, and report "
+        "how well it did next to what the run's DP guarantee allows.",
+    )
+    asub = att.add_subparsers(dest="attack_command", required=True, metavar="ATTACK")
+    att._fedveil_attacks = asub  # type: ignore[attr-defined]
+    return asub
+
+
+def _add_attack_membership_and_model_inversion(asub: argparse._SubParsersAction) -> None:
+    mem = asub.add_parser(
+        "membership",
+        help="membership inference on the final model: loss and offline-LiRA attacks, ROC "
+        "against the DP bound",
+        description="Train the config's model in simulation on half of a population of "
+        "candidate clients (the other half held out), plus shadow models on disjoint "
+        "clients; attack the final model at the level its DP covers (clients; examples "
+        "under DP-SGD). A DP config is also run without DP, as the baseline. Writes "
+        "membership.json (ROC AUC, TPR at 1% FPR, ROC points above TPR <= e^eps * FPR + "
+        "delta) and membership_roc.png into --out.",
+    )
+    mem.add_argument("--config", required=True, metavar="FILE", help="the run config (TOML)")
+    mem.add_argument(
+        "--shadows",
+        type=int,
+        default=4,
+        metavar="N",
+        help="shadow models for offline LiRA: 0 (loss attack only) or at least 2 (default 4)",
+    )
+    mem.add_argument(
+        "--no-baseline", action="store_true", help="do not also run a DP config without DP"
+    )
+    mem.add_argument("--out", required=True, metavar="DIR", help="where the results go")
+    mem.set_defaults(func=cmd_attack_membership)
+    inv = asub.add_parser(
+        "model-inversion",
+        help="recover one representative input per class from a run's final model",
+        description="Gradient ascent on each class's confidence under a total-variation and "
+        "L2 prior, projected into the data's range; writes model_inversion.png (one image "
+        "per class) and model_inversion.json into --out.",
+    )
+    inv.add_argument("run_dir", help="a finished run directory (its model.safetensors)")
+    inv.add_argument("--out", required=True, metavar="DIR", help="where the results go")
+    inv.add_argument("--steps", type=int, default=400, help="ascent steps per class")
+    inv.add_argument(
+        "--range",
+        metavar="LO,HI",
+        help="the inputs' value range (default: from the run's dataset)",
+    )
+    inv.set_defaults(func=cmd_attack_model_inversion)
+
+
+def cmd_attack_membership(args: argparse.Namespace) -> int:
+    from fedveil.config import load_config
+    from fedveil.simulations.attacks.membership import attack_membership
+
+    cfg = load_config(args.config)
+    result = attack_membership(
+        cfg,
+        Path(args.out),
+        shadows=args.shadows,
+        baseline=not args.no_baseline,
+        on_step=lambda msg: print(msg, file=sys.stderr),
+    )
+    refuted = False
+    for name, run in result["runs"].items():
+        eps = run["epsilon"]
+        claim = "no DP" if eps is None else f"epsilon {eps:.3g}, delta {run['delta']:g}"
+        print(f"{name} ({claim}, {run['level']} level, {run['members']} members):")
+        for attack, got in run["attacks"].items():
+            line = f"  {attack}: AUC {got['auc']:.3f}, TPR at 1% FPR {got['tpr_at_1pct_fpr']:.3f}"
+            bound = got.get("bound")
+            if bound is not None:
+                line += (
+                    f"; ROC points above the DP bound: {bound['violations']} "
+                    f"({bound['significant_violations']} at 95% confidence)"
+                )
+                refuted = refuted or bound["significant_violations"] > 0
+            print(line)
+    print(f"wrote {Path(args.out) / 'membership.json'} and {Path(args.out) / result['roc_image']}")
+    return 1 if refuted else 0
+
+
+def cmd_attack_model_inversion(args: argparse.Namespace) -> int:
+    from fedveil.simulations.attacks.model_inversion import InversionSettings, invert_run
+
+    value_range = None
+    if args.range:
+        try:
+            lo, hi = (float(v) for v in args.range.split(","))
+        except ValueError:
+            raise ValueError(f"--range {args.range!r}: must be LO,HI (two numbers)") from None
+        value_range = (lo, hi)
+    if args.steps < 1:
+        raise ValueError(f"--steps {args.steps}: must be at least 1")
+    report = invert_run(
+        Path(args.run_dir),
+        Path(args.out),
+        value_range=value_range,
+        settings=InversionSettings(steps=args.steps),
+    )
+    for row in report["classes"]:
+        print(
+            f"class {row['class']}: confidence {row['start_confidence']:.3f} -> "
+            f"{row['final_confidence']:.3f}"
+        )
+    print(f"wrote {Path(args.out) / report['image']}")
+    return 0
