@@ -26,6 +26,7 @@ from fedveil.data.pixels import FASHION_MNIST_MEAN, FASHION_MNIST_STD
 from fedveil.models import build_model
 from fedveil.params import FlatModel
 from fedveil.server.engine.lifecycle import MODEL_FILE
+from fedveil.simulations.attacks.membership import one_thread
 from fedveil.tasks import make_task
 
 CONFIG_FILE = "config.toml"
@@ -160,10 +161,11 @@ def invert_run(
     lo, hi = value_range or data_range(Path(run_dir), run.metadata)
     s = settings or InversionSettings()
     images, rows = [], []
-    for cls in range(run.num_classes):
-        x, start, end = invert_class(run.model, cls, run.input_shape, lo, hi, s)
-        images.append(x)
-        rows.append({"class": cls, "start_confidence": start, "final_confidence": end})
+    with one_thread():
+        for cls in range(run.num_classes):
+            x, start, end = invert_class(run.model, cls, run.input_shape, lo, hi, s)
+            images.append(x)
+            rows.append({"class": cls, "start_confidence": start, "final_confidence": end})
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_png(out / IMAGE_FILE, image_grid(images, lo, hi))
