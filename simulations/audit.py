@@ -1,0 +1,400 @@
+"""`fedveil privacy audit`: the configured training run again, with canary clients, and the
+empirical epsilons they reveal.
+
+Canaries (Andrew et al., ICLR 2024, "One-shot Empirical Privacy Estimation for Federated
+Learning"): m random unit directions from a seed the auditor draws from the OS CSPRNG and
+never writes down. Each is inserted with probability 1/2 (Steinke, Nasr and Jagielski,
+NeurIPS 2023, "Privacy Auditing with One (1) Training Run"); the others are held out.
+Inserted canaries are extra client ids of the simulated population, sampled like users
+without changing the users' mechanism: under Poisson they get the users' rate q, under
+fixed-size sampling the cohort grows in proportion. A canary's runtime is the ordinary
+`ClientRuntime` with a declared `Trainer` that returns its direction scaled to the clip
+norm (no training): the same request parsing, clipping, weighting and secure-aggregation
+stages as every client, through the same round engine and update channel.
+
+After the run the released model deltas are scored against every canary (cosines) and
+`fedveil.privacy.audit` turns the scores into the estimate and the lower bound.
+
+An audit is a run of its own: its directory is marked `audit: true`, and no model file is
+written there, so its model can never be published. Audits run in simulation only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import logging
+import math
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedveil.client.runtime import ClientRuntime
+from fedveil.client.training import LocalResult, LocalTraining, LossFn
+from fedveil.config import RunConfig, config_from_dict, to_toml
+from fedveil.params import FlatModel
+from fedveil.privacy.audit import (
+    canary_directions,
+    cosine_scores,
+    estimate_epsilon,
+    max_round_scores,
+    one_run_lower_bound,
+)
+from fedveil.privacy.audit.canaries import new_secret_seed
+from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.kinds import Kind
+from fedveil.server.engine.lifecycle import RunLifecycle
+from fedveil.server.engine.privacy_report import write_privacy_report
+from fedveil.server.engine.privacy_stage import CentralDP, Release
+from fedveil.server.engine.rounds import RoundEngine, RoundRecord
+from fedveil.server.engine.runstore import RunStore
+from fedveil.server.engine.transport import ClientFailure
+from fedveil.simulations.inprocess import InProcessTransport
+from fedveil.simulations.run import prepare_task, resolve_device
+from fedveil.tasks import ClientData, Task
+
+log = logging.getLogger("fedveil.audit")
+
+AUDIT_FILE = Path("privacy") / "audit.json"
+# Each lower bound (final model, all rounds) at 97.5%: their max holds at 95% (Bonferroni).
+VARIANTS = ("final_model", "all_rounds")
+
+
+class AuditRefused(ValueError):
+    """An audit that must not run (or cannot be meaningful); the message names the field."""
+
+
+@dataclass(frozen=True)
+class AuditMechanism:
+    """The auditor's seam onto the released noise, for tests and benchmarks that check the
+    auditor has power: the ledger and report still claim the configured noise, but the
+    released sum carries `noise_scale` times the noise actually drawn (0: none). Central DP
+    only. The default (1.0) is the honest mechanism, and the CLI never sets another."""
+
+    noise_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (self.noise_scale >= 0 and math.isfinite(self.noise_scale)):
+            raise ValueError(f"noise_scale = {self.noise_scale}: must be a finite number >= 0")
+
+
+class _ScaledNoise:
+    """A CentralDP whose releases carry scaled noise; everything else (ledger, sampler,
+    accountant) is the wrapped stage's own."""
+
+    def __init__(self, inner: CentralDP, scale: float) -> None:
+        self._inner, self._scale = inner, scale
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def release(self, round_num: int, agg: Any, model_size: int) -> Release | None:
+        honest = self._inner.release(round_num, agg, model_size)
+        if honest is None:
+            return None
+        expected = self._inner.expected_cohort
+        total = torch.zeros(model_size) if agg is None else agg.total.detach().cpu().double()
+        noise = honest.update.double() * expected - total
+        update = ((total + self._scale * noise) / expected).to(honest.update.dtype)
+        return Release(update, honest.metrics)
+
+
+@dataclass
+class CanaryTrainer:
+    """The canary clients' `Trainer`: the update is the client's direction (its only
+    'example', see `CanaryTask`) scaled to `norm`; nothing is trained."""
+
+    norm: float
+
+    def __call__(
+        self,
+        model: FlatModel,
+        global_vector: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        hp: LocalTraining,
+        loss_fn: LossFn,
+        generator: torch.Generator,
+    ) -> LocalResult:
+        # Just inside the clip norm, so clipping leaves the direction exactly as it is.
+        delta = x[0].to(model.device, torch.float32) * (self.norm * (1 - 1e-6))
+        return LocalResult(delta, 1, 1, 0.0)
+
+
+def canary_task(users: Task, directions: np.ndarray) -> Task:
+    """The population the engine samples: the users, then one client per inserted canary
+    (ids users.num_clients + i), whose single 'example' is its direction."""
+    n = users.num_clients
+    canaries = torch.from_numpy(np.ascontiguousarray(directions, dtype=np.float32))
+
+    def client_data(cid: int) -> ClientData:
+        if cid < n:
+            return users.client_data(cid)
+        return ClientData(canaries[cid - n : cid - n + 1], torch.zeros(1, dtype=torch.int64))
+
+    sizes = None
+    if users.client_sizes is not None:
+        sizes = np.concatenate([users.client_sizes, np.ones(len(directions), dtype=np.int64)])
+    return dataclasses.replace(
+        users, num_clients=n + len(directions), client_data=client_data, client_sizes=sizes
+    )
+
+
+class CanaryTransport:
+    """The users' in-process transport plus the canary clients, each answered by a
+    `ClientRuntime` with the canary trainer. Records each round's cohort make-up."""
+
+    def __init__(self, users: InProcessTransport, runtime: ClientRuntime, num_users: int) -> None:
+        self.users, self.runtime, self.num_users = users, runtime, num_users
+        self.states: dict[int, dict[str, Any]] = {}
+        self.cohorts: dict[int, tuple[set[int], set[int]]] = {}  # round -> (users, canaries)
+
+    def client_ids(self) -> Sequence[int]:
+        return range(self.runtime.task.num_clients)
+
+    def exchange(
+        self, requests: Mapping[int, Envelope], timeout_s: float | None
+    ) -> dict[int, Envelope | ClientFailure]:
+        user_reqs = {c: m for c, m in requests.items() if c < self.num_users}
+        canary_reqs = {c: m for c, m in requests.items() if c >= self.num_users}
+        for cid, msg in requests.items():
+            if msg.kind != Kind.EVALUATE:
+                seen = self.cohorts.setdefault(msg.round, (set(), set()))
+                seen[0 if cid < self.num_users else 1].add(cid)
+        replies: dict[int, Envelope | ClientFailure] = {}
+        if user_reqs:
+            replies.update(self.users.exchange(user_reqs, timeout_s))
+        for cid, msg in sorted(canary_reqs.items()):
+            if msg.kind == Kind.EVALUATE:  # a canary has no data to evaluate on
+                replies[cid] = ClientFailure(cid, "canary: no evaluation data")
+                continue
+            try:
+                replies[cid] = self.runtime.handle(cid, msg, self.states.setdefault(cid, {}))
+            except Exception as exc:
+                replies[cid] = ClientFailure(cid, f"{type(exc).__name__}: {exc}")
+        return replies
+
+    def evaluate_central(
+        self, weights: torch.Tensor, round_num: int, batch_size: int
+    ) -> tuple[float, float, int] | None:
+        return self.users.evaluate_central(weights, round_num, batch_size)
+
+    def close(self) -> None:
+        self.users.close()
+
+
+@dataclass
+class AuditPlan:
+    """Who the canaries are (secret) and the config the audit run runs under."""
+
+    cfg: RunConfig
+    users: int
+    inserted: np.ndarray  # bool per canary: inserted (True) or held out
+    seed: int = field(repr=False)  # the auditor's secret: never logged or written
+    per_round: int
+    rate: float
+
+
+def plan_audit(cfg: RunConfig, users: int, canaries: int, *, out: str) -> AuditPlan:
+    """The audit run's config: the population grows by the inserted canaries and the
+    users' sampling is unchanged. Refuses (naming the field) what cannot be audited."""
+    if canaries < 1:
+        raise AuditRefused(f"audit.canaries = {canaries}: must be >= 1")
+    if cfg.transport != "inprocess":
+        raise AuditRefused(
+            f"transport = {cfg.transport!r}: the canary harness runs on the in-process "
+            "engine only (set transport = 'inprocess')"
+        )
+    if cfg.dp.mechanism == "distributed":
+        raise AuditRefused(
+            "dp.mechanism = 'distributed': not audited yet (a held-out canary would still "
+            "have to send its noise share under zero-out adjacency); audit 'central' or 'none'"
+        )
+    if cfg.secagg.enabled and cfg.secagg.threat == "malicious":
+        raise AuditRefused("secagg.threat = 'malicious': canaries have no identity keys")
+    seed = new_secret_seed()
+    rng = np.random.default_rng(np.random.SeedSequence(secrets.randbits(128)))
+    inserted = rng.random(canaries) < 0.5
+    m_in = int(inserted.sum())
+    values = cfg.to_dict()
+    values["out"] = out
+    values["data"]["num_clients"] = users + m_in
+    values["simulation"]["workers"] = 1
+    values["simulation"]["dropout"] = 0.0
+    values["eval"]["federated_every"] = 0  # canaries hold no data to evaluate on
+    s = cfg.server
+    if s.sampling == "poisson":
+        rate = cfg.poisson_rate
+        values["server"]["sample_rate"] = rate  # the users' q, whatever the population
+        per_round = s.per_round
+    else:
+        per_round = min(users + m_in, round(s.per_round * (users + m_in) / users))
+        values["server"]["per_round"] = per_round
+        rate = per_round / (users + m_in)
+    never = (1 - rate) ** s.rounds
+    if never > 0.5:
+        field_name = "server.sample_rate" if s.sampling == "poisson" else "server.per_round"
+        raise AuditRefused(
+            f"server.rounds = {s.rounds} with {field_name} (rate {rate:.3g}): a canary goes "
+            f"unsampled with probability {never:.2f}; most canaries would get no chance to be "
+            "sampled (need <= 0.5: more rounds or a higher rate)"
+        )
+    audit_cfg = config_from_dict(_without_none(values))
+    return AuditPlan(audit_cfg, users, inserted, seed, per_round, rate)
+
+
+def _without_none(values: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: _without_none(v) if isinstance(v, dict) else v
+        for k, v in values.items()
+        if v is not None
+    }
+
+
+def run_audit(
+    cfg: RunConfig,
+    *,
+    canaries: int,
+    out: str | Path,
+    mechanism: AuditMechanism | None = None,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """Run `cfg` with `canaries` canaries into the audit directory `out`; write and return
+    privacy/audit.json's content. `mechanism`: the test seam (see AuditMechanism)."""
+    start = time.perf_counter()
+    device = resolve_device(cfg.device)
+    prepared = prepare_task(cfg, device, {})
+    users_task = prepared.task
+    plan = plan_audit(prepared.cfg, users_task.num_clients, canaries, out=str(out))
+    store = RunStore(str(out))
+    store.clear()
+    store.write_config(to_toml(plan.cfg))
+    model_size = sum(p.numel() for p in users_task.model_fn().parameters())
+    directions = canary_directions(plan.seed, canaries, model_size)
+    task = canary_task(users_task, directions[plan.inserted])
+    run = RunLifecycle(plan.cfg, task, store, device=device)
+    if mechanism is not None and mechanism.noise_scale != 1.0:
+        if run.privacy is None or plan.cfg.dp.mechanism != "central":
+            raise AuditRefused("AuditMechanism.noise_scale: needs dp.mechanism = 'central'")
+        run.privacy = _ScaledNoise(run.privacy, mechanism.noise_scale)  # type: ignore[assignment]
+    clip = plan.cfg.dp.clip
+    runtime = ClientRuntime(task, "cpu", run_config=plan.cfg, trainer=CanaryTrainer(clip))
+    snapshots: list[np.ndarray] = []  # the released model after each round
+    built: list[RoundEngine] = []
+
+    def snapshot(_record: RoundRecord) -> None:
+        snapshots.append(built[0].weights.detach().cpu().double().numpy().copy())
+
+    with InProcessTransport(users_task, device, workers=1, run_config=plan.cfg) as inner:
+        transport = CanaryTransport(inner, runtime, users_task.num_clients)
+        built.append(run.engine(transport, on_round=snapshot, resume=False))
+        snapshots.append(built[0].weights.detach().cpu().double().numpy().copy())
+        summary = built[0].run()
+    result = _analyse(plan, directions, snapshots, transport, run, confidence)
+    result["wall_s"] = round(time.perf_counter() - start, 3)
+    summary.update(audit=True, wall_s=result["wall_s"], out=str(out))
+    if run.privacy is not None:
+        write_privacy_report(store.path, run.privacy.config)
+    store.write_summary(summary)
+    path = store.path / AUDIT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _analyse(
+    plan: AuditPlan,
+    directions: np.ndarray,
+    snapshots: list[np.ndarray],
+    transport: CanaryTransport,
+    run: RunLifecycle,
+    confidence: float,
+) -> dict[str, Any]:
+    deltas = [b - a for a, b in itertools.pairwise(snapshots)]
+    if not deltas:
+        raise AuditRefused("the audit run released no round: nothing to score")
+    delta = plan.cfg.dp.delta
+    scores = {
+        "final_model": cosine_scores(directions, snapshots[-1] - snapshots[0]),
+        "all_rounds": max_round_scores(directions, deltas),
+    }
+    inserted = plan.inserted
+    estimates, bounds = {}, {}
+    for name in VARIANTS:
+        s = scores[name]
+        if inserted.sum() >= 2 and (~inserted).sum() >= 2:
+            estimates[name] = estimate_epsilon(s[inserted], s[~inserted], delta).to_json()
+        bounds[name] = one_run_lower_bound(
+            s, inserted, confidence=1 - (1 - confidence) / len(VARIANTS)
+        ).to_json()
+    best_est = max(estimates, key=lambda k: estimates[k]["epsilon"], default=None)
+    best_lb = max(bounds, key=lambda k: bounds[k]["epsilon"])
+    accounted = None if run.privacy is None else float(run.privacy.epsilon())
+    lower = float(bounds[best_lb]["epsilon"])
+    result: dict[str, Any] = {
+        "audit": True,
+        "accounted_epsilon": accounted,
+        "delta": delta if run.privacy is not None else None,
+        "estimated_epsilon": None if best_est is None else estimates[best_est]["epsilon"],
+        "estimated_epsilon_interval": None if best_est is None else estimates[best_est]["interval"],
+        "estimated_variant": best_est,
+        "lower_bound_epsilon": lower,
+        "lower_bound_confidence": confidence,
+        "lower_bound_variant": best_lb,
+        "estimates": estimates,
+        "lower_bounds": bounds,
+        "canaries": int(inserted.size),
+        "canaries_inserted": int(inserted.sum()),
+        "canaries_held_out": int((~inserted).sum()),
+        "users": plan.users,
+        "sampling": plan.cfg.server.sampling,
+        "sampling_rate": plan.rate,
+        "rounds": len(deltas),
+        "cohorts": [
+            {
+                "round": r,
+                "users": len(u),
+                "canaries": len(c),
+                "canary_share": len(c) / max(1, len(u) + len(c)),
+            }
+            for r, (u, c) in sorted(transport.cohorts.items())
+        ],
+        "histograms": {name: _histograms(scores[name], inserted) for name in VARIANTS},
+        "refuted": accounted is not None and lower > accounted,
+        "verdict": verdict(accounted, lower),
+    }
+    return result
+
+
+def verdict(accounted: float | None, lower: float) -> str:
+    """The audit's finding in one plain sentence."""
+    if accounted is None:
+        return (
+            "no accounted epsilon: this run has no DP, so there is no claim to compare the "
+            f"estimate and the lower bound ({lower:.3g}) with"
+        )
+    if lower > accounted:
+        return (
+            f"REFUTED: the 95% lower bound {lower:.3g} exceeds the accounted epsilon "
+            f"{accounted:.3g}; the running mechanism does not deliver what the ledger claims"
+        )
+    return (
+        f"consistent: the lower bound {lower:.3g} does not exceed the accounted epsilon "
+        f"{accounted:.3g}"
+    )
+
+
+def _histograms(scores: np.ndarray, inserted: np.ndarray, bins: int = 30) -> dict[str, Any]:
+    edges = np.histogram_bin_edges(scores, bins=bins)
+    return {
+        "edges": [float(e) for e in edges],
+        "inserted": [int(c) for c in np.histogram(scores[inserted], edges)[0]],
+        "held_out": [int(c) for c in np.histogram(scores[~inserted], edges)[0]],
+    }

@@ -1,0 +1,126 @@
+"""`fedveil privacy audit` as the auditor uses it: canaries through the real engine, the
+three epsilons, and an auditor with the power to refute a broken mechanism."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fedveil.config import load_config
+from fedveil.simulations.audit import AuditMechanism, AuditRefused, plan_audit, run_audit
+
+# A wide linear model (tests/audit_task.py): 20,010 parameters, so 1,000 canary
+# directions are nearly orthogonal. One round, every client in it (q = 1: no
+# amplification, so z = 2.3 gives an accounted epsilon below 2 at delta = 1e-5).
+DP_AUDIT = {
+    "model.task": "audit_task:make",
+    "data.num_clients": 10,
+    "client.local_steps": 1,
+    "server.rounds": 1,
+    "server.sampling": "poisson",
+    "server.sample_rate": 1.0,
+    "dp.mechanism": "central",
+    "dp.noise_multiplier": 2.3,
+    "dp.epsilon": 2.0,
+    "device": "cpu",
+}
+
+
+def config(tmp_path, **extra):
+    return load_config(None, {**DP_AUDIT, "out": str(tmp_path / "run"), **extra})
+
+
+@pytest.mark.slow
+def test_noise_cut_4x_is_refuted_while_the_ledger_claims_the_configured_z(tmp_path):
+    out = tmp_path / "audit"
+    result = run_audit(
+        config(tmp_path), canaries=1000, out=out, mechanism=AuditMechanism(noise_scale=0.25)
+    )
+    claimed = result["accounted_epsilon"]
+    assert claimed <= 2.0  # the ledger still claims z = 2.3
+    assert result["lower_bound_epsilon"] > claimed
+    assert result["refuted"] and result["verdict"].startswith("REFUTED")
+    on_disk = json.loads((out / "privacy" / "audit.json").read_text())
+    assert on_disk["lower_bound_epsilon"] == result["lower_bound_epsilon"]
+    ledger = [json.loads(line) for line in (out / "privacy" / "ledger.jsonl").open()]
+    assert any(e.get("noise_multiplier") == 2.3 for e in ledger), "the claim is unchanged"
+
+
+def test_noise_off_is_refuted(tmp_path):
+    result = run_audit(
+        config(tmp_path), canaries=300, out=tmp_path / "audit", mechanism=AuditMechanism(0.0)
+    )
+    assert result["accounted_epsilon"] <= 2.0
+    assert result["lower_bound_epsilon"] > result["accounted_epsilon"]
+    assert result["estimated_epsilon"] > 10
+
+
+def test_an_honest_run_is_not_refuted_and_its_dir_is_marked_an_audit(tmp_path):
+    out = tmp_path / "audit"
+    result = run_audit(config(tmp_path), canaries=300, out=out)
+    assert result["lower_bound_epsilon"] <= result["accounted_epsilon"]
+    assert not result["refuted"]
+    # The estimate's interval covers something near the claim, not 10x it.
+    assert result["estimated_epsilon_interval"][0] < 2 * result["accounted_epsilon"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["audit"] is True
+    assert not list(out.glob("model*")), "an audit's model is never written to be published"
+    inserted = result["canaries_inserted"]
+    assert 0 < inserted < 300 and result["canaries_held_out"] == 300 - inserted
+    (cohort,) = result["cohorts"]
+    assert cohort["users"] == 10 and cohort["canaries"] == inserted  # q = 1: all sampled
+    assert cohort["canary_share"] == pytest.approx(inserted / (10 + inserted))
+    hist = result["histograms"]["final_model"]
+    assert sum(hist["inserted"]) == inserted and sum(hist["held_out"]) == 300 - inserted
+
+
+def test_without_dp_there_is_no_claim_but_still_estimate_and_bound(tmp_path):
+    cfg = load_config(
+        None,
+        {
+            "model.task": "tiny_task:make",
+            "data.num_clients": 12,
+            "server.per_round": 6,
+            "server.rounds": 2,
+            "device": "cpu",
+            "out": str(tmp_path / "run"),
+        },
+    )
+    result = run_audit(cfg, canaries=40, out=tmp_path / "audit")
+    assert result["accounted_epsilon"] is None
+    assert result["estimated_epsilon"] is not None and result["lower_bound_epsilon"] >= 0
+    assert "no accounted epsilon" in result["verdict"] and not result["refuted"]
+    # Fixed-size sampling: the cohort grows with the canaries, the users' rate stays 1/2.
+    for cohort in result["cohorts"]:
+        assert cohort["users"] + cohort["canaries"] == round(6 * (12 + cohort_total(result)) / 12)
+    assert result["sampling_rate"] == pytest.approx(0.5, abs=0.02)
+
+
+def cohort_total(result):
+    return result["canaries_inserted"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "canaries", "field"),
+    [
+        ({}, 0, "audit.canaries = 0"),
+        ({"server.sample_rate": 0.05, "server.rounds": 3}, 100, "server.sample_rate"),
+        ({"transport": "flower"}, 100, "transport = 'flower'"),
+    ],
+)
+def test_an_audit_that_cannot_be_meaningful_is_refused_naming_the_field(
+    tmp_path, extra, canaries, field
+):
+    with pytest.raises(AuditRefused, match=field.replace("(", r"\(")):
+        run_audit(config(tmp_path, **extra), canaries=canaries, out=tmp_path / "audit")
+    assert not (tmp_path / "audit" / "privacy" / "audit.json").exists()
+
+
+def test_each_audit_draws_its_own_secret_canaries(tmp_path):
+    cfg = config(tmp_path)
+    a, b = (plan_audit(cfg, 10, 200, out=str(tmp_path / n)) for n in "ab")
+    assert a.seed != b.seed and a.seed.bit_length() > 64  # from the OS CSPRNG
+    assert not np.array_equal(a.inserted, b.inserted)
+    assert str(a.seed) not in repr(a), "the seed stays out of reprs (and so of logs)"
