@@ -169,7 +169,8 @@ def _add_attack_membership_and_model_inversion(asub: argparse._SubParsersAction)
         "clients; attack the final model at the level its DP covers (clients; examples "
         "under DP-SGD). A DP config is also run without DP, as the baseline. Writes "
         "membership.json (ROC AUC, TPR at 1% FPR, ROC points above TPR <= e^eps * FPR + "
-        "delta) and membership_roc.png into --out.",
+        "delta) and membership_roc.png into --out. Exit 1 when an ROC point lies above the "
+        "bound at 95% confidence (Clopper-Pearson): the DP claim is refuted.",
     )
     mem.add_argument("--config", required=True, metavar="FILE", help="the run config (TOML)")
     mem.add_argument(
