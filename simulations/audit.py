@@ -48,6 +48,8 @@ from fedveil.privacy.audit import (
     one_run_lower_bound,
 )
 from fedveil.privacy.audit.canaries import new_secret_seed
+from fedveil.privacy.dp.html_report import audit_html, render_audit_page
+from fedveil.privacy.dp.report import audit_section
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.lifecycle import RunLifecycle
@@ -207,6 +209,11 @@ def plan_audit(cfg: RunConfig, users: int, canaries: int, *, out: str) -> AuditP
     users' sampling is unchanged. Refuses (naming the field) what cannot be audited."""
     if canaries < 1:
         raise AuditRefused(f"audit.canaries = {canaries}: must be >= 1")
+    if cfg.audit.target != "simulation":
+        raise AuditRefused(
+            f"audit.target = {cfg.audit.target!r}: an audit against real devices is a further "
+            "release of their data and is refused; audits run in simulation"
+        )
     if cfg.transport != "inprocess":
         raise AuditRefused(
             f"transport = {cfg.transport!r}: the canary harness runs on the in-process "
@@ -306,7 +313,25 @@ def run_audit(
     path = store.path / AUDIT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
+    write_audit_report(store.path / "privacy", result)
     return result
+
+
+def write_audit_report(privacy_dir: Path, result: Mapping[str, Any]) -> None:
+    """Join the audit to the audit run's report.json/html (a run without DP has none:
+    then they hold the audit alone)."""
+    section = audit_section(result)
+    json_path, html_path = privacy_dir / "report.json", privacy_dir / "report.html"
+    report = json.loads(json_path.read_text()) if json_path.exists() else {}
+    report["audit"] = section
+    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    page = html_path.read_text() if html_path.exists() else ""
+    end = "</body></html>"
+    if end in page:
+        page = page.replace(end, audit_html(section) + "\n" + end, 1)
+    else:
+        page = render_audit_page(section)
+    html_path.write_text(page)
 
 
 def _analyse(

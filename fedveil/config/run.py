@@ -177,8 +177,9 @@ class DpSection:
         "observers",
         choices=("observers", "coordinator"),
         help="whose epsilon the budget caps: observers of the published models (amplified by "
-        "secret cohorts), or the coordinator and cohort members (distributed DP only: each "
-        "client's own participations, unamplified)",
+        "secret cohorts), or the coordinator and cohort members (distributed DP only: "
+        "unamplified, for a client in every released round; conservative, so that when the "
+        "run stops reveals nothing of how often any client took part)",
     )
     seeded_cohorts: bool = spec(
         False,
@@ -251,6 +252,26 @@ class TrackingConfig:
     mlflow_experiment: str = spec("fedveil", help="MLflow experiment the run is logged under")
 
 
+@dataclass
+class AuditSection:
+    """`fedveil privacy audit`: the canary audit of this run's privacy (simulation only)."""
+
+    canaries: int = spec(
+        1000,
+        lo=1,
+        hi=1_000_000,
+        help="canaries, each inserted with probability 1/2 (the rest held out); the 95% "
+        "lower bound cannot exceed about 5.8 at 1000",
+    )
+    out: str = spec("", help="the audit's own run directory; '': <out>-audit")
+    target: str = spec(
+        "simulation",
+        choices=("simulation", "devices"),
+        help="simulation; 'devices' is refused (an audit of real devices is a further "
+        "release of their data)",
+    )
+
+
 # Tracking URIs MLflow itself resolves; a plain path is a local file store.
 MLFLOW_SCHEMES = ("file", "http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks")
 
@@ -272,6 +293,7 @@ class RunConfig:
     dp: DpSection = field(default_factory=DpSection)
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    audit: AuditSection = field(default_factory=AuditSection)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -294,6 +316,7 @@ SECTIONS = {
     "dp": DpSection,
     "simulation": SimulationConfig,
     "tracking": TrackingConfig,
+    "audit": AuditSection,
 }
 
 

@@ -305,3 +305,91 @@ def _assumptions(assumptions: Mapping[str, list[str]]) -> str:
         if items:
             html.append(f"<h3>{escape(title)}</h3><ul>{items}</ul>")
     return "\n".join(html)
+
+
+# -- canary audits (`fedveil privacy audit`) ------------------------------------------
+
+
+def audit_html(section: Mapping[str, Any]) -> str:
+    """The audit's part of a page: the three epsilons side by side, each explained, the
+    verdict, the canaries' cohort share and their score histograms (SVG)."""
+    explained = section.get("explained", {})
+    interval = section.get("estimated_epsilon_interval")
+    estimate = section.get("estimated_epsilon")
+    accounted = section.get("accounted_epsilon")
+    cells = [
+        (
+            "Accounted epsilon (upper bound)",
+            "none (no DP)" if accounted is None else f"{float(accounted):.4g}",
+            explained.get("accounted", ""),
+        ),
+        (
+            "Estimated epsilon",
+            "n/a"
+            if estimate is None
+            else f"{float(estimate):.4g}"
+            + ("" if not interval else f" ({interval[0]:.3g} to {interval[1]:.3g})"),
+            explained.get("estimated", ""),
+        ),
+        (
+            "Lower bound (95%)",
+            f"{float(section.get('lower_bound_epsilon') or 0.0):.4g}",
+            explained.get("lower_bound", ""),
+        ),
+    ]
+    row = "".join(
+        f'<td><div class="who">{escape(who)}</div><div class="figure"><b>{escape(fig)}</b>'
+        f'</div><div class="note">{escape(note)}</div></td>'
+        for who, fig, note in cells
+    )
+    cls = "bad" if section.get("refuted") else "ok"
+    shares = [float(c["canary_share"]) for c in section.get("cohorts", [])]
+    share_text = (
+        f"Canaries made {min(shares):.1%} to {max(shares):.1%} of each cohort "
+        f"({section.get('canaries_inserted')} of {section.get('canaries')} inserted)."
+        if shares
+        else "No cohort ran."
+    )
+    charts = [_histogram_chart(name, hist) for name, hist in section.get("histograms", {}).items()]
+    return "\n".join(
+        [
+            "<h2>Canary audit: three epsilons</h2>",
+            f'<table class="summary headline audit"><tr>{row}</tr></table>',
+            f'<p class="{cls}"><b>{escape(str(section.get("verdict", "")))}</b></p>',
+            f"<p>{escape(share_text)}</p>",
+            "<h3>Canary scores (cosine with the released model deltas)</h3>",
+            *charts,
+        ]
+    )
+
+
+def _histogram_chart(name: str, hist: Mapping[str, Any]) -> str:
+    edges = _floats(hist["edges"])
+    centres = [(edges[i] + edges[i + 1]) / 2 for i in range(len(edges) - 1)]
+    title = {"final_model": "Final model", "all_rounds": "All rounds (max over rounds)"}.get(
+        name, name
+    )
+    return line_chart(
+        f"{title}: canary score histogram",
+        centres,
+        [
+            Series("inserted", [float(v) for v in hist["inserted"]], "#b42318"),
+            Series("held out", [float(v) for v in hist["held_out"]], "#1f6feb"),
+        ],
+        "canaries",
+    )
+
+
+def render_audit_page(section: Mapping[str, Any]) -> str:
+    """A standalone page for an audit with no DP report to join (a run without DP)."""
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en"><head><meta charset="utf-8">',
+            "<title>fedveil privacy audit</title>",
+            f"<style>{_CSS}</style></head><body>",
+            "<h1>Privacy audit</h1>",
+            audit_html(section),
+            "</body></html>",
+        ]
+    )

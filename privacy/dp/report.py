@@ -20,6 +20,7 @@ from .adversaries import (
     coordinator_bound_series,
     coordinator_figure,
     operator_coordinator_figure,
+    realised_series,
 )
 from .assumptions import (
     assumptions_for,
@@ -163,8 +164,8 @@ def operator_report(
     if report.get("budget_against") == "coordinator" and maximum is not None:
         budget = float(report["budget_epsilon"])
         full["budget_remaining"] = max(0.0, budget - float(maximum))
-    if any(_COORDINATOR_SERIES in entry for entry in releases):
-        realised = [entry.get(_COORDINATOR_SERIES) for entry in releases]
+    realised = realised_series(releases, records)  # schema-1 ledgers, else the annex
+    if realised is not None:
         full["series"] = {**report["series"], _COORDINATOR_SERIES: realised}
     return full
 
@@ -375,3 +376,66 @@ def _entry_from_config(config: DpConfig) -> dict[str, Any]:
         "neighbouring": config.neighbouring,
         "accountant": config.accountant_name,
     }
+
+
+# -- canary audits (`fedveil privacy audit`; the numbers from fedveil.privacy.audit) --
+
+AUDIT_EXPLAINED = {
+    "accounted": "An upper bound: what the accountant proves the mechanism delivers, if the "
+    "code implements it as configured. No adversary can do better than this.",
+    "estimated": "An estimate, not a bound (Andrew et al. 2024): how distinguishable the "
+    "inserted canaries are from held-out ones in the released models, read as a Gaussian "
+    "test. Near the accounted figure means the noise is doing its job; far above it means "
+    "something leaks more than claimed.",
+    "lower_bound": "A proven lower bound at 95% confidence (Steinke, Nasr and Jagielski "
+    "2023): an adversary guessing which canaries were inserted did this well. Sound, but "
+    "loose: it can only refute claims, and never exceeds about 5.8 with 1000 canaries. If "
+    "it exceeds the accounted epsilon, the running code does not deliver its claim.",
+}
+
+
+def audit_section(audit: Mapping[str, Any]) -> dict[str, Any]:
+    """The audit's part of report.json: the three epsilons side by side, each explained,
+    the verdict, each cohort's canary share, and the score histograms."""
+    interval = audit.get("estimated_epsilon_interval")
+    return {
+        "accounted_epsilon": audit.get("accounted_epsilon"),
+        "estimated_epsilon": audit.get("estimated_epsilon"),
+        "estimated_epsilon_interval": interval,
+        "lower_bound_epsilon": audit.get("lower_bound_epsilon"),
+        "delta": audit.get("delta"),
+        "explained": dict(AUDIT_EXPLAINED),
+        "verdict": audit.get("verdict"),
+        "refuted": bool(audit.get("refuted")),
+        "canaries": audit.get("canaries"),
+        "canaries_inserted": audit.get("canaries_inserted"),
+        "cohorts": list(audit.get("cohorts", [])),
+        "histograms": dict(audit.get("histograms", {})),
+    }
+
+
+def audit_lines(audit: Mapping[str, Any]) -> list[str]:
+    """The audit's findings for a terminal, in plain words."""
+    accounted = audit.get("accounted_epsilon")
+    estimate, interval = audit.get("estimated_epsilon"), audit.get("estimated_epsilon_interval")
+    shares = [c["canary_share"] for c in audit.get("cohorts", [])]
+    lines = [
+        "accounted epsilon (upper bound): "
+        + ("none: this run has no DP" if accounted is None else f"{accounted:.4g}"),
+        "estimated epsilon (not a bound): "
+        + (
+            "n/a"
+            if estimate is None
+            else f"{estimate:.4g}"
+            + ("" if not interval else f" (95% interval {interval[0]:.3g} to {interval[1]:.3g})")
+        ),
+        f"lower bound (95% confidence): {audit.get('lower_bound_epsilon', 0.0):.4g}",
+        f"canaries: {audit.get('canaries')} ({audit.get('canaries_inserted')} inserted); "
+        + (
+            f"canary share of cohorts {min(shares):.1%} to {max(shares):.1%}"
+            if shares
+            else "no cohort ran"
+        ),
+        str(audit.get("verdict", "")),
+    ]
+    return lines
