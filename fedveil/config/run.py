@@ -177,9 +177,8 @@ class DpSection:
         "observers",
         choices=("observers", "coordinator"),
         help="whose epsilon the budget caps: observers of the published models (amplified by "
-        "secret cohorts), or the coordinator and cohort members (distributed DP only: "
-        "unamplified, for a client in every released round; conservative, so that when the "
-        "run stops reveals nothing of how often any client took part)",
+        "secret cohorts), or the coordinator and cohort members (distributed DP only: each "
+        "client's own participations, unamplified)",
     )
     seeded_cohorts: bool = spec(
         False,
