@@ -12,7 +12,9 @@ surviving node, whose arrays are the model plus the securely aggregated mean upd
 whose weighting metric is the total weight: the strategy's own aggregate_train (an
 average; FedAvgM and FedOpt then step their optimizer) therefore gives what it would
 give on the plain replies, up to the quantisation of the protocol. No node's update
-reaches the server.
+reaches the server. Without DP the next round's cohort is drawn a round early and its
+key stages ride on this round's exchanges (SecAggChannel's pipelining), so a steady
+secure round is two exchanges; the last round's early key stages go unused.
 
 Federated evaluation runs the same way over the app's evaluate metrics (averaged inside
 the protocol). Under DP (`FlowerDP`) every client weighs 1 whatever it reports, clips its
@@ -230,15 +232,13 @@ class SecAggGrid(Grid):
         messages = list(messages)
         if not messages:
             return []
-        types = {str(m.metadata.message_type) for m in messages}
-        purpose = types.pop() if len(types) == 1 else None
-        if purpose not in (MessageType.TRAIN, MessageType.EVALUATE):
-            if purpose is None or purpose.split(".")[0] in (
-                MessageType.TRAIN,
-                MessageType.EVALUATE,
-            ):
+        types = sorted({str(m.metadata.message_type) for m in messages})
+        purpose = types[0] if len(types) == 1 else None
+        aggregated = (MessageType.TRAIN, MessageType.EVALUATE)
+        if purpose not in aggregated:
+            if purpose is None or purpose.split(".")[0] in aggregated:
                 raise ValueError(
-                    f"secure aggregation: one exchange of message types {sorted(types)}; "
+                    f"secure aggregation: one exchange of message types {types}; "
                     "it serves the strategy's plain 'train' and 'evaluate' exchanges"
                 )
             return self.grid.send_and_receive(messages, timeout=timeout)
