@@ -160,6 +160,10 @@ def test_fedavg_app_gains_secure_aggregation_and_dp() -> None:
         )
 
     _run(main)
+    # Every client took part in every secure exchange (first: a client lost under load
+    # would otherwise show as a model mismatch below).
+    wrapped: SecAggGrid = out["wrapped"]
+    assert [r["aggregated"] for r in wrapped.rounds] == [CLIENTS] * (2 * ROUNDS), wrapped.rounds
 
     # The global model is plain FedAvg's on the same cohorts, within the quantisation.
     arrays, updates = _initial(), []
@@ -198,11 +202,9 @@ def test_fedavg_app_gains_secure_aggregation_and_dp() -> None:
             SETTINGS.max_weight / weight
         )
         assert np.abs(alone - update).mean() > 100 * np.abs(update).mean()
-    wrapped: SecAggGrid = out["wrapped"]
     # Round 2's key stages rode on round 1's exchanges: training took 4 + 2 exchanges,
     # not 4 + 4 (each evaluation takes 4).
     assert seen.exchanges == (4 + 2) + 4 * ROUNDS
-    assert [r["aggregated"] for r in wrapped.rounds] == [CLIENTS] * (2 * ROUNDS)
 
     # Under DP every client weighs 1, whatever num-examples it reports; no client metrics.
     uniform, _ = _plain_round(_initial(), 1, uniform=True)
