@@ -19,6 +19,7 @@ The last line of stdout is one JSON object:
   correct_estimates                      each correct seed's estimate and interval
   audit_cost_ratio                       an audit in the clear (no DP) over the same run's
                                          plain wall time
+  audit_cost_ratio_secagg                ... both under secure aggregation
   config, canaries, seeds, wall_s
 No peer framework (Flower, NVFlare, TFF, FedML) ships an audit of epsilon: the comparison
 is with the accountant's claim itself.
@@ -95,19 +96,22 @@ def run_benchmark(*, seeds: int = 20, canaries: int = 1000) -> dict[str, Any]:
         result["correct_estimates"] = estimates
         result["correct_estimate_median"] = statistics.median(e["estimate"] for e in estimates)
         result["audit_cost_ratio"] = cost_ratio(root, canaries)
+        result["audit_cost_ratio_secagg"] = cost_ratio(root, canaries, secagg=True)
     result["wall_s"] = round(time.perf_counter() - start, 1)
     return result
 
 
-def cost_ratio(root: Path, canaries: int) -> float:
+def cost_ratio(root: Path, canaries: int, *, secagg: bool = False) -> float:
     """An audit in the clear (the config without DP) over the plain run's wall time, each
-    timed after one untimed run of each (imports, caches)."""
+    timed after one untimed run of each (imports, caches). `secagg`: both under secure
+    aggregation, where every sampled canary takes part in the protocol."""
     values = audit_config(0, root / "plain")
     values = {k: v for k, v in values.items() if not k.startswith("dp.")}
     # A run of ordinary length (local epochs, several rounds): canaries need no training,
     # so their cost is per round and per canary, not per local step.
     values.update({"simulation.plots": False, "server.rounds": 5, "client.local_steps": 0})
     values["client.local_epochs"] = 2
+    values["secagg.enabled"] = secagg
     cfg = load_config(None, values)
     simulate(cfg)
     run_audit(cfg, canaries=canaries, out=root / "cost-warm")
@@ -133,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         "correct_max_lower_over_accounted",
         "correct_exceedances",
         "audit_cost_ratio",
+        "audit_cost_ratio_secagg",
     ):
         print(
             f"{key}: {result[key]:.4g}"

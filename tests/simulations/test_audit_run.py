@@ -180,3 +180,26 @@ def test_cli_refuses_zero_canaries_naming_the_field(tmp_path, capsys):
     code = main(["privacy", "audit", "--config", str(toml), "--canaries", "0"])
     assert code == 2
     assert "audit.canaries = 0" in capsys.readouterr().err
+
+
+def test_canaries_take_part_in_secure_aggregation_like_users(tmp_path):
+    cfg = load_config(
+        None,
+        {
+            "model.task": "tiny_task:make",
+            "data.num_clients": 12,
+            "server.per_round": 6,
+            "server.rounds": 2,
+            "device": "cpu",
+            "secagg.enabled": True,
+            "out": str(tmp_path / "run"),
+        },
+    )
+    result = run_audit(cfg, canaries=40, out=tmp_path / "audit")
+    metrics = [json.loads(line) for line in (tmp_path / "audit" / "metrics.jsonl").open()]
+    for cohort, round_metrics in zip(result["cohorts"], metrics, strict=True):
+        assert round_metrics["secagg_threat"] == "semi_honest"
+        # Every canary went through the protocol's stages and its masked update was summed.
+        assert round_metrics["dropped"] == 0
+        assert round_metrics["cohort_aggregated"] == cohort["users"] + cohort["canaries"]
+        assert cohort["canaries"] > 0
