@@ -62,10 +62,14 @@ RETRY_STATUS = (502, 503, 504)  # e.g. the gateway's "SuperLink starting or rest
 REQUEST_TIMEOUT_S = 30.0  # ProtobufClient's default timeout
 GRACE_S = 30.0  # after the window: open calls may finish, then they count as lost
 SECAGG_NOT_RUN = (
-    "not measured: the 200-device secure round needs the emulated devices to run "
-    "fedveil's ClientApp (client/runtime.py, secagg_stages.py) on pulled messages "
-    "(GetRun, GetFab, PullObject, ConfirmMessageReceived, PushMessages, PushObject), "
-    "which this emulator does not do yet"
+    "not built: the 200-device secure round needs each emulated device to fetch a message "
+    "as a SuperNode does (PullMessages, then PullObject for every part of its object tree, "
+    "ConfirmMessageReceived; GetRun for the run config), run fedveil's ClientApp on it "
+    "(client/flower_app.py with the secagg mod, the device's own data partition) and push "
+    "the reply (PushMessages with the reply's object tree, PushObject for each object the "
+    "SuperLink asks for), for a run submitted with [secagg] enabled and a tiny model, then "
+    "compare the final model with `fedveil simulate` of the same config and seed; none of "
+    "this exists in the emulator yet, which only holds idle devices"
 )
 
 

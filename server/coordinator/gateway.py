@@ -33,12 +33,15 @@ _FLEET_PATH = re.compile(r"/v1/fleet/[a-z][a-z-]*")
 _HOP = {b"host", b"content-length", b"connection", b"transfer-encoding", b"keep-alive", b"upgrade"}
 
 # Upstream connections are kept and reused: each new one costs a TLS handshake on both
-# sides. The pool holds as many idle connections as it may open (httpx keeps only 20 by
-# default, so under load every connection past the 20th was closed after one request and
-# the next one paid a handshake), and lets an idle one go well before the SuperLink's
-# keep-alive timeout (link_socket.SUPERLINK_KEEP_ALIVE_S), so the gateway never sends on
-# a connection the SuperLink is closing at that moment.
-UPSTREAM_CONNECTIONS = 256
+# sides. The pool keeps every connection it may open (httpx keeps only 20 of its 100, so
+# under load every connection past the 20th was closed after one request and the next
+# one paid a handshake), and lets an idle one go well before the SuperLink's keep-alive
+# timeout (link_socket.SUPERLINK_KEEP_ALIVE_S), so the gateway never sends on a
+# connection the SuperLink is closing at that moment. The pool is small on purpose:
+# httpcore scans every pooled connection for each queued request, which cost 8-10 ms of
+# CPU per request with 64 connections against 3-4 ms with 16 (benchmarks/fleet_cost.py);
+# more parallel requests would not make the SuperLink (one event loop) any faster.
+UPSTREAM_CONNECTIONS = 16
 UPSTREAM_IDLE_S = 30.0
 
 
