@@ -27,6 +27,8 @@ from .individual import individual_epsilon_summary, individual_epsilons
 from .vocabulary import CENTRAL_GAUSSIAN, DISTRIBUTED_SKELLAM
 
 CHARGE = "charge"
+# The realised largest per-client figure: private annex and operator's views only.
+REALISED = "epsilon_coordinator_max"
 INDIVIDUAL_ACCOUNTING = (
     "individual, unamplified, from each client's own participations (Feldman & Zrnic 2021)"
 )
@@ -66,6 +68,21 @@ def coordinator_figure(
     return figure
 
 
+def coordinator_bound_after(
+    releases: Sequence[Mapping[str, Any]],
+    delta: float,
+    upcoming: Sequence[PrivacyEvent] = (),
+) -> float:
+    """The unamplified epsilon of a client in every release of `releases` and in the
+    `upcoming` events: what a ledger entry and its closing record state as
+    `epsilon_coordinator_bound` (ledger schema 2). 0.0 when there is nothing to compose.
+
+    Raises ValueError where the adjacency has no sound individual bound.
+    """
+    events = [event_from_entry(entry) for entry in releases]
+    return individual_epsilon([*events, *upcoming], delta)
+
+
 def coordinator_bound_series(releases: Sequence[Mapping[str, Any]], delta: float) -> list[float]:
     """After each release, the unamplified epsilon of a client in every round so far.
 
@@ -91,20 +108,22 @@ def operator_coordinator_figure(
     (operator's view: they reveal participation)."""
     if "epsilon_bound" not in public:
         return dict(public)  # central DP or another mechanism: nothing per client
-    charges = [r for r in private_records if r.get("kind") == CHARGE]
-    recorded = _last_recorded_max(releases, closing)
+    records = [dict(record) for record in private_records]
+    charges = [r for r in records if r.get("kind") == CHARGE]
+    # Ledgers of schema 1 recorded the realised max; newer runs keep it in the annex.
+    recorded = _last_recorded_max([*releases, *([closing] if closing else []), *records])
     figure: dict[str, Any] = {
         **public,
         "epsilon_max": recorded,
         "distribution": None,
-        "source": "ledger (epsilon_coordinator_max); the annex has no charge records",
+        "source": "recorded epsilon_coordinator_max; the annex has no charge records",
     }
     figure.pop("per_client", None)
     if charges:
         try:
             distribution = individual_epsilon_summary(_client_epsilons(charges, releases, delta))
         except ValueError as error:
-            figure["source"] = f"ledger (epsilon_coordinator_max); per-client accounting: {error}"
+            figure["source"] = f"recorded epsilon_coordinator_max; per-client accounting: {error}"
         else:
             figure.update(
                 epsilon_max=distribution["max"],
@@ -112,15 +131,27 @@ def operator_coordinator_figure(
                 source="private annex (private/rounds.jsonl charge records)",
             )
             if recorded is not None:
-                figure["ledger_epsilon_max"] = recorded
+                figure["recorded_epsilon_max"] = recorded
     return figure
 
 
-def _last_recorded_max(
-    releases: Sequence[Mapping[str, Any]], closing: Mapping[str, Any] | None
-) -> float | None:
-    for entry in [*([closing] if closing else []), *reversed(releases)]:
-        value = entry.get("epsilon_coordinator_max")
+def realised_series(
+    releases: Sequence[Mapping[str, Any]], private_records: Iterable[Mapping[str, Any]]
+) -> list[Any] | None:
+    """The realised largest per-client epsilon after each release (the operator's chart):
+    from the ledger where it recorded them (schema 1), else from the annex's charge
+    records (one per release, in order). None when neither has them."""
+    if any(REALISED in entry for entry in releases):
+        return [entry.get(REALISED) for entry in releases]
+    charged = [r.get(REALISED) for r in private_records if r.get("kind") == CHARGE]
+    if not any(isinstance(value, (int, float)) for value in charged):
+        return None
+    return charged[-len(releases) :] if releases else []
+
+
+def _last_recorded_max(records: Sequence[Mapping[str, Any]]) -> float | None:
+    for entry in reversed(records):
+        value = entry.get(REALISED)
         if isinstance(value, (int, float)):
             return float(value)
     return None

@@ -260,10 +260,10 @@ def published_statistics(
     if has_coordinator_epsilon:
         stats.append(
             {
-                "name": "epsilon_coordinator_max (ledger, metrics, summary.json)",
-                "protection": "a function of how often clients took part, not of who or "
-                "of their data; under zero-out or replace-one adjacency participation "
-                "itself is not what is protected",
+                "name": "epsilon_coordinator_bound (ledger, metrics, summary.json)",
+                "protection": "a function of the number of released rounds and the "
+                "public parameters only (a client in every released round), not of who "
+                "took part or of their data",
             }
         )
     stats.append(
@@ -438,6 +438,7 @@ def trust_model_markdown() -> str:
             "sets); malicious mode binds a deviating server through the signed survivor "
             "set.",
             '- `dp.budget_against = "coordinator"` (distributed DP only) caps the '
-            "coordinator's figure instead of the observers'.",
+            "coordinator's bound (a client in every released round) instead of the "
+            "observers' figure.",
         ]
     )

@@ -17,6 +17,13 @@ interruption record reads as truncated.
 Only public fields go here (an outside auditor reads them): per-round cohort
 counts reveal who took part and belong in the operator's private annex. Old
 ledgers that carry `cohort_planned`/`cohort_aggregated` are still read.
+
+Every entry names its `schema` (LEDGER_SCHEMA). Schema 2 (fedveil.dp.ledger/2):
+under distributed DP, release entries and closing records state
+`epsilon_coordinator_bound` (a client in every release so far: the ledger's own
+parameters give it) and never the realised `epsilon_coordinator_max`, which counts
+how often the busiest client took part. Entries without `schema` are schema 1
+(fedveil.dp.ledger/1), which recorded that realised figure.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ if TYPE_CHECKING:
     from .signing import LedgerSigner
 
 GENESIS_HASH = "0" * 64
+LEDGER_SCHEMA = "fedveil.dp.ledger/2"
+LEGACY_SCHEMA = "fedveil.dp.ledger/1"  # entries without a `schema` field
 SIGNATURE_CONTEXT = b"fedveil.ledger.entry.v1:"
 
 RELEASE = "release"
@@ -65,7 +74,7 @@ ENTRY_FIELDS = (
     "hash",
 )
 # Fields the ledger itself writes on every entry (signature fields only when signed).
-RECORD_FIELDS = ("run_id", "kind", "seq", "timestamp", "prev_hash", "hash")
+RECORD_FIELDS = ("run_id", "kind", "seq", "schema", "timestamp", "prev_hash", "hash")
 SIGNATURE_FIELDS = ("key_id", "signature")
 _RESERVED = frozenset({*RECORD_FIELDS, *SIGNATURE_FIELDS, "round", "releases"})
 WITNESS_FIELDS = ("run_id", "seq", "hash", "key_id", "signature")
@@ -105,6 +114,11 @@ def entry_hash(entry: Mapping[str, Any]) -> str:
 def signed_message(hash_hex: str) -> bytes:
     """The bytes an entry's signature covers: a context string, then its hash."""
     return SIGNATURE_CONTEXT + hash_hex.encode("ascii")
+
+
+def entry_schema(entry: Mapping[str, Any]) -> Any:
+    """An entry's ledger schema; entries from before the field existed are schema 1."""
+    return entry.get("schema", LEGACY_SCHEMA)
 
 
 def entry_kind(entry: Mapping[str, Any]) -> Any:
@@ -349,6 +363,7 @@ class Ledger:
         entry["run_id"] = self.run_id
         entry["kind"] = kind
         entry["seq"] = len(self._entries) + 1
+        entry["schema"] = LEDGER_SCHEMA
         entry["prev_hash"] = self.head_hash
         if self.signer is not None:
             entry["key_id"] = self.signer.key_id

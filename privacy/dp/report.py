@@ -20,6 +20,7 @@ from .adversaries import (
     coordinator_bound_series,
     coordinator_figure,
     operator_coordinator_figure,
+    realised_series,
 )
 from .assumptions import (
     assumptions_for,
@@ -163,8 +164,8 @@ def operator_report(
     if report.get("budget_against") == "coordinator" and maximum is not None:
         budget = float(report["budget_epsilon"])
         full["budget_remaining"] = max(0.0, budget - float(maximum))
-    if any(_COORDINATOR_SERIES in entry for entry in releases):
-        realised = [entry.get(_COORDINATOR_SERIES) for entry in releases]
+    realised = realised_series(releases, records)  # schema-1 ledgers, else the annex
+    if realised is not None:
         full["series"] = {**report["series"], _COORDINATOR_SERIES: realised}
     return full
 

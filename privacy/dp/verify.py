@@ -17,6 +17,15 @@ Three outcomes (VerifyResult.status, with exit codes for the CLI):
   or still running), a witnessed head the chain does not hold, or any other
   discrepancy.
 
+The coordinator's bound (ledger schema 2, distributed DP): where a release or closing
+record states `epsilon_coordinator_bound`, the unamplified epsilon of a client in every
+release so far, it is recomputed from the recorded events like epsilon, must never
+decrease, and with budget_against = "coordinator" must stay within the budget. A
+schema-2 entry that carries the realised `epsilon_coordinator_max` (a participation
+count) fails. Schema-1 ledgers (no `schema` field) are still verified; their realised
+figure cannot be checked from the ledger alone and the result says so. An unknown
+schema fails, naming it.
+
 Second accountants: the recorded epsilon passes iff it is at least
 (1 - SECOND_ACCOUNTANT_REL_TOL) times the smallest epsilon the named sound
 accountants give for the recorded events, i.e. it is not below every sound upper
@@ -34,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
-from .accounting import compute_epsilon
+from .accounting import compute_epsilon, individual_epsilon
 from .budget import event_from_entry
 from .events import PrivacyEvent
 from .ledger import (
@@ -43,12 +52,15 @@ from .ledger import (
     FINAL,
     GENESIS_HASH,
     INTERRUPTED,
+    LEDGER_SCHEMA,
+    LEGACY_SCHEMA,
     RELEASE,
     WITNESS_FIELDS,
     LedgerCorruptError,
     check_chain_link,
     check_sequence,
     entry_kind,
+    entry_schema,
     signed_message,
 )
 from .signing import find_public_key, key_dir, key_id_for, verify_signature
@@ -66,6 +78,12 @@ EXIT_CODES = {STATUS_FINAL: EXIT_FINAL, STATUS_INTERRUPTED: EXIT_INTERRUPTED}
 SECOND_ACCOUNTANT_REL_TOL = 1e-3  # recorded may sit at most 0.1% below the tightest
 SKELLAM_Z_REL_TOL = 1e-9
 ALL_SOUND = "all"  # as a second accountant: every sound accountant for the run
+BOUND = "epsilon_coordinator_bound"  # schema 2: a client in every release (public)
+REALISED = "epsilon_coordinator_max"  # a participation count: never in schema 2
+LEGACY_NOTE = (
+    f"ledger schema {LEGACY_SCHEMA}: its {REALISED} (realised, from participation counts) "
+    f"cannot be checked from the ledger alone; {LEDGER_SCHEMA} ledgers state {BOUND}"
+)
 
 RUN_CONSTANT_FIELDS = (
     "mechanism",
@@ -107,6 +125,7 @@ class VerifyResult:
     releases: int = 0
     training_round: int | None = None  # of the closing (final/interruption) record
     witnesses: int = 0  # witnessed heads found in the chain
+    schema: str | None = None  # of the last entry checked
 
     def __bool__(self) -> bool:
         return self.ok
@@ -218,6 +237,7 @@ def _failed(found: _Discrepancy, state: _State) -> VerifyResult:
         run_id=state.run_id,
         key_id=state.key_id,
         releases=state.releases,
+        schema=state.schema,
     )
 
 
@@ -232,6 +252,7 @@ def _verified(state: _State) -> VerifyResult:
         + (f" <= budget {budget}" if budget is not None else "")
         + f", signed by key {state.key_id}"
         + (f", {state.witnesses} witnessed heads found" if state.witnesses else "")
+        + (f"; {LEGACY_NOTE}" if state.schema == LEGACY_SCHEMA else "")
     )
     if final:
         message = f"final: run {state.run_id} finished at training round {last['training_round']}"
@@ -253,6 +274,7 @@ def _verified(state: _State) -> VerifyResult:
         releases=state.releases,
         training_round=int(last["training_round"]),
         witnesses=state.witnesses,
+        schema=state.schema,
     )
 
 
@@ -284,6 +306,8 @@ class _State:
         self.first: Mapping[str, Any] | None = None
         self.skellam: Mapping[str, Any] | None = None
         self.last_epsilon = 0.0
+        self.last_bound = 0.0
+        self.schema: str | None = None
         self.last_close_round = -1
         self.passed = 0
         self.releases = 0
@@ -321,9 +345,10 @@ def _parse_line(raw: bytes, line: int) -> Mapping[str, Any]:
 
 
 def _check_entry(entry: Mapping[str, Any], line: int, state: _State) -> None:
-    """Checks every entry gets: chain link, signature, run binding and order."""
+    """Checks every entry gets: schema, chain link, signature, run binding and order."""
     round_number = entry.get("round")
     kind = entry_kind(entry)
+    _check_schema(entry, line, state)
     required = ENTRY_FIELDS if kind == RELEASE else ("timestamp", "prev_hash", "hash")
     missing = [name for name in required if name not in entry]
     if missing:
@@ -356,6 +381,35 @@ def _check_entry(entry: Mapping[str, Any], line: int, state: _State) -> None:
         _check_release(entry, line, state)
         state.releases += 1
     state.prev_hash = entry["hash"]
+
+
+def _check_schema(entry: Mapping[str, Any], line: int, state: _State) -> None:
+    """A schema this verifier reads, never back to schema 1 after schema 2, and no
+    participation count where schema 2 states the bound."""
+    schema = entry_schema(entry)
+    if schema not in (LEDGER_SCHEMA, LEGACY_SCHEMA):
+        raise _Discrepancy(
+            f"line {line}: ledger schema {schema!r} is not one this verifier reads; allowed: "
+            f"{LEDGER_SCHEMA!r} or {LEGACY_SCHEMA!r} (no schema field); use a newer fedveil",
+            line,
+            entry.get("round"),
+        )
+    if state.schema == LEDGER_SCHEMA and schema == LEGACY_SCHEMA:
+        raise _Discrepancy(
+            f"line {line}: ledger schema {schema!r} after {LEDGER_SCHEMA!r} entries (a schema "
+            "never goes back within one ledger)",
+            line,
+            entry.get("round"),
+        )
+    if schema == LEDGER_SCHEMA and REALISED in entry:
+        raise _Discrepancy(
+            f"line {line}: {REALISED}={entry[REALISED]!r} in a {LEDGER_SCHEMA} entry: the "
+            "realised figure counts how often clients took part and belongs in the "
+            f"operator's private annex; the public ledger states {BOUND}",
+            line,
+            entry.get("round"),
+        )
+    state.schema = schema
 
 
 def _check_signature(entry: Mapping[str, Any], line: int, state: _State) -> None:
@@ -452,6 +506,7 @@ def _check_release(entry: Mapping[str, Any], line: int, state: _State) -> None:
             round_number,
         )
     _check_skellam(entry, line, state)
+    _check_bound_field(entry, line, state)
     try:
         state.events.append(event_from_entry(entry))
     except (ValueError, TypeError, KeyError) as error:
@@ -459,6 +514,59 @@ def _check_release(entry: Mapping[str, Any], line: int, state: _State) -> None:
             f"line {line}: invalid privacy event ({error})", line, round_number
         ) from None
     state.last_epsilon = entry["epsilon"]
+
+
+def _check_bound_field(entry: Mapping[str, Any], line: int, state: _State) -> None:
+    """A release's bound where stated: finite, never decreasing, within the budget when
+    the budget caps it (recomputed at the chosen prefixes)."""
+    round_number = entry.get("round")
+    if BOUND not in entry:
+        return  # nothing stated, nothing to check
+    value = entry[BOUND]
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool)) or not (
+        math.isfinite(value) and value >= 0
+    ):
+        raise _Discrepancy(
+            f"line {line}: {BOUND}={value!r} is invalid; allowed: a finite number >= 0",
+            line,
+            round_number,
+        )
+    if value < state.last_bound:
+        raise _Discrepancy(
+            f"line {line}: {BOUND} decreased from {state.last_bound!r} to {value!r}",
+            line,
+            round_number,
+        )
+    if entry.get("budget_against") == "coordinator" and value > entry["budget_epsilon"]:
+        raise _Discrepancy(
+            f"line {line}: {BOUND} {value!r} exceeds the budget {entry['budget_epsilon']!r} "
+            "(budget_against = 'coordinator')",
+            line,
+            round_number,
+        )
+    state.last_bound = float(value)
+
+
+def _check_recomputed_bound(
+    stated: Any, line: int, state: _State, rel_tol: float, abs_tol: float, what: str
+) -> None:
+    """`stated` must equal the unamplified epsilon of a client in every release so far,
+    recomputed from the recorded events alone."""
+    delta = float(state.first["delta"]) if state.first is not None else 0.0
+    try:
+        recomputed = individual_epsilon(state.events, delta) if state.events else 0.0
+    except ValueError as error:
+        raise _Discrepancy(f"line {line}: cannot recompute {BOUND} ({error})", line) from None
+    tolerance = max(abs_tol, rel_tol * recomputed)
+    if (
+        not (isinstance(stated, (int, float)) and not isinstance(stated, bool))
+        or not abs(float(stated) - recomputed) <= tolerance
+    ):
+        raise _Discrepancy(
+            f"line {line}: {what} states {BOUND}={stated!r} but a client in all "
+            f"{len(state.events)} releases has {recomputed!r} (recomputed from the ledger)",
+            line,
+        )
 
 
 def _check_skellam(entry: Mapping[str, Any], line: int, state: _State) -> None:
@@ -549,6 +657,8 @@ def _check_close(
                 f"recorded {state.last_epsilon!r}",
                 line,
             )
+    if BOUND in entry:
+        _check_recomputed_bound(entry.get(BOUND), line, state, rel_tol, abs_tol, f"{kind} record")
     if kind == INTERRUPTED and not isinstance(entry.get("reason", ""), str):
         raise _Discrepancy(f"line {line}: reason={entry.get('reason')!r} is not a string", line)
 
@@ -599,6 +709,8 @@ def _check_recomputed_epsilon(
             line,
             entry["round"],
         )
+    if BOUND in entry:
+        _check_recomputed_bound(entry[BOUND], line, state, rel_tol, abs_tol, "release")
     if second:
         _check_second_accountants(entry, line, state, second, stored, abs_tol)
     state.recomputed += 1

@@ -14,8 +14,12 @@ first unmasking request (`before_unmask`), and the charge counts against both th
 observers of the published models and, per client and unamplified, the coordinator.
 
 Two adversaries, two epsilons: `epsilon()` is the observers' (amplified by sampling,
-valid while cohorts are secret); `coordinator_epsilon()` is the worst client's
-epsilon from its own participations, which the coordinator and cohort members know.
+valid while cohorts are secret). Against the coordinator and cohort members,
+`coordinator_bound()` is the unamplified epsilon of a client in every released round:
+a function of the public ledger alone, so it is what public files (ledger, metrics,
+summary) state and what `dp.budget_against = "coordinator"` caps. The realised
+`coordinator_epsilon()` (the busiest client's participations) reveals how often clients
+took part: it goes to the operator's private annex only (README "Trust model").
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from fedveil.privacy.dp import (
     noised_count,
 )
 from fedveil.privacy.dp.accounting import individual_epsilon
+from fedveil.privacy.dp.adversaries import coordinator_bound_after
 from fedveil.privacy.dp.plan import DistributedDpPlan, cohorts_are_secret, dp_config
 from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.privacy.secagg import SecAggAborted
@@ -116,6 +121,10 @@ class CentralDP:
         """None: under central DP nothing bounds what the coordinator learns."""
         return None
 
+    def coordinator_bound(self) -> float | None:
+        """None: under central DP nothing bounds what the coordinator learns."""
+        return None
+
     def admits_next_round(self) -> tuple[bool, float]:
         """(allowed, epsilon after the round) — checked BEFORE a round runs."""
         eps = self.budget.epsilon_after(self.config.round_event())
@@ -182,12 +191,24 @@ class CentralDP:
         if self.ledger.closed:
             return  # a finished run's ledger takes nothing more (a resume of a done run)
         fields: dict[str, Any] = {"training_round": training_round, "epsilon": self.epsilon()}
-        coordinator = self.coordinator_epsilon()
-        if coordinator is not None:
-            fields["epsilon_coordinator_max"] = coordinator
+        bound = self.coordinator_bound()
+        if bound is not None:  # public: the ledger's parameters alone give it
+            fields["epsilon_coordinator_bound"] = bound
         if reason:
             fields["reason"] = reason
-        self.ledger.close(kind, fields)
+        entry = self.ledger.close(kind, fields)
+        realised = self.coordinator_epsilon()
+        if realised is not None and self.private is not None:
+            # The busiest client's figure counts participations: the operator's only.
+            self.private(
+                {
+                    "kind": "close",
+                    "ledger_kind": kind,
+                    "ledger_seq": entry.get("seq"),
+                    "training_round": training_round,
+                    "epsilon_coordinator_max": realised,
+                }
+            )
 
 
 class DistributedDP(CentralDP):
@@ -197,7 +218,7 @@ class DistributedDP(CentralDP):
     adversary_note = (
         "distributed DP: the coordinator only sees sums that already carry the honest "
         "clients' noise shares; each client's epsilon counts its own participations, "
-        "unamplified"
+        "unamplified, and is at most that of a client in every released round"
     )
 
     def __init__(self, cfg: RunConfig, num_clients: int, ledger_path: Path, **kwargs: Any) -> None:
@@ -220,13 +241,21 @@ class DistributedDP(CentralDP):
         return self._individual[participations]
 
     def coordinator_epsilon(self) -> float:
+        """The realised worst client's epsilon (its participations): operator's only."""
         most = max(self.participations.values(), default=0)
         return self._client_epsilon(most) if most else 0.0
 
+    def coordinator_bound(self, upcoming: int = 0) -> float:
+        """The unamplified epsilon of a client in every released round (plus `upcoming`
+        more): from the public ledger alone, whoever took part."""
+        events = [self._event()] * upcoming
+        return coordinator_bound_after(self.ledger.releases, self.config.delta, events)
+
     def admits_next_round(self) -> tuple[bool, float]:
         if self.budget_against == "coordinator":
-            most = max(self.participations.values(), default=0)
-            eps = self._client_epsilon(most + 1)
+            # The bound, not the busiest client's count: the stopping round must not
+            # reveal how often anyone took part (conservative by design).
+            eps = self.coordinator_bound(upcoming=1)
         else:
             eps = self.budget.epsilon_after(self._event())
         return eps <= self.config.budget_epsilon, eps
@@ -260,7 +289,7 @@ class DistributedDP(CentralDP):
         extra = {
             "skellam": plan.params.to_dict(),
             "noise_shares": plan.min_honest,
-            "epsilon_coordinator_max": self.coordinator_epsilon(),
+            "epsilon_coordinator_bound": self.coordinator_bound(upcoming=1),
         }
         entry = self._charge(round_num, self._event(), self.config.clip_norm, extra)
         if self.private is not None:
@@ -271,9 +300,11 @@ class DistributedDP(CentralDP):
                     "kind": "charge",
                     "ledger_seq": entry.get("seq"),
                     "survivors": sorted(survivors),
+                    "epsilon_coordinator_max": self.coordinator_epsilon(),
                 }
             )
-        self._charged[round_num] = entry
+        # The realised figure travels with the charge to this round's (private) record.
+        self._charged[round_num] = {**entry, "epsilon_coordinator_max": self.coordinator_epsilon()}
 
     def release(self, round_num: int, agg: Aggregate | None, model_size: int) -> Release | None:
         """The decoded, already-noised sum to publish; None when the round was aborted or
@@ -283,6 +314,9 @@ class DistributedDP(CentralDP):
             return None  # aborted, or nothing unmasked: nothing to publish
         metrics = {
             "epsilon": entry["epsilon"],
+            "epsilon_coordinator_bound": entry["epsilon_coordinator_bound"],
+            # Realised, from participation counts: RoundRecord.public_json drops it, so
+            # it reaches the private annex and the operator's views only.
             "epsilon_coordinator_max": entry["epsilon_coordinator_max"],
             "clip_norm": self.config.clip_norm,
             "noise_multiplier": entry["noise_multiplier"],

@@ -35,7 +35,9 @@ class RoundRecord:
 
 
 # Round-record keys a DP run publishes (metrics.jsonl, the API, the dashboard).
-# Never the drop counts (`dropped`, `drops_by_reason`): they reveal participation.
+# Never the drop counts (`dropped`, `drops_by_reason`): they reveal participation, as
+# does the realised `epsilon_coordinator_max` (the busiest client's participations);
+# `epsilon_coordinator_bound` (a client in every released round) reveals nothing.
 PUBLIC_UNDER_DP = frozenset(
     {
         "round",
@@ -44,7 +46,7 @@ PUBLIC_UNDER_DP = frozenset(
         "test_accuracy",
         "duration_s",
         "epsilon",
-        "epsilon_coordinator_max",
+        "epsilon_coordinator_bound",
         "clip_norm",
         "next_clip_norm",
         "noise_multiplier",

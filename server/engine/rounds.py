@@ -357,7 +357,8 @@ class RoundEngine:
         return {
             "dp": c.mechanism,
             "epsilon": self.privacy.epsilon(),
-            "epsilon_coordinator_max": self.privacy.coordinator_epsilon(),
+            # The bound, never the realised max (a participation count: private annex).
+            "epsilon_coordinator_bound": self.privacy.coordinator_bound(),
             "budget_against": self.privacy.budget_against,
             "cohort_source": "csprng" if self.secret_sampler is not None else "seed",
             "delta": c.delta,

@@ -40,7 +40,7 @@ def _ledger(
     neighbouring: str = "auto",
 ) -> tuple[DpConfig, list[float]]:
     """A signed ledger of ROUNDS releases; returns the config and, under distributed
-    DP, the coordinator maximum recorded after each release (a client in every round)."""
+    DP, the coordinator's bound recorded after each release (a client in every round)."""
     cfg = DpConfig(
         mechanism=mechanism,
         noise_multiplier=1.0,
@@ -60,13 +60,13 @@ def _ledger(
         extra: dict[str, Any] = {"training_round": number, "budget_against": budget_against}
         if mechanism == "distributed_skellam":
             maxima.append(_unamplified(cfg, number))
-            extra.update(noise_shares=7, epsilon_coordinator_max=maxima[-1])
+            extra.update(noise_shares=7, epsilon_coordinator_bound=maxima[-1])
         budget.record_release(
             ledger, round_number=number, event=cfg.round_event(), clip_norm=1.0, extra=extra
         )
     fields: dict[str, Any] = {"training_round": ROUNDS, "epsilon": budget.spent()}
     if maxima:
-        fields["epsilon_coordinator_max"] = maxima[-1]
+        fields["epsilon_coordinator_bound"] = maxima[-1]
     if close:
         ledger.close(close, fields)
     return cfg, maxima
@@ -76,14 +76,17 @@ def _unamplified(cfg: DpConfig, participations: int) -> float:
     return individual_epsilon([cfg.round_event()] * participations, cfg.delta)
 
 
-def _charges(participations: dict[int, int]) -> list[dict[str, Any]]:
-    """The operator's annex: per training round, who survived (and was charged)."""
+def _charges(participations: dict[int, int], cfg: DpConfig | None = None) -> list[dict[str, Any]]:
+    """The operator's annex: per training round, who survived (and was charged), and with
+    `cfg` the realised largest figure the engine records with each charge."""
     records: list[dict[str, Any]] = []
+    busiest = max(participations.values())
     for number in range(1, ROUNDS + 1):
         survivors = sorted(c for c, n in participations.items() if n >= number)
-        records.append(
-            {"round": number, "kind": "charge", "ledger_seq": number, "survivors": survivors}
-        )
+        charge = {"round": number, "kind": "charge", "ledger_seq": number, "survivors": survivors}
+        if cfg is not None:
+            charge["epsilon_coordinator_max"] = _unamplified(cfg, min(number, busiest))
+        records.append(charge)
         records.append({"round": number, "cohort": survivors, "cohort_aggregated": 3})
     return records
 
@@ -133,19 +136,22 @@ def test_distributed_dp_reports_each_clients_unamplified_epsilon(tmp_path):
     assert "survivor set" in report["adversaries"]["cohort_members"]["sees"]
     assert report["neighbouring"] == "zero_out"
     assert "not the fact that it took part" in report["neighbouring_protects"]
-    full = operator_report(report, _charges(participations), Ledger(path).entries)
+    full = operator_report(report, _charges(participations, cfg), Ledger(path).entries)
     mine = full["adversaries"]["coordinator"]
     assert full["view"] == "operator"
     assert mine["epsilon_bound"] == coordinator["epsilon_bound"]
     assert mine["epsilon_max"] == pytest.approx(_unamplified(cfg, 5))  # nobody sat in all 6
-    assert mine["ledger_epsilon_max"] == pytest.approx(maxima[-1])
+    # The annex's recorded figure agrees; the public ledger records no realised figure.
+    assert mine["recorded_epsilon_max"] == pytest.approx(_unamplified(cfg, 5))
     distribution = mine["distribution"]
     assert distribution["clients"] == 10
     assert distribution["max"] == mine["epsilon_max"]
     assert distribution["p50"] == pytest.approx(_unamplified(cfg, 1))
     assert distribution["p90"] == pytest.approx(_unamplified(cfg, 3))
     assert sum(row["clients"] for row in distribution["histogram"]) == 10
-    assert full["series"]["epsilon_coordinator_max"] == pytest.approx(maxima)
+    realised = [_unamplified(cfg, min(n, 5)) for n in range(1, ROUNDS + 1)]
+    assert full["series"]["epsilon_coordinator_max"] == pytest.approx(realised)
+    assert not any("epsilon_coordinator_max" in e for e in Ledger(path).entries)
     text = json.dumps(full)
     assert '"survivors"' not in text and '"cohort_aggregated"' not in text  # no raw annex
 
