@@ -10,7 +10,9 @@ without changing the users' mechanism: under Poisson they get the users' rate q,
 fixed-size sampling the cohort grows in proportion. A canary's runtime is the ordinary
 `ClientRuntime` with a declared `Trainer` that returns its direction scaled to the clip
 norm (no training): the same request parsing, clipping, weighting and secure-aggregation
-stages as every client, through the same round engine and update channel.
+stages as every client, through the same round engine and update channel, in-process or on
+Flower's simulation engine (where each worker's `AuditClientRuntime` hands canary ids to
+the canary runtime).
 
 After the run the released model deltas are scored against every canary (cosines) and
 `fedveil.privacy.audit` turns the scores into the estimate and the lower bound.
@@ -192,6 +194,79 @@ class CanaryTransport:
         self.users.close()
 
 
+class CohortRecorder:
+    """Records each round's cohort make-up (users, canaries) from the requests a
+    transport carries; everything else is the wrapped transport's own."""
+
+    def __init__(self, inner: Any, num_users: int) -> None:
+        self.inner, self.num_users = inner, num_users
+        self.cohorts: dict[int, tuple[set[int], set[int]]] = {}  # round -> (users, canaries)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def client_ids(self) -> Sequence[int]:
+        return self.inner.client_ids()
+
+    def exchange(
+        self, requests: Mapping[int, Envelope], timeout_s: float | None
+    ) -> dict[int, Envelope | ClientFailure]:
+        for cid, msg in requests.items():
+            if msg.kind != Kind.EVALUATE:
+                seen = self.cohorts.setdefault(msg.round, (set(), set()))
+                seen[0 if cid < self.num_users else 1].add(cid)
+        return self.inner.exchange(requests, timeout_s)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class AuditClientRuntime(ClientRuntime):
+    """A Flower worker's runtime in an audit: the users' own ClientRuntime, which hands
+    the canaries' ids to the canary runtime (`canaries`)."""
+
+    def __init__(
+        self,
+        users: Task,
+        canaries: ClientRuntime,
+        device: torch.device | str,
+        *,
+        run_config: RunConfig,
+    ) -> None:
+        super().__init__(users, device, run_config=run_config)
+        self.canaries, self.num_users = canaries, users.num_clients
+
+    def handle(self, client_id: int, msg: Envelope, state: dict[str, Any]) -> Envelope:
+        if client_id >= self.num_users:
+            return self.canaries.handle(client_id, msg, state)
+        return super().handle(client_id, msg, state)
+
+
+class AuditRuntimeFactory:
+    """Picklable: builds an AuditClientRuntime inside each Ray worker. It carries the
+    canary seed into the simulation's own workers (never to a device or a file)."""
+
+    def __init__(self, users_cfg: RunConfig, plan: AuditPlan, dim: int) -> None:
+        self.users_cfg, self.audit_cfg, self.dim = users_cfg, plan.cfg, dim
+        self._seed, self._inserted = plan.seed, plan.inserted
+
+    def __repr__(self) -> str:
+        return "AuditRuntimeFactory(<secret canaries>)"
+
+    def __call__(self) -> ClientRuntime:
+        from fedveil.simulations.ray_cluster import ray_client_device
+        from fedveil.tasks import make_task
+
+        users = make_task(self.users_cfg)
+        directions = canary_directions(self._seed, self._inserted.size, self.dim)
+        task = canary_task(users, directions[self._inserted])
+        canaries = ClientRuntime(
+            task, "cpu", run_config=self.audit_cfg, trainer=CanaryTrainer(self.audit_cfg.dp.clip)
+        )
+        device = ray_client_device(self.audit_cfg.simulation.client_gpus)
+        return AuditClientRuntime(users, canaries, device, run_config=self.audit_cfg)
+
+
 @dataclass
 class AuditPlan:
     """Who the canaries are (secret) and the config the audit run runs under."""
@@ -213,11 +288,6 @@ def plan_audit(cfg: RunConfig, users: int, canaries: int, *, out: str) -> AuditP
         raise AuditRefused(
             f"audit.target = {cfg.audit.target!r}: an audit against real devices is a further "
             "release of their data and is refused; audits run in simulation"
-        )
-    if cfg.transport != "inprocess":
-        raise AuditRefused(
-            f"transport = {cfg.transport!r}: the canary harness runs on the in-process "
-            "engine only (set transport = 'inprocess')"
         )
     if cfg.dp.mechanism == "distributed":
         raise AuditRefused(
@@ -299,12 +369,31 @@ def run_audit(
     def snapshot(_record: RoundRecord) -> None:
         snapshots.append(built[0].weights.detach().cpu().double().numpy().copy())
 
-    with InProcessTransport(users_task, device, workers=1, run_config=plan.cfg) as inner:
-        transport = CanaryTransport(inner, runtime, users_task.num_clients)
+    def build(transport: Any) -> RoundEngine:
         built.append(run.engine(transport, on_round=snapshot, resume=False))
         snapshots.append(built[0].weights.detach().cpu().double().numpy().copy())
-        summary = built[0].run()
-    result = _analyse(plan, directions, snapshots, transport, run, confidence)
+        return built[0]
+
+    recorder: CanaryTransport | CohortRecorder
+    if plan.cfg.transport == "flower":
+        from fedveil.simulations.flower_runner import run_on_flower
+
+        factory = AuditRuntimeFactory(prepared.cfg, plan, model_size)
+        holder: list[CohortRecorder] = []
+
+        def build_on_flower(transport: Any) -> RoundEngine:
+            holder.append(CohortRecorder(transport, users_task.num_clients))
+            return build(holder[0])
+
+        summary = run_on_flower(
+            plan.cfg, task.num_clients, build_on_flower, runtime_factory=factory
+        )["summary"]
+        recorder = holder[0]
+    else:
+        with InProcessTransport(users_task, device, workers=1, run_config=plan.cfg) as inner:
+            recorder = CanaryTransport(inner, runtime, users_task.num_clients)
+            summary = build(recorder).run()
+    result = _analyse(plan, directions, snapshots, recorder, run, confidence)
     result["wall_s"] = round(time.perf_counter() - start, 3)
     summary.update(audit=True, wall_s=result["wall_s"], out=str(out))
     if run.privacy is not None:
@@ -338,7 +427,7 @@ def _analyse(
     plan: AuditPlan,
     directions: np.ndarray,
     snapshots: list[np.ndarray],
-    transport: CanaryTransport,
+    transport: CanaryTransport | CohortRecorder,
     run: RunLifecycle,
     confidence: float,
 ) -> dict[str, Any]:

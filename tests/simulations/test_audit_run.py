@@ -98,7 +98,6 @@ def cohort_total(result):
     [
         ({}, 0, "audit.canaries = 0"),
         ({"server.sample_rate": 0.05, "server.rounds": 3}, 100, "server.sample_rate"),
-        ({"transport": "flower"}, 100, "transport = 'flower'"),
         ({"audit.target": "devices"}, 100, "audit.target = 'devices'"),
     ],
 )
@@ -203,3 +202,27 @@ def test_canaries_take_part_in_secure_aggregation_like_users(tmp_path):
         assert round_metrics["dropped"] == 0
         assert round_metrics["cohort_aggregated"] == cohort["users"] + cohort["canaries"]
         assert cohort["canaries"] > 0
+
+
+@pytest.mark.flower
+@pytest.mark.slow
+def test_an_audit_on_flower_sends_canaries_through_the_client_app(tmp_path):
+    cfg = load_config(
+        None,
+        {
+            "model.task": "tiny_task:make",
+            "data.num_clients": 12,
+            "server.per_round": 6,
+            "server.rounds": 2,
+            "device": "cpu",
+            "transport": "flower",
+            "out": str(tmp_path / "run"),
+        },
+    )
+    result = run_audit(cfg, canaries=20, out=tmp_path / "audit")
+    metrics = [json.loads(line) for line in (tmp_path / "audit" / "metrics.jsonl").open()]
+    assert len(result["cohorts"]) == len(metrics) == 2
+    for cohort, round_metrics in zip(result["cohorts"], metrics, strict=True):
+        assert round_metrics["dropped"] == 0  # the canaries answered through Flower
+        assert round_metrics["cohort_aggregated"] == cohort["users"] + cohort["canaries"]
+    assert json.loads((tmp_path / "audit" / "summary.json").read_text())["transport"] == "flower"
