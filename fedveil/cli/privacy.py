@@ -330,13 +330,19 @@ def _add_attack_update_inversion(asub: argparse._SubParsersAction) -> None:
         "--dp-noise", type=float, default=0.5, help="central DP noise multiplier z (>= 0.5)"
     )
     upd.add_argument("--seed", type=int, default=0, help="which images and initial model")
+    upd.add_argument(
+        "--iterations", type=int, default=300, help="gradient-matching Adam steps (default 300)"
+    )
+    upd.add_argument(
+        "--unmix-steps", type=int, default=500, help="Cocktail Party unmixing steps (default 500)"
+    )
     upd.set_defaults(func=cmd_attack_update_inversion)
 
 
 def cmd_attack_update_inversion(args: argparse.Namespace) -> int:
     from fedveil.simulations.attacks.inversion_run import run_inversion
 
-    for name in ("k", "batch", "local_steps"):
+    for name in ("k", "batch", "local_steps", "iterations", "unmix_steps"):
         if getattr(args, name) < 1:
             print(
                 f"--{name.replace('_', '-')}={getattr(args, name)} is invalid; allowed: >= 1",
@@ -354,6 +360,8 @@ def cmd_attack_update_inversion(args: argparse.Namespace) -> int:
         local_steps=args.local_steps,
         dp_noise=args.dp_noise,
         seed=args.seed,
+        opt_iterations=args.iterations,
+        cpa_steps=args.unmix_steps,
     )
     print(report["statement"])
     print(f"wrote {out / 'attack.json'} and the PNG grids")
