@@ -44,8 +44,9 @@ class Observed:
 
 def fresh_mlp(input_shape: tuple[int, ...], num_classes: int, seed: int) -> FlatModel:
     """The built-in MLP at a seeded initialisation: the global model of round one."""
-    torch.manual_seed(seed)
-    return FlatModel(build_model("mlp", input_shape, num_classes))
+    with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG untouched
+        torch.manual_seed(seed)
+        return FlatModel(build_model("mlp", input_shape, num_classes))
 
 
 def client_update(
