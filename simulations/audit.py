@@ -399,6 +399,14 @@ def run_audit(
     if run.privacy is not None:
         write_privacy_report(store.path, run.privacy.config)
     store.write_summary(summary)
+    if run.privacy is not None:
+        # Under DP how many users each cohort held is participation: the operator's
+        # private annex only, never privacy/ (README "Trust model").
+        private = store.private_dir / "audit_cohorts.json"
+        private.write_text(json.dumps(result.pop("cohorts"), indent=2) + "\n")
+        private.chmod(0o600)
+        result["cohorts"] = []
+        result["cohorts_private"] = str(Path("private") / "audit_cohorts.json")
     path = store.path / AUDIT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
@@ -471,20 +479,28 @@ def _analyse(
         "sampling": plan.cfg.server.sampling,
         "sampling_rate": plan.rate,
         "rounds": len(deltas),
-        "cohorts": [
-            {
-                "round": r,
-                "users": len(u),
-                "canaries": len(c),
-                "canary_share": len(c) / max(1, len(u) + len(c)),
-            }
-            for r, (u, c) in sorted(transport.cohorts.items())
-        ],
+        # Data-independent: the share a cohort holds in expectation (q is the same for
+        # users and canaries). Realised cohorts reveal participation: see cohort_rows.
+        "canary_share_expected": int(inserted.sum()) / (plan.users + int(inserted.sum())),
+        "cohorts": cohort_rows(transport),
         "histograms": {name: _histograms(scores[name], inserted) for name in VARIANTS},
         "refuted": accounted is not None and lower > accounted,
         "verdict": verdict(accounted, lower),
     }
     return result
+
+
+def cohort_rows(transport: CanaryTransport | CohortRecorder) -> list[dict[str, Any]]:
+    """Each round's users, canaries and canary share, as the audit's transport saw them."""
+    return [
+        {
+            "round": r,
+            "users": len(u),
+            "canaries": len(c),
+            "canary_share": len(c) / max(1, len(u) + len(c)),
+        }
+        for r, (u, c) in sorted(transport.cohorts.items())
+    ]
 
 
 def verdict(accounted: float | None, lower: float) -> str:

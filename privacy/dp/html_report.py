@@ -348,7 +348,9 @@ def audit_html(section: Mapping[str, Any]) -> str:
         f"Canaries made {min(shares):.1%} to {max(shares):.1%} of each cohort "
         f"({section.get('canaries_inserted')} of {section.get('canaries')} inserted)."
         if shares
-        else "No cohort ran."
+        else f"Canaries are expected to make {float(section.get('canary_share_expected') or 0):.1%}"
+        " of each cohort (users and canaries are sampled at the same rate; under DP each "
+        "cohort's realised make-up is participation, kept in the operator's private files)."
     )
     charts = [_histogram_chart(name, hist) for name, hist in section.get("histograms", {}).items()]
     return "\n".join(

@@ -409,6 +409,7 @@ def audit_section(audit: Mapping[str, Any]) -> dict[str, Any]:
         "refuted": bool(audit.get("refuted")),
         "canaries": audit.get("canaries"),
         "canaries_inserted": audit.get("canaries_inserted"),
+        "canary_share_expected": audit.get("canary_share_expected"),
         "cohorts": list(audit.get("cohorts", [])),
         "histograms": dict(audit.get("histograms", {})),
     }
@@ -434,7 +435,8 @@ def audit_lines(audit: Mapping[str, Any]) -> list[str]:
         + (
             f"canary share of cohorts {min(shares):.1%} to {max(shares):.1%}"
             if shares
-            else "no cohort ran"
+            else f"expected canary share of each cohort {audit.get('canary_share_expected', 0):.1%}"
+            " (under DP each cohort's realised share is in private/audit_cohorts.json)"
         ),
         str(audit.get("verdict", "")),
     ]

@@ -60,9 +60,15 @@ def test_an_honest_run_is_not_refuted_and_its_dir_is_marked_an_audit(tmp_path):
     assert not list(out.glob("model*")), "an audit's model is never written to be published"
     inserted = result["canaries_inserted"]
     assert 0 < inserted < 300 and result["canaries_held_out"] == 300 - inserted
-    (cohort,) = result["cohorts"]
+    # Under DP a cohort's realised make-up is participation: the operator's private
+    # files only; the public audit and report state the expected share.
+    assert result["cohorts"] == [] and result["cohorts_private"] == "private/audit_cohorts.json"
+    (cohort,) = json.loads((out / "private" / "audit_cohorts.json").read_text())
     assert cohort["users"] == 10 and cohort["canaries"] == inserted  # q = 1: all sampled
-    assert cohort["canary_share"] == pytest.approx(inserted / (10 + inserted))
+    assert result["canary_share_expected"] == pytest.approx(inserted / (10 + inserted))
+    public = json.loads((out / "privacy" / "report.json").read_text())
+    assert public["audit"]["cohorts"] == []
+    assert '"canary_share":' not in (out / "privacy" / "audit.json").read_text()
     hist = result["histograms"]["final_model"]
     assert sum(hist["inserted"]) == inserted and sum(hist["held_out"]) == 300 - inserted
 
