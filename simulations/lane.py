@@ -39,6 +39,7 @@ from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
 from fedveil.protocol.riders import latest_round
 from fedveil.simulations.batched import BatchedTrainer
+from fedveil.simulations.poisoning import attack_plan
 from fedveil.tasks import ClientData, PartitionedData, Task
 
 log = logging.getLogger("fedveil.inprocess")
@@ -134,6 +135,9 @@ class ClientLane:
         self._done: dict[int, LocalResult] = {}  # a unit's results, until its clients ask
         self._replay: LocalResult | None = None
         self._states = ClientStates()  # each client's store between messages
+        # [poisoning]: which clients attack, and how (None: every client is honest).
+        self.attack = attack_plan(run_config, task)
+        self._client: int | None = None  # the client whose message is being handled
         device = self.runtime.model.device
         self._devices = [device] if device.type == "cuda" else []
         self.batcher: BatchedTrainer | None = None
@@ -177,6 +181,7 @@ class ClientLane:
         """The client's reply, or why it failed (a failing client never stops the lane)."""
         store = self._states.store_for(cid, msg.round, latest_round(msg.round, msg.config))
         self._replay = self._done.pop(cid, None)
+        self._client = cid
         # Torch's global generator (dropout layers, random augmentation) is seeded per
         # (seed, round, client) and restored afterwards: a client's result does not
         # depend on which lane ran it or on who ran before it.
@@ -194,6 +199,7 @@ class ClientLane:
                 return f"{type(exc).__name__}: {exc}"
             finally:
                 self._replay = None
+                self._client = None
                 self._fetched.pop(cid, None)
                 self._states.release_if_empty(cid)  # plain training keeps nothing
 
@@ -233,6 +239,10 @@ class ClientLane:
         generator: torch.Generator,
     ) -> LocalResult:
         done, self._replay = self._replay, None
+        if self.attack is not None and self._client in self.attack.attackers:
+            # An attacker trains through its attack policy, never a unit's honest result.
+            poisoned = self.attack.policy.wrap(train_local)
+            return poisoned(model, global_vector, x, y, hp, loss_fn, generator)
         if done is not None and done.num_examples == int(x.shape[0]):
             return done
         return train_local(model, global_vector, x, y, hp, loss_fn, generator)

@@ -21,6 +21,7 @@ from fedveil.server.engine.runstore import RunStore
 from fedveil.simulations.availability import DROPPED, LATE, AvailabilityModel, AvailabilityTransport
 from fedveil.simulations.failures import FailureLog, check_some_client_contributed
 from fedveil.simulations.plots import PLOTS
+from fedveil.simulations.poisoning import BackdoorMeter, attack_plan, install_attack
 from fedveil.taskcheck import check_settings_read, check_task, reading_config
 from fedveil.tasks import Task, make_task
 
@@ -226,6 +227,8 @@ class Attempt:
         roster = None if self.identities is None else self.identities.roster
         self.run = RunLifecycle(cfg, task, store, device=device, roster=roster)
         self.availability = AvailabilityModel.from_config(cfg)
+        self.poisoning = attack_plan(cfg, task)  # [poisoning]; None: no attack
+        self.backdoor: BackdoorMeter | None = None
         self.engine: RoundEngine | None = None
         self.failures: FailureLog | None = None
         self.workers: int | None = None
@@ -236,6 +239,8 @@ class Attempt:
         if self.availability is not None:
             outer = AvailabilityTransport(outer, self.availability)
         self.engine = self.run.engine(outer, on_round=self.on_round, resume=self.resume)
+        if self.poisoning is not None:  # poisoning.json, and backdoor accuracy per round
+            self.backdoor = install_attack(self.poisoning, self.task, self.engine, self.cfg)
         return self.engine
 
     def drive(self, on_clients: Callable[[int, int], None] | None) -> None:
@@ -267,6 +272,8 @@ class Attempt:
         summary["out"] = str(Path(self.cfg.out))
         if self.workers is not None:
             summary["workers"] = self.workers
+        if self.backdoor is not None:
+            summary["backdoor_accuracy"] = self.backdoor.last
         return summary
 
     def finish(self, wall: float) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config.fields import ConfigError, build, help_of, spec
+from fedveil.config.poisoning import PoisoningConfig, check_poisoning
 from fedveil.config.ray_address import check_ray_address
 
 if sys.version_info >= (3, 11):
@@ -294,6 +295,7 @@ class RunConfig:
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     audit: AuditSection = field(default_factory=AuditSection)
+    poisoning: PoisoningConfig = field(default_factory=PoisoningConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -317,6 +319,7 @@ SECTIONS = {
     "simulation": SimulationConfig,
     "tracking": TrackingConfig,
     "audit": AuditSection,
+    "poisoning": PoisoningConfig,
 }
 
 
@@ -344,6 +347,7 @@ def _check_cross_fields(cfg: RunConfig) -> None:
         )
     _check_dp_fields(cfg)
     _check_simulation_fields(cfg)
+    check_poisoning(cfg)
     _check_tracking(cfg.tracking)
     task = cfg.model.task
     if task is None:

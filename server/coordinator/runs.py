@@ -163,6 +163,14 @@ def parse_submission(
             raise SubmissionError("body", f"not valid TOML ({exc})") from None
     if not isinstance(values, dict):
         raise SubmissionError("body", "the run config must be a table (TOML) or an object (JSON)")
+    poisoning = values.get("poisoning")
+    if isinstance(poisoning, dict) and poisoning.get("attack", "none") != "none":
+        # Attacks are simulated clients' behaviour; a deployed run's clients are real devices.
+        raise SubmissionError(
+            "poisoning",
+            f"poisoning.attack = {poisoning.get('attack')!r}: [poisoning] is simulation only "
+            "(fedveil simulate); a deployed run's clients are real devices",
+        )
     try:
         deploy = DeploySettings.from_dict(values.pop("deploy", None))
         # The service decides where a run lives and what engine runs it.
