@@ -16,6 +16,7 @@ from typing import Any
 from fedveil.config.fields import ConfigError, build, help_of, spec
 from fedveil.config.poisoning import PoisoningConfig, check_poisoning
 from fedveil.config.ray_address import check_ray_address
+from fedveil.config.robust_bounds import AGGREGATORS, check_robust_config
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -97,6 +98,34 @@ class ServerConfig:
         hi=86_400.0,
         help="reply deadline in s; 0: none in simulation, and for a deployed run "
         "max(120, 60 x client.local_epochs, or 0.5 x client.local_steps)",
+    )
+    aggregator: str = spec(
+        "mean",
+        choices=AGGREGATORS,
+        help="how updates combine: the weighted mean, or a robust rule in the clear "
+        "(median, trimmed_mean, krum, multi_krum, bulyan, norm_bound; no DP, no secagg)",
+    )
+    attackers_tolerated: int = spec(
+        0, lo=0, hi=1_000_000, help="attackers f the robust aggregator must tolerate per round"
+    )
+    trim_fraction: float = spec(
+        0.0,
+        lo=0.0,
+        hi=0.49,
+        help="trimmed_mean: share of updates dropped per side; 0: exactly attackers_tolerated",
+    )
+    krum_select: int = spec(
+        0, lo=0, hi=1_000_000, help="multi_krum: updates averaged; 0: cohort - attackers"
+    )
+    norm_bound: float = spec(
+        0.0, lo=0.0, hi=1e6, help="norm_bound: L2 bound M each update is clipped to"
+    )
+    weak_dp_noise: float = spec(
+        0.0,
+        lo=0.0,
+        hi=1e3,
+        help="norm_bound: std of Gaussian noise added to the aggregate (weak DP, "
+        "Sun et al. 2019; no DP guarantee)",
     )
 
 
@@ -347,6 +376,7 @@ def _check_cross_fields(cfg: RunConfig) -> None:
         )
     _check_dp_fields(cfg)
     _check_simulation_fields(cfg)
+    check_robust_config(cfg)
     check_poisoning(cfg)
     _check_tracking(cfg.tracking)
     task = cfg.model.task

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -26,6 +26,7 @@ from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import CLIP_NORM, DELTA, LOSS, NUM_EXAMPLES, UNCLIPPED, WEIGHT
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.outcome import Aborted
+from fedveil.server.engine.robust import RobustAggregator
 from fedveil.server.engine.transport import ClientFailure, Transport
 
 log = logging.getLogger("fedveil.aggregation")
@@ -139,10 +140,25 @@ class PlainChannel:
     of updates it had to change is `Aggregate.extras["server_reclipped"]`; it is logged
     at debug level only, without client ids. NaN or Inf updates are refused and the
     client dropped. With secure aggregation no such check is possible (the server sees
-    only the sum): the sensitivity then holds only for honest clients."""
+    only the sum): the sensitivity then holds only for honest clients.
 
-    def __init__(self, on_drop: Callable[[int, str], None] | None = None) -> None:
+    With a robust `aggregator` (`server.aggregator`, robust.py) the checked updates are
+    held, n x d floats, and combined by that rule instead of summed (unweighted; the
+    Aggregate is its own mean, weight 1); the round's bound check is its `round_report`.
+    Without one (`mean`) the sum is the same, bit for bit, as before."""
+
+    def __init__(
+        self,
+        on_drop: Callable[[int, str], None] | None = None,
+        aggregator: RobustAggregator | None = None,
+    ) -> None:
         self.on_drop = on_drop
+        self.aggregator = aggregator
+        self._reports: dict[int, dict[str, Any]] = {}
+
+    def round_report(self, round_num: int) -> Mapping[str, Any]:
+        """The robust aggregator's bound check for the round (empty for the mean)."""
+        return self._reports.pop(round_num, {})
 
     def collect(
         self,
@@ -154,7 +170,7 @@ class PlainChannel:
     ) -> Aggregate | NoUpdates:
         round_num = next(iter(requests.values())).round
         replies = transport.exchange(requests, timeout_s)
-        acc = _WeightedSum()
+        acc = _WeightedSum() if self.aggregator is None else _HeldUpdates(self.aggregator)
         dropped: dict[int, str] = {}
         clipped_by_server: int | None = None  # None: no request under central DP
         for cid in sorted(requests):
@@ -184,7 +200,42 @@ class PlainChannel:
         if self.on_drop:
             for cid, reason in dropped.items():
                 self.on_drop(cid, reason)
+        if isinstance(acc, _HeldUpdates):
+            result = acc.result(dropped, round_num)
+            self._reports[round_num] = acc.report
+            return result
         return acc.result(dropped)
+
+
+@dataclass
+class _HeldUpdates:
+    """The cohort's checked updates, held for a robust rule (client-id order)."""
+
+    rule: RobustAggregator
+    deltas: list[torch.Tensor] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    extras: dict[str, float] = field(default_factory=dict)
+    contributors: list[int] = field(default_factory=list)
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, cid: int, r: TrainReply) -> None:
+        self.deltas.append(r.delta)
+        self.losses.append(r.loss)
+        for key, value in r.counters.items():
+            self.extras[key] = self.extras.get(key, 0.0) + value
+        self.contributors.append(cid)
+
+    def result(self, dropped: dict[int, str], round_num: int) -> Aggregate | NoUpdates:
+        if not self.deltas:
+            return NoUpdates(dropped)
+        stacked = torch.stack([d.to(self.deltas[0].device) for d in self.deltas])
+        self.deltas.clear()
+        out = self.rule.aggregate(stacked, round_num)
+        self.report = out.report
+        # A reported loss is a client's claim too: its median, not its mean.
+        loss = float(torch.tensor(self.losses, dtype=torch.float64).median())
+        update = out.update.to(stacked.dtype)
+        return Aggregate(update, 1.0, self.contributors, loss, dropped, self.extras)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.privacy.secagg.feasibility import check_secagg_feasible
 from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel
 from fedveil.server.engine.privacy_stage import CentralDP, DistributedDP
+from fedveil.server.engine.robust import robust_aggregator
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.sampling import committed_graph_seed
 from fedveil.server.engine.secagg_channel import SecAggChannel
@@ -89,7 +90,7 @@ def make_privacy_pipeline(
             if mechanism == "central"
             else None
         )
-        return privacy, PlainChannel()
+        return privacy, PlainChannel(aggregator=robust_aggregator(cfg, task))
     if mechanism == "distributed":
         privacy = DistributedDP(cfg, task.num_clients, ledger_path, **privacy_args)
         model_size = sum(p.numel() for p in task.model_fn().parameters())

@@ -31,6 +31,7 @@ from fedveil.server.engine.dpsgd_accounting import ClientDpSgdAccountant
 from fedveil.server.engine.optimizers import ServerOptimizer, make_optimizer
 from fedveil.server.engine.privacy_stage import CentralDP, Release
 from fedveil.server.engine.requests import build_train_request
+from fedveil.server.engine.robust import robust_summary
 from fedveil.server.engine.round_record import PUBLIC_UNDER_DP, RoundRecord
 from fedveil.server.engine.round_steps import Collected, account_drops, persist, plain_release
 from fedveil.server.engine.runstore import RunStore
@@ -348,6 +349,7 @@ class RoundEngine:
             "dropped_total": sum(r.dropped for r in self.history),
             "client_errors": dict(errors.most_common()),
             "first_client_error": self.first_client_error,
+            **robust_summary(self.cfg.server.aggregator, self.history),
         }
 
     def _privacy_summary(self) -> dict[str, Any]:
