@@ -9,11 +9,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from fedveil.client.runtime import client_generator
+from fedveil.client.training import LocalTraining, train_local
 from fedveil.config import ConfigError, load_config
+from fedveil.params import FlatModel
 from fedveil.server.coordinator.runs import SubmissionError, parse_submission
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.simulations.inprocess import InProcessTransport
-from fedveil.simulations.poisoning import RECORD, apply_trigger, choose_attackers
+from fedveil.simulations.poisoning import RECORD, AttackPolicy, apply_trigger, choose_attackers
 from fedveil.simulations.run import simulate
 from fedveil.tasks import make_task
 
@@ -162,3 +165,30 @@ def test_a_deployed_run_with_poisoning_is_refused():
         parse_submission(text.encode(), "application/toml", [])
     assert refused.value.field == "poisoning"
     assert "simulation only" in str(refused.value)
+
+
+def _train(trainer, seed: int = 11):
+    torch.manual_seed(0)
+    model = FlatModel(torch.nn.Sequential(torch.nn.Linear(8, 3)))
+    x, y = torch.randn(40, 8), torch.randint(0, 3, (40,))
+    hp = LocalTraining(batch_size=8, lr=0.1)
+    start = model.get().clone()
+    loss = torch.nn.functional.cross_entropy
+    return trainer(model, start, x, y, hp, loss, client_generator(seed, 1, 0)).delta
+
+
+@pytest.mark.parametrize("attack", ["sign_flip", "scaled", "gaussian"])
+def test_update_attacks_do_what_they_say(attack):
+    honest = _train(train_local)
+    policy = AttackPolicy(attack, num_classes=3, scale=10.0, std=2.0, trigger_size=2)
+    poisoned = _train(policy.wrap(train_local))
+    if attack == "sign_flip":
+        assert torch.equal(poisoned, honest * -10.0)
+    elif attack == "gaussian":
+        assert torch.equal(poisoned, _train(policy.wrap(train_local))), "seeded"
+        assert not torch.equal(poisoned, _train(policy.wrap(train_local), seed=12))
+        assert 1.0 < float(poisoned.std()) < 3.0
+    else:  # model replacement: backdoor data, then boosted
+        assert not torch.equal(poisoned, honest * 10.0)
+        plain = AttackPolicy("backdoor", num_classes=3, boost=1.0, trigger_size=2)
+        assert torch.allclose(poisoned, _train(plain.wrap(train_local)) * 10.0)
