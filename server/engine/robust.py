@@ -82,20 +82,32 @@ def trimmed_mean(updates: torch.Tensor, k: int) -> torch.Tensor:
 def krum_scores(updates: torch.Tensor, f: int) -> torch.Tensor:
     """Krum's score per update (Blanchard et al. 2017): the sum of squared distances to
     its n - f - 2 nearest other updates (at least 1 when n >= 2)."""
-    n = updates.shape[0]
-    if n == 1:
-        return torch.zeros(1, dtype=updates.dtype)
+    return _scores(squared_distances(updates), f)
+
+
+def squared_distances(updates: torch.Tensor) -> torch.Tensor:
+    """The (n, n) squared L2 distances between updates, in float64, inf on the diagonal."""
     x = updates.double()
     dist = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist").pow(2)
-    dist.fill_diagonal_(math.inf)
+    return dist.fill_diagonal_(math.inf)
+
+
+def _scores(dist: torch.Tensor, f: int) -> torch.Tensor:
+    n = dist.shape[0]
+    if n == 1:
+        return torch.zeros(1, dtype=dist.dtype, device=dist.device)
     neighbours = min(n - 1, max(1, n - f - 2))
     return dist.sort(dim=1).values[:, :neighbours].sum(dim=1)
 
 
+def _best(scores: torch.Tensor, m: int) -> list[int]:
+    values = scores.tolist()
+    return sorted(range(len(values)), key=lambda i: (values[i], i))[:m]
+
+
 def multi_krum_select(updates: torch.Tensor, f: int, m: int) -> list[int]:
     """The indices of the m updates with the lowest Krum scores (ties: lower index)."""
-    scores = krum_scores(updates, f).tolist()
-    return sorted(range(len(scores)), key=lambda i: (scores[i], i))[:m]
+    return _best(krum_scores(updates, f), m)
 
 
 def multi_krum(updates: torch.Tensor, f: int, m: int) -> torch.Tensor:
@@ -114,10 +126,11 @@ def bulyan(updates: torch.Tensor, f: int) -> torch.Tensor:
     beta = theta - 2 * f
     if beta < 1:
         raise ValueError(f"bulyan: n = {n} updates are too few for f = {f} (needs n >= 4f + 3)")
+    dist = squared_distances(updates)  # computed once; each pick scores what is left
     left = list(range(n))
     picked: list[int] = []
     while len(picked) < theta:
-        best = multi_krum_select(updates[left], f, 1)[0]
+        best = _best(_scores(dist[left][:, left], f), 1)[0]
         picked.append(left.pop(best))
     chosen = updates[sorted(picked)]
     median = coordinate_median(chosen)
