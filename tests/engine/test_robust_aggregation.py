@@ -279,3 +279,26 @@ def test_a_median_run_applies_updates_and_records_the_bound(tmp_path) -> None:
     assert summary["aggregator"] == "median"
     assert summary["robust_bound_failed_rounds"] == failed
     assert summary["rounds_applied"] >= 1
+
+
+@pytest.mark.parametrize(("aggregator", "survives"), [("mean", False), ("median", True)])
+def test_sign_flipping_attackers_break_the_mean_and_not_the_median(
+    tmp_path, aggregator: str, survives: bool
+) -> None:
+    cfg = load_config(
+        None,
+        {
+            "model.task": "tiny_task:make",
+            "data.num_clients": 12,
+            "server.per_round": 12,
+            "server.rounds": 6,
+            "server.aggregator": aggregator,
+            "server.attackers_tolerated": 2 if survives else 0,
+            "poisoning.attack": "sign_flip",
+            "poisoning.fraction": 0.17,  # 2 of 12 clients, every round
+            "poisoning.scale": 10.0,
+            "out": str(tmp_path / "run"),
+        },
+    )
+    summary = simulate(cfg)
+    assert (summary["test_accuracy"] > 0.9) == survives
