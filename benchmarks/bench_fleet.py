@@ -62,14 +62,9 @@ RETRY_STATUS = (502, 503, 504)  # e.g. the gateway's "SuperLink starting or rest
 REQUEST_TIMEOUT_S = 30.0  # ProtobufClient's default timeout
 GRACE_S = 30.0  # after the window: open calls may finish, then they count as lost
 SECAGG_NOT_RUN = (
-    "not built: the 200-device secure round needs each emulated device to fetch a message "
-    "as a SuperNode does (PullMessages, then PullObject for every part of its object tree, "
-    "ConfirmMessageReceived; GetRun for the run config), run fedveil's ClientApp on it "
-    "(client/flower_app.py with the secagg mod, the device's own data partition) and push "
-    "the reply (PushMessages with the reply's object tree, PushObject for each object the "
-    "SuperLink asks for), for a run submitted with [secagg] enabled and a tiny model, then "
-    "compare the final model with `fedveil simulate` of the same config and seed; none of "
-    "this exists in the emulator yet, which only holds idle devices"
+    "not run: pass --secagg-round N for one round of N emulated devices with secure "
+    "aggregation through this coordinator, compared with `fedveil simulate` "
+    "(benchmarks/fleet_secagg_round.py)"
 )
 
 
@@ -461,9 +456,14 @@ def format_table(results: list[dict[str, Any]]) -> str:
     return "\n".join([HEADER, *(format_row(r) for r in results)])
 
 
-def summary(results: list[dict[str, Any]], target_p99_s: float = 1.0) -> dict[str, Any]:
+def summary(
+    results: list[dict[str, Any]],
+    target_p99_s: float = 1.0,
+    secagg: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The largest count's figures at the top level, the sweep under `sweep`, and the
-    knee: the largest count that held every device with p99 under the target."""
+    knee: the largest count that held every device with p99 under the target. `secagg`:
+    the `secagg_round_*` figures of fleet_secagg_round.secagg_round, if it ran."""
     held = [
         r["devices"]
         for r in results
@@ -481,6 +481,7 @@ def summary(results: list[dict[str, Any]], target_p99_s: float = 1.0) -> dict[st
             "sweep": results,
         }
     )
+    top.update(secagg or {})
     return top
 
 
@@ -490,6 +491,10 @@ def cmd_bench_fleet(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name} = {getattr(args, name)}: must be > 0")
     if args.warmup < 0:
         raise ValueError(f"--warmup = {args.warmup}: must be >= 0")
+    if args.secagg_round is not None and args.secagg_round < 3:
+        raise ValueError(
+            f"--secagg-round = {args.secagg_round}: secure aggregation needs >= 3 devices"
+        )
     results = run(
         sorted(args.devices),
         poll_s=args.poll,
@@ -500,8 +505,21 @@ def cmd_bench_fleet(args: argparse.Namespace) -> int:
     )
     out = sys.stderr if args.json else sys.stdout
     print(format_table(results), file=out)
+    secagg = None
+    if args.secagg_round is not None:
+        from benchmarks.fleet_secagg_round import secagg_round
+
+        secagg = secagg_round(args.secagg_round, seed=args.seed, poll_s=args.poll, log=out)
+        print(
+            f"secure round of {args.secagg_round} devices: {secagg['secagg_round_status']} in "
+            f"{secagg['secagg_round_s']} s, max |deployed - simulated| = "
+            f"{secagg['secagg_round_max_abs_diff']} (tolerance "
+            f"{secagg['secagg_round_tolerance']:.3g}): "
+            f"{'equal' if secagg['secagg_round_ok'] else 'NOT equal'} within it",
+            file=out,
+        )
     if args.json:
-        print(json.dumps(summary(results), sort_keys=True))
+        print(json.dumps(summary(results, secagg=secagg), sort_keys=True))
     return 0
 
 

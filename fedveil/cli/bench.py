@@ -215,6 +215,13 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="write a cProfile (pstats) of the coordinator process to FILE",
     )
+    p.add_argument(
+        "--secagg-round",
+        type=int,
+        metavar="N",
+        help="also run one secure-aggregation round of N emulated devices (fresh "
+        "coordinator) and compare its model with `fedveil simulate` (secagg_round_ok)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
 
