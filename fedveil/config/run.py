@@ -170,6 +170,12 @@ class SecAggSection:
         help="run the next round's key stages inside this round's exchanges "
         "(one extra exchange per round instead of three)",
     )
+    sum_check: bool = spec(
+        True,
+        help="reject a round whose unmasked sum no set of honest clipped clients can produce "
+        "(total weight > n x max_weight, a coordinate outside n x [-r, r], or under DP an L2 "
+        "norm above n x clip); honest rounds never trip it (server/engine/sum_checks.py)",
+    )
 
 
 @dataclass

@@ -39,12 +39,14 @@ from fedveil.privacy.secagg import (
 )
 from fedveil.privacy.secagg.server import ServerPhase
 from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.fields import CLIP_NORM
 from fedveil.protocol.kinds import TRAINING_STAGE, Kind, Stage
 from fedveil.protocol.riders import IGNORED, attach, split_reply
 from fedveil.protocol.secagg_frame import protocol_part, wrap
 from fedveil.server.engine.aggregation import Aggregate
 from fedveil.server.engine.outcome import Aborted, UnmaskGate
 from fedveil.server.engine.requests import encoding_config
+from fedveil.server.engine.sum_checks import check_quantized_sum
 from fedveil.server.engine.transport import ClientFailure, Transport
 
 log = logging.getLogger("fedveil.secagg")
@@ -227,6 +229,7 @@ class SecAggChannel:
         try:
             self._run_stages(transport, started, timeout_s)
             result = started.server.finalize()
+            self._check_sum(result.total, len(result.survivors), model_size, requests)
             decoded = self.encoding.decode(result.total, len(result.survivors), model_size)
         except SecAggAborted as exc:
             return self._aborted(started, exc)
@@ -236,6 +239,16 @@ class SecAggChannel:
         return Aggregate(
             decoded.total, decoded.weight, sorted(result.survivors), loss, dropped, decoded.extras
         )
+
+    def _check_sum(
+        self, total: Any, contributors: int, model_size: int, requests: Mapping[int, Envelope]
+    ) -> None:
+        """`secagg.sum_check`: raise SumRejected (an abort after unmasking) when the sum is
+        outside what honest clipped clients can produce (see sum_checks.py)."""
+        if not self.settings.sum_check or not isinstance(self.encoding, QuantizedEncoding):
+            return
+        clip = next(iter(requests.values())).config.get(CLIP_NORM) if requests else None
+        check_quantized_sum(total, self.encoding, contributors, model_size, clip or None)
 
     def _leave_out_unlisted(self, round_num: int, cohort: list[int]) -> dict[int, str]:
         """Removes from `cohort` the clients without an identity key (malicious mode);
