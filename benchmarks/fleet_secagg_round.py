@@ -49,6 +49,7 @@ from flwr.supercore.inflatable.inflatable_utils import (
     pull_and_inflate_object_from_tree,
     push_objects,
 )
+from flwr.supernode import fleet_http_connection
 from flwr.supernode.fleet_http_connection import http_request_response
 from safetensors.torch import load, load_file
 
@@ -61,6 +62,7 @@ from fedveil.tasks import builtin_task
 
 FLOAT_SLACK = 1e-6  # float32 rounding of the model (values of order 1) on either side
 ROUND_TIMEOUT_S = 1800.0
+ACTIVATING_AT_ONCE = 16  # as bench_fleet's idle devices activate, 32 at a time on asyncio
 
 
 def run_toml(devices: int, seed: int, max_weight: int = 0) -> str:
@@ -100,6 +102,8 @@ class EmulatedDevice:
     key: ec.EllipticCurvePrivateKey
     data: Any
     answered: int = 0
+    activations: int = 0
+    restarts: int = 0  # connections started again after one ended
     errors: list[str] = field(default_factory=list)
 
     def openssh(self) -> str:
@@ -110,6 +114,17 @@ class EmulatedDevice:
         )
 
 
+class SuperNodeExit(RuntimeError):
+    """What would end a SuperNode process (Flower's `flwr_exit` on a failed connection)."""
+
+
+def _supernode_exit(code: Any, message: str, *args: Any, **kwargs: Any) -> None:
+    # Flower's flwr_exit ends the process (os._exit after a timeout): here it would end
+    # every emulated device, so it ends only this device's connection, as the SuperNode
+    # process of one `fedveil client` exits and its worker starts it again.
+    raise SuperNodeExit(f"{code}: {message}")
+
+
 def device_loop(
     dev: EmulatedDevice,
     address: str,
@@ -117,48 +132,98 @@ def device_loop(
     stop: threading.Event,
     poll_s: float,
     connected: Callable[[], None],
+    activating: threading.Semaphore,
 ) -> None:
-    """A SuperNode's loop for one device, answering with fedveil's device logic."""
+    """One `fedveil client`: its SuperNode's connection, restarted with the worker's
+    backoff (1 s doubling to 60 s, reset after a minute up; client/edge/edge.py) whenever
+    it ends, as a SuperNode exits when a Fleet call fails for good (e.g. a SuperLink 500)."""
     edge = EdgeClient(DataSource(dev.data), dev.client_id)
     run_configs: dict[int, dict[str, Any]] = {}
+    backoff = 1.0
+    while not stop.is_set():
+        began = time.monotonic()
+        serve(dev, edge, run_configs, address, ca_pem, stop, poll_s, connected, activating)
+        if stop.is_set():
+            break
+        dev.restarts += 1
+        backoff = 1.0 if time.monotonic() - began > 60 else min(backoff * 2, 60.0)
+        stop.wait(backoff)
+
+
+def serve(
+    dev: EmulatedDevice,
+    edge: EdgeClient,
+    run_configs: dict[int, dict[str, Any]],
+    address: str,
+    ca_pem: bytes,
+    stop: threading.Event,
+    poll_s: float,
+    connected: Callable[[], None],
+    activating: threading.Semaphore,
+) -> None:
+    """A SuperNode's connection and loop, answering with fedveil's device logic.
+    `activating` bounds the devices activating at once: a fleet does not come up in one
+    instant, and 200 simultaneous ActivateNodes only measure a thundering herd."""
+    activating.acquire()
+    held = True
     try:
         with http_request_response(address, False, ca_pem, (dev.key, dev.key.public_key())) as conn:
-            _node_id, receive, send, get_run, get_fab, pull_object, push_object, confirm = conn
-            connected()
-            while not stop.is_set():
-                got = receive()
-                if got is None:
-                    stop.wait(poll_s)
-                    continue
-                head, tree = got
-                run_id = head.metadata.run_id
-                if run_id not in run_configs:
-                    run = get_run(run_id)
-                    fab = get_fab(run.fab_hash, run_id)
-                    run_configs[run_id] = dict(get_fused_config_from_fab(fab.content, run))
-                started = time.perf_counter()
-                message = pull_and_inflate_object_from_tree(
-                    tree,
-                    lambda oid, r=run_id: pull_object(r, oid),
-                    lambda oid, r=run_id: confirm(r, oid),
-                    return_type=Message,
-                )
-                message.metadata.__dict__["_message_id"] = tree.object_id
-                reply = answer(edge, message, run_id, run_configs[run_id])
-                # As flwr.supernode.runtime.run_clientapp.push_message sends a reply.
-                reply.metadata.__dict__["_message_id"] = reply.object_id
-                with no_object_id_recompute():
-                    reply_tree = get_object_tree(reply)
-                    objects = get_all_nested_objects(reply)
-                    to_push, session = send(reply, reply_tree, time.perf_counter() - started)
-                    push_objects(
-                        objects,
-                        lambda oid, content, r=run_id, s=session: push_object(r, s, oid, content),
-                        object_ids_to_push=to_push,
-                    )
-                dev.answered += 1
-    except Exception as exc:  # the report counts it; the round then shows a drop
-        dev.errors.append(f"{type(exc).__name__}: {exc}")
+            activating.release()
+            held = False
+            if not dev.activations:
+                connected()
+            dev.activations += 1
+            try:
+                while not stop.is_set():
+                    if not answer_one(dev, edge, run_configs, conn):
+                        stop.wait(poll_s)
+            except Exception as exc:  # Flower's connection logs it and closes; keep a count
+                dev.errors.append(f"{type(exc).__name__}: {exc}")
+                raise
+    except SuperNodeExit as exc:
+        dev.errors.append(str(exc))
+    finally:
+        if held:
+            activating.release()
+
+
+def answer_one(
+    dev: EmulatedDevice, edge: EdgeClient, run_configs: dict[int, dict[str, Any]], conn: Any
+) -> bool:
+    """Pull one message and push its reply, as the SuperNode and the worker do; False if
+    none was waiting."""
+    _node_id, receive, send, get_run, get_fab, pull_object, push_object, confirm = conn
+    got = receive()
+    if got is None:
+        return False
+    head, tree = got
+    run_id = head.metadata.run_id
+    if run_id not in run_configs:
+        run = get_run(run_id)
+        fab = get_fab(run.fab_hash, run_id)
+        run_configs[run_id] = dict(get_fused_config_from_fab(fab.content, run))
+    started = time.perf_counter()
+    message = pull_and_inflate_object_from_tree(
+        tree,
+        lambda oid: pull_object(run_id, oid),
+        lambda oid: confirm(run_id, oid),
+        return_type=Message,
+    )
+    message.metadata.__dict__["_message_id"] = tree.object_id
+    reply = answer(edge, message, run_id, run_configs[run_id])
+    # As flwr.supernode.runtime.run_clientapp.push_message sends a reply.
+    reply.metadata.__dict__["_message_id"] = reply.object_id
+    with no_object_id_recompute():
+        reply_tree = get_object_tree(reply)
+        objects = get_all_nested_objects(reply)
+        to_push, session = send(reply, reply_tree, time.perf_counter() - started)
+        push_objects(
+            objects,
+            lambda oid, content: push_object(run_id, session, oid, content),
+            object_ids_to_push=to_push,
+        )
+    dev.answered += 1
+    return True
 
 
 def tolerance(cfg: Any, weights: list[int]) -> float:
@@ -202,6 +267,7 @@ def secagg_round(
     if devices < 3:
         raise ValueError(f"--secagg-round {devices}: secure aggregation needs >= 3 devices")
     torch.set_num_threads(1)  # hundreds of device threads each train a tiny model
+    fleet_http_connection.flwr_exit = _supernode_exit  # type: ignore[attr-defined]
     values = tomllib.loads(run_toml(devices, seed))
     values.pop("deploy")
     task = builtin_task(config_from_dict(values))  # the partition: no secagg key affects it
@@ -225,6 +291,7 @@ def secagg_round(
         threads: list[threading.Thread] = []
         up = [0]
         lock = threading.Lock()
+        activating = threading.Semaphore(ACTIVATING_AT_ONCE)
 
         def connected() -> None:
             with lock:
@@ -238,7 +305,7 @@ def secagg_round(
             for d in emulated:
                 t = threading.Thread(
                     target=device_loop,
-                    args=(d, coord.fleet_address, ca_pem, stop, poll_s, connected),
+                    args=(d, coord.fleet_address, ca_pem, stop, poll_s, connected, activating),
                     name=f"device-{d.client_id}",
                     daemon=True,
                 )
@@ -293,6 +360,7 @@ def secagg_round(
         "secagg_round_cohort_aggregated": last.get("cohort_aggregated"),
         "secagg_round_dropped": last.get("dropped"),
         "secagg_round_messages_answered": sum(d.answered for d in emulated),
+        "secagg_round_connection_restarts": sum(d.restarts for d in emulated),
         "secagg_round_device_errors": errors,
         "secagg_round_note": (
             "tolerance = 2 * server_lr * N * step * W / sum(w) + float slack: each side's "

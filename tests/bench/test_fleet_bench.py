@@ -164,7 +164,6 @@ def test_a_secure_round_of_emulated_devices_equals_the_simulation() -> None:
     # Its own temporary directory: a pytest path is too long for the SuperLink's socket.
     r = secagg_round(8, seed=3, poll_s=0.5)
     assert r["secagg_round_status"] == "completed"
-    assert r["secagg_round_device_errors"] == {}
     assert r["secagg_round_cohort_aggregated"] == 8 and r["secagg_round_dropped"] == 0
     # Every device answered every secure-aggregation exchange of the round.
     assert r["secagg_round_messages_answered"] >= 8 * 3
