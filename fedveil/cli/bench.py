@@ -138,6 +138,14 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     add_flower_secagg_arguments(p)
     p.set_defaults(func=cmd_bench_flower_secagg)
 
+    p = bsub.add_parser(
+        "robust",
+        help="poisoning attacks x robust aggregators: accuracy, backdoor accuracy, bound failures",
+        description=ROBUST_SUMMARY,
+    )
+    add_robust_arguments(p)
+    p.set_defaults(func=cmd_bench_robust)
+
 
 def add_secagg_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `fedveil bench secagg` (also `python -m benchmarks.bench_secagg_round`)."""
@@ -248,6 +256,80 @@ def add_flower_secagg_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--examples", type=int, default=8, help="most examples per client [8]")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
+ROBUST_SUMMARY = (
+    "`fedveil bench robust`: poisoning attacks x aggregators (issue 22): final and backdoor "
+    "accuracy next to each aggregator's clean run, the rounds whose attacker bound failed, "
+    "and the backdoor curve of model replacement over attacker fractions. --json prints one "
+    "JSON object (table, clean_accuracy, backdoor_curve, targets) as the last line of stdout."
+)
+# The plain mean under secure aggregation: attackers go through the client's own clip.
+SECAGG_MEAN = "secagg_mean"
+# norm_bound's M near the honest updates' median L2 norm with the default mlp and training.
+ROBUST_NORM_BOUNDS = {"fashion-mnist": 1.0, "digits": 0.3}
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers like 0.1,0.2") from None
+
+
+def _names(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def add_robust_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `fedveil bench robust` (also `python -m benchmarks.bench_robust`)."""
+    p.add_argument(
+        "--dataset", choices=["fashion-mnist", "digits"], default="fashion-mnist",
+        help="[fashion-mnist]; digits for a quick look",
+    )  # fmt: skip
+    p.add_argument("--model", default="mlp", help="built-in model (mlp, cnn, logreg) [mlp]")
+    p.add_argument("--clients", type=int, default=100, help="population [100]")
+    p.add_argument("--per-round", type=int, default=20, help="clients per round [20]")
+    p.add_argument("--rounds", type=int, default=10, help="rounds per run [10]")
+    p.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration [0.5]")
+    p.add_argument(
+        "--attacks",
+        type=_names,
+        default=["sign_flip", "gaussian", "scaled"],
+        help="comma list of label_flip, sign_flip, gaussian, scaled, backdoor "
+        "[sign_flip,gaussian,scaled]",
+    )
+    p.add_argument(
+        "--aggregators",
+        type=_names,
+        default=["mean", "median", "trimmed_mean", "multi_krum", "norm_bound", SECAGG_MEAN],
+        help="comma list of mean, median, trimmed_mean, krum, multi_krum, bulyan, "
+        f"norm_bound, {SECAGG_MEAN} [mean,median,trimmed_mean,multi_krum,norm_bound,"
+        f"{SECAGG_MEAN}]",
+    )
+    p.add_argument("--fractions", type=_floats, default=[0.1, 0.2], help="[0.1,0.2]")
+    p.add_argument(
+        "--curve-fractions",
+        type=_floats,
+        default=[0.01, 0.05, 0.1, 0.2],
+        help="backdoor curve fractions; empty string for none [0.01,0.05,0.1,0.2]",
+    )
+    p.add_argument("--scale", type=float, default=10.0, help="sign_flip/scaled factor [10]")
+    p.add_argument("--std", type=float, default=10.0, help="gaussian attack std [10]")
+    p.add_argument(
+        "--norm-bound",
+        type=float,
+        help="norm_bound M, near the honest updates' median norm [fashion-mnist 1.0, digits 0.3]",
+    )
+    p.add_argument(
+        "--weak-dp-noise", type=float, default=0.001, help="norm_bound+weak_dp std [0.001]"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
+def cmd_bench_robust(args: argparse.Namespace) -> int:
+    return load_benchmark("bench_robust").cmd_bench_robust(args)
 
 
 def cmd_bench_flower_secagg(args: argparse.Namespace) -> int:

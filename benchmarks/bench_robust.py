@@ -1,0 +1,275 @@
+"""`fedveil bench robust`: poisoning attacks x aggregators (issue 22).
+
+Every cell is one in-process simulation (`[poisoning]` attackers, `server.aggregator`
+rule) on a Dirichlet(alpha) split; it reports the final test accuracy, the backdoor
+accuracy (triggered test inputs whose true class is not the target, scored as the target)
+and in how many rounds the rule's attacker bound did not hold on the cohort that arrived
+(`robust_bound_failed_rounds`, with the rule's bound). Rows with attack 'none' are each
+aggregator's clean run, and `clean_accuracy` is FedAvg's (aggregator 'mean', no attack).
+A rule's f (`server.attackers_tolerated`) is the attackers the row's fraction puts in an
+average cohort (at least 1); the clean run uses the smallest attacked fraction's f, so it
+is the same rule the attacked runs are compared with.
+
+The backdoor curve runs model replacement (attack 'scaled') over attacker fractions for
+the plain mean, norm bounding, and norm bounding with weak DP (Sun et al. 2019).
+`secagg_mean` rows run the plain mean under secure aggregation: there the attacker goes
+through the client's own clip (per coordinate to [-r, r]); one that skips it is what
+`secagg.sum_check` is for (tests/engine/test_sum_checks.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedveil.cli.bench import ROBUST_NORM_BOUNDS, SECAGG_MEAN, add_robust_arguments
+from fedveil.config import load_config
+from fedveil.config.robust_bounds import min_cohort
+from fedveil.simulations.run import simulate
+
+MEAN = "mean"
+BOUNDS = {
+    "mean": "none",
+    SECAGG_MEAN: "none",
+    "median": "f < n/2",
+    "trimmed_mean": "2f < n",
+    "krum": "n >= 2f + 3",
+    "multi_krum": "n >= 2f + 3",
+    "bulyan": "n >= 4f + 3",
+    "norm_bound": "none (bounds each update)",
+}
+
+
+@dataclass(frozen=True)
+class Grid:
+    dataset: str
+    model: str
+    clients: int
+    per_round: int
+    rounds: int
+    alpha: float
+    seed: int
+    scale: float
+    std: float
+    norm_bound: float
+    weak_dp_noise: float
+
+
+def tolerated(fraction: float, per_round: int) -> int:
+    """f for a rule: the attackers an average cohort holds at this fraction (at least 1)."""
+    return max(1, math.ceil(fraction * per_round))
+
+
+def run_cell(
+    g: Grid, attack: str, fraction: float, aggregator: str, f: int, out: Path, noise: float = 0.0
+) -> dict[str, Any]:
+    values: dict[str, Any] = {
+        "data.dataset": g.dataset,
+        "data.num_clients": g.clients,
+        "data.partition": "dirichlet",
+        "data.alpha": g.alpha,
+        "model.name": g.model,
+        "server.per_round": g.per_round,
+        "server.rounds": g.rounds,
+        "seed": g.seed,
+        "eval.central_every": g.rounds,  # the final model only (backdoor accuracy with it)
+        "out": str(out),
+        # Every run carries an attack so backdoor accuracy is measured; 'none' is fraction 0.
+        "poisoning.attack": "scaled" if attack == "none" else attack,
+        "poisoning.fraction": 0.0 if attack == "none" else fraction,
+        "poisoning.scale": g.scale,
+        "poisoning.std": g.std,
+    }
+    if aggregator == SECAGG_MEAN:
+        values["secagg.enabled"] = True
+    elif aggregator != MEAN:
+        values["server.aggregator"] = aggregator
+        if aggregator == "norm_bound":
+            values["server.norm_bound"] = g.norm_bound
+            if noise > 0:
+                values["server.weak_dp_noise"] = noise
+        else:
+            values["server.attackers_tolerated"] = f
+    clipped = [0]
+
+    def on_round(record: Any) -> None:
+        clipped[0] += int(record.extra.get("robust_clipped", 0))
+
+    start = time.perf_counter()
+    summary = simulate(load_config(None, values), on_round=on_round)
+    row = {
+        "attack": attack,
+        "fraction": 0.0 if attack == "none" else fraction,
+        "aggregator": aggregator + ("+weak_dp" if noise > 0 else ""),
+        "accuracy": summary.get("test_accuracy"),
+        "backdoor_accuracy": summary.get("backdoor_accuracy"),
+        "attackers_tolerated": f if aggregator not in (MEAN, SECAGG_MEAN, "norm_bound") else None,
+        "bound": BOUNDS.get(aggregator, "?"),
+        "robust_bound_failed_rounds": summary.get("robust_bound_failed_rounds", 0),
+        "rounds": g.rounds,
+        "wall_s": round(time.perf_counter() - start, 1),
+    }
+    if aggregator == "norm_bound":
+        row["updates_clipped"] = clipped[0]
+    return row
+
+
+def bench(
+    g: Grid,
+    attacks: list[str],
+    aggregators: list[str],
+    fractions: list[float],
+    curve_fractions: list[float],
+    log: Any = sys.stderr,
+) -> dict[str, Any]:
+    for agg in aggregators:
+        if agg in ("mean", SECAGG_MEAN, "norm_bound"):
+            continue
+        f = tolerated(max(fractions), g.per_round)
+        need = min_cohort(agg, f)
+        if g.per_round < need:
+            raise ValueError(
+                f"--per-round {g.per_round}: {agg} at fraction {max(fractions)} (f = {f}) "
+                f"needs a cohort of at least {need}"
+            )
+    done: dict[tuple[str, float, str], dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-robust-") as tmp:
+        counter = [0]
+
+        def cell(attack: str, fraction: float, agg: str, noise: float = 0.0) -> dict[str, Any]:
+            label = agg + ("+weak_dp" if noise > 0 else "")
+            key = (attack, 0.0 if attack == "none" else fraction, label)
+            if key not in done:
+                counter[0] += 1
+                f = tolerated(fraction if attack != "none" else min(fractions), g.per_round)
+                row = run_cell(g, attack, fraction, agg, f, Path(tmp) / f"r{counter[0]}", noise)
+                print(
+                    f"  {label:>20} {attack:>10} f={key[1]:<5g} acc={row['accuracy']:.4f} "
+                    f"backdoor={row['backdoor_accuracy']:.4f} "
+                    f"bound_failed={row['robust_bound_failed_rounds']} ({row['wall_s']} s)",
+                    file=log,
+                    flush=True,
+                )
+                done[key] = row
+            return done[key]
+
+        table = []
+        for agg in aggregators:
+            table.append(cell("none", 0.0, agg))
+            for attack in attacks:
+                for fraction in fractions:
+                    table.append(cell(attack, fraction, agg))
+        curve = []
+        for fraction in curve_fractions:
+            for agg, noise in ((MEAN, 0.0), ("norm_bound", 0.0), ("norm_bound", g.weak_dp_noise)):
+                if agg == "norm_bound" and noise > 0 and g.weak_dp_noise <= 0:
+                    continue
+                row = cell("scaled", fraction, agg, noise)
+                curve.append(
+                    {
+                        "fraction": fraction,
+                        "aggregator": row["aggregator"],
+                        "accuracy": row["accuracy"],
+                        "backdoor_accuracy": row["backdoor_accuracy"],
+                    }
+                )
+    clean = done.get(("none", 0.0, MEAN))
+    return {
+        "grid": vars(g),
+        "table": table,
+        "clean_accuracy": None if clean is None else clean["accuracy"],
+        "backdoor_curve": curve,
+        "targets": targets(table),
+    }
+
+
+def _find(table: list[dict[str, Any]], attack: str, fraction: float, agg: str) -> Any:
+    for row in table:
+        if (row["attack"], row["fraction"], row["aggregator"]) == (attack, fraction, agg):
+            return row
+    return None
+
+
+def targets(table: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's targets, each True/False where its rows ran, else absent."""
+    out: dict[str, Any] = {}
+    for attack in ("sign_flip", "gaussian"):
+        row = _find(table, attack, 0.1, MEAN)
+        if row is not None:
+            out[f"mean_{attack}_10pct_below_50pct"] = row["accuracy"] < 0.5
+    for agg in ("median", "trimmed_mean", "multi_krum"):
+        row, clean = _find(table, "sign_flip", 0.1, agg), _find(table, "none", 0.0, agg)
+        if row is not None and clean is not None:
+            out[f"{agg}_sign_flip_10pct_within_3_points"] = (
+                clean["accuracy"] - row["accuracy"] <= 0.03
+            )
+    mean, nb = _find(table, "scaled", 0.1, MEAN), _find(table, "scaled", 0.1, "norm_bound")
+    if mean is not None and nb is not None:
+        out["norm_bound_halves_mean_backdoor_10pct"] = (
+            nb["backdoor_accuracy"] <= mean["backdoor_accuracy"] / 2
+        )
+    return out
+
+
+def format_report(summary: dict[str, Any]) -> str:
+    g = summary["grid"]
+    lines = [
+        f"fedveil bench robust: {g['dataset']} Dirichlet({g['alpha']:g}), {g['model']}, "
+        f"{g['clients']} clients, {g['per_round']} per round, {g['rounds']} rounds",
+        f"clean accuracy (FedAvg, no attack): {summary['clean_accuracy']}",
+        f"{'aggregator':>16} {'attack':>10} {'frac':>5} {'acc':>7} {'clean':>7} "
+        f"{'backdoor':>8} {'bound':>26} {'failed':>6}",
+    ]
+    table = summary["table"]
+    for row in table:
+        clean = _find(table, "none", 0.0, row["aggregator"])
+        lines.append(
+            f"{row['aggregator']:>16} {row['attack']:>10} {row['fraction']:>5g} "
+            f"{row['accuracy']:>7.4f} {clean['accuracy'] if clean else float('nan'):>7.4f} "
+            f"{row['backdoor_accuracy']:>8.4f} {row['bound']:>26} "
+            f"{row['robust_bound_failed_rounds']:>6}"
+        )
+    if summary["backdoor_curve"]:
+        lines.append("backdoor accuracy under model replacement (attack 'scaled'), by fraction:")
+        for row in summary["backdoor_curve"]:
+            lines.append(
+                f"  {row['fraction']:>5g} {row['aggregator']:>18} acc={row['accuracy']:.4f} "
+                f"backdoor={row['backdoor_accuracy']:.4f}"
+            )
+    for name, ok in summary["targets"].items():
+        lines.append(f"target {name}: {'met' if ok else 'NOT met'}")
+    return "\n".join(lines)
+
+
+def cmd_bench_robust(args: argparse.Namespace) -> int:
+    g = Grid(
+        dataset=args.dataset,
+        model=args.model,
+        clients=args.clients,
+        per_round=args.per_round,
+        rounds=args.rounds,
+        alpha=args.alpha,
+        seed=args.seed,
+        scale=args.scale,
+        std=args.std,
+        norm_bound=args.norm_bound or ROBUST_NORM_BOUNDS[args.dataset],
+        weak_dp_noise=args.weak_dp_noise,
+    )
+    summary = bench(g, args.attacks, args.aggregators, args.fractions, args.curve_fractions)
+    print(format_report(summary), file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_robust_arguments(parser)
+    sys.exit(cmd_bench_robust(parser.parse_args()))
