@@ -146,6 +146,41 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     add_robust_arguments(p)
     p.set_defaults(func=cmd_bench_robust)
 
+    p = bsub.add_parser(
+        "audit",
+        help="privacy under attack: update inversion, membership inference, canary audit",
+        description=AUDIT_SUMMARY,
+    )
+    add_audit_arguments(p)
+    p.set_defaults(func=cmd_bench_audit)
+
+
+AUDIT_SUMMARY = (
+    "`fedveil bench audit`: the three privacy-audit benchmarks (update inversion against "
+    "one client's update, the secure sum and its DP release; membership inference on a "
+    "non-private and a DP run of an overfit config; the canary audit's power and "
+    "soundness and its cost) in one process; --json prints one JSON object with every "
+    "benchmark's keys as the last line of stdout."
+)
+
+
+def add_audit_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `fedveil bench audit` (also `python -m benchmarks.bench_audit_all`)."""
+    p.add_argument(
+        "--quick", action="store_true", help="every benchmark at a tiny size (a smoke test)"
+    )
+    p.add_argument("--seeds", type=int, help="inversion and membership seeds [3]")
+    p.add_argument("--images", type=int, help="inversion: single-image updates per seed [10]")
+    p.add_argument("--curve-seeds", type=int, help="inversion: seeds per curve point [--seeds]")
+    p.add_argument("--shadows", type=int, help="membership: shadow models per run [4]")
+    p.add_argument("--canaries", type=int, help="canary audit: canaries per audit [1000]")
+    p.add_argument("--audit-seeds", type=int, help="canary audit: correct-mechanism seeds [20]")
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
+def cmd_bench_audit(args: argparse.Namespace) -> int:
+    return load_benchmark("bench_audit_all").cmd_bench_audit(args)
+
 
 def add_secagg_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `fedveil bench secagg` (also `python -m benchmarks.bench_secagg_round`)."""
