@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import math
 from collections.abc import Mapping
 from html import escape
+from pathlib import Path
 from typing import Any
 
 from .svg_chart import Series, line_chart
@@ -393,5 +395,62 @@ def render_audit_page(section: Mapping[str, Any]) -> str:
             "<h1>Privacy audit</h1>",
             audit_html(section),
             "</body></html>",
+        ]
+    )
+
+
+# -- attacks (`fedveil privacy attack ...`; the section from report.attacks_section) ----
+
+_IMAGE_TYPES = {".png": "image/png", ".svg": "image/svg+xml"}
+_ATTACK_TITLES = {
+    "update_inversion": "Update inversion",
+    "membership": "Membership inference",
+    "model_inversion": "Model inversion",
+}
+
+
+def attacks_html(section: Mapping[str, Any], privacy_dir: Path) -> str:
+    """The attacks' part of a page: per attack, what it found in plain words and its
+    figures, embedded as data: URIs (the page stays self-contained: the report's CSP
+    allows images from data: only)."""
+    explained = section.get("explained", {})
+    parts = ["<h2>Attacks on this run</h2>"]
+    for entry in section.get("found", []):
+        kind = str(entry.get("kind", ""))
+        parts.append(f"<h3>{escape(_ATTACK_TITLES.get(kind, kind))}: {escape(entry['name'])}</h3>")
+        parts.append(f'<p class="note">{escape(explained.get(kind, ""))}</p>')
+        parts.append(f"<p><b>{escape(str(entry.get('statement', '')))}</b></p>")
+        for figure in entry.get("figures", []):
+            parts.append(_embedded_image(Path(privacy_dir) / figure, figure))
+    return "\n".join(parts)
+
+
+def _embedded_image(path: Path, label: str) -> str:
+    mime = _IMAGE_TYPES.get(path.suffix.lower())
+    if mime is None or not path.is_file():
+        return f"<p>{escape(label)}: missing</p>"
+    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    return (
+        f'<figure><img src="data:{mime};base64,{data}" alt="{escape(label)}" '
+        f'style="max-width:100%"><figcaption>{escape(label)}</figcaption></figure>'
+    )
+
+
+def join_attacks(page: str, section: Mapping[str, Any], privacy_dir: Path) -> str:
+    """`page` with the attacks' part added before its end (or a page of its own when
+    there is no report to join: a run without DP)."""
+    body = attacks_html(section, privacy_dir)
+    end = "</body></html>"
+    if end in page:
+        return page.replace(end, body + "\n" + end, 1)
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en"><head><meta charset="utf-8">',
+            "<title>fedveil privacy attacks</title>",
+            f"<style>{_CSS}</style></head><body>",
+            "<h1>Privacy under attack</h1>",
+            body,
+            end,
         ]
     )

@@ -13,7 +13,9 @@ distribution and the noise-only rounds.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from .adversaries import (
@@ -271,6 +273,8 @@ def _series(
 
 def headline_lines(report: Mapping[str, Any]) -> list[str]:
     """One line per adversary, z and q, and the ledger's state (for the CLI)."""
+    if "adversaries" not in report:  # a run without DP: a report of its attacks alone
+        return attack_lines(report.get("attacks"))
     observers = report["adversaries"]["observers"]
     coordinator = report["adversaries"]["coordinator"]
     against = report.get("budget_against", "observers")
@@ -285,7 +289,7 @@ def headline_lines(report: Mapping[str, Any]) -> list[str]:
         marked = ", ".join(str(r) for r in report["noise_only_rounds"]) or "none"
         lines.append(f"noise-only rounds (operator's view, do not publish): {marked}")
     lines.append(f"ledger: {report['ledger_state']}; {report['rounds']} releases")
-    return lines
+    return lines + attack_lines(report.get("attacks"))
 
 
 def _coordinator_lines(coordinator: Mapping[str, Any], report: Mapping[str, Any]) -> list[str]:
@@ -441,3 +445,112 @@ def audit_lines(audit: Mapping[str, Any]) -> list[str]:
         str(audit.get("verdict", "")),
     ]
     return lines
+
+
+# -- attacks (`fedveil privacy attack ... --out <run>/privacy/attacks/<name>`) --------
+
+ATTACKS_DIR = "attacks"  # under a run's privacy/: one folder per attack run
+# Each attack's result file and the figures it names, relative to its folder.
+ATTACK_FILES = ("attack.json", "membership.json", "model_inversion.json")
+ATTACK_EXPLAINED = {
+    "update_inversion": "Update inversion: an attacker who sees one client's update, the "
+    "secure sum of a cohort's updates, or its DP-noised release reconstructs training "
+    "images from it. Each grid shows true images (top) next to the reconstructions "
+    "(bottom); PSNR and SSIM are against the best-matching true image.",
+    "membership": "Membership inference on the final model: an attacker scores each "
+    "candidate and guesses whether it took part in training. The ROC curve is the "
+    "attacker's true against false positive rate; a DP run's curve must stay under the "
+    "bound its epsilon implies, TPR <= e^eps * FPR + delta (dashed).",
+    "model_inversion": "Model inversion: the input that maximises one class's confidence "
+    "in the final model, one image per class. It shows what the model learnt of a class, "
+    "not a particular person's record.",
+}
+
+
+def attacks_section(attacks_dir: Path) -> dict[str, Any] | None:
+    """report.json's `attacks`: every attack result found under ATTACKS_DIR (one folder
+    each), with its plain-words findings and its figures (paths relative to the privacy
+    folder). None when there are none."""
+    attacks_dir = Path(attacks_dir)
+    found = []
+    for folder in sorted(p for p in attacks_dir.glob("*") if p.is_dir()):
+        for name in ATTACK_FILES:
+            path = folder / name
+            if not path.is_file():
+                continue
+            try:
+                result = json.loads(path.read_text())
+            except ValueError as error:
+                raise ValueError(f"{path}: not JSON ({error})") from None
+            found.append(_attack_entry(folder, name, result))
+    if not found:
+        return None
+    return {"directory": ATTACKS_DIR, "explained": dict(ATTACK_EXPLAINED), "found": found}
+
+
+def _attack_entry(folder: Path, name: str, result: Mapping[str, Any]) -> dict[str, Any]:
+    rel = f"{ATTACKS_DIR}/{folder.name}"
+    if name == "attack.json":
+        kind = "update_inversion"
+        figures = [f"{rel}/{o['grid']}" for o in result.get("observers", []) if o.get("grid")]
+        statement = str(result.get("statement", ""))
+    elif name == "membership.json":
+        kind = "membership"
+        image = result.get("roc_image")
+        figures = [f"{rel}/{image}"] if image else []
+        statement = membership_statement(result)
+    else:
+        kind = "model_inversion"
+        figures = [f"{rel}/{result['image']}"] if result.get("image") else []
+        statement = model_inversion_statement(result)
+    figures = [f for f in figures if (folder.parent.parent / f).is_file()]
+    return {
+        "name": folder.name,
+        "kind": kind,
+        "file": f"{rel}/{name}",
+        "figures": figures,
+        "statement": statement,
+    }
+
+
+def membership_statement(result: Mapping[str, Any]) -> str:
+    """What membership.json found, in plain words."""
+    lines = []
+    for run_name, run in result.get("runs", {}).items():
+        what = "The non-private run" if run_name == "nondp" else "The DP run"
+        if run.get("epsilon") is not None:
+            what += f" (epsilon {float(run['epsilon']):.3g}, delta {run.get('delta'):.0e})"
+        scores = ", ".join(
+            f"{attack}: AUC {float(got['auc']):.2f}, TPR at 1% FPR "
+            f"{float(got['tpr_at_1pct_fpr']):.2f}"
+            for attack, got in run.get("attacks", {}).items()
+        )
+        lines.append(f"{what}: {scores} (AUC 0.5 is a coin flip).")
+        bounds = [got["bound"] for got in run.get("attacks", {}).values() if "bound" in got]
+        if bounds:
+            significant = sum(int(b.get("significant_violations", 0)) for b in bounds)
+            lines.append(
+                "No ROC point lies significantly above the bound epsilon implies."
+                if not significant
+                else f"{significant} ROC point(s) lie above the bound epsilon implies at 95% "
+                "confidence: the run leaks more than its DP claim allows."
+            )
+    return " ".join(lines)
+
+
+def model_inversion_statement(result: Mapping[str, Any]) -> str:
+    rows = result.get("classes", [])
+    if not rows:
+        return ""
+    final = [float(r["final_confidence"]) for r in rows]
+    return (
+        f"One input per class ({len(rows)} classes) was optimised until the final model "
+        f"gave it {min(final):.0%} to {max(final):.0%} confidence in its class."
+    )
+
+
+def attack_lines(section: Mapping[str, Any] | None) -> list[str]:
+    """The attacks' findings for a terminal, one line each."""
+    if not section:
+        return []
+    return [f"attack {e['name']} ({e['kind']}): {e['statement']}" for e in section["found"]]

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.privacy.dp import DpConfig, VerifyResult, build_report, render_html, verify_ledger
-from fedveil.privacy.dp.report import operator_report
+from fedveil.privacy.dp.html_report import join_attacks
+from fedveil.privacy.dp.report import ATTACKS_DIR, attacks_section, operator_report
 from fedveil.privacy.dp.verify import read_witness_file
 from fedveil.server.engine.runstore import atomic_write_bytes
 
@@ -34,7 +35,11 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
     """
     run_dir = Path(run_dir)
     path = ledger_path(run_dir)
+    # Attack results saved under privacy/attacks/ (`fedveil privacy attack ... --out`).
+    attacks = attacks_section(path.parent / ATTACKS_DIR)
     if not path.exists() and config is None:
+        if attacks is not None:  # a run without DP: a report of its attacks alone
+            return write_attacks_only_report(path.parent, attacks)
         raise FileNotFoundError(f"{path}: no privacy ledger (was the run made with --dp?)")
     entries: list[dict[str, Any]] = []
     verification = None
@@ -56,10 +61,25 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
     )
     # Public files, like the ledger: readable by an auditor (atomic writes default to 600).
     data = (json.dumps(report, indent=2) + "\n").encode()
+    page = render_html(report)
+    if attacks is not None:
+        report["attacks"] = attacks
+        data = (json.dumps(report, indent=2) + "\n").encode()
+        page = join_attacks(page, attacks, path.parent)
     atomic_write_bytes(path.parent / "report.json", data, mode=0o644)
-    atomic_write_bytes(path.parent / "report.html", render_html(report).encode(), mode=0o644)
+    atomic_write_bytes(path.parent / "report.html", page.encode(), mode=0o644)
     if annex is not None:
         write_operator_report(run_dir, report, entries, annex)
+    return report
+
+
+def write_attacks_only_report(privacy_dir: Path, attacks: dict[str, Any]) -> dict[str, Any]:
+    """report.json/html of a run with no privacy ledger: its attacks alone."""
+    report = {"attacks": attacks}
+    data = (json.dumps(report, indent=2) + "\n").encode()
+    atomic_write_bytes(privacy_dir / "report.json", data, mode=0o644)
+    page = join_attacks("", attacks, privacy_dir)
+    atomic_write_bytes(privacy_dir / "report.html", page.encode(), mode=0o644)
     return report
 
 
