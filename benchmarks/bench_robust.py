@@ -4,7 +4,10 @@ Every cell is one in-process simulation (`[poisoning]` attackers, `server.aggreg
 rule) on a Dirichlet(alpha) split; it reports the final test accuracy, the backdoor
 accuracy (triggered test inputs whose true class is not the target, scored as the target)
 and in how many rounds the rule's attacker bound did not hold on the cohort that arrived
-(`robust_bound_failed_rounds`, with the rule's bound). Rows with attack 'none' are each
+(`robust_bound_failed_rounds`, with the rule's bound: it compares f with the updates that
+arrived, so it fails only after dropouts), and in how many rounds more than f attackers are
+expected in the cohort (`rounds_attackers_over_f_expected`, hypergeometric: the server
+cannot see who attacks). Rows with attack 'none' are each
 aggregator's clean run, and `clean_accuracy` is FedAvg's (aggregator 'mean', no attack).
 A rule's f (`server.attackers_tolerated`) is the attackers the row's fraction puts in an
 average cohort (at least 1); the clean run uses the smallest attacked fraction's f, so it
@@ -32,6 +35,7 @@ from typing import Any
 from fedveil.cli.bench import ROBUST_NORM_BOUNDS, SECAGG_MEAN, add_robust_arguments
 from fedveil.config import load_config
 from fedveil.config.robust_bounds import min_cohort
+from fedveil.simulations.poisoning import choose_attackers
 from fedveil.simulations.run import simulate
 
 MEAN = "mean"
@@ -65,6 +69,19 @@ class Grid:
 def tolerated(fraction: float, per_round: int) -> int:
     """f for a rule: the attackers an average cohort holds at this fraction (at least 1)."""
     return max(1, math.ceil(fraction * per_round))
+
+
+def over_f_share(clients: int, attackers: int, per_round: int, f: int) -> float:
+    """P(more than f attackers in a cohort of per_round drawn without replacement from
+    clients, attackers of them malicious): the share of rounds where the rule's f does not
+    cover the attackers present (hypergeometric; the server cannot see this per round)."""
+    total = math.comb(clients, per_round)
+    hi = min(attackers, per_round)
+    over = sum(
+        math.comb(attackers, k) * math.comb(clients - attackers, per_round - k)
+        for k in range(f + 1, hi + 1)
+    )
+    return over / total
 
 
 def run_cell(
@@ -118,6 +135,10 @@ def run_cell(
     }
     if aggregator == "norm_bound":
         row["updates_clipped"] = clipped[0]
+    if row["attackers_tolerated"] is not None and attack != "none":
+        count = len(choose_attackers(g.clients, fraction, g.seed))
+        share = over_f_share(g.clients, count, g.per_round, f)
+        row["rounds_attackers_over_f_expected"] = round(share * g.rounds, 2)
     return row
 
 
@@ -225,7 +246,7 @@ def format_report(summary: dict[str, Any]) -> str:
         f"{g['clients']} clients, {g['per_round']} per round, {g['rounds']} rounds",
         f"clean accuracy (FedAvg, no attack): {summary['clean_accuracy']}",
         f"{'aggregator':>16} {'attack':>10} {'frac':>5} {'acc':>7} {'clean':>7} "
-        f"{'backdoor':>8} {'bound':>26} {'failed':>6}",
+        f"{'backdoor':>8} {'bound':>26} {'failed':>6} {'>f exp.':>7}",
     ]
     table = summary["table"]
     for row in table:
@@ -234,7 +255,8 @@ def format_report(summary: dict[str, Any]) -> str:
             f"{row['aggregator']:>16} {row['attack']:>10} {row['fraction']:>5g} "
             f"{row['accuracy']:>7.4f} {clean['accuracy'] if clean else float('nan'):>7.4f} "
             f"{row['backdoor_accuracy']:>8.4f} {row['bound']:>26} "
-            f"{row['robust_bound_failed_rounds']:>6}"
+            f"{row['robust_bound_failed_rounds']:>6} "
+            f"{row.get('rounds_attackers_over_f_expected', ''):>7}"
         )
     if summary["backdoor_curve"]:
         lines.append("backdoor accuracy under model replacement (attack 'scaled'), by fraction:")

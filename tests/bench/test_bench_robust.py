@@ -35,6 +35,8 @@ def test_the_json_has_the_issue_table_and_the_backdoor_curve():
         assert row["robust_bound_failed_rounds"] in range(2)
     assert summary["clean_accuracy"] == rows[("none", 0.0, "mean")]["accuracy"]
     assert rows[("sign_flip", 0.1, "median")]["bound"] == "f < n/2"
+    # 1 attacker of 10, cohorts of 5, f = 1: never more than f in a round.
+    assert rows[("sign_flip", 0.1, "median")]["rounds_attackers_over_f_expected"] == 0.0
     curve = {(c["fraction"], c["aggregator"]) for c in summary["backdoor_curve"]}
     assert curve == {(0.1, "mean"), (0.1, "norm_bound"), (0.1, "norm_bound+weak_dp")}
     assert "aggregator" in done.stderr  # the human table goes to stderr under --json
