@@ -9,9 +9,10 @@ arrived, so it fails only after dropouts), and in how many rounds more than f at
 expected in the cohort (`rounds_attackers_over_f_expected`, hypergeometric: the server
 cannot see who attacks). Rows with attack 'none' are each
 aggregator's clean run, and `clean_accuracy` is FedAvg's (aggregator 'mean', no attack).
-A rule's f (`server.attackers_tolerated`) is the attackers the row's fraction puts in an
-average cohort (at least 1); the clean run uses the smallest attacked fraction's f, so it
-is the same rule the attacked runs are compared with.
+A rule's f (`server.attackers_tolerated`) covers the attackers of 95% of cohorts at the
+row's fraction (`--f-rule tail`; `mean`: those of an average cohort); the clean run uses
+the smallest attacked fraction's f, so it is the same rule the attacked runs are compared
+with.
 
 The backdoor curve runs model replacement (attack 'scaled') over attacker fractions for
 the plain mean, norm bounding, and norm bounding with weak DP (Sun et al. 2019).
@@ -64,11 +65,7 @@ class Grid:
     std: float
     norm_bound: float
     weak_dp_noise: float
-
-
-def tolerated(fraction: float, per_round: int) -> int:
-    """f for a rule: the attackers an average cohort holds at this fraction (at least 1)."""
-    return max(1, math.ceil(fraction * per_round))
+    f_rule: str = "tail"
 
 
 def over_f_share(clients: int, attackers: int, per_round: int, f: int) -> float:
@@ -82,6 +79,23 @@ def over_f_share(clients: int, attackers: int, per_round: int, f: int) -> float:
         for k in range(f + 1, hi + 1)
     )
     return over / total
+
+
+# --f-rule tail: f covers the attackers of all but this share of cohorts.
+TAIL = 0.05
+
+
+def tolerated(g: Grid, fraction: float) -> int:
+    """A rule's f at this attacker fraction (at least 1): 'mean', the attackers an average
+    cohort holds; 'tail', the fewest f with more than f attackers in at most 5% of
+    cohorts (issue 22: size f for the tail, not the average)."""
+    if g.f_rule == "mean":
+        return max(1, math.ceil(fraction * g.per_round))
+    count = len(choose_attackers(g.clients, fraction, g.seed))
+    f = 1
+    while f < g.per_round and over_f_share(g.clients, count, g.per_round, f) > TAIL:
+        f += 1
+    return f
 
 
 def run_cell(
@@ -153,7 +167,7 @@ def bench(
     for agg in aggregators:
         if agg in ("mean", SECAGG_MEAN, "norm_bound"):
             continue
-        f = tolerated(max(fractions), g.per_round)
+        f = tolerated(g, max(fractions))
         need = min_cohort(agg, f)
         if g.per_round < need:
             raise ValueError(
@@ -169,7 +183,7 @@ def bench(
             key = (attack, 0.0 if attack == "none" else fraction, label)
             if key not in done:
                 counter[0] += 1
-                f = tolerated(fraction if attack != "none" else min(fractions), g.per_round)
+                f = tolerated(g, fraction if attack != "none" else min(fractions))
                 row = run_cell(g, attack, fraction, agg, f, Path(tmp) / f"r{counter[0]}", noise)
                 print(
                     f"  {label:>20} {attack:>10} f={key[1]:<5g} acc={row['accuracy']:.4f} "
@@ -283,6 +297,7 @@ def cmd_bench_robust(args: argparse.Namespace) -> int:
         std=args.std,
         norm_bound=args.norm_bound or ROBUST_NORM_BOUNDS[args.dataset],
         weak_dp_noise=args.weak_dp_noise,
+        f_rule=args.f_rule,
     )
     summary = bench(g, args.attacks, args.aggregators, args.fractions, args.curve_fractions)
     print(format_report(summary), file=sys.stderr if args.json else sys.stdout)

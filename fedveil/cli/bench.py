@@ -349,6 +349,13 @@ def add_robust_arguments(p: argparse.ArgumentParser) -> None:
         default=[0.01, 0.05, 0.1, 0.2],
         help="backdoor curve fractions; empty string for none [0.01,0.05,0.1,0.2]",
     )
+    p.add_argument(
+        "--f-rule",
+        choices=["tail", "mean"],
+        default="tail",
+        help="robust rules' f: covers the attackers of 95%% of cohorts (tail) or of an "
+        "average one (mean) [tail]",
+    )
     p.add_argument("--scale", type=float, default=10.0, help="sign_flip/scaled factor [10]")
     p.add_argument("--std", type=float, default=10.0, help="gaussian attack std [10]")
     p.add_argument(
