@@ -301,7 +301,8 @@ ROBUST_SUMMARY = (
 )
 # The plain mean under secure aggregation: attackers go through the client's own clip.
 SECAGG_MEAN = "secagg_mean"
-# norm_bound's M near the honest updates' median L2 norm with the default mlp and training.
+# norm_bound's M just above most honest updates' L2 norms with the default mlp and training
+# (clean runs, seed 0: 17% of updates clipped on fashion-mnist, 28% on digits).
 ROBUST_NORM_BOUNDS = {"fashion-mnist": 1.0, "digits": 0.3}
 
 
@@ -361,7 +362,7 @@ def add_robust_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--norm-bound",
         type=float,
-        help="norm_bound M, near the honest updates' median norm [fashion-mnist 1.0, digits 0.3]",
+        help="norm_bound M, just above most honest update norms [fashion-mnist 1.0, digits 0.3]",
     )
     p.add_argument(
         "--weak-dp-noise", type=float, default=0.001, help="norm_bound+weak_dp std [0.001]"
