@@ -233,11 +233,23 @@ def observers_holds_if(
 
 def sensitivity_statement(mechanism: str, secure_aggregation: str | None) -> str:
     if mechanism == DP_SGD:
-        return "DP-SGD clips every example on the client that trains on it."
+        return (
+            "DP-SGD clips every example and adds its noise on the client that trains on "
+            "it; the server cannot check either and trusts the client's code."
+        )
     if secure_aggregation in (SEMI_HONEST, MALICIOUS):
+        shares = (
+            " Each client's noise share is trusted too: the server cannot see it."
+            if mechanism == DISTRIBUTED_SKELLAM
+            else ""
+        )
         return (
             "Under secure aggregation the server sees only the sum, so it cannot check "
-            "the clip: the sensitivity C holds only for honest clients."
+            "any one client's clip: the sensitivity C holds only for honest clients. What "
+            "it checks (secagg.sum_check) is the unmasked sum: its total weight and, under "
+            "central DP, that its norm is within what the contributors clipped to C can "
+            "produce; a round beyond that is rejected. That bounds the total, not one "
+            "client's share of it." + shares
         )
     if secure_aggregation == OFF:
         return (
