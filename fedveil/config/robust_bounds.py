@@ -82,6 +82,14 @@ def check_robust_config(cfg: RunConfig) -> None:
             )
         _unused(s.trim_fraction, s.krum_select, s.norm_bound, s.weak_dp_noise, agg)
         return
+    _check_rule_parameters(cfg, agg, f)
+    _refuse_with_privacy(cfg, agg)
+    _check_cohort(cfg, agg, f)
+
+
+def _check_rule_parameters(cfg: RunConfig, agg: str, f: int) -> None:
+    """Each rule's own parameters, and none of another rule's."""
+    s = cfg.server
     if agg == "norm_bound":
         if s.norm_bound <= 0:
             raise ConfigError(
@@ -108,6 +116,10 @@ def check_robust_config(cfg: RunConfig) -> None:
             f"server.krum_select = {s.krum_select} with server.aggregator = {agg!r}: "
             "it applies to aggregator = 'multi_krum' only"
         )
+
+
+def _refuse_with_privacy(cfg: RunConfig, agg: str) -> None:
+    """A robust rule is not a sum: neither DP accounting nor secure aggregation covers it."""
     if cfg.dp.mechanism != "none":
         raise ConfigError(
             f"server.aggregator = {agg!r} with dp.mechanism = {cfg.dp.mechanism!r}: a robust "
@@ -121,6 +133,12 @@ def check_robust_config(cfg: RunConfig) -> None:
             "aggregation the server sees only the sum, so it cannot compute a robust "
             "aggregate; use server.aggregator = 'mean'"
         )
+
+
+def _check_cohort(cfg: RunConfig, agg: str, f: int) -> None:
+    """The cohort (fixed, or the expected Poisson one) is large enough for the rule's bound."""
+    s = cfg.server
+    expected = cfg.poisson_rate * cfg.data.num_clients
     need = min_cohort(agg, f, s.trim_fraction)
     if s.sampling == "fixed":
         if not bound_holds(agg, s.per_round, f, s.trim_fraction):
