@@ -137,32 +137,7 @@ def parse_submission(
 ) -> tuple[RunConfig, DeploySettings, str]:
     """(config, deploy settings, submitted text) or SubmissionError naming the field.
     `roster`: the server's identity roster file ([secagg] roster), if it has one."""
-    if not body.strip():
-        raise SubmissionError("body", "empty request: send a run config as TOML or JSON")
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise SubmissionError("body", "the run config must be UTF-8 text") from None
-    is_json = "json" in content_type
-    depth = nesting_depth(text, toml=not is_json)
-    if depth > MAX_CONFIG_DEPTH:
-        raise SubmissionError(
-            "body",
-            f"the run config nests arrays/tables {depth} deep; at most {MAX_CONFIG_DEPTH} "
-            "levels are allowed",
-        )
-    if is_json:
-        try:
-            values = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SubmissionError("body", f"not valid JSON ({exc})") from None
-    else:
-        try:
-            values = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise SubmissionError("body", f"not valid TOML ({exc})") from None
-    if not isinstance(values, dict):
-        raise SubmissionError("body", "the run config must be a table (TOML) or an object (JSON)")
+    values, text = _parsed_body(body, content_type)
     poisoning = values.get("poisoning")
     if isinstance(poisoning, dict) and poisoning.get("attack", "none") != "none":
         # Attacks are simulated clients' behaviour; a deployed run's clients are real devices.
@@ -205,6 +180,37 @@ def parse_submission(
     except ConfigError as exc:
         raise SubmissionError(field_of(str(exc)), str(exc)) from None
     return cfg, deploy, text
+
+
+def _parsed_body(body: bytes, content_type: str) -> tuple[dict[str, Any], str]:
+    """The submitted text and its table: UTF-8, nesting bounded before parsing, TOML or JSON."""
+    if not body.strip():
+        raise SubmissionError("body", "empty request: send a run config as TOML or JSON")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SubmissionError("body", "the run config must be UTF-8 text") from None
+    is_json = "json" in content_type
+    depth = nesting_depth(text, toml=not is_json)
+    if depth > MAX_CONFIG_DEPTH:
+        raise SubmissionError(
+            "body",
+            f"the run config nests arrays/tables {depth} deep; at most {MAX_CONFIG_DEPTH} "
+            "levels are allowed",
+        )
+    if is_json:
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SubmissionError("body", f"not valid JSON ({exc})") from None
+    else:
+        try:
+            values = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise SubmissionError("body", f"not valid TOML ({exc})") from None
+    if not isinstance(values, dict):
+        raise SubmissionError("body", "the run config must be a table (TOML) or an object (JSON)")
+    return values, text
 
 
 # A deployed run's reply deadline when its config leaves server.round_timeout = 0: a dead
