@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -35,7 +34,12 @@ from benchmarks.bench_secagg_round import (
     graph_parameters,
     steady,
 )
-from benchmarks.flower_secaggplus_peer import _task_and_model, flat_to_ndarrays, run_flower
+from benchmarks.flower_secaggplus_peer import (
+    _task_and_model,
+    flat_to_ndarrays,
+    run_flower,
+    simulate_apps,
+)
 from fedveil.cli.bench import add_flower_secagg_arguments
 from fedveil.client.runtime import client_generator
 from fedveil.client.training import LocalTraining, train_local
@@ -130,22 +134,10 @@ def make_server_app(
 
 
 def run_ours(w: Workload, secure: bool, k: int, t: int, rounds: int) -> dict[str, Any]:
-    from flwr.simulation import run_simulation
-
     result: dict[str, Any] = {}
-    backend_config = {
-        "client_resources": {"num_cpus": 1.0, "num_gpus": 0.0},
-        "init_args": {"log_to_driver": False, "logging_level": "error"},
-    }
-    logging.getLogger("flwr").setLevel(logging.ERROR)
-    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     started = time.perf_counter()
-    run_simulation(
-        server_app=make_server_app(w, secure, k, t, rounds, result),
-        client_app=make_client_app(w, secure),
-        num_supernodes=w.clients,
-        backend_config=backend_config,
+    simulate_apps(
+        make_server_app(w, secure, k, t, rounds, result), make_client_app(w, secure), w.clients
     )
     stamps = result.get("stamps", [])
     if len(stamps) != rounds + 1:

@@ -251,12 +251,11 @@ def make_server_app(
     return app
 
 
-def run_flower(w: Workload, secagg: bool, k: int, t: int, rounds: int) -> dict[str, Any]:
-    """R rounds of Flower's DefaultWorkflow, with or without SecAggPlusWorkflow."""
+def simulate_apps(server_app: Any, client_app: Any, supernodes: int) -> None:
+    """Flower's simulation engine as every contender here runs it: the backend configuration
+    fedveil's run_on_flower uses (one CPU per client), Flower's logs quiet."""
     from flwr.simulation import run_simulation
 
-    result: dict[str, Any] = {}
-    # The backend configuration fedveil's run_on_flower uses: one CPU per client.
     backend_config = {
         "client_resources": {"num_cpus": 1.0, "num_gpus": 0.0},
         "init_args": {"log_to_driver": False, "logging_level": "error"},
@@ -264,12 +263,20 @@ def run_flower(w: Workload, secagg: bool, k: int, t: int, rounds: int) -> dict[s
     logging.getLogger("flwr").setLevel(logging.ERROR)
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    started = time.perf_counter()
     run_simulation(
-        server_app=make_server_app(w, secagg, k, t, rounds, result),
-        client_app=make_client_app(w, secagg),
-        num_supernodes=w.clients,
+        server_app=server_app,
+        client_app=client_app,
+        num_supernodes=supernodes,
         backend_config=backend_config,
+    )
+
+
+def run_flower(w: Workload, secagg: bool, k: int, t: int, rounds: int) -> dict[str, Any]:
+    """R rounds of Flower's DefaultWorkflow, with or without SecAggPlusWorkflow."""
+    result: dict[str, Any] = {}
+    started = time.perf_counter()
+    simulate_apps(
+        make_server_app(w, secagg, k, t, rounds, result), make_client_app(w, secagg), w.clients
     )
     wall = time.perf_counter() - started
     stamps = result.get("stamps", [])
