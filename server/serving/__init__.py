@@ -1,0 +1,1 @@
+"""Serving what a federation trained: the prediction service and model exports."""
