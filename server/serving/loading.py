@@ -1,0 +1,208 @@
+"""Rebuild a trained model from what a run leaves behind, without loading its data.
+
+A run writes `model.safetensors` with metadata that names the model (see
+`fedveil.server.engine.lifecycle.model_metadata`): a built-in model is
+`fedveil.models.build_model(model, input_shape, num_classes)`, so neither the training
+set nor the test set is read. A custom task's model (metadata `task_ref`) comes from
+its task function, which builds whatever that task builds.
+
+    load_run_model(RUN_DIR)            RUN_DIR/model.safetensors (+ RUN_DIR/config.toml)
+    load_model_file(FILE, task=None)   a safetensors file; `task` when its metadata is
+                                       missing or to override it
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from fedveil.config import ConfigError, config_from_dict, load_config
+from fedveil.models import MODELS, build_model
+from fedveil.server.engine.lifecycle import MODEL_FILE
+
+CONFIG_FILE = "config.toml"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a served or exported model is: enough to check inputs and describe it."""
+
+    task: str  # the task's name, e.g. "fashion-mnist/cnn"
+    model: str  # the built-in model's name, or the custom task's "module:function"
+    input_shape: tuple[int, ...]  # one example's shape, without the batch dimension
+    num_classes: int
+    parameters: int  # number of float values in the model
+    path: Path  # the safetensors file it was loaded from
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "task": self.task,
+            "model": self.model,
+            "input_shape": list(self.input_shape),
+            "num_classes": self.num_classes,
+            "parameters": self.parameters,
+        }
+
+
+def load_run_model(run_dir: Path) -> tuple[nn.Module, ModelInfo]:
+    """The final model of the run in `run_dir` (its model.safetensors), in eval mode."""
+    run_dir = Path(run_dir)
+    path = run_dir / MODEL_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: no such file; a run writes its final model ({MODEL_FILE}) when it finishes"
+        )
+    meta = read_metadata(path)
+    task_ref = meta.get("task_ref")
+    if task_ref is not None and "model" not in meta:
+        # A custom task: its function builds the model, with the run's own config.
+        config = run_dir / CONFIG_FILE
+        if not config.is_file():
+            raise FileNotFoundError(
+                f"{config}: no such file; a custom task's model ({task_ref}) is built by its "
+                f"task function from the run's {CONFIG_FILE}"
+            )
+        return _load(path, meta, task_ref=task_ref, config=config)
+    return load_model_file(path)
+
+
+def load_model_file(path: Path, task: str | None = None) -> tuple[nn.Module, ModelInfo]:
+    """A model from a safetensors file, in eval mode.
+
+    `task`, when given, names what to build instead of the file's metadata: a built-in
+    model (`cnn`) or `DATASET/MODEL` (`fashion-mnist/cnn`; the input shape and classes
+    come from the metadata, else from the dataset), or a custom task `module:function`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such model file")
+    meta = read_metadata(path)
+    if task is None:
+        if "model" in meta:
+            return _load(path, meta, model_name=meta["model"])
+        if "task_ref" in meta:
+            return _load(path, meta, task_ref=meta["task_ref"])
+        raise ValueError(
+            f"{path}: its metadata names no model (neither 'model' nor 'task_ref'); "
+            "pass --task MODEL, DATASET/MODEL or module:function"
+        )
+    if ":" in task:
+        return _load(path, meta, task_ref=task)
+    dataset, _, name = task.rpartition("/")
+    if name not in MODELS:
+        raise ValueError(
+            f"--task {task!r}: unknown model {name!r}; choose one of {sorted(MODELS)}, "
+            "DATASET/MODEL, or a custom task as module:function"
+        )
+    if dataset and ("input_shape" not in meta or "num_classes" not in meta):
+        meta = {**meta, **_dataset_shape(dataset)}
+    return _load(path, meta, model_name=name)
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """The safetensors file's text metadata ({} when it has none); a corrupt file is named."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except (SafetensorError, OSError) as exc:
+        raise ValueError(f"{path}: not a readable safetensors file ({exc})") from None
+
+
+def _dataset_shape(dataset: str) -> dict[str, str]:
+    """A built-in dataset's input shape and classes; only for a file without metadata,
+    as it loads the dataset."""
+    from fedveil.data.datasets import available_datasets, load_dataset
+
+    if dataset not in available_datasets():
+        raise ValueError(
+            f"--task {dataset!r}/...: unknown dataset; choose one of {available_datasets()}"
+        )
+    ds = load_dataset(dataset)
+    return {"input_shape": json.dumps(list(ds.input_shape)), "num_classes": str(ds.num_classes)}
+
+
+def _shape(path: Path, meta: dict[str, str]) -> tuple[tuple[int, ...], int]:
+    for key in ("input_shape", "num_classes"):
+        if key not in meta:
+            raise ValueError(
+                f"{path}: metadata lacks {key!r}; pass --task DATASET/MODEL to take it "
+                "from the dataset"
+            )
+    try:
+        shape = tuple(int(v) for v in json.loads(meta["input_shape"]))
+        classes = int(meta["num_classes"])
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{path}: metadata input_shape/num_classes unreadable ({exc})") from None
+    return shape, classes
+
+
+def _load(
+    path: Path,
+    meta: dict[str, str],
+    *,
+    model_name: str | None = None,
+    task_ref: str | None = None,
+    config: Path | None = None,
+) -> tuple[nn.Module, ModelInfo]:
+    if model_name is not None:
+        shape, classes = _shape(path, meta)
+        module = build_model(model_name, shape, classes)
+        task_name = meta.get("task", f"{meta.get('dataset', '?')}/{model_name}")
+        described = model_name
+    else:
+        assert task_ref is not None
+        from fedveil.tasks import make_server_task
+
+        cfg = (
+            load_config(config, {"model.task": task_ref})
+            if config is not None
+            else config_from_dict({"model": {"task": task_ref}})
+        )
+        task = make_server_task(cfg)
+        module = task.model_fn()
+        shape, classes, task_name, described = (
+            tuple(task.input_shape),
+            task.num_classes,
+            task.name,
+            task_ref,
+        )
+    count = load_weights(module, path)
+    module.eval()
+    info = ModelInfo(task_name, described, shape, classes, count, path, meta)
+    return module, info
+
+
+def load_weights(module: nn.Module, path: Path) -> int:
+    """Load the file's tensors into `module` (every float parameter and buffer must be
+    there, with its shape); the number of float values loaded."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    expected = {
+        name: t
+        for name, t in [*module.named_parameters(), *module.named_buffers()]
+        if t.is_floating_point()
+    }
+    for name, t in expected.items():
+        if name not in tensors:
+            raise ConfigError(f"{path}: lacks tensor {name!r} of the model")
+        if tuple(tensors[name].shape) != tuple(t.shape):
+            raise ConfigError(
+                f"{path}: tensor {name!r} has shape {tuple(tensors[name].shape)}, "
+                f"the model's is {tuple(t.shape)}"
+            )
+    extra = sorted(set(tensors) - set(expected))
+    if extra:
+        raise ConfigError(f"{path}: tensor {extra[0]!r} is not in the model (wrong --task?)")
+    with torch.no_grad():
+        for name, t in expected.items():
+            t.copy_(tensors[name].to(t.dtype))
+    return sum(math.prod(t.shape) for t in expected.values())
