@@ -68,7 +68,7 @@ def test_file_without_metadata_needs_task(tmp_path: Path) -> None:
     flat = FlatModel(build_model("cnn", (1, 28, 28), 10))
     bare = tmp_path / "bare.safetensors"
     flat.save(flat.get(), str(bare))
-    with pytest.raises(ValueError, match="names no model.*--task"):
+    with pytest.raises(ValueError, match=r"names no model.*--task"):
         load_model_file(bare)
     with pytest.raises(ValueError, match="lacks 'input_shape'"):
         load_model_file(bare, "cnn")
@@ -76,7 +76,7 @@ def test_file_without_metadata_needs_task(tmp_path: Path) -> None:
         load_model_file(bare, "fashion-mnist/resnet")
     meta = {"input_shape": "[1, 28, 28]", "num_classes": "10"}
     flat.save(flat.get(), str(tmp_path / "m.safetensors"), metadata=meta)
-    model, info = load_model_file(tmp_path / "m.safetensors", "cnn")
+    model, _ = load_model_file(tmp_path / "m.safetensors", "cnn")
     x = torch.randn(3, 1, 28, 28)
     with torch.no_grad():
         assert torch.equal(model(x), flat.module.eval()(x))
