@@ -1,0 +1,267 @@
+"""A version's model card: what the model is, how well it does on the server's own test set,
+and the privacy guarantee it carries against each adversary, bound to the signed ledger.
+
+What a card may say follows the README's "Trust model": under DP, counts and statistics of
+clients' data (federated accuracy, client and cohort counts, the partition, example counts)
+reveal participation and are not released under the accounting, so a DP run's card carries
+none of them; only central evaluation on the server's own test set, the run's public
+parameters and the accounted figures. A run without DP has no guarantee to protect, so its
+card shows the clients' statistics and says plainly that it has no DP guarantee.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from fedveil.privacy.dp.adversaries import coordinator_figure
+from fedveil.privacy.dp.ledger import RELEASE, entry_kind, parse_ledger_bytes
+from fedveil.privacy.dp.verify import STATUS_FAILED, VerifyResult
+from fedveil.server.engine.privacy_report import (
+    cohort_source,
+    ledger_path,
+    secure_aggregation_mode,
+    verify_run,
+)
+from fedveil.server.registry.store import RegistryError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CARD_SCHEMA = "fedveil.model_card/1"
+NO_DP_STATEMENT = (
+    "No differential privacy: this model carries no guarantee for the clients whose data "
+    "trained it; served, it answers membership-inference queries unprotected."
+)
+CLIENT_DATA_WITHHELD = (
+    "Withheld under DP: federated accuracy, client and cohort counts, the partition and "
+    "example counts are computed from clients' data or reveal participation, and none was "
+    "released under the accounting (README 'Trust model')."
+)
+# Basic composition: valid for any mechanisms, adaptively chosen (Dwork, Rothblum, Vadhan).
+SEQUENTIAL_RULE = (
+    "sequential (basic) composition: the epsilons and the deltas of every run in the lineage "
+    "add up; sound for any mechanisms, since each run's users may have taken part in all"
+)
+PARALLEL_RULE = (
+    "disjoint users (declared at registration): a user took part in one run only, and the "
+    "later runs are post-processing of the earlier models for them, so the figure is the "
+    "largest epsilon and the largest delta of the lineage"
+)
+
+
+def build_card(
+    run_dir: Path, meta: dict[str, str], model_round: int, model_sha256: str
+) -> dict[str, Any]:
+    """The card of `run_dir`'s model of `model_round` (no name, version or lineage yet:
+    the registry adds those). Under DP the ledger must verify (final or interrupted)."""
+    run_dir = Path(run_dir).resolve()
+    summary = _json(run_dir / "summary.json")
+    config = _toml(run_dir / "config.toml")
+    metrics = _metrics_of_round(run_dir, model_round)
+    privacy = privacy_section(run_dir)
+    dp = privacy["dp"] != "none"
+    card: dict[str, Any] = {
+        "schema": CARD_SCHEMA,
+        "task": str(meta.get("task") or summary.get("task") or "unknown"),
+        "model": str(meta.get("model") or meta.get("task_ref") or "unknown"),
+        "dataset": meta.get("dataset"),
+        "input_shape": json.loads(meta["input_shape"]) if "input_shape" in meta else None,
+        "num_classes": int(meta["num_classes"]) if "num_classes" in meta else None,
+        "fedveil_version": meta.get("fedveil_version"),
+        "source": {
+            "run_dir": str(run_dir),
+            "run_id": privacy.get("ledger", {}).get("run_id"),
+            "round": model_round,
+            "model_sha256": model_sha256,
+        },
+        "rounds": model_round,
+        "rounds_planned": config.get("server", {}).get("rounds"),
+        "central_evaluation": {
+            "test_accuracy": metrics.get("test_accuracy"),
+            "test_loss": metrics.get("test_loss"),
+            "on": "the server's own test set (not client data)",
+        },
+        "secure_aggregation": secure_aggregation_mode(run_dir) or "off",
+        "privacy": privacy,
+        "client_data": _client_data(run_dir, summary, config, metrics) if not dp else None,
+        "lineage": None,
+    }
+    if dp:
+        card["client_data_statement"] = CLIENT_DATA_WITHHELD
+    return card
+
+
+def privacy_section(run_dir: Path, result: VerifyResult | None = None) -> dict[str, Any]:
+    """What the run's privacy files state, checked: no ledger means no DP; a ledger that
+    fails verification is refused. `result`: the ledger's verification, if already run."""
+    path = ledger_path(run_dir)
+    config_dp = _toml(run_dir / "config.toml").get("dp", {})
+    if not path.exists():
+        mechanism = config_dp.get("mechanism", "none") if isinstance(config_dp, dict) else "none"
+        if mechanism not in (None, "none"):
+            raise RegistryError(
+                f"{run_dir}: config.toml sets dp.mechanism = {mechanism!r} but the run has no "
+                f"privacy ledger ({path}); its guarantee cannot be stated"
+            )
+        return {"dp": "none", "epsilon": None, "delta": None, "statement": NO_DP_STATEMENT}
+    result = result if result is not None else verify_run(run_dir)
+    if result.status == STATUS_FAILED:
+        raise RegistryError(f"{run_dir}: the privacy ledger fails verification: {result.message}")
+    entries, _ = parse_ledger_bytes(path.read_bytes())
+    releases = [e for e in entries if entry_kind(e) == RELEASE]
+    if not releases:
+        raise RegistryError(f"{path}: no release entry; nothing was trained under DP")
+    last = releases[-1]
+    delta = float(last["delta"])
+    report = _json(path.parent / "report.json")
+    adversaries = report.get("adversaries") or _adversaries_from_ledger(last, releases, delta)
+    return {
+        "dp": str(last["mechanism"]),
+        "epsilon": float(last["epsilon"]),  # the observers': amplified, cohorts secret
+        "delta": delta,
+        "accountant": last.get("accountant"),
+        "neighbouring": last.get("neighbouring"),
+        "privacy_unit": last.get("privacy_unit"),
+        "sampling": last.get("sampling"),
+        "cohort_source": cohort_source(run_dir),
+        "budget_against": last.get("budget_against", "observers"),
+        "adversaries": _public_adversaries(adversaries),
+        "ledger": {
+            "state": result.status,
+            "run_id": result.run_id,
+            "key_id": result.key_id,
+            "entries": len(entries),
+            "releases": len(releases),
+            "head_hash": entries[-1]["hash"],
+            "head_signature": entries[-1].get("signature"),
+        },
+    }
+
+
+def compose_lineage(
+    own: dict[str, Any], parent_card: dict[str, Any], parent_ref: str, same_users: bool
+) -> dict[str, Any]:
+    """The card's `lineage`: its parent and, per adversary, epsilon and delta composed
+    over the parent's own composed figures and this run's. A run without DP anywhere in
+    the lineage leaves nothing to compose (None, with the reason)."""
+    parent_composed = (parent_card.get("lineage") or {}).get("composed") or _own_figures(
+        parent_card
+    )
+    mine = _own_figures(own)
+    composed: dict[str, Any] = {}
+    for adversary in ("observers", "coordinator"):
+        a, b = parent_composed.get(adversary), mine.get(adversary)
+        if a is None or b is None or a.get("epsilon") is None or b.get("epsilon") is None:
+            composed[adversary] = None
+            continue
+        combine = (lambda x, y: x + y) if same_users else max
+        composed[adversary] = {
+            "epsilon": combine(float(a["epsilon"]), float(b["epsilon"])),
+            "delta": combine(float(a["delta"]), float(b["delta"])),
+        }
+    lineage = [*((parent_card.get("lineage") or {}).get("chain") or []), parent_ref]
+    return {
+        "parent": parent_ref,
+        "parent_model_sha256": parent_card.get("source", {}).get("model_sha256"),
+        "chain": lineage,
+        "same_users": same_users,
+        "rule": SEQUENTIAL_RULE if same_users else PARALLEL_RULE,
+        "composed": composed,
+    }
+
+
+def _own_figures(card: dict[str, Any]) -> dict[str, dict[str, float] | None]:
+    """This card's own (epsilon, delta) against the observers and the coordinator; None
+    where there is no guarantee (no DP; a trusted curator)."""
+    privacy = card.get("privacy") or {}
+    if privacy.get("dp", "none") == "none":
+        return {"observers": None, "coordinator": None}
+    adversaries = privacy.get("adversaries") or {}
+    coordinator = adversaries.get("coordinator") or {}
+    bound = coordinator.get("epsilon_bound", coordinator.get("epsilon"))
+    return {
+        "observers": {"epsilon": privacy["epsilon"], "delta": privacy["delta"]},
+        "coordinator": None
+        if bound is None
+        else {"epsilon": float(bound), "delta": float(coordinator.get("delta", privacy["delta"]))},
+    }
+
+
+def _public_adversaries(adversaries: dict[str, Any]) -> dict[str, Any]:
+    """The public report's figures per adversary; never the operator's realised ones."""
+    out = json.loads(json.dumps(adversaries))
+    coordinator = out.get("coordinator")
+    if isinstance(coordinator, dict):
+        for private in ("epsilon_max", "distribution", "source", "clients"):
+            coordinator.pop(private, None)
+    return out
+
+
+def _adversaries_from_ledger(
+    last: dict[str, Any], releases: list[dict[str, Any]], delta: float
+) -> dict[str, Any]:
+    """Without report.json (an interrupted run): the figures the report would state."""
+    return {
+        "observers": {
+            "epsilon": float(last["epsilon"]),
+            "delta": delta,
+            "accountant": last.get("accountant"),
+            "amplified_by_sampling": last.get("sampling") != "none",
+        },
+        "coordinator": coordinator_figure(str(last["mechanism"]), releases, delta),
+    }
+
+
+def _client_data(
+    run_dir: Path, summary: dict[str, Any], config: dict[str, Any], metrics: dict[str, Any]
+) -> dict[str, Any]:
+    """Statistics of clients' data: for runs without DP only."""
+    data = config.get("data", {})
+    partition = _json(run_dir / "partition.json")
+    return {
+        "federated_accuracy": metrics.get("federated_accuracy"),
+        "federated_loss": metrics.get("federated_loss"),
+        "clients": summary.get("clients"),
+        "per_round": summary.get("per_round"),
+        "partition": data.get("partition"),
+        "alpha": data.get("alpha"),
+        "examples": partition.get("num_samples"),
+        "partition_summary": partition.get("summary"),
+    }
+
+
+def _metrics_of_round(run_dir: Path, round_num: int) -> dict[str, Any]:
+    path = run_dir / "metrics.jsonl"
+    found: dict[str, Any] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("round") == round_num:
+            found = record
+    return found
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
