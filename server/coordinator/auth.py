@@ -11,7 +11,6 @@ Requests carry it as `Authorization: Bearer <token>`: none -> 401, a wrong one
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import secrets
@@ -19,34 +18,19 @@ import stat
 from pathlib import Path
 
 from fedveil.config import ConfigError
+from fedveil.ops.bearer import MIN_TOKEN_CHARS, BearerToken  # noqa: F401 - MIN_TOKEN_CHARS re-exported
 from fedveil.server.coordinator.settings import ServerSettings
 
 log = logging.getLogger("fedveil.service")
 
 TOKEN_ENV = "FEDVEIL_ADMIN_TOKEN"
-MIN_TOKEN_CHARS = 16
 
 
-class AdminToken:
-    def __init__(self, token: str, source: str) -> None:
-        if len(token) < MIN_TOKEN_CHARS:
-            raise ConfigError(
-                f"admin token from {source} is too short: use at least {MIN_TOKEN_CHARS} characters"
-            )
-        self._token = token.encode()
-        self.source = source
+class AdminToken(BearerToken):
+    """The coordinator's admin token (the check is fedveil.ops.bearer's, shared with
+    `fedveil serve`)."""
 
-    def __repr__(self) -> str:  # never show the secret, even in a traceback
-        return f"AdminToken(source={self.source!r})"
-
-    def check(self, header: str | None) -> int:
-        """200 if `header` carries the token, else the HTTP status to answer (401 or 403)."""
-        if not header:
-            return 401
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() != "bearer" or not value.strip():
-            return 401
-        return 200 if hmac.compare_digest(value.strip().encode(), self._token) else 403
+    WHAT = "admin token"
 
 
 def load_admin_token(settings: ServerSettings) -> AdminToken:

@@ -22,7 +22,6 @@ the file's directory, so a deployment folder can be moved as a whole.
 
 from __future__ import annotations
 
-import ipaddress
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 
 from fedveil.config import ConfigError
 from fedveil.config.service import service_config
+from fedveil.ops.bearer import is_loopback  # noqa: F401 - re-exported for main.py
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -144,12 +144,3 @@ def load_settings(path: str | Path, *, insecure: bool = False) -> ServerSettings
     settings = settings_from_dict(raw, p.resolve().parent, insecure=insecure)
     settings.source = p.resolve()
     return settings
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
