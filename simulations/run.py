@@ -236,9 +236,14 @@ class Attempt:
     def build_engine(self, transport: Any) -> RoundEngine:
         self.failures = FailureLog(transport)  # innermost: the clients' own failures
         outer: Any = self.failures
-        if self.availability is not None:
-            outer = AvailabilityTransport(outer, self.availability)
-        self.engine = self.run.engine(outer, on_round=self.on_round, resume=self.resume)
+        if self.cfg.server.mode != "sync":  # async: the engine's clock follows availability
+            self.engine = self.run.engine(
+                outer, on_round=self.on_round, resume=self.resume, availability=self.availability
+            )
+        else:
+            if self.availability is not None:
+                outer = AvailabilityTransport(outer, self.availability)
+            self.engine = self.run.engine(outer, on_round=self.on_round, resume=self.resume)
         if self.poisoning is not None:  # poisoning.json, and backdoor accuracy per round
             self.backdoor = install_attack(self.poisoning, self.task, self.engine, self.cfg)
         return self.engine

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedveil.config.async_mode import check_async_fields
 from fedveil.config.fields import ConfigError, build, help_of, spec
 from fedveil.config.poisoning import PoisoningConfig, check_poisoning
 from fedveil.config.ray_address import check_ray_address
@@ -126,6 +127,48 @@ class ServerConfig:
         hi=1e3,
         help="norm_bound: std of Gaussian noise added to the aggregate (weak DP, "
         "Sun et al. 2019; no DP guarantee)",
+    )
+    # Asynchronous / stale-synchronous training (README "Asynchronous training").
+    mode: str = spec(
+        "sync",
+        choices=("sync", "async", "ssp"),
+        help="sync: rounds wait for their cohort; async: buffered asynchronous (FedBuff), "
+        "C clients in flight, an update applied every K arrivals; ssp: async whose "
+        "dispatches wait while the model is more than ssp_bound versions ahead of the "
+        "oldest download in flight. In async/ssp, rounds counts applied server updates",
+    )
+    concurrency: int = spec(
+        0, lo=0, hi=1_000_000, help="async/ssp: clients training at once C; 0: per_round"
+    )
+    buffer: int = spec(
+        1, lo=1, hi=1_000_000, help="async/ssp: client updates K per server update (K <= C)"
+    )
+    staleness_exponent: float = spec(
+        0.5,
+        lo=0.0,
+        hi=10.0,
+        help="async/ssp: an update tau versions old weighs (1+tau)^-a; 0.5: FedBuff's "
+        "1/sqrt(1+tau); 0: constant",
+    )
+    max_staleness: int = spec(
+        0,
+        lo=0,
+        hi=1_000_000,
+        help="async/ssp: updates more than this many versions old are dropped and counted; "
+        "0: no limit",
+    )
+    ssp_bound: int = spec(
+        2, lo=0, hi=1_000_000, help="ssp: the staleness bound S (versions ahead of the oldest)"
+    )
+    group_size: int = spec(
+        0,
+        lo=0,
+        hi=1_000_000,
+        help="async/ssp: clients per dispatch unit G (with secagg: one secure-aggregation "
+        "session); 0: buffer K with secagg, 1 in the clear; G >= K with secagg",
+    )
+    max_participations: int = spec(
+        0, lo=0, hi=1_000_000, help="async/ssp: most dispatches per client in a run; 0: no cap"
     )
 
 
@@ -381,6 +424,7 @@ def _check_cross_fields(cfg: RunConfig) -> None:
             "(the share of each client's data kept for local evaluation)"
         )
     _check_dp_fields(cfg)
+    check_async_fields(cfg)
     _check_simulation_fields(cfg)
     check_robust_config(cfg)
     check_poisoning(cfg)

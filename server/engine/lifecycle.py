@@ -27,11 +27,13 @@ from fedveil.config import RunConfig
 from fedveil.params import FlatModel
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.server.engine.aggregation import UpdateChannel
+from fedveil.server.engine.async_engine import AsyncEngine
 from fedveil.server.engine.pipeline import make_privacy_pipeline, private_run_args
 from fedveil.server.engine.privacy_report import write_privacy_report
 from fedveil.server.engine.privacy_stage import CentralDP
 from fedveil.server.engine.rounds import RoundEngine, RoundRecord, initial_model
 from fedveil.server.engine.runstore import RunStore, atomic_write_bytes
+from fedveil.server.engine.sim_clock import Availability
 from fedveil.server.engine.tracking import RunTracking, close_unfinished, summary_status
 from fedveil.server.engine.transport import Transport
 from fedveil.tasks import Task
@@ -89,13 +91,17 @@ class RunLifecycle:
         *,
         on_round: Callable[[RoundRecord], None] | None = None,
         resume: bool = True,
+        availability: Availability | None = None,
     ) -> RoundEngine:
         """The round engine over `transport`, restored from the checkpoint if `resume`
-        and there is one."""
+        and there is one. server.mode = async | ssp: the AsyncEngine, whose arrivals follow
+        `availability` (simulated latency and dropouts; None: every unit takes 1 s)."""
         model, self._model = self._model, None  # the first engine takes the model built
         if self.tracking is not None:
             on_round = _tracked(self.tracking, on_round)
-        engine = RoundEngine(
+        engine_kind = RoundEngine if self.cfg.server.mode == "sync" else AsyncEngine
+        extra: dict[str, Any] = {} if engine_kind is RoundEngine else {"availability": availability}
+        engine = engine_kind(
             self.cfg,
             self.task,
             transport,
@@ -105,6 +111,7 @@ class RunLifecycle:
             on_round=on_round,
             privacy=self.privacy,
             model=model,
+            **extra,
         )
         if resume:
             self.restore(engine)

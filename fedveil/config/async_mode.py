@@ -1,0 +1,94 @@
+"""Checks of the asynchronous / stale-synchronous settings (server.mode = async | ssp).
+
+Each refusal names the field, its value and what is allowed. Why a value is refused:
+
+- buffer K > concurrency C: K arrivals could never be in flight together, so the first
+  server update would wait for clients that were never dispatched.
+- max_staleness: 0 means no limit and any m >= 1 keeps every update with tau <= m. The
+  first K updates of a run are always fresh (tau = 0: nothing was applied before they
+  arrive), so no m >= 0 drops every update; the only such values are negative ones,
+  refused by the field's range. A cap that would starve the run is refused instead
+  (max_participations below).
+- ssp_bound S < 0: refused by the field's range.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fedveil.config.fields import ConfigError
+
+if TYPE_CHECKING:
+    from fedveil.config.run import RunConfig
+
+
+def resolved_concurrency(cfg: RunConfig) -> int:
+    """C: clients in flight (server.concurrency; 0: server.per_round)."""
+    return cfg.server.concurrency or cfg.server.per_round
+
+
+def resolved_group_size(cfg: RunConfig) -> int:
+    """G: clients per dispatch unit (server.group_size; 0: K under secagg, else 1)."""
+    s = cfg.server
+    if s.group_size:
+        return s.group_size
+    return s.buffer if cfg.secagg.enabled else 1
+
+
+def check_async_fields(cfg: RunConfig) -> None:
+    """The async settings against each other and the rest of the run."""
+    s = cfg.server
+    if s.mode == "sync":
+        return
+    n, c, k, g = cfg.data.num_clients, resolved_concurrency(cfg), s.buffer, resolved_group_size(cfg)
+    if c > n:
+        raise ConfigError(
+            f"server.concurrency = {c}: more clients in flight than exist; "
+            f"must be <= data.num_clients = {n}"
+        )
+    if k > c:
+        raise ConfigError(
+            f"server.buffer = {k}: more than server.concurrency = {c} clients in flight; "
+            f"must be in [1, {c}]"
+        )
+    if g > c:
+        raise ConfigError(f"server.group_size = {g}: must be <= server.concurrency = {c}")
+    if cfg.secagg.enabled and (g < k or g < 2):
+        raise ConfigError(
+            f"server.group_size = {g}: a secure-aggregation group must hold at least "
+            f"server.buffer = {k} clients and at least 2"
+        )
+    _check_unsupported(cfg)
+    cap = s.max_participations
+    if cap and cap * n < s.rounds * k:
+        raise ConfigError(
+            f"server.max_participations = {cap}: {n} clients x {cap} dispatches cannot give "
+            f"server.rounds = {s.rounds} updates of server.buffer = {k}; must be >= "
+            f"{-(-s.rounds * k // n)} (or 0: no cap)"
+        )
+
+
+def _check_unsupported(cfg: RunConfig) -> None:
+    """What async/ssp does not run (yet), refused rather than silently mis-accounted."""
+    s, mode = cfg.server, cfg.server.mode
+    if cfg.dp.mechanism != "none":
+        raise ConfigError(
+            f"dp.mechanism = {cfg.dp.mechanism!r} with server.mode = {mode!r}: DP accounting "
+            "of asynchronous participation (no amplification by sampling) is not available "
+            "yet; use server.mode = 'sync' or dp.mechanism = 'none'"
+        )
+    if cfg.client.dp_sgd_noise > 0:
+        raise ConfigError(
+            f"client.dp_sgd_noise > 0 with server.mode = {mode!r}: its accountant counts "
+            "sync rounds; use server.mode = 'sync'"
+        )
+    if s.aggregator != "mean":
+        raise ConfigError(
+            f"server.aggregator = {s.aggregator!r} with server.mode = {mode!r}: async "
+            "updates are weighted by staleness; only 'mean' is supported"
+        )
+    if s.sampling != "fixed":
+        raise ConfigError(
+            f"server.sampling = {s.sampling!r} with server.mode = {mode!r}: async draws "
+            "replacement clients one unit at a time; use 'fixed'"
+        )

@@ -1,0 +1,340 @@
+"""Asynchronous (FedBuff) and stale-synchronous training: the engine for server.mode
+= async | ssp.
+
+C clients are in flight (server.concurrency) in dispatch units (async_units.py). Each
+unit that comes back is replaced at once, with the then-current model version, by
+clients not already in flight, drawn from the run seed. An update tau versions old
+(staleness.py) weighs s(tau) x its example weight; one older than server.max_staleness
+is dropped and counted. After K client updates (server.buffer) the server optimizer
+takes one step on sum(s(tau_i) w_i delta_i) / sum(w_i): a new model version, one
+RoundRecord, one checkpoint. Under ssp a unit is dispatched only while the model is
+at most server.ssp_bound versions ahead of the oldest download still in flight.
+
+Arrivals come from an ArrivalClock (sim_clock.py): simulated time, never wall-clock
+order, so every transport reaches the same model for the same config and seed.
+The checkpoint at each apply (the buffer is empty then) holds the units in flight and
+the weights of every version they downloaded; on resume their updates are computed
+again (never stored), so the run continues to the model an uninterrupted run reaches.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedveil.config import RunConfig
+from fedveil.config.async_mode import resolved_concurrency, resolved_group_size
+from fedveil.params import FlatModel
+from fedveil.server.engine.aggregation import Aggregate, PlainChannel, UpdateChannel
+from fedveil.server.engine.async_units import Unit, UnitRunner
+from fedveil.server.engine.drops import drops_by_reason
+from fedveil.server.engine.outcome import Aborted
+from fedveil.server.engine.privacy_stage import CentralDP
+from fedveil.server.engine.round_record import RoundRecord
+from fedveil.server.engine.rounds import RoundEngine
+from fedveil.server.engine.runstore import RunStore
+from fedveil.server.engine.sim_clock import (
+    ArrivalClock,
+    Availability,
+    SimulatedClock,
+    plain_unit_fate,
+)
+from fedveil.server.engine.staleness import ssp_allows, staleness_weight, too_stale
+from fedveil.server.engine.transport import Transport
+from fedveil.tasks import Task
+
+log = logging.getLogger("fedveil.server")
+
+__all__ = ["AsyncEngine"]
+
+
+class _Window:
+    """What happened since the last server update (one RoundRecord's worth)."""
+
+    def __init__(self) -> None:
+        self.buffer: list[tuple[Aggregate, int]] = []  # (update sum, staleness)
+        self.clients = 0  # clients of the units that came back
+        self.dropped: dict[int, str] = {}  # why (the latest reason per client)
+        self.dropped_count = 0
+        self.stale_dropped = 0
+        self.replays_dropped = 0
+        self.aborted_groups = 0
+        self.started = time.perf_counter()
+
+    @property
+    def buffered(self) -> int:
+        return sum(len(agg.contributors) for agg, _ in self.buffer)
+
+
+class AsyncEngine(RoundEngine):
+    """The round engine's interface (run, state/restore, history, summary, annotators,
+    on_round) for asynchronous training; `round` counts applied server updates."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        task: Task,
+        transport: Transport,
+        *,
+        store: RunStore | None = None,
+        channel: UpdateChannel | None = None,
+        device: torch.device | str = "cpu",
+        on_round: Callable[[RoundRecord], None] | None = None,
+        privacy: CentralDP | None = None,
+        model: FlatModel | None = None,
+        availability: Availability | None = None,
+        clock: ArrivalClock | None = None,
+    ) -> None:
+        if privacy is not None:
+            raise ValueError(
+                f"server.mode = {cfg.server.mode!r}: DP accounting of asynchronous "
+                "participation is not available yet; dp.mechanism must be 'none'"
+            )
+        super().__init__(
+            cfg, task, transport, store=store, channel=channel, device=device,
+            on_round=on_round, model=model,
+        )  # fmt: skip
+        s = cfg.server
+        self.concurrency, self.group = resolved_concurrency(cfg), resolved_group_size(cfg)
+        self.secagg = not isinstance(self.channel, PlainChannel)
+        self.clock: ArrivalClock = clock or SimulatedClock()
+        self.runner = UnitRunner(cfg, transport, self.channel, self.model.size, availability)
+        self.availability = availability
+        self.draw_rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xA5F1]))
+        self.next_seq = 1
+        self.in_flight: dict[int, Unit] = {}
+        self.versions: dict[int, torch.Tensor] = {}  # weights of versions still in flight
+        self.participations: Counter[int] = Counter()
+        self.last_apply_clock = 0.0
+        self.window = _Window()
+        self.totals: Counter[str] = Counter()
+        self.ssp_bound = s.ssp_bound if s.mode == "ssp" else None
+
+    # -- dispatch -----------------------------------------------------------
+    def clients_in_flight(self) -> int:
+        return sum(len(u.clients) for u in self.in_flight.values())
+
+    def fill(self) -> None:
+        """Dispatch units into every free slot the SSP gate and the cap allow."""
+        while self.concurrency - self.clients_in_flight() >= self.group:
+            if self.ssp_bound is not None:
+                oldest = min((u.version for u in self.in_flight.values()), default=None)
+                if not ssp_allows(self.round, oldest, self.ssp_bound):
+                    return
+            clients = self._draw()
+            if clients is None:
+                return
+            self._dispatch(clients)
+
+    def _draw(self) -> list[int] | None:
+        """G clients not in flight and under the participation cap (seeded draw)."""
+        busy = {c for u in self.in_flight.values() for c in u.clients}
+        cap = self.cfg.server.max_participations
+        eligible = [
+            c
+            for c in range(self.task.num_clients)
+            if c not in busy and (not cap or self.participations[c] < cap)
+        ]
+        if len(eligible) < self.group:
+            return None
+        chosen = self.draw_rng.choice(len(eligible), size=self.group, replace=False)
+        return sorted(eligible[int(i)] for i in chosen)
+
+    def _dispatch(self, clients: list[int]) -> None:
+        seq, self.next_seq = self.next_seq, self.next_seq + 1
+        unit = Unit(seq, tuple(clients), self.round, self.clock.now())
+        self.versions.setdefault(self.round, self.weights)
+        self.participations.update(clients)
+        if self.secagg:
+            latency = self.runner.run_group(unit, self.weights)
+        else:
+            timeout = self.cfg.server.round_timeout or None
+            latency, unit.failed = plain_unit_fate(self.availability, seq, clients, timeout)
+        unit.arrival = unit.dispatched_at + latency
+        self.in_flight[seq] = unit
+        self.clock.schedule(seq, unit.arrival)
+        self.totals["dispatched"] += 1
+
+    # -- arrivals -----------------------------------------------------------
+    def deliver(self, seq: int) -> RoundRecord | None:
+        """Unit `seq` came back: buffer its update (or drop it), and apply once K are
+        buffered. A sequence number not in flight (a replay, or a reply from before a
+        resume) is dropped and counted, never applied twice."""
+        unit = self.in_flight.pop(seq, None)
+        if unit is None:
+            self.window.replays_dropped += 1
+            log.warning("dispatch %d is not in flight (a replay or a late reply): dropped", seq)
+            return None
+        if not unit.computed:
+            self._compute(unit)
+        self._receive(unit)
+        self._forget_versions()
+        if self.window.buffered >= self.cfg.server.buffer:
+            return self.run_round()
+        return None
+
+    def _compute(self, unit: Unit) -> None:
+        """The unit's update, computed now: after a resume (never stored), or a unit in the
+        clear together with every other one not computed yet (one exchange per version)."""
+        if self.secagg:  # its arrival time stays the checkpoint's
+            self.runner.run_group(unit, self.versions[unit.version])
+            return
+        pending = [u for u in self.in_flight.values() if not u.computed]
+        self.runner.compute_plain([unit, *pending], self.versions.__getitem__)
+
+    def _receive(self, unit: Unit) -> None:
+        w, outcome = self.window, unit.outcome
+        w.clients += len(unit.clients)
+        if isinstance(outcome, Aborted):
+            w.aborted_groups += 1  # lost, never revealed
+        if outcome is not None:
+            w.dropped.update(outcome.dropped)
+            w.dropped_count += len(outcome.dropped)
+        if not isinstance(outcome, Aggregate) or not outcome.contributors:
+            return
+        tau = self.round - unit.version
+        if too_stale(tau, self.cfg.server.max_staleness):
+            w.stale_dropped += len(outcome.contributors)
+            return
+        w.buffer.append((outcome, tau))
+
+    def _forget_versions(self) -> None:
+        """Keep the weights of the versions units in flight downloaded, and no others."""
+        used = {u.version for u in self.in_flight.values()}
+        for v in [v for v in self.versions if v not in used]:
+            del self.versions[v]
+
+    # -- one server update ---------------------------------------------------
+    def run_round(self) -> RoundRecord:
+        """Apply the buffer: one server-optimizer step, one record, one checkpoint."""
+        w, self.window = self.window, _Window()
+        record = self._apply_buffer(w)
+        self.round += 1
+        record.round = self.round
+        self._evaluate(record)
+        self.fill()  # replacements go out with the new version, before the checkpoint
+        self._note_window(record, w)
+        self._report(record, w.started)
+        self.history.append(record)
+        if self.store is not None:
+            self.store.append_metrics(record.to_json())
+            self.store.save_checkpoint(self.state())
+        if self.on_round:
+            self.on_round(record)
+        return record
+
+    def _apply_buffer(self, w: _Window) -> RoundRecord:
+        total: torch.Tensor | None = None
+        weight, loss_sum = 0.0, 0.0
+        for agg, tau in w.buffer:  # arrival order: the same float sums on every run
+            part = agg.total.to(self.weights.device) * staleness_weight(
+                tau, self.cfg.server.staleness_exponent
+            )
+            total = part if total is None else total.add_(part)
+            weight += agg.weight
+            loss_sum += agg.loss * agg.weight
+        assert total is not None
+        self.weights = self.optimizer.step(self.weights, total / weight)
+        contributors = sum(len(agg.contributors) for agg, _ in w.buffer)
+        record = RoundRecord(0, w.clients, contributors, w.dropped_count, applied=True)
+        record.train_loss = loss_sum / weight
+        record.extra["staleness"] = [tau for agg, tau in w.buffer for _ in agg.contributors]
+        return record
+
+    def _note_window(self, record: RoundRecord, w: _Window) -> None:
+        now = self.clock.now()
+        self.totals.update(
+            stale_dropped=w.stale_dropped,
+            replays_dropped=w.replays_dropped,
+            aborted_groups=w.aborted_groups,
+            updates_applied=record.cohort_aggregated,
+        )
+        record.extra.update(
+            mode=self.cfg.server.mode,
+            status="applied",
+            sim_time_s=round(now - self.last_apply_clock, 6),
+            sim_clock_s=round(now, 6),
+            in_flight=self.clients_in_flight(),
+            stale_dropped=w.stale_dropped,
+            replays_dropped=w.replays_dropped,
+            drops_by_reason=drops_by_reason(w.dropped),
+        )
+        if self.secagg:
+            record.extra["aborted_groups"] = w.aborted_groups
+        self.last_apply_clock = now
+        if self.first_client_error is None and w.dropped:
+            self.first_client_error = w.dropped[min(w.dropped)]
+
+    # -- whole run ------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Arrivals until server.rounds versions are applied (or nothing can arrive)."""
+        start = time.perf_counter()
+        while self.round < self.cfg.server.rounds:
+            self.fill()
+            nxt = self.clock.next_arrival()
+            if nxt is None:
+                self.stopped_reason = (
+                    f"no client can be dispatched (server.max_participations = "
+                    f"{self.cfg.server.max_participations} reached); stopped after "
+                    f"{self.round} server updates"
+                )
+                log.warning(self.stopped_reason)
+                break
+            self.deliver(nxt[1])
+        return self.summary(time.perf_counter() - start)
+
+    def summary(self, wall_s: float) -> dict[str, Any]:
+        out = super().summary(wall_s)
+        out.update(
+            mode=self.cfg.server.mode,
+            concurrency=self.concurrency,
+            buffer=self.cfg.server.buffer,
+            group_size=self.group,
+            sim_clock_s=round(self.clock.now(), 6),
+            dispatched=self.totals["dispatched"],
+            updates_applied=self.totals["updates_applied"],
+            stale_dropped=self.totals["stale_dropped"],
+            replays_dropped=self.totals["replays_dropped"],
+        )
+        return out
+
+    # -- checkpoint -------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        state = super().state()
+        state["async"] = {
+            "clock": self.clock.state(),
+            "next_seq": self.next_seq,
+            "draw_rng": self.draw_rng.bit_generator.state,
+            "participations": dict(self.participations),
+            "in_flight": [u.to_state() for u in self.in_flight.values()],
+            "versions": {v: t.cpu() for v, t in self.versions.items()},
+            "last_apply_clock": self.last_apply_clock,
+            "totals": dict(self.totals),
+        }
+        return state
+
+    def restore(self, state: dict[str, Any]) -> None:
+        super().restore(state)
+        a = state["async"]
+        self.clock.restore(a["clock"])
+        self.next_seq = int(a["next_seq"])
+        self.draw_rng.bit_generator.state = a["draw_rng"]
+        self.participations = Counter({int(c): int(n) for c, n in a["participations"].items()})
+        device = self.model.device
+        self.versions = {int(v): t.to(device) for v, t in a["versions"].items()}
+        self.in_flight = {}
+        for s in a["in_flight"]:
+            unit = Unit.from_state(s)
+            if not self.secagg:  # the same dropouts as at dispatch
+                timeout = self.cfg.server.round_timeout or None
+                _, unit.failed = plain_unit_fate(self.availability, unit.seq, unit.clients, timeout)
+            self.in_flight[unit.seq] = unit
+            self.clock.schedule(unit.seq, unit.arrival)
+        self.last_apply_clock = float(a["last_apply_clock"])
+        self.totals = Counter(a["totals"])

@@ -1,0 +1,183 @@
+"""Dispatch units of asynchronous training, and how their updates are computed.
+
+A unit is what the server dispatches at once: one client in the clear, or a group of G
+clients (under secure aggregation one protocol session, whose sum alone the server
+learns). Each dispatch has a unique, increasing sequence number `seq`, sent as the
+request's round: a client's training randomness differs per dispatch, and a reply
+for a sequence number not in flight (a replay, or a late reply after a resume) is
+recognised and dropped.
+
+Updates are computed eagerly, before the unit's simulated arrival: units in the
+clear that downloaded the same model version travel in one transport exchange
+(`compute_plain`); a secure-aggregation group runs its whole session at dispatch
+(`run_group`), since its arrival time is the protocol's stage times. Nothing is
+released early: the engine holds the result until the unit's arrival.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedveil.config import RunConfig
+from fedveil.protocol.envelope import Envelope
+from fedveil.server.engine.aggregation import Aggregate, NoUpdates, UpdateChannel
+from fedveil.server.engine.outcome import Aborted
+from fedveil.server.engine.requests import build_train_request
+from fedveil.server.engine.sim_clock import DEFAULT_LATENCY_S, Availability
+from fedveil.server.engine.transport import ClientFailure, Transport
+
+Outcome = Aggregate | Aborted | NoUpdates | None
+
+
+@dataclass
+class Unit:
+    """One dispatch: its clients, the model version they downloaded, when it comes back."""
+
+    seq: int
+    clients: tuple[int, ...]
+    version: int
+    dispatched_at: float
+    arrival: float = 0.0
+    failed: dict[int, str] = field(default_factory=dict)  # simulated dropouts at dispatch
+    outcome: Outcome = None
+    computed: bool = False
+
+    def to_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps (never the update: it is recomputed on resume)."""
+        return {
+            "seq": self.seq,
+            "clients": list(self.clients),
+            "version": self.version,
+            "dispatched_at": self.dispatched_at,
+            "arrival": self.arrival,
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> Unit:
+        return cls(
+            int(state["seq"]),
+            tuple(int(c) for c in state["clients"]),
+            int(state["version"]),
+            float(state["dispatched_at"]),
+            float(state["arrival"]),
+        )
+
+
+class _Replies:
+    """A transport that hands back replies already collected (one unit's share of an
+    exchange), so the update channel checks them as it checks any reply."""
+
+    def __init__(self, replies: Mapping[int, Envelope | ClientFailure]) -> None:
+        self.replies = replies
+
+    def client_ids(self) -> Sequence[int]:
+        return sorted(self.replies)
+
+    def exchange(
+        self, requests: Mapping[int, Envelope], timeout_s: float | None
+    ) -> dict[int, Envelope | ClientFailure]:
+        return {c: self.replies.get(c, ClientFailure(c, "no reply")) for c in requests}
+
+    def close(self) -> None:
+        return None
+
+
+class StagedAvailability:
+    """One secure-aggregation group's exchanges under the availability model: each stage's
+    members drop or straggle as the model decides at (seq, stage); a member lost at one
+    stage stays lost; the group's simulated time is the sum of its stages' waits."""
+
+    def __init__(self, inner: Transport, availability: Availability | None) -> None:
+        self.inner, self.availability = inner, availability
+        self.gone: dict[int, str] = {}
+        self.elapsed = 0.0
+
+    def client_ids(self) -> Sequence[int]:
+        return self.inner.client_ids()
+
+    def exchange(
+        self, requests: Mapping[int, Envelope], timeout_s: float | None
+    ) -> dict[int, Envelope | ClientFailure]:
+        out: dict[int, Envelope | ClientFailure] = {}
+        live = {c: m for c, m in requests.items() if c not in self.gone}
+        for cid in requests.keys() - live.keys():
+            out[cid] = ClientFailure(cid, f"gone since an earlier stage: {self.gone[cid]}")
+        if self.availability is not None and live:
+            first = next(iter(live.values()))
+            verdict = self.availability.judge(first.round, first.kind, sorted(live), timeout_s)
+            for cid, reason in verdict.failed.items():
+                self.gone[cid] = reason
+                out[cid] = ClientFailure(cid, reason)
+                del live[cid]
+            self.elapsed += verdict.simulated_time(timeout_s)
+        if live:
+            out.update(self.inner.exchange(live, timeout_s))
+        return out
+
+    def close(self) -> None:
+        return None
+
+
+class UnitRunner:
+    """Computes units' updates over the transport, through the run's update channel."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        transport: Transport,
+        channel: UpdateChannel,
+        model_size: int,
+        availability: Availability | None,
+    ) -> None:
+        self.cfg, self.transport, self.channel = cfg, transport, channel
+        self.model_size, self.availability = model_size, availability
+        self.timeout = cfg.server.round_timeout or None
+
+    def requests(self, unit: Unit, weights: torch.Tensor) -> dict[int, Envelope]:
+        """The unit's training requests: its sequence number is their round."""
+        base = build_train_request(self.cfg, unit.seq, weights, None)
+        return {
+            c: Envelope(base.kind, unit.seq, dict(base.config), base.arrays) for c in unit.clients
+        }
+
+    def compute_plain(
+        self, units: Sequence[Unit], weights_of: Callable[[int], torch.Tensor]
+    ) -> None:
+        """Every unit's update in the clear: one exchange per model version."""
+        by_version: dict[int, list[Unit]] = {}
+        for unit in units:
+            by_version.setdefault(unit.version, []).append(unit)
+        for version in sorted(by_version):
+            group = by_version[version]
+            weights = weights_of(version)
+            asked = {u.seq: self.requests(u, weights) for u in group}
+            sent = {c: m for u in group for c, m in asked[u.seq].items() if c not in u.failed}
+            replies = self.transport.exchange(sent, self.timeout) if sent else {}
+            for unit in group:
+                self._finish_plain(unit, asked[unit.seq], replies)
+
+    def _finish_plain(
+        self,
+        unit: Unit,
+        requests: dict[int, Envelope],
+        replies: Mapping[int, Envelope | ClientFailure],
+    ) -> None:
+        mine = {c: replies[c] for c in requests if c in replies}
+        for cid, reason in unit.failed.items():
+            mine[cid] = ClientFailure(cid, reason)
+        unit.outcome = self.channel.collect(_Replies(mine), requests, self.model_size, None)
+        unit.computed = True
+
+    def run_group(self, unit: Unit, weights: torch.Tensor) -> float:
+        """A secure-aggregation group's whole session; its simulated duration."""
+        staged = StagedAvailability(self.transport, self.availability)
+        requests = self.requests(unit, weights)
+        unit.outcome = self.channel.collect(staged, requests, self.model_size, self.timeout)
+        unit.computed = True
+        if self.availability is None or self.availability.latency_median <= 0:
+            return DEFAULT_LATENCY_S
+        return staged.elapsed
