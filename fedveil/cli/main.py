@@ -42,11 +42,13 @@ def _subcommands() -> list:
         add_server,
     )
     from fedveil.cli.identity import add_identity
+    from fedveil.cli.models import add_models
     from fedveil.cli.privacy import add_privacy
 
     return [
         add_data,
         add_privacy,
+        add_models,
         add_bench,
         add_server,
         add_ready,

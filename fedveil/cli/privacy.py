@@ -78,6 +78,15 @@ def _add_verify(psub: argparse._SubParsersAction) -> None:
         default=[],
         help="also bound epsilon with NAME (pld, prv, rdp, dpa_rdp, ... or 'all'); repeatable",
     )
+    ver.add_argument(
+        "--card",
+        metavar="CARD",
+        help="also check a model card against this run's ledger: a card.json file or a "
+        "registry reference (name@version); exit 1 naming each field that differs",
+    )
+    ver.add_argument(
+        "--registry", metavar="DIR", help="the model registry --card refers to (see models)"
+    )
     ver.set_defaults(func=cmd_verify)
 
 
@@ -143,6 +152,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     )
     label = {"final": "OK", "interrupted": "INTERRUPTED"}.get(result.status, "FAIL")
     print(f"{label}: {result.message}", file=sys.stdout if result.ok else sys.stderr)
+    if args.card and result.status != "failed":
+        from fedveil.cli.models import verify_card_option
+
+        if not verify_card_option(args.card, args.registry, Path(args.run_dir), result):
+            return 1
     return result.exit_code
 
 

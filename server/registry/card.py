@@ -119,7 +119,9 @@ def privacy_section(run_dir: Path, result: VerifyResult | None = None) -> dict[s
     last = releases[-1]
     delta = float(last["delta"])
     report = _json(path.parent / "report.json")
-    adversaries = report.get("adversaries") or _adversaries_from_ledger(last, releases, delta)
+    adversaries = _with_ledger_figures(
+        report.get("adversaries") or {}, _adversaries_from_ledger(last, releases, delta)
+    )
     return {
         "dp": str(last["mechanism"]),
         "epsilon": float(last["epsilon"]),  # the observers': amplified, cohorts secret
@@ -157,7 +159,7 @@ def compose_lineage(
     for adversary in ("observers", "coordinator"):
         a, b = parent_composed.get(adversary), mine.get(adversary)
         if a is None or b is None or a.get("epsilon") is None or b.get("epsilon") is None:
-            composed[adversary] = None
+            composed[adversary] = None  # no guarantee somewhere in the lineage: none composed
             continue
         combine = (lambda x, y: x + y) if same_users else max
         composed[adversary] = {
@@ -172,6 +174,10 @@ def compose_lineage(
         "same_users": same_users,
         "rule": SEQUENTIAL_RULE if same_users else PARALLEL_RULE,
         "composed": composed,
+        "composed_statement": (
+            "None for an adversary means that some run in the lineage gives no guarantee "
+            "against it (no DP, or a trusted curator), so neither does this model."
+        ),
     }
 
 
@@ -190,6 +196,22 @@ def _own_figures(card: dict[str, Any]) -> dict[str, dict[str, float] | None]:
         if bound is None
         else {"epsilon": float(bound), "delta": float(coordinator.get("delta", privacy["delta"]))},
     }
+
+
+def _with_ledger_figures(stated: dict[str, Any], from_ledger: dict[str, Any]) -> dict[str, Any]:
+    """The report's words per adversary, with every figure taken from the verified ledger
+    (a stale or edited report.json cannot lower a card's epsilon)."""
+    out = json.loads(json.dumps(stated))
+    for adversary, figures in from_ledger.items():
+        mine = out.setdefault(adversary, {})
+        if not isinstance(mine, dict):
+            out[adversary] = mine = {}
+        for key in ("epsilon", "epsilon_bound", "delta", "accountant"):
+            if key in figures:
+                mine[key] = figures[key]
+            else:
+                mine.pop(key, None)
+    return out
 
 
 def _public_adversaries(adversaries: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,9 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from fedveil.privacy.dp.verify import VerifyResult
 from fedveil.server.registry.card import build_card, compose_lineage
+from fedveil.server.registry.card_check import CardCheck, check_card
 from fedveil.server.registry.run_model import round_model
 from fedveil.server.registry.store import (
     LATEST,
@@ -132,6 +134,26 @@ class Registry:
             return self.get(name, int(number))
         except RegistryError as error:
             raise RegistryError(f"model reference {ref!r}: {error}") from None
+
+    def check(self, version: ModelVersion, result: VerifyResult | None = None) -> CardCheck:
+        """`version`'s card against its run's ledger, its model copy and its parent's card."""
+        return check_card(
+            version.card,
+            version.run_dir,
+            result=result,
+            parent_card=self.parent_card(version.card),
+            model_path=version.model_path,
+        )
+
+    def parent_card(self, card: dict[str, Any]) -> dict[str, Any] | None:
+        """The card of `card`'s parent in this registry (None: no parent, or not here)."""
+        parent = (card.get("lineage") or {}).get("parent")
+        if not parent:
+            return None
+        try:
+            return self.resolve(str(parent)).card
+        except RegistryError:
+            return None
 
     def _entry(self, index: dict[str, Any], name: str) -> dict[str, Any]:
         check_name(name)
