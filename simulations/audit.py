@@ -14,6 +14,11 @@ stages as every client, through the same round engine and update channel, in-pro
 Flower's simulation engine (where each worker's `AuditClientRuntime` hands canary ids to
 the canary runtime).
 
+Under distributed DP (zero-out adjacency) every canary is a client of the population: a
+held-out canary is sampled like the others and takes part in secure aggregation with its
+update zeroed, so its Skellam noise share is in the sum whether or not it is inserted
+(the neighbouring runs differ in one client's update, not in who adds noise).
+
 After the run the released model deltas are scored against every canary (cosines) and
 `fedveil.privacy.audit` turns the scores into the estimate and the lower bound.
 
@@ -132,9 +137,18 @@ class CanaryTrainer:
         return LocalResult(delta, 1, 1, 0.0)
 
 
+def canary_rows(directions: np.ndarray, inserted: np.ndarray, zero_out: bool) -> np.ndarray:
+    """The canary clients' updates, one row each: the inserted canaries' directions; under
+    zero-out adjacency every canary, the held-out ones with a zero row (they take part
+    and send their noise share, but their update is zeroed)."""
+    if zero_out:
+        return directions * inserted[:, None]
+    return directions[inserted]
+
+
 def canary_task(users: Task, directions: np.ndarray) -> Task:
-    """The population the engine samples: the users, then one client per inserted canary
-    (ids users.num_clients + i), whose single 'example' is its direction."""
+    """The population the engine samples: the users, then one client per canary row
+    (ids users.num_clients + i, see `canary_rows`), whose single 'example' is its row."""
     n = users.num_clients
     canaries = torch.from_numpy(np.ascontiguousarray(directions, dtype=np.float32))
 
@@ -233,7 +247,9 @@ class AuditClientRuntime(ClientRuntime):
         *,
         run_config: RunConfig,
     ) -> None:
-        super().__init__(users, device, run_config=run_config)
+        # The whole population's task (users' data for user ids): the client derives the
+        # run's distributed-DP plan from the population size, as the server does.
+        super().__init__(canaries.task, device, run_config=run_config)
         self.canaries, self.num_users = canaries, users.num_clients
 
     def handle(self, client_id: int, msg: Envelope, state: dict[str, Any]) -> Envelope:
@@ -259,7 +275,8 @@ class AuditRuntimeFactory:
 
         users = make_task(self.users_cfg)
         directions = canary_directions(self._seed, self._inserted.size, self.dim)
-        task = canary_task(users, directions[self._inserted])
+        rows = canary_rows(directions, self._inserted, self.audit_cfg.dp.mechanism == "distributed")
+        task = canary_task(users, rows)
         canaries = ClientRuntime(
             task, "cpu", run_config=self.audit_cfg, trainer=CanaryTrainer(self.audit_cfg.dp.clip)
         )
@@ -277,6 +294,12 @@ class AuditPlan:
     seed: int = field(repr=False)  # the auditor's secret: never logged or written
     per_round: int
     rate: float
+    zero_out: bool = False  # distributed DP: held-out canaries take part with a zero update
+
+    @property
+    def population_canaries(self) -> int:
+        """Canary clients in the sampled population (all of them under zero-out)."""
+        return int(self.inserted.size if self.zero_out else self.inserted.sum())
 
 
 def plan_audit(cfg: RunConfig, users: int, canaries: int, *, out: str) -> AuditPlan:
@@ -289,17 +312,13 @@ def plan_audit(cfg: RunConfig, users: int, canaries: int, *, out: str) -> AuditP
             f"audit.target = {cfg.audit.target!r}: an audit against real devices is a further "
             "release of their data and is refused; audits run in simulation"
         )
-    if cfg.dp.mechanism == "distributed":
-        raise AuditRefused(
-            "dp.mechanism = 'distributed': not audited yet (a held-out canary would still "
-            "have to send its noise share under zero-out adjacency); audit 'central' or 'none'"
-        )
     if cfg.secagg.enabled and cfg.secagg.threat == "malicious":
         raise AuditRefused("secagg.threat = 'malicious': canaries have no identity keys")
     seed = new_secret_seed()
     rng = np.random.default_rng(np.random.SeedSequence(secrets.randbits(128)))
     inserted = rng.random(canaries) < 0.5
-    m_in = int(inserted.sum())
+    zero_out = cfg.dp.mechanism == "distributed"
+    m_in = canaries if zero_out else int(inserted.sum())  # canary clients in the population
     values = cfg.to_dict()
     values["out"] = out
     values["data"]["num_clients"] = users + m_in
@@ -324,7 +343,7 @@ def plan_audit(cfg: RunConfig, users: int, canaries: int, *, out: str) -> AuditP
             "sampled (need <= 0.5: more rounds or a higher rate)"
         )
     audit_cfg = config_from_dict(_without_none(values))
-    return AuditPlan(audit_cfg, users, inserted, seed, per_round, rate)
+    return AuditPlan(audit_cfg, users, inserted, seed, per_round, rate, zero_out)
 
 
 def _without_none(values: dict[str, Any]) -> dict[str, Any]:
@@ -355,7 +374,7 @@ def run_audit(
     store.write_config(to_toml(plan.cfg))
     model_size = sum(p.numel() for p in users_task.model_fn().parameters())
     directions = canary_directions(plan.seed, canaries, model_size)
-    task = canary_task(users_task, directions[plan.inserted])
+    task = canary_task(users_task, canary_rows(directions, plan.inserted, plan.zero_out))
     run = RunLifecycle(plan.cfg, task, store, device=device)
     if mechanism is not None and mechanism.noise_scale != 1.0:
         if run.privacy is None or plan.cfg.dp.mechanism != "central":
@@ -390,7 +409,8 @@ def run_audit(
         )["summary"]
         recorder = holder[0]
     else:
-        with InProcessTransport(users_task, device, workers=1, run_config=plan.cfg) as inner:
+        # The population's task: users' runtimes derive the distributed-DP plan from it.
+        with InProcessTransport(task, device, workers=1, run_config=plan.cfg) as inner:
             recorder = CanaryTransport(inner, runtime, users_task.num_clients)
             summary = build(recorder).run()
     result = _analyse(plan, directions, snapshots, recorder, run, confidence)
@@ -481,8 +501,11 @@ def _analyse(
         "rounds": len(deltas),
         # Data-independent: the share a cohort holds in expectation (q is the same for
         # users and canaries). Realised cohorts reveal participation: see cohort_rows.
-        "canary_share_expected": int(inserted.sum()) / (plan.users + int(inserted.sum())),
-        "cohorts": cohort_rows(transport),
+        "canary_share_expected": plan.population_canaries / (plan.users + plan.population_canaries),
+        # Zero-out adjacency (distributed DP): held-out canaries are sampled too and send
+        # their noise share with a zero update.
+        "held_out_canaries_take_part": plan.zero_out,
+        "cohorts": cohort_rows(transport, plan),
         "histograms": {name: _histograms(scores[name], inserted) for name in VARIANTS},
         "refuted": accounted is not None and lower > accounted,
         "verdict": verdict(accounted, lower),
@@ -490,17 +513,23 @@ def _analyse(
     return result
 
 
-def cohort_rows(transport: CanaryTransport | CohortRecorder) -> list[dict[str, Any]]:
-    """Each round's users, canaries and canary share, as the audit's transport saw them."""
-    return [
-        {
+def cohort_rows(
+    transport: CanaryTransport | CohortRecorder, plan: AuditPlan
+) -> list[dict[str, Any]]:
+    """Each round's users, canaries and canary share, as the audit's transport saw them;
+    under zero-out also how many of the canaries were held out (zero update, noise share)."""
+    rows = []
+    for r, (u, c) in sorted(transport.cohorts.items()):
+        row: dict[str, Any] = {
             "round": r,
             "users": len(u),
             "canaries": len(c),
             "canary_share": len(c) / max(1, len(u) + len(c)),
         }
-        for r, (u, c) in sorted(transport.cohorts.items())
-    ]
+        if plan.zero_out:
+            row["canaries_held_out"] = sum(not plan.inserted[cid - plan.users] for cid in c)
+        rows.append(row)
+    return rows
 
 
 def verdict(accounted: float | None, lower: float) -> str:

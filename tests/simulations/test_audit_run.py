@@ -232,3 +232,37 @@ def test_an_audit_on_flower_sends_canaries_through_the_client_app(tmp_path):
         assert round_metrics["dropped"] == 0  # the canaries answered through Flower
         assert round_metrics["cohort_aggregated"] == cohort["users"] + cohort["canaries"]
     assert json.loads((tmp_path / "audit" / "summary.json").read_text())["transport"] == "flower"
+
+
+def test_cli_audit_of_distributed_dp_sums_every_sampled_canarys_noise_share(tmp_path, capsys):
+    """Zero-out adjacency: a held-out canary is sampled like the others and takes part in
+    secure aggregation with its update zeroed, so its Skellam share is in the sum."""
+    from fedveil.cli.main import main
+
+    values = {**DP_AUDIT, "dp.mechanism": "distributed", "secagg.enabled": True}
+    toml = write_toml(tmp_path / "run.toml", {**values, "out": str(tmp_path / "run")})
+    out = tmp_path / "audit"
+    code = main(["privacy", "audit", "--config", str(toml), "--canaries", "120", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads((out / "privacy" / "audit.json").read_text())
+    claimed = result["accounted_epsilon"]
+    assert 0 < claimed <= 2.0 and result["estimated_epsilon"] is not None
+    assert 0 <= result["lower_bound_epsilon"] <= claimed and not result["refuted"]
+    assert result["held_out_canaries_take_part"] is True
+    held_out = result["canaries_held_out"]
+    assert 0 < held_out < 120 and result["canary_share_expected"] == pytest.approx(120 / 130)
+    (cohort,) = json.loads((out / "private" / "audit_cohorts.json").read_text())
+    assert cohort == {
+        "round": 1,
+        "users": 10,
+        "canaries": 120,  # q = 1: every canary sampled, held out or not
+        "canary_share": pytest.approx(120 / 130),
+        "canaries_held_out": held_out,
+    }
+    # The coordinator unmasked one sum of every sampled client's masked input: the users',
+    # the inserted canaries' and the held-out canaries' (their noise shares).
+    annex = [json.loads(line) for line in (out / "private" / "rounds.jsonl").open()]
+    (record,) = [r for r in annex if "cohort_aggregated" in r]
+    assert record["dropped"] == 0 and record["cohort_aggregated"] == 130
+    ledger = [json.loads(line) for line in (out / "privacy" / "ledger.jsonl").open()]
+    assert any(e.get("mechanism") == "distributed_skellam" for e in ledger)
