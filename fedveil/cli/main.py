@@ -41,6 +41,7 @@ def _subcommands() -> list:
         add_run,
         add_server,
     )
+    from fedveil.cli.export import add_export
     from fedveil.cli.identity import add_identity
     from fedveil.cli.models import add_models
     from fedveil.cli.privacy import add_privacy
@@ -57,6 +58,7 @@ def _subcommands() -> list:
         add_clients,
         add_identity,
         add_certs,
+        add_export,
         add_completion,
     ]
 
