@@ -68,7 +68,9 @@ def plan_units(
     groups: dict[tuple, Unit] = {}
     for cid, msg in sorted(requests, key=lambda r: r[0]):
         if unit_size > 1 and sizes is not None and cid not in seen and _batchable(msg):
-            key = (int(sizes[cid]), msg.round, id(msg.arrays[F.MODEL]), _config_key(msg))
+            # Not the round: async dispatches of one model version share a unit, each
+            # with its own round (sequence number) and so its own generator.
+            key = (int(sizes[cid]), id(msg.arrays[F.MODEL]), _config_key(msg))
             groups.setdefault(key, []).append((cid, msg))
         else:
             units.append([(cid, msg)])
@@ -216,7 +218,7 @@ class ClientLane:
             seed = msg.get(F.SEED, int)
             global_vector = msg.tensor(F.MODEL, numel=self.runtime.model.size)
             data = [self.task.client_data(cid) for cid, _ in unit]
-            generators = [client_generator(seed, msg.round, cid) for cid, _ in unit]
+            generators = [client_generator(seed, m.round, cid) for cid, m in unit]
             results = self.batcher.train(global_vector, data, hp, generators)
         except Exception as exc:  # the clients then train, or fail, one at a time
             log.debug("unit of %d trained one at a time: %s", len(unit), exc)

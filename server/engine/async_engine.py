@@ -59,6 +59,7 @@ class _Window:
 
     def __init__(self) -> None:
         self.buffer: list[tuple[Aggregate, int]] = []  # (update sum, staleness)
+        self.seqs: list[int] = []  # the buffered units' dispatch numbers
         self.clients = 0  # clients of the units that came back
         self.dropped: dict[int, str] = {}  # why (the latest reason per client)
         self.dropped_count = 0
@@ -203,6 +204,7 @@ class AsyncEngine(RoundEngine):
             w.stale_dropped += len(outcome.contributors)
             return
         w.buffer.append((outcome, tau))
+        w.seqs.append(unit.seq)
 
     def _forget_versions(self) -> None:
         """Keep the weights of the versions units in flight downloaded, and no others."""
@@ -245,6 +247,7 @@ class AsyncEngine(RoundEngine):
         record = RoundRecord(0, w.clients, contributors, w.dropped_count, applied=True)
         record.train_loss = loss_sum / weight
         record.extra["staleness"] = [tau for agg, tau in w.buffer for _ in agg.contributors]
+        record.extra["applied_dispatches"] = list(w.seqs)
         return record
 
     def _note_window(self, record: RoundRecord, w: _Window) -> None:

@@ -99,6 +99,8 @@ class RoundEngine:
         # epsilon spent under DP) go into the round's record before it is stored, so
         # they are part of the same durable line as the round itself.
         self.annotators: list[Callable[[RoundRecord], None]] = []
+        # Simulated seconds since the run began (the rounds' sim_time_s, with a latency model).
+        self.sim_clock = 0.0
 
     # -- checkpoint -------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -109,6 +111,7 @@ class RoundEngine:
             "sampler": self.sampler.state(),
             "eval_rng": self.eval_rng.bit_generator.state,
             "upcoming": self.upcoming,
+            "sim_clock": self.sim_clock,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -120,6 +123,7 @@ class RoundEngine:
         self.eval_rng.bit_generator.state = state["eval_rng"]
         upcoming = state.get("upcoming")  # absent in checkpoints of older versions
         self.upcoming = None if upcoming is None else [int(c) for c in upcoming]
+        self.sim_clock = float(state.get("sim_clock", 0.0))
         if self.privacy is not None and self.privacy.last_round > self.round:
             # Crashed between the ledger entry and the checkpoint: that release was
             # made (and is charged); its update is lost. Never run the round twice.
@@ -232,6 +236,9 @@ class RoundEngine:
         for part in (self.transport, self.channel):
             if isinstance(part, RoundReporter):
                 record.extra.update(part.round_report(record.round))
+        if "sim_time_s" in record.extra and "sim_clock_s" not in record.extra:
+            self.sim_clock += float(record.extra["sim_time_s"])
+            record.extra["sim_clock_s"] = round(self.sim_clock, 6)
         record.duration_s = time.perf_counter() - start
         for annotate in self.annotators:
             annotate(record)
