@@ -10,6 +10,7 @@ from .accounting import compute_epsilon
 from .config import DpConfig
 from .events import PrivacyEvent
 from .ledger import RELEASE, Ledger, entry_kind
+from .participation import capped_events
 
 
 class BudgetExceededError(RuntimeError):
@@ -54,11 +55,16 @@ class PrivacyBudget:
         return self.config.accountant_name
 
     def spent(self) -> float:
-        """Cumulative epsilon at the config's delta (0 before any release)."""
-        return compute_epsilon(self._history, self.config.delta, self.accountant)
+        """Cumulative epsilon at the config's delta (0 before any release); under a
+        participation cap, that of a client in the most releases the cap allows."""
+        return self._epsilon(self._history)
 
     def epsilon_after(self, event: PrivacyEvent) -> float:
-        return compute_epsilon([*self._history, event], self.config.delta, self.accountant)
+        return self._epsilon([*self._history, event])
+
+    def _epsilon(self, events: list[PrivacyEvent]) -> float:
+        capped = capped_events(events, self.config.max_participations)
+        return compute_epsilon(capped, self.config.delta, self.accountant)
 
     def would_exceed(self, event: PrivacyEvent) -> bool:
         """Call BEFORE the round: would releasing `event` push epsilon over budget?"""
@@ -130,7 +136,12 @@ def entry_fields(
         "epsilon": epsilon,
         "accountant": config.accountant_name,
         "budget_epsilon": config.budget_epsilon,
-    }
+    } | (
+        # Asynchronous DP: epsilon composes only this many releases (verify does too).
+        {"max_participations": config.max_participations}
+        if config.max_participations is not None
+        else {}
+    )
 
 
 def event_from_entry(entry: Mapping[str, Any]) -> PrivacyEvent:
@@ -160,6 +171,12 @@ def _check_entry_matches_config(entry: Mapping[str, Any], config: DpConfig) -> N
                 f"ledger round {entry.get('round')}: {field}={entry.get(field)!r} "
                 f"but the config says {value!r}"
             )
+    if entry.get("max_participations") != config.max_participations:
+        raise ValueError(
+            f"ledger round {entry.get('round')}: max_participations="
+            f"{entry.get('max_participations')!r} but the config says "
+            f"{config.max_participations!r}"
+        )
     for field in ("delta", "budget_epsilon"):
         if not math.isclose(float(entry.get(field, math.nan)), getattr(config, field)):
             raise ValueError(

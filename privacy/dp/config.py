@@ -64,6 +64,9 @@ class DpConfig:
     clip_learning_rate: float = DEFAULT_CLIP_LEARNING_RATE
     clip_count_stddev: float | None = None  # default cohort_size / 20
     modulus_bits: int = 20  # distributed DP: secure-aggregation modulus 2**bits
+    # Asynchronous training: no sampling (q = 1), each client in at most this many
+    # releases; epsilon composes only that many (participation.py). None: every release.
+    max_participations: int | None = None
 
     def __post_init__(self) -> None:
         if self.neighbouring == AUTO and self.mechanism in MECHANISMS:
@@ -236,6 +239,20 @@ class DpConfig:
                 "cohort_size",
                 self.cohort_size,
                 "an integer >= 1",
+            )
+        if self.max_participations is not None:
+            _check(
+                _is_int(self.max_participations) and self.max_participations >= 1,
+                "max_participations",
+                self.max_participations,
+                "an integer >= 1",
+            )
+            # A cap replaces amplification: the releases are unsampled.
+            _check(
+                self.sampling_rate == 1.0,
+                "sampling_rate",
+                self.sampling_rate,
+                "1.0 with max_participations (asynchronous releases are not sampled)",
             )
         if self.mechanism == DISTRIBUTED_SKELLAM and self.cohort_size is not None:
             _check(

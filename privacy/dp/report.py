@@ -36,6 +36,7 @@ from .assumptions import (
 )
 from .config import DpConfig
 from .ledger import GENESIS_HASH, RELEASE, entry_kind
+from .participation import participation_section
 from .verify import VerifyResult
 
 REPORT_SCHEMA = "fedveil.dp.report/3"  # 3: the coordinator's public figure is a bound
@@ -117,6 +118,10 @@ def build_report(
             secure_aggregation,
         ),
     }
+    if last.get("max_participations") is not None:
+        # Asynchronous DP: the cap-based bound, never how often anyone took part.
+        report["participation"] = participation_section(last)
+        report["sampling_statement"] = report["participation"]["statement"]
     if secure_aggregation is not None:
         report["secure_aggregation"] = secure_aggregation
     if verification is not None:
@@ -288,6 +293,12 @@ def headline_lines(report: Mapping[str, Any]) -> list[str]:
     if "noise_only_rounds" in report:  # the operator's report only
         marked = ", ".join(str(r) for r in report["noise_only_rounds"]) or "none"
         lines.append(f"noise-only rounds (operator's view, do not publish): {marked}")
+    if "participation" in report:
+        cap = report["participation"]
+        lines.append(
+            f"asynchronous: each client in at most {cap['max_participations']} releases; "
+            f"bound {float(cap['epsilon_cap_bound']):.4f} stated before the run"
+        )
     lines.append(f"ledger: {report['ledger_state']}; {report['rounds']} releases")
     return lines + attack_lines(report.get("attacks"))
 
@@ -379,6 +390,7 @@ def _entry_from_config(config: DpConfig) -> dict[str, Any]:
         "privacy_unit": config.privacy_unit,
         "neighbouring": config.neighbouring,
         "accountant": config.accountant_name,
+        "max_participations": config.max_participations,
     }
 
 

@@ -26,6 +26,10 @@ count) fails. Schema-1 ledgers (no `schema` field) are still verified; their rea
 figure cannot be checked from the ledger alone and the result says so. An unknown
 schema fails, naming it.
 
+Asynchronous DP: a ledger whose releases state `max_participations` P (unsampled,
+run-constant) is recomputed as the composition of the P least-noisy releases so far,
+the most any client can be in (participation.py).
+
 Second accountants: the recorded epsilon passes iff it is at least
 (1 - SECOND_ACCOUNTANT_REL_TOL) times the smallest epsilon the named sound
 accountants give for the recorded events, i.e. it is not below every sound upper
@@ -63,6 +67,7 @@ from .ledger import (
     entry_schema,
     signed_message,
 )
+from .participation import capped_events
 from .signing import find_public_key, key_dir, key_id_for, verify_signature
 from .skellam import SkellamParams
 from .vocabulary import sound_accountants
@@ -78,6 +83,7 @@ EXIT_CODES = {STATUS_FINAL: EXIT_FINAL, STATUS_INTERRUPTED: EXIT_INTERRUPTED}
 SECOND_ACCOUNTANT_REL_TOL = 1e-3  # recorded may sit at most 0.1% below the tightest
 SKELLAM_Z_REL_TOL = 1e-9
 ALL_SOUND = "all"  # as a second accountant: every sound accountant for the run
+CAP = "max_participations"  # asynchronous DP: epsilon composes at most this many releases
 BOUND = "epsilon_coordinator_bound"  # schema 2: a client in every release (public)
 REALISED = "epsilon_coordinator_max"  # a participation count: never in schema 2
 LEGACY_NOTE = (
@@ -492,6 +498,7 @@ def _check_release(entry: Mapping[str, Any], line: int, state: _State) -> None:
                 line,
                 round_number,
             )
+    _check_cap(entry, line, state)
     if entry["epsilon"] < state.last_epsilon:
         raise _Discrepancy(
             f"line {line}: epsilon decreased from {state.last_epsilon!r} to {entry['epsilon']!r}",
@@ -514,6 +521,34 @@ def _check_release(entry: Mapping[str, Any], line: int, state: _State) -> None:
             f"line {line}: invalid privacy event ({error})", line, round_number
         ) from None
     state.last_epsilon = entry["epsilon"]
+
+
+def _check_cap(entry: Mapping[str, Any], line: int, state: _State) -> None:
+    """Asynchronous DP (participation.py): the cap is run-constant, an integer >= 1, and
+    only on unsampled releases (a cap replaces amplification; it is not added to it)."""
+    cap = entry.get(CAP)
+    assert state.first is not None
+    if cap != state.first.get(CAP):
+        raise _Discrepancy(
+            f"line {line}: {CAP} changed from {state.first.get(CAP)!r} to {cap!r} within one run",
+            line,
+            entry.get("round"),
+        )
+    if cap is None:
+        return
+    if not (isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1):
+        raise _Discrepancy(
+            f"line {line}: {CAP}={cap!r} is invalid; allowed: an integer >= 1",
+            line,
+            entry.get("round"),
+        )
+    if entry["sampling_rate"] != 1.0:
+        raise _Discrepancy(
+            f"line {line}: {CAP}={cap!r} with sampling_rate={entry['sampling_rate']!r}: a "
+            "participation cap accounts unsampled releases (sampling_rate 1.0)",
+            line,
+            entry.get("round"),
+        )
 
 
 def _check_bound_field(entry: Mapping[str, Any], line: int, state: _State) -> None:
@@ -755,7 +790,9 @@ def _epsilon(
     events: list[PrivacyEvent], entry: Mapping[str, Any], accountant: str, line: int
 ) -> float:
     try:
-        return compute_epsilon(events, entry["delta"], accountant)
+        # Under a participation cap a client is in at most that many of the releases.
+        capped = capped_events(events, entry.get(CAP))
+        return compute_epsilon(capped, entry["delta"], accountant)
     except ValueError as error:
         raise _Discrepancy(
             f"line {line}: cannot recompute epsilon ({error})", line, entry["round"]

@@ -36,8 +36,8 @@ SKELLAM_RDP = "skellam_rdp"
 AUTO = "auto"
 ACCOUNTANTS = (PLD, PRV, RDP, DPA_RDP, SKELLAM_RDP)
 
-# Which accountants model which (sampling, neighbouring) pair. Opacus only models
-# Poisson add/remove; dp-accounting's PLD adds Poisson replace-one and zero-out
+# Which accountants model which (sampling, neighbouring) pair. Opacus models Poisson
+# add/remove (and so zero-out, below); dp-accounting's PLD adds Poisson replace-one and zero-out
 # (which for a Poisson-sampled Gaussian with central noise composes exactly like
 # add/remove); only dp-accounting's RDP models fixed-size sampling without
 # replacement (replace-one, Wang-Balle-Kasiviswanathan 2019). Fixed-size with
@@ -46,7 +46,10 @@ ACCOUNTANTS = (PLD, PRV, RDP, DPA_RDP, SKELLAM_RDP)
 SUPPORTED_ACCOUNTANTS: dict[tuple[str, str], tuple[str, ...]] = {
     (POISSON, ADD_REMOVE): (PLD, PRV, RDP, DPA_RDP),
     (POISSON, REPLACE_ONE): (PLD, SKELLAM_RDP),
-    (POISSON, ZERO_OUT): (PLD, DPA_RDP, SKELLAM_RDP),
+    # Opacus' RDP and PRV last: with central noise zero-out composes exactly as
+    # add/remove (same pair of output distributions), so they model it too; asynchronous
+    # DP (participation.py) accounts its unsampled releases with Opacus' RDP.
+    (POISSON, ZERO_OUT): (PLD, DPA_RDP, SKELLAM_RDP, RDP, PRV),
     (FIXED, REPLACE_ONE): (DPA_RDP, SKELLAM_RDP),
 }
 

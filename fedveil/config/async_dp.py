@@ -1,0 +1,78 @@
+"""DP settings under server.mode = 'async' | 'ssp', checked when the config loads.
+
+Pure config (no accountant): refuses what cannot be accounted, naming the field and
+why. The accounting itself (cap-based bound, budget refusal) is
+fedveil.privacy.dp.async_plan; the README "Asynchronous training" section explains it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fedveil.config.fields import ConfigError
+
+if TYPE_CHECKING:
+    from fedveil.config.run import RunConfig
+
+ZERO_OUT = "zero_out"
+
+SYNC = "sync"
+
+
+def server_mode(cfg: RunConfig) -> str:
+    """server.mode ('sync' when the setting does not exist yet)."""
+    return str(getattr(cfg.server, "mode", SYNC))
+
+
+def is_async(cfg: RunConfig) -> bool:
+    """True for the modes without sampled cohorts ('async', 'ssp')."""
+    return server_mode(cfg) != SYNC
+
+
+def participation_cap(cfg: RunConfig) -> int:
+    """server.max_participations (0: no cap)."""
+    return int(getattr(cfg.server, "max_participations", 0) or 0)
+
+
+def async_neighbouring(cfg: RunConfig) -> str:
+    chosen = cfg.dp.neighbouring
+    if chosen == "add_remove":
+        raise ConfigError(
+            f"dp.neighbouring = 'add_remove' with server.mode = {server_mode(cfg)!r}: removing "
+            "a client puts another client's update in its buffer slot (a replacement, "
+            "sensitivity 2C), which add/remove does not cover; use 'auto' (zero_out) or "
+            "'replace_one'"
+        )
+    return ZERO_OUT if chosen == "auto" else chosen
+
+
+def check_async_dp(cfg: RunConfig) -> None:
+    """Refuse an asynchronous DP config whose accounting cannot be stated (ConfigError
+    naming the field and why). Does nothing without DP or in sync mode."""
+    dp, mode = cfg.dp, server_mode(cfg)
+    if dp.mechanism == "none" or mode == SYNC:
+        return
+    if dp.mechanism == "distributed":
+        raise ConfigError(
+            f"dp.mechanism = 'distributed' with server.mode = {mode!r}: refused, its "
+            "accounting cannot be stated yet: the Skellam noise of a secure-aggregation "
+            "group comes from its honest members, and neither the group's honest threshold "
+            "when its sum is recovered at the deadline nor the per-client accounting of "
+            "group releases is derived for asynchronous groups; use dp.mechanism = "
+            "'central' (the server noises each group's sum) or server.mode = 'sync'"
+        )
+    if dp.adaptive_clip:
+        raise ConfigError(
+            f"dp.adaptive_clip = true with server.mode = {mode!r}: refused, its clip-count "
+            "release is calibrated to a sampled cohort (sigma_b = cohort / 20) and its "
+            "accounting under asynchronous releases is not stated; use a fixed dp.clip"
+        )
+    cap = participation_cap(cfg)
+    if cap < 1:
+        raise ConfigError(
+            f"server.max_participations = {cap} with dp.mechanism = {dp.mechanism!r} and "
+            f"server.mode = {mode!r}: DP needs a cap >= 1. Asynchronous participation is "
+            "not sampled (no amplification), so without a cap a client's releases compose "
+            "without bound and no epsilon can be stated"
+        )
+    async_neighbouring(cfg)
