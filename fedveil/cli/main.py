@@ -45,6 +45,7 @@ def _subcommands() -> list:
     from fedveil.cli.identity import add_identity
     from fedveil.cli.models import add_models
     from fedveil.cli.privacy import add_privacy
+    from fedveil.cli.serve import add_serve
 
     return [
         add_data,
@@ -52,6 +53,7 @@ def _subcommands() -> list:
         add_models,
         add_bench,
         add_server,
+        add_serve,
         add_ready,
         add_client,
         add_run,

@@ -59,25 +59,25 @@ def load_run_model(run_dir: Path) -> tuple[nn.Module, ModelInfo]:
             f"{path}: no such file; a run writes its final model ({MODEL_FILE}) when it finishes"
         )
     meta = read_metadata(path)
-    task_ref = meta.get("task_ref")
-    if task_ref is not None and "model" not in meta:
+    config = run_dir / CONFIG_FILE
+    if "task_ref" in meta and "model" not in meta and not config.is_file():
         # A custom task: its function builds the model, with the run's own config.
-        config = run_dir / CONFIG_FILE
-        if not config.is_file():
-            raise FileNotFoundError(
-                f"{config}: no such file; a custom task's model ({task_ref}) is built by its "
-                f"task function from the run's {CONFIG_FILE}"
-            )
-        return _load(path, meta, task_ref=task_ref, config=config)
-    return load_model_file(path)
+        raise FileNotFoundError(
+            f"{config}: no such file; a custom task's model ({meta['task_ref']}) is built by "
+            f"its task function from the run's {CONFIG_FILE}"
+        )
+    return load_model_file(path, config=config if config.is_file() else None)
 
 
-def load_model_file(path: Path, task: str | None = None) -> tuple[nn.Module, ModelInfo]:
+def load_model_file(
+    path: Path, task: str | None = None, *, config: Path | None = None
+) -> tuple[nn.Module, ModelInfo]:
     """A model from a safetensors file, in eval mode.
 
     `task`, when given, names what to build instead of the file's metadata: a built-in
     model (`cnn`) or `DATASET/MODEL` (`fashion-mnist/cnn`; the input shape and classes
     come from the metadata, else from the dataset), or a custom task `module:function`.
+    `config`: the run's config.toml, which a custom task's function is called with.
     """
     path = Path(path)
     if not path.is_file():
@@ -87,13 +87,13 @@ def load_model_file(path: Path, task: str | None = None) -> tuple[nn.Module, Mod
         if "model" in meta:
             return _load(path, meta, model_name=meta["model"])
         if "task_ref" in meta:
-            return _load(path, meta, task_ref=meta["task_ref"])
+            return _load(path, meta, task_ref=meta["task_ref"], config=config)
         raise ValueError(
             f"{path}: its metadata names no model (neither 'model' nor 'task_ref'); "
             "pass --task MODEL, DATASET/MODEL or module:function"
         )
     if ":" in task:
-        return _load(path, meta, task_ref=task)
+        return _load(path, meta, task_ref=task, config=config)
     dataset, _, name = task.rpartition("/")
     if name not in MODELS:
         raise ValueError(

@@ -1,0 +1,93 @@
+"""`fedveil serve`: the prediction service for a trained model."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+SERVE_DESCRIPTION = (
+    "Serve a trained model over HTTP: POST /v1/models/NAME/predict with JSON "
+    '{"inputs": [[...], ...]} or an NPZ body (application/x-npz, array "inputs"); the reply '
+    "holds the model's raw outputs. GET /models, /healthz, /readyz, /metrics (Prometheus). "
+    "Concurrent requests are merged into batches of at most --max-batch rows, waiting at "
+    "most --max-wait-ms. Prediction needs a bearer token (--token-file or "
+    "$FEDVEIL_SERVE_TOKEN) unless --public: a served model answers membership-inference "
+    "queries, and one without DP has no protection against them (--public warns)."
+)
+
+
+def add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve", help="serve a trained model (prediction API)", description=SERVE_DESCRIPTION
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        metavar="RUN_DIR|FILE|NAME@VERSION",
+        help="a run directory, a safetensors file, or a registry version (name@3, "
+        "name@production, name@latest)",
+    )
+    p.add_argument(
+        "--canary",
+        metavar="RUN_DIR|FILE|NAME@VERSION",
+        help="a second version served under the same name, taking --canary-share of requests",
+    )
+    p.add_argument(
+        "--canary-share", type=float, default=0.1, help="the canary's share of requests [0.1]"
+    )
+    p.add_argument(
+        "--task",
+        help="for a FILE without fedveil metadata: MODEL, DATASET/MODEL or module:function",
+    )
+    p.add_argument("--name", help="the name to serve under [registry name, else the path's]")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1]")
+    p.add_argument("--port", type=int, default=8480, help="port (0: any free one) [8480]")
+    p.add_argument(
+        "--insecure", action="store_true", help="plain HTTP, no TLS (loopback hosts only)"
+    )
+    p.add_argument(
+        "--public",
+        action="store_true",
+        help="prediction without a token (warns when the model has no DP guarantee)",
+    )
+    p.add_argument("--token-file", type=Path, help="file holding the bearer token (mode 600)")
+    p.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
+    p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=512,
+        help="most rows per forward pass (merged requests) and per request [512]",
+    )
+    p.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=2.0,
+        help="longest a batch that is not full waits for more requests [2]",
+    )
+    p.add_argument(
+        "--max-body-bytes", type=int, default=32 * 1024 * 1024, help="largest request body [32 MiB]"
+    )
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from fedveil.server.serving.app import ServeLimits
+    from fedveil.server.serving.server import ServeSettings, serve
+
+    settings = ServeSettings(
+        model=args.model,
+        canary=args.canary,
+        canary_share=args.canary_share,
+        task=args.task,
+        name=args.name,
+        host=args.host,
+        port=args.port,
+        insecure=args.insecure,
+        public=args.public,
+        token_file=args.token_file,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        limits=ServeLimits(args.max_batch, args.max_wait_ms, args.max_body_bytes),
+    )
+    return serve(settings)

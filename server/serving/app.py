@@ -1,0 +1,158 @@
+"""The prediction service's HTTP API (FastAPI).
+
+    POST /v1/models/{name}/predict   JSON {"inputs": [...]} or NPZ "inputs" -> outputs
+    GET  /models                     the names served, their versions and shares
+    GET  /healthz, /readyz           the process answers; every model's worker runs
+    GET  /metrics                    Prometheus text (per version: requests, latency,
+                                     merged batch sizes)
+
+Prediction needs the bearer token unless the server is public. Bad input is answered
+with 422 naming the problem and the limit, and counted against the version it was
+routed to; the server goes on serving.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from fedveil.ops.bearer import BearerToken
+from fedveil.server.serving.batching import DynamicBatcher
+from fedveil.server.serving.inputs import InputError, check, decode, encode, human_bytes
+from fedveil.server.serving.metrics import ServingMetrics
+from fedveil.server.serving.versions import TrafficSplit
+
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    max_batch: int = 512  # rows per forward pass (merged requests); also per request
+    max_wait_ms: float = 2.0  # how long a batch that is not full waits for more rows
+    max_body_bytes: int = 32 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_batch <= 65536:
+            raise ValueError(f"--max-batch = {self.max_batch}: must be in [1, 65536]")
+        if not 0 <= self.max_wait_ms <= 10_000:
+            raise ValueError(f"--max-wait-ms = {self.max_wait_ms}: must be in [0, 10000]")
+        if not 1024 <= self.max_body_bytes <= 2**31:
+            raise ValueError(f"--max-body-bytes = {self.max_body_bytes}: must be in [1024, 2^31]")
+
+
+def create_app(
+    splits: list[TrafficSplit],
+    *,
+    token: BearerToken | None,
+    limits: ServeLimits,
+    metrics: ServingMetrics | None = None,
+) -> FastAPI:
+    """The API over `splits` (one per name served); `token` None: prediction is public."""
+    metrics = metrics if metrics is not None else ServingMetrics()
+    by_name = {s.name: s for s in splits}
+    if len(by_name) != len(splits):
+        raise ValueError(f"model names served twice: {[s.name for s in splits]}")
+    batchers: dict[tuple[str, str], DynamicBatcher] = {}
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        for split in splits:
+            for version, _share in split.versions:
+                key = (split.name, version.version)
+                metrics.add_version(*key)
+                batchers[key] = DynamicBatcher(
+                    version.model,
+                    max_batch=limits.max_batch,
+                    max_wait_s=limits.max_wait_ms / 1000,
+                    on_batch=lambda rows, s, k=key: metrics.batch(*k, rows, s),
+                    name=f"{key[0]}@{key[1]}",
+                )
+        yield
+        for batcher in batchers.values():
+            batcher.close()
+
+    app = FastAPI(title="fedveil prediction service", lifespan=lifespan, docs_url=None)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        down = [f"{n}@{v}" for (n, v), b in batchers.items() if not b.alive]
+        if not batchers or down:
+            return JSONResponse({"status": "not ready", "down": down}, status_code=503)
+        return JSONResponse({"status": "ready", "models": sorted(by_name)})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return PlainTextResponse(metrics.text(), media_type=METRICS_TYPE)
+
+    @app.get("/models")
+    async def models() -> dict[str, object]:
+        return {
+            "models": [
+                {
+                    "name": s.name,
+                    "public": token is None,
+                    "versions": [v.describe(share) for v, share in s.versions],
+                }
+                for s in splits
+            ]
+        }
+
+    @app.post("/v1/models/{name}/predict")
+    async def predict(name: str, request: Request) -> Response:
+        start = time.perf_counter()
+        if token is not None:
+            status = token.check(request.headers.get("authorization"))
+            if status != 200:
+                metrics.reject("unauthorized" if status == 401 else "forbidden")
+                return JSONResponse(
+                    {"detail": "prediction needs the server's token (Authorization: Bearer)"},
+                    status_code=status,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        split = by_name.get(name)
+        if split is None:
+            metrics.reject("unknown_model")
+            return JSONResponse(
+                {"detail": f"model {name!r} is not served here; served: {sorted(by_name)}"},
+                status_code=404,
+            )
+        version = split.pick()
+        key = (name, version.version)
+        headers = {"X-Fedveil-Model-Version": version.version}
+        try:
+            body = await _read_body(request, limits.max_body_bytes)
+            array, npz = decode(body, request.headers.get("content-type", ""))
+            x = check(array, split.input_shape, limits.max_batch)
+        except InputError as exc:
+            metrics.request(*key, 422, 0, time.perf_counter() - start)
+            return JSONResponse({"detail": str(exc)}, status_code=422, headers=headers)
+        out = await batchers[key].predict(x)
+        content, media = encode(out, npz, {"model": name, "version": version.version})
+        metrics.request(*key, 200, len(x), time.perf_counter() - start)
+        return Response(content, media_type=media, headers=headers)
+
+    return app
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (InputError) as soon as it is known to exceed `limit` bytes."""
+    declared = request.headers.get("content-length")
+    too_big = f"the limit is {limit} bytes ({human_bytes(limit)}, --max-body-bytes)"
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise InputError(f"body: {int(declared)} bytes; {too_big}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise InputError(f"body: more than {limit} bytes; {too_big}")
+        chunks.append(chunk)
+    return b"".join(chunks)
