@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config import ConfigError, RunConfig, config_from_dict, device_toml, to_toml
+from fedveil.server.coordinator.model_versions import register_finished_run
 from fedveil.server.coordinator.rundir import (
     ACTIVE,
     FINAL,
@@ -486,6 +487,7 @@ class RunManager:
                     self._finish(record, "stopped")
                 elif status.get("phase") == "completed" and (rd / "summary.json").exists():
                     self._finish(record, "completed")
+                    register_finished_run(self.state_dir, rd.path, record)
                 elif (
                     status.get("phase") == "failed"
                     and status.get("flower_run_id") == attempt["flower_run_id"]

@@ -11,6 +11,7 @@ from fedveil.server.coordinator.routes import (
     health,
     models,
     privacy,
+    registry,
     rounds,
     runs,
 )
@@ -21,6 +22,7 @@ ROUTERS: list[APIRouter] = [
     rounds.router,
     privacy.router,
     models.router,
+    registry.router,
     cluster.router,
     clients.router,
     dashboard.router,

@@ -1,0 +1,169 @@
+"""Model cards against the adversary: a card cannot claim less than the signed ledger
+allows, a DP run's card carries no statistics of clients' data, and the lineage's
+composed epsilon is checked too (`fedveil privacy verify RUN_DIR --card`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedveil.cli.main import main
+from fedveil.privacy.dp.ledger import parse_ledger_bytes
+from fedveil.server.registry import Registry, RegistryError
+
+CLIENT_KEYS = ("clients", "per_round", "federated_accuracy", "partition", "examples", "cohort")
+
+
+def _ledger(run: Path) -> list[dict[str, Any]]:
+    return parse_ledger_bytes((run / "privacy" / "ledger.jsonl").read_bytes())[0]
+
+
+def _verify(
+    run: Path, card: str, registry: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(["privacy", "verify", str(run), "--card", card, "--registry", str(registry)])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_a_dp_card_states_the_ledger_and_no_client_statistics(
+    tmp_path: Path, dp_run: Path, plain_run: Path
+) -> None:
+    registry = Registry(tmp_path / "reg")
+    card = registry.register(dp_run).card
+    ledger = _ledger(dp_run)
+    last_release = [e for e in ledger if e.get("kind") == "release"][-1]
+    privacy = card["privacy"]
+    assert privacy["dp"] == "central_gaussian"
+    assert (
+        privacy["epsilon"]
+        == last_release["epsilon"]
+        == privacy["adversaries"]["observers"]["epsilon"]
+    )
+    assert privacy["adversaries"]["observers"]["accountant"] == last_release["accountant"]
+    assert privacy["adversaries"]["coordinator"]["epsilon"] is None  # a trusted curator
+    assert "trusted curator" in privacy["adversaries"]["coordinator"]["statement"]
+    assert privacy["ledger"]["head_hash"] == ledger[-1]["hash"]
+    assert privacy["ledger"]["head_signature"] == ledger[-1]["signature"]
+    assert privacy["ledger"]["state"] == "final"
+    assert card["central_evaluation"]["test_accuracy"] is not None
+    assert card["secure_aggregation"] == "off" and card["rounds"] == 2
+    # Under DP nothing computed from clients' data or revealing participation.
+    assert card["client_data"] is None
+    text = json.dumps(card)
+    for key in CLIENT_KEYS:
+        assert f'"{key}"' not in text, key
+    # Without DP the card shows them, and says it has no guarantee.
+    plain = registry.register(plain_run).card
+    assert plain["client_data"]["clients"] == 6 and plain["client_data"]["per_round"] == 3
+    assert plain["privacy"]["epsilon"] is None
+    assert "No differential privacy" in plain["privacy"]["statement"]
+
+
+def test_a_card_claiming_less_than_the_ledger_fails_verify(
+    tmp_path: Path, dp_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "reg"
+    version = Registry(root).register(dp_run, name="blobs")
+    assert _verify(dp_run, "blobs@1", root, capsys)[0] == 0
+
+    def edited(name: str, change: Any) -> str:
+        card = json.loads(json.dumps(version.card))
+        change(card)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(card))
+        return str(path)
+
+    def smaller(card: dict[str, Any]) -> None:
+        card["privacy"]["epsilon"] /= 2
+        card["privacy"]["adversaries"]["observers"]["epsilon"] /= 2
+
+    def other_head(card: dict[str, Any]) -> None:
+        card["privacy"]["ledger"]["head_hash"] = "0" * 64
+
+    def with_counts(card: dict[str, Any]) -> None:
+        card["client_data"] = {"clients": 6}
+
+    def no_dp(card: dict[str, Any]) -> None:
+        card["privacy"] = {"dp": "none", "epsilon": None, "delta": None}
+
+    for name, change, field in [
+        ("smaller", smaller, "privacy.epsilon"),
+        ("head", other_head, "privacy.ledger.head_hash"),
+        ("counts", with_counts, "client_data"),
+        ("no-dp", no_dp, "privacy.dp"),
+    ]:
+        code, output = _verify(dp_run, edited(name, change), root, capsys)
+        assert code == 1, name
+        assert f"card field {field}:" in output, (name, output)
+
+    # The same edit made to the registry's own card is caught through the reference.
+    card_file = version.model_path.parent / "card.json"
+    card = json.loads(card_file.read_text())
+    smaller(card)
+    card_file.write_text(json.dumps(card))
+    code, output = _verify(dp_run, "blobs@1", root, capsys)
+    assert code == 1 and "card field privacy.adversaries.observers.epsilon:" in output
+
+
+def test_a_stale_report_cannot_lower_a_new_card(tmp_path: Path, dp_run: Path) -> None:
+    """Figures on a card come from the verified ledger, not from report.json."""
+    run = Path(shutil.copytree(dp_run, tmp_path / "run"))
+    report_path = run / "privacy" / "report.json"
+    report = json.loads(report_path.read_text())
+    report["adversaries"]["observers"]["epsilon"] = 0.01
+    report_path.write_text(json.dumps(report))
+    card = Registry(tmp_path / "reg").register(run).card
+    assert card["privacy"]["adversaries"]["observers"]["epsilon"] == _ledger(run)[-2]["epsilon"]
+
+
+def test_a_run_whose_ledger_fails_verification_is_not_registered(
+    tmp_path: Path, dp_run: Path
+) -> None:
+    run = Path(shutil.copytree(dp_run, tmp_path / "run"))
+    ledger = run / "privacy" / "ledger.jsonl"
+    ledger.write_bytes(b"".join(ledger.read_bytes().splitlines(keepends=True)[:-1]))
+    (run / "privacy" / "report.json").unlink()  # the truncation attack of issue 16
+    with pytest.raises(RegistryError, match="fails verification"):
+        Registry(tmp_path / "reg").register(run)
+
+
+def test_lineage_composes_epsilon_and_verify_checks_it(
+    tmp_path: Path, dp_run: Path, plain_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "reg"
+    registry = Registry(root)
+    parent = registry.register(dp_run, name="blobs")
+    child = registry.register(dp_run, name="blobs", parent="blobs@1")
+    eps, delta = parent.card["privacy"]["epsilon"], parent.card["privacy"]["delta"]
+    lineage = child.card["lineage"]
+    assert lineage["parent"] == "blobs@1" and lineage["same_users"] is True
+    assert lineage["composed"]["observers"] == pytest.approx(
+        {"epsilon": 2 * eps, "delta": 2 * delta}
+    )
+    assert lineage["composed"]["coordinator"] is None  # central DP: no guarantee against it
+    grandchild = registry.register(dp_run, name="blobs", parent="blobs@2")
+    assert grandchild.card["lineage"]["chain"] == ["blobs@1", "blobs@2"]
+    assert grandchild.card["lineage"]["composed"]["observers"]["epsilon"] == pytest.approx(3 * eps)
+    disjoint = registry.register(dp_run, name="blobs", parent="blobs@1", same_users=False)
+    assert disjoint.card["lineage"]["composed"]["observers"]["epsilon"] == pytest.approx(eps)
+    # A model trained on from a model without DP carries no guarantee at all.
+    plain = registry.register(plain_run, name="plain")
+    after_plain = registry.register(dp_run, name="blobs", parent=plain.ref)
+    assert after_plain.card["lineage"]["composed"]["observers"] is None
+
+    assert _verify(dp_run, "blobs@2", root, capsys)[0] == 0
+    card = json.loads(json.dumps(child.card))
+    card["lineage"]["composed"]["observers"]["epsilon"] = eps  # claims no composition
+    path = tmp_path / "card.json"
+    path.write_text(json.dumps(card))
+    code, output = _verify(dp_run, str(path), root, capsys)
+    assert code == 1 and "card field lineage.composed.observers.epsilon:" in output
+
+    with pytest.raises(RegistryError, match="'blobs@9'"):
+        registry.register(dp_run, name="blobs", parent="blobs@9")
