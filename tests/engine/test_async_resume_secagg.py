@@ -78,17 +78,24 @@ def run_lifecycle(cfg, wrap=None, resume=False) -> AsyncEngine:
     return engine
 
 
-def test_a_run_killed_mid_stream_resumes_to_the_uninterrupted_model(tmp_path):
-    straight = run_lifecycle(async_config(tmp_path / "straight"))
-    cfg = async_config(tmp_path / "crashed")
+SECURE = {"secagg.enabled": True, "server.group_size": 3, "server.buffer": 3, "server.rounds": 4}
+
+
+@pytest.mark.parametrize(("extra", "crash_at"), [({}, 4), (SECURE, 18)], ids=["clear", "secagg"])
+def test_a_run_killed_mid_stream_resumes_to_the_uninterrupted_model(tmp_path, extra, crash_at):
+    straight = run_lifecycle(async_config(tmp_path / "straight", **extra))
+    cfg = async_config(tmp_path / "crashed", **extra)
     with pytest.raises(Crash):
-        run_lifecycle(cfg, wrap=lambda t: CrashAfter(t, 4))
+        run_lifecycle(cfg, wrap=lambda t: CrashAfter(t, crash_at))
     store = RunStore(cfg.out)
     done = [r["round"] for r in store.read_metrics()]
-    assert 0 < len(done) < 6, "the crash came mid-run, after a checkpoint"
+    assert 0 < len(done) < cfg.server.rounds, "the crash came mid-run, after a checkpoint"
     resumed = run_lifecycle(cfg, resume=True)
-    assert torch.equal(resumed.weights, straight.weights)
-    assert [r["round"] for r in store.read_metrics()] == [1, 2, 3, 4, 5, 6]
+    if extra:  # stochastic rounding draws OS randomness: equal to the quantizer's error
+        torch.testing.assert_close(resumed.weights, straight.weights, rtol=0, atol=2e-3)
+    else:
+        assert torch.equal(resumed.weights, straight.weights)
+    assert [r["round"] for r in store.read_metrics()] == list(range(1, cfg.server.rounds + 1))
     applied = [s for r in store.read_metrics() for s in r["applied_dispatches"]]
     assert len(applied) == len(set(applied)), "no dispatch applied twice"
     assert applied == [s for r in straight.history for s in r.extra["applied_dispatches"]]
