@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from registry_runs import tiny_run
 
 from fedveil.cli.main import main
 from fedveil.privacy.dp.ledger import parse_ledger_bytes
@@ -167,3 +168,23 @@ def test_lineage_composes_epsilon_and_verify_checks_it(
 
     with pytest.raises(RegistryError, match="'blobs@9'"):
         registry.register(dp_run, name="blobs", parent="blobs@9")
+
+
+def test_distributed_dp_card_states_the_coordinator_bound_and_verify_holds_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tiny_run(tmp_path / "ddp", dp=False, distributed=True)
+    root = tmp_path / "reg"
+    card = Registry(root).register(run, name="ddp").card
+    privacy = card["privacy"]
+    coordinator = privacy["adversaries"]["coordinator"]
+    assert privacy["dp"] == "distributed_skellam" and card["secure_aggregation"] == "semi_honest"
+    # Unamplified against the coordinator: above the observers' amplified figure.
+    assert coordinator["epsilon_bound"] > privacy["epsilon"] > 0
+    assert "epsilon_max" not in coordinator and "distribution" not in coordinator
+    assert _verify(run, "ddp@1", root, capsys)[0] == 0
+    card["privacy"]["adversaries"]["coordinator"]["epsilon_bound"] = privacy["epsilon"]
+    path = tmp_path / "card.json"
+    path.write_text(json.dumps(card))
+    code, output = _verify(run, str(path), root, capsys)
+    assert code == 1 and "card field privacy.adversaries.coordinator.epsilon_bound:" in output
