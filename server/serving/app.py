@@ -28,6 +28,7 @@ from fedveil.server.serving.metrics import ServingMetrics
 from fedveil.server.serving.versions import TrafficSplit
 
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DRAIN_FACTOR = 8
 
 
 @dataclass(frozen=True)
@@ -144,15 +145,24 @@ def create_app(
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refused (InputError) as soon as it is known to exceed `limit` bytes."""
-    declared = request.headers.get("content-length")
-    too_big = f"the limit is {limit} bytes ({human_bytes(limit)}, --max-body-bytes)"
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise InputError(f"body: {int(declared)} bytes; {too_big}")
+    """The body, or InputError when it exceeds `limit` bytes. An oversized body is read
+    and dropped (up to DRAIN_FACTOR x limit) so the client, still sending, gets the 422
+    rather than a broken pipe; past that the connection is closed."""
+    text = request.headers.get("content-length", "")
+    declared = int(text) if text.isdigit() else None
+    keep = declared is None or declared <= limit
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > limit:
-            raise InputError(f"body: more than {limit} bytes; {too_big}")
-        chunks.append(chunk)
+        keep = keep and size <= limit
+        if keep:
+            chunks.append(chunk)
+        elif size > limit * DRAIN_FACTOR:
+            break
+    if not keep:
+        over = declared is not None and declared > limit
+        shown = f"{declared} bytes" if over else f"more than {limit} bytes"
+        raise InputError(
+            f"body: {shown}; the limit is {limit} bytes ({human_bytes(limit)}, --max-body-bytes)"
+        )
     return b"".join(chunks)
