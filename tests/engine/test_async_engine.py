@@ -4,7 +4,9 @@ that the same config and seed give the same model."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 import torch
@@ -212,3 +214,16 @@ def test_bad_async_settings_are_refused_naming_the_field(tmp_path, extra, messag
 def test_sync_mode_ignores_the_async_fields(tmp_path):
     cfg = async_config(tmp_path, **{"server.mode": "sync", "server.buffer": 50})
     assert cfg.server.mode == "sync"
+
+
+def test_sync_rounds_carry_the_simulated_clock_with_a_latency_model(tmp_path):
+    from fedveil.simulations.run import simulate
+
+    cfg = async_config(tmp_path, **{"server.mode": "sync", "server.rounds": 3})
+    simulate(cfg)
+    rows = [json.loads(x) for x in Path(cfg.out, "metrics.jsonl").read_text().splitlines()]
+    clock = 0.0
+    for row in rows:
+        clock += row["sim_time_s"]
+        assert row["sim_clock_s"] == pytest.approx(clock, abs=1e-5)
+    assert clock > 0
