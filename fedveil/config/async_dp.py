@@ -70,9 +70,9 @@ def check_async_dp(cfg: RunConfig) -> None:
     cap = participation_cap(cfg)
     if cap < 1:
         raise ConfigError(
-            f"server.max_participations = {cap} with dp.mechanism = {dp.mechanism!r} and "
-            f"server.mode = {mode!r}: DP needs a cap >= 1. Asynchronous participation is "
-            "not sampled (no amplification), so without a cap a client's releases compose "
-            "without bound and no epsilon can be stated"
+            f"dp.mechanism = {dp.mechanism!r} with server.mode = {mode!r} needs a cap: "
+            f"server.max_participations = {cap}, must be >= 1. Asynchronous participation "
+            "is not sampled (no amplification), so without a cap a client's releases "
+            "compose without bound and no epsilon can be stated"
         )
     async_neighbouring(cfg)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fedveil.config.async_dp import check_async_dp
 from fedveil.config.fields import ConfigError
 
 if TYPE_CHECKING:
@@ -71,12 +72,9 @@ def check_async_fields(cfg: RunConfig) -> None:
 def _check_unsupported(cfg: RunConfig) -> None:
     """What async/ssp does not run (yet), refused rather than silently mis-accounted."""
     s, mode = cfg.server, cfg.server.mode
-    if cfg.dp.mechanism != "none":
-        raise ConfigError(
-            f"dp.mechanism = {cfg.dp.mechanism!r} with server.mode = {mode!r}: DP accounting "
-            "of asynchronous participation (no amplification by sampling) is not available "
-            "yet; use server.mode = 'sync' or dp.mechanism = 'none'"
-        )
+    # Async DP (H2, fedveil/config/async_dp.py): central DP with a participation cap;
+    # what cannot be accounted (no cap, distributed DP, ...) is refused there.
+    check_async_dp(cfg)
     if cfg.client.dp_sgd_noise > 0:
         raise ConfigError(
             f"client.dp_sgd_noise > 0 with server.mode = {mode!r}: its accountant counts "

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedveil.config import RunConfig
+from fedveil.config.async_dp import is_async
 
 from .plan import dp_config
 
@@ -74,6 +75,13 @@ def noise_to_signal(cfg: RunConfig, num_clients: int) -> NoiseToSignal | None:
     if cfg.dp.mechanism == "none":
         return None
     s = cfg.server
+    if is_async(cfg):
+        # Each release is a buffer of K updates, divided by K; the cap-based z (and its
+        # refusal when the cap cannot be afforded: ConfigError before any data loads).
+        from .async_plan import async_dp_config
+
+        z = async_dp_config(cfg, num_clients).noise_multiplier
+        return NoiseToSignal(float(z), float(cfg.dp.clip), float(s.buffer))
     expected = float(s.per_round) if s.sampling == "fixed" else cfg.poisson_rate * num_clients
     z = dp_config(cfg, num_clients).noise_multiplier
     return NoiseToSignal(float(z), float(cfg.dp.clip), expected)

@@ -32,6 +32,7 @@ from fedveil.config import RunConfig
 from fedveil.config.async_mode import resolved_concurrency, resolved_group_size
 from fedveil.params import FlatModel
 from fedveil.server.engine.aggregation import Aggregate, PlainChannel, UpdateChannel
+from fedveil.server.engine.async_privacy import AsyncCentralDP
 from fedveil.server.engine.async_units import Unit, UnitRunner
 from fedveil.server.engine.drops import drops_by_reason
 from fedveil.server.engine.outcome import Aborted
@@ -87,25 +88,31 @@ class AsyncEngine(RoundEngine):
         channel: UpdateChannel | None = None,
         device: torch.device | str = "cpu",
         on_round: Callable[[RoundRecord], None] | None = None,
-        privacy: CentralDP | None = None,
+        privacy: CentralDP | AsyncCentralDP | None = None,
         model: FlatModel | None = None,
         availability: Availability | None = None,
         clock: ArrivalClock | None = None,
     ) -> None:
-        if privacy is not None:
+        if privacy is not None and not isinstance(privacy, AsyncCentralDP):
+            # The sync stage accounts sampled rounds; asynchronous releases are not.
             raise ValueError(
-                f"server.mode = {cfg.server.mode!r}: DP accounting of asynchronous "
-                "participation is not available yet; dp.mechanism must be 'none'"
+                f"server.mode = {cfg.server.mode!r}: DP needs the asynchronous DP stage "
+                "(server/engine/async_privacy.py), not the sync one"
             )
         super().__init__(
             cfg, task, transport, store=store, channel=channel, device=device,
-            on_round=on_round, model=model,
+            on_round=on_round, model=model, privacy=privacy,
         )  # fmt: skip
         s = cfg.server
         self.concurrency, self.group = resolved_concurrency(cfg), resolved_group_size(cfg)
         self.secagg = not isinstance(self.channel, PlainChannel)
         self.clock: ArrivalClock = clock or SimulatedClock()
-        self.runner = UnitRunner(cfg, transport, self.channel, self.model.size, availability)
+        # Async DP (H2): the dispatch gate, the request's clip, the release at apply.
+        self.dp: AsyncCentralDP | None = privacy
+        self.runner = UnitRunner(
+            cfg, transport, self.channel, self.model.size, availability,
+            privacy_fields=privacy.client_fields if privacy is not None else None,
+        )  # fmt: skip
         self.availability = availability
         self.draw_rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xA5F1]))
         self.next_seq = 1
@@ -142,6 +149,8 @@ class AsyncEngine(RoundEngine):
             for c in range(self.task.num_clients)
             if c not in busy and (not cap or self.participations[c] < cap)
         ]
+        if self.dp is not None:  # async DP: its durable per-client count is the cap's
+            eligible = self.dp.eligible(eligible)
         if len(eligible) < self.group:
             return None
         chosen = self.draw_rng.choice(len(eligible), size=self.group, replace=False)
@@ -151,6 +160,9 @@ class AsyncEngine(RoundEngine):
         seq, self.next_seq = self.next_seq, self.next_seq + 1
         unit = Unit(seq, tuple(clients), self.round, self.clock.now())
         self.versions.setdefault(self.round, self.weights)
+        if self.dp is not None:  # counted durably BEFORE the model goes out
+            for client in clients:
+                self.dp.dispatch(client, self.round)
         self.participations.update(clients)
         if self.secagg:
             latency = self.runner.run_group(unit, self.weights)
@@ -225,7 +237,11 @@ class AsyncEngine(RoundEngine):
         self._report(record, w.started)
         self.history.append(record)
         if self.store is not None:
-            self.store.append_metrics(record.to_json())
+            if self.dp is None:
+                self.store.append_metrics(record.to_json())
+            else:  # async DP: counts, staleness and losses to the operator's annex only
+                self.store.append_private(record.to_json())
+                self.store.append_metrics(record.public_json())
             self.store.save_checkpoint(self.state())
         if self.on_round:
             self.on_round(record)
@@ -242,9 +258,16 @@ class AsyncEngine(RoundEngine):
             weight += agg.weight
             loss_sum += agg.loss * agg.weight
         assert total is not None
-        self.weights = self.optimizer.step(self.weights, total / weight)
         contributors = sum(len(agg.contributors) for agg, _ in w.buffer)
         record = RoundRecord(0, w.clients, contributors, w.dropped_count, applied=True)
+        if self.dp is None:
+            self.weights = self.optimizer.step(self.weights, total / weight)
+        else:
+            # Async DP: noise on the sum, the ledger entry, only then the model moves;
+            # divided by the buffer K (public), never by how many arrived.
+            release = self.dp.release(self.round + 1, total, float(self.cfg.server.buffer))
+            self.weights = self.optimizer.step(self.weights, release.update.to(total.device))
+            record.extra.update(release.metrics)
         record.train_loss = loss_sum / weight
         record.extra["staleness"] = [tau for agg, tau in w.buffer for _ in agg.contributors]
         record.extra["applied_dispatches"] = list(w.seqs)
@@ -278,6 +301,17 @@ class AsyncEngine(RoundEngine):
     def run(self) -> dict[str, Any]:
         """Arrivals until server.rounds versions are applied (or nothing can arrive)."""
         start = time.perf_counter()
+        try:
+            self._arrivals()
+        except BaseException as exc:
+            if self.dp is not None:  # the ledger's signed interruption record
+                self._close_ledger("interrupted", f"{type(exc).__name__}: {exc}"[:200])
+            raise
+        if self.dp is not None:
+            self._close_ledger("final", self.stopped_reason)
+        return self.summary(time.perf_counter() - start)
+
+    def _arrivals(self) -> None:
         while self.round < self.cfg.server.rounds:
             self.fill()
             nxt = self.clock.next_arrival()
@@ -290,7 +324,15 @@ class AsyncEngine(RoundEngine):
                 log.warning(self.stopped_reason)
                 break
             self.deliver(nxt[1])
-        return self.summary(time.perf_counter() - start)
+
+    def _close_ledger(self, kind: str, reason: str | None) -> None:
+        assert self.dp is not None
+        try:
+            self.dp.close(kind, self.round, reason)
+        except Exception as error:  # an original failure matters more
+            if kind == "final":
+                raise
+            log.warning("could not write the ledger's interruption record: %s", error)
 
     def summary(self, wall_s: float) -> dict[str, Any]:
         out = super().summary(wall_s)
@@ -300,6 +342,15 @@ class AsyncEngine(RoundEngine):
             buffer=self.cfg.server.buffer,
             group_size=self.group,
             sim_clock_s=round(self.clock.now(), 6),
+        )
+        if self.dp is not None:
+            # Async DP: counts reveal participation; the public bound instead.
+            out.update(
+                max_participations=self.dp.config.max_participations,
+                epsilon_cap_bound=self.dp.bound,
+            )
+            return out
+        out.update(
             dispatched=self.totals["dispatched"],
             updates_applied=self.totals["updates_applied"],
             stale_dropped=self.totals["stale_dropped"],
@@ -323,6 +374,9 @@ class AsyncEngine(RoundEngine):
         return state
 
     def restore(self, state: dict[str, Any]) -> None:
+        # Async DP: a release on the ledger after the checkpoint was lost in a crash (it
+        # stays charged); the units in flight may have been in it, and are recomputed.
+        lost_release = self.dp is not None and self.dp.last_round > int(state["round"])
         super().restore(state)
         a = state["async"]
         self.clock.restore(a["clock"])
@@ -337,7 +391,21 @@ class AsyncEngine(RoundEngine):
             if not self.secagg:  # the same dropouts as at dispatch
                 timeout = self.cfg.server.round_timeout or None
                 _, unit.failed = plain_unit_fate(self.availability, unit.seq, unit.clients, timeout)
+            if lost_release and not self._recount(unit):
+                continue  # a client past its cap: the unit is dropped, never recomputed
             self.in_flight[unit.seq] = unit
             self.clock.schedule(unit.seq, unit.arrival)
         self.last_apply_clock = float(a["last_apply_clock"])
         self.totals = Counter(a["totals"])
+
+    def _recount(self, unit: Unit) -> bool:
+        """Async DP after a lost release: a recomputed update counts as a new dispatch of
+        each of its clients (it may have been in the lost release, which stays charged);
+        False when that would pass a client's cap."""
+        assert self.dp is not None
+        if not all(self.dp.cap.admits(c) for c in unit.clients):
+            log.warning("dispatch %d: a client is at its participation cap; dropped", unit.seq)
+            return False
+        for client in unit.clients:
+            self.dp.dispatch(client, unit.version)
+        return True

@@ -26,7 +26,7 @@ from fedveil.config import RunConfig
 from fedveil.protocol.envelope import Envelope
 from fedveil.server.engine.aggregation import Aggregate, NoUpdates, UpdateChannel
 from fedveil.server.engine.outcome import Aborted
-from fedveil.server.engine.requests import build_train_request
+from fedveil.server.engine.requests import ClientPrivacy, build_train_request
 from fedveil.server.engine.sim_clock import DEFAULT_LATENCY_S, Availability
 from fedveil.server.engine.transport import ClientFailure, Transport
 
@@ -132,14 +132,19 @@ class UnitRunner:
         channel: UpdateChannel,
         model_size: int,
         availability: Availability | None,
+        privacy_fields: Callable[[], ClientPrivacy] | None = None,
     ) -> None:
         self.cfg, self.transport, self.channel = cfg, transport, channel
         self.model_size, self.availability = model_size, availability
         self.timeout = cfg.server.round_timeout or None
+        # Async DP (async_privacy.py): the clip C the request carries, which the plain
+        # channel then enforces (re-clip, weight 1).
+        self.privacy_fields = privacy_fields
 
     def requests(self, unit: Unit, weights: torch.Tensor) -> dict[int, Envelope]:
         """The unit's training requests: its sequence number is their round."""
-        base = build_train_request(self.cfg, unit.seq, weights, None)
+        privacy = self.privacy_fields() if self.privacy_fields is not None else None
+        base = build_train_request(self.cfg, unit.seq, weights, privacy)
         return {
             c: Envelope(base.kind, unit.seq, dict(base.config), base.arrays) for c in unit.clients
         }

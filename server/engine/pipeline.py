@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config import RunConfig
+from fedveil.config.async_dp import check_async_dp, is_async
 from fedveil.privacy.dp.plan import max_cohort, plan_distributed_dp
 from fedveil.privacy.encodings import QuantizedEncoding, SkellamEncoding
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.privacy.secagg.feasibility import check_secagg_feasible
 from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel
+from fedveil.server.engine.async_privacy import AsyncCentralDP, dispatch_counts
 from fedveil.server.engine.privacy_stage import CentralDP, DistributedDP
 from fedveil.server.engine.robust import robust_aggregator
 from fedveil.server.engine.runstore import RunStore
@@ -48,6 +50,13 @@ def private_run_args(
     from fedveil.privacy.dp.signing import load_or_create_signer
 
     participations: dict[int, int] = {}
+    if is_async(cfg):  # async DP: the durable per-client dispatch counts (the cap's)
+        return {
+            "run_id": run_id or store.run_identity()["run_id"],
+            "signer": load_or_create_signer(signing_key),
+            "private": store.append_private,
+            "dispatches": dispatch_counts(store.read_private()),
+        }
     for line in store.read_private():
         if line.get("kind") == "charge":
             for cid in line.get("survivors", []):
@@ -69,7 +78,7 @@ def make_privacy_pipeline(
     *,
     secagg_run_id: bytes = SIMULATION_RUN_ID,
     **privacy_args: Any,
-) -> tuple[CentralDP | None, UpdateChannel]:
+) -> tuple[CentralDP | AsyncCentralDP | None, UpdateChannel]:
     """The run's DP accounting and update channel. `roster` (client id -> Ed25519
     identity public key) is required for secagg.threat = 'malicious'. `secagg_run_id`
     is the run every secure-aggregation session names (deployment: Flower's run id,
@@ -86,12 +95,13 @@ def make_privacy_pipeline(
     check_secagg_feasible(cfg, task.num_clients)
     if not cfg.secagg.enabled:
         privacy = (
-            CentralDP(cfg, task.num_clients, ledger_path, **privacy_args)
+            _central_dp(cfg, task.num_clients, ledger_path, privacy_args)
             if mechanism == "central"
             else None
         )
         return privacy, PlainChannel(aggregator=robust_aggregator(cfg, task))
     if mechanism == "distributed":
+        check_async_dp(cfg)  # async: refused, naming dp.mechanism (accounting not stated)
         privacy = DistributedDP(cfg, task.num_clients, ledger_path, **privacy_args)
         model_size = sum(p.numel() for p in task.model_fn().parameters())
         plan = plan_distributed_dp(cfg, model_size, task.num_clients)
@@ -107,7 +117,7 @@ def make_privacy_pipeline(
         )
         return privacy, channel
     privacy = (
-        CentralDP(cfg, task.num_clients, ledger_path, **privacy_args)
+        _central_dp(cfg, task.num_clients, ledger_path, privacy_args)
         if mechanism == "central"
         else None
     )
@@ -122,7 +132,19 @@ def make_privacy_pipeline(
     )
 
 
-def _committed_graph_seeds(privacy: CentralDP | None) -> Callable[[int], bytes] | None:
+def _central_dp(
+    cfg: RunConfig, num_clients: int, ledger_path: Path, privacy_args: Mapping[str, Any]
+) -> CentralDP | AsyncCentralDP:
+    """Central DP's stage: sampled rounds (sync), or unsampled releases capped per client
+    (server.mode = async | ssp; refused with a ConfigError when not accountable)."""
+    if is_async(cfg):
+        return AsyncCentralDP(cfg, num_clients, ledger_path, **privacy_args)
+    return CentralDP(cfg, num_clients, ledger_path, **privacy_args)
+
+
+def _committed_graph_seeds(
+    privacy: CentralDP | AsyncCentralDP | None,
+) -> Callable[[int], bytes] | None:
     if privacy is None or not privacy.cohorts_secret:
         return None
     return functools.partial(committed_graph_seed, privacy.cohort_key)

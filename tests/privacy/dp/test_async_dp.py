@@ -103,7 +103,10 @@ def test_a_resumed_gate_remembers_the_dispatches_and_refuses_an_overfull_history
 
 
 def test_async_dp_without_a_cap_is_refused_and_says_why():
-    with pytest.raises(ConfigError, match=r"server\.max_participations = 0.*compose without bound"):
+    with pytest.raises(
+        ConfigError,
+        match=r"needs a cap: server\.max_participations = 0, must be >= 1.*compose without bound",
+    ):
         async_dp_config(async_config(cap=0), 50)
 
 

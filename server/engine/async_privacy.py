@@ -1,0 +1,194 @@
+"""Central DP for asynchronous training (server.mode = 'async' | 'ssp'): the dispatch
+gate and the release step the asynchronous engine calls.
+
+No sampling, so no amplification: each release (one server update, or one secure-
+aggregation group's sum) is an unsampled Gaussian mechanism, N(0, (zC)^2) added to a
+sum in which each client's update (re-clipped to C, weight <= 1) appears at most once.
+The engine dispatches a client at most server.max_participations P times (`dispatch`
+refuses the (P+1)-th, and counts each dispatch durably in the private annex BEFORE it
+is sent, so a resume never forgets one), so every client's epsilon is at most the
+P-fold composition (fedveil.privacy.dp.participation): the public bound, stated before
+the run and refused by async_plan when over dp.epsilon. The realised figure (the
+busiest client's dispatches) counts participation: the private annex only.
+
+Order in `release`: noise, then the signed ledger entry (fsync'd), then the update is
+returned for the engine to apply. A crash between the ledger entry and the checkpoint
+leaves a release that is charged but never applied: it stays charged (as in sync), and
+the resumed run releases that version again under the next ledger round.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedveil.config import RunConfig
+from fedveil.privacy.dp import Ledger, PrivacyBudget, add_gaussian_noise
+from fedveil.privacy.dp.async_plan import async_dp_config, stated_bound
+from fedveil.privacy.dp.participation import ParticipationCap, participation_bound
+from fedveil.privacy.dp.signing import LedgerSigner
+from fedveil.protocol import fields as F
+from fedveil.server.engine.privacy_stage import PrivateSink, Release
+from fedveil.server.engine.requests import ClientPrivacy
+
+log = logging.getLogger("fedveil.privacy")
+
+DISPATCH = "dispatch"  # private-annex record kind: one dispatch of one client
+
+
+class AsyncCentralDP:
+    """Dispatch gate + release step of central DP under asynchronous participation."""
+
+    adversary_note = (
+        "central DP, asynchronous: the coordinator sees the un-noised sums (a trusted "
+        "curator); no epsilon holds against it"
+    )
+    budget_against = "observers"
+    cohorts_secret = False  # nothing is sampled: there is no cohort to keep secret
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        num_clients: int,
+        ledger_path: Path,
+        *,
+        run_id: str | None = None,
+        signer: LedgerSigner | None = None,
+        private: PrivateSink | None = None,
+        dispatches: Mapping[int, int] | None = None,
+        **_unused: Any,  # the sync stage's arguments (participations, cohort_key)
+    ) -> None:
+        self.config = async_dp_config(cfg, num_clients)  # ConfigError when not accountable
+        assert self.config.max_participations is not None
+        self.clip = self.config.clip_norm
+        self.bound = stated_bound(self.config)
+        ledger_path.parent.mkdir(parents=True, exist_ok=True)
+        self.ledger = Ledger(ledger_path, run_id=run_id, signer=signer)
+        self.budget = PrivacyBudget.from_ledger(self.config, self.ledger.releases)
+        self.private = private
+        self.cap = ParticipationCap(self.config.max_participations, dispatches)
+
+    # -------------------------------------------------------------- dispatch gate
+    def eligible(self, clients: Iterable[int]) -> list[int]:
+        """The clients that may still be dispatched (fewer than P dispatches so far)."""
+        return self.cap.eligible(clients)
+
+    def dispatch(self, client: int, version: int) -> None:
+        """Count one dispatch of `client` durably; call BEFORE sending it the model.
+        Raises ParticipationCapError past server.max_participations (nothing counted)."""
+        if not self.cap.admits(client):
+            self.cap.dispatch(client)  # raises, naming the client and the cap
+        if self.private is not None:
+            # No "round" field: RunStore.truncate_private keeps it on resume.
+            self.private({"kind": DISPATCH, "client": int(client), "version": int(version)})
+        self.cap.dispatch(client)
+
+    def exhausted(self, population: Iterable[int]) -> bool:
+        """No client may be dispatched again: the run must end."""
+        return self.cap.exhausted(population)
+
+    # --------------------------------------------------------------- the release
+    @property
+    def last_round(self) -> int:
+        """The model version of the last release (ledger rounds count releases)."""
+        releases = self.ledger.releases
+        return int(releases[-1].get("training_round", releases[-1]["round"])) if releases else 0
+
+    def client_fields(self) -> ClientPrivacy:
+        return ClientPrivacy(
+            clip_norm=self.clip,
+            weighting=F.WEIGHT_UNIFORM,
+            clip_indicator=False,
+            ledger_head=self.ledger.witness_head() if len(self.ledger) else None,
+        )
+
+    def release(self, version: int, total: torch.Tensor, divisor: float) -> Release:
+        """Noise `total` (the weighted sum of this release's re-clipped updates, each
+        weight <= 1; zeros: noise only), write the ledger entry durably, and return
+        (noised total) / `divisor` (a public constant, e.g. server.buffer) to apply as
+        model version `version`."""
+        if not divisor > 0:
+            raise ValueError(f"divisor={divisor!r} is invalid; allowed: > 0")
+        flat = total.detach().cpu().reshape(-1).to(torch.float64)
+        noised = add_gaussian_noise(flat.numpy(), self.config.noise_multiplier, self.clip)
+        entry = self.budget.record_release(
+            self.ledger,
+            round_number=self.ledger.last_round + 1,
+            event=self.config.round_event(),
+            clip_norm=self.clip,
+            extra={"training_round": int(version), "budget_against": self.budget_against},
+        )
+        metrics = {
+            "epsilon": entry["epsilon"],
+            "epsilon_cap_bound": self.bound,
+            "clip_norm": self.clip,
+            "noise_multiplier": self.config.noise_multiplier,
+        }
+        update = (torch.from_numpy(noised) / divisor).reshape(total.shape).to(total.dtype)
+        return Release(update, metrics)
+
+    def noise_only(self, version: int, shape: torch.Size, divisor: float) -> Release:
+        """A release with no update in it (every update of the buffer was dropped)."""
+        return self.release(version, torch.zeros(shape), divisor)
+
+    # ---------------------------------------------------------------- the figures
+    def epsilon(self) -> float:
+        """The public figure: the bound for a client in min(releases, P) releases."""
+        return self.budget.spent()
+
+    def coordinator_epsilon(self) -> float | None:
+        return None  # central DP: the coordinator is a trusted curator
+
+    def coordinator_bound(self) -> float | None:
+        return None
+
+    def realised_epsilon(self) -> float:
+        """The busiest client's epsilon (its dispatches, capped by the releases so far):
+        counts participation, so the operator's private annex only."""
+        busiest = self.cap.busiest()
+        if not busiest:
+            return 0.0
+        return participation_bound(
+            self.budget.history, busiest, self.config.delta, self.config.accountant_name
+        )
+
+    def admits_next_round(self) -> tuple[bool, float]:
+        """(allowed, epsilon after one more release): always within the budget, since the
+        cap-based bound was checked before the run."""
+        eps = self.budget.epsilon_after(self.config.round_event())
+        return eps <= self.config.budget_epsilon, eps
+
+    def close(self, kind: str, training_round: int, reason: str | None = None) -> None:
+        """The ledger's signed closing record ('final' or 'interrupted'), and the realised
+        figure to the private annex."""
+        if self.ledger.closed:
+            return
+        fields: dict[str, Any] = {"training_round": training_round, "epsilon": self.epsilon()}
+        if reason:
+            fields["reason"] = reason
+        entry = self.ledger.close(kind, fields)
+        if self.private is not None:
+            self.private(
+                {
+                    "kind": "close",
+                    "ledger_kind": kind,
+                    "ledger_seq": entry.get("seq"),
+                    "training_round": training_round,
+                    "epsilon_client_max_realised": self.realised_epsilon(),
+                    "dispatches_max": self.cap.busiest(),
+                }
+            )
+
+
+def dispatch_counts(private_records: Iterable[Mapping[str, Any]]) -> dict[int, int]:
+    """Per-client dispatch counts from the private annex (a resume's starting point)."""
+    counts: dict[int, int] = {}
+    for record in private_records:
+        if record.get("kind") == DISPATCH:
+            client = int(record["client"])
+            counts[client] = counts.get(client, 0) + 1
+    return counts
