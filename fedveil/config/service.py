@@ -69,6 +69,25 @@ class ServiceSecAggSection:
 
 
 @dataclass
+class DriftSection:
+    """Federated evaluation of a promoted model version on the devices, and retraining when
+    its accuracy falls below `threshold` (server/coordinator/drift.py)."""
+
+    enabled: bool = spec(False, help="evaluate the promoted version of `model` every interval")
+    model: str = spec("", help="registry name of the model to watch (its promoted version)")
+    interval_s: float = spec(
+        86_400.0, lo=10.0, hi=366 * 86_400.0, help="seconds between drift evaluations"
+    )
+    threshold: float = spec(
+        0.5, lo=0.0, hi=1.0, help="federated accuracy below which a retraining run is submitted"
+    )
+    clients: int = spec(10, lo=1, hi=1_000_000, help="devices that evaluate, per evaluation")
+    holdout: float = spec(
+        0.2, lo=0.0, lo_open=True, hi=0.9, help="share of each device's data it evaluates on"
+    )
+
+
+@dataclass
 class ServiceConfig:
     """`server.toml` as written: paths still relative to the file's directory."""
 
@@ -80,6 +99,7 @@ class ServiceConfig:
     auth: AuthSection = field(default_factory=AuthSection)
     runs: RunsSection = field(default_factory=RunsSection)
     secagg: ServiceSecAggSection = field(default_factory=ServiceSecAggSection)
+    drift: DriftSection = field(default_factory=DriftSection)
 
 
 SERVICE_SECTIONS: dict[str, type] = {
@@ -90,6 +110,7 @@ SERVICE_SECTIONS: dict[str, type] = {
     "auth": AuthSection,
     "runs": RunsSection,
     "secagg": ServiceSecAggSection,
+    "drift": DriftSection,
 }
 
 
@@ -106,6 +127,10 @@ def service_config(raw: dict[str, Any]) -> ServiceConfig:
             raise ConfigError(
                 f"runs.allowed_tasks: {ref!r} must look like 'package.module:function'"
             )
+    if cfg.drift.enabled and not cfg.drift.model:
+        raise ConfigError(
+            "drift.model = '': drift.enabled needs the registry name of the model to watch"
+        )
     return cfg
 
 

@@ -30,7 +30,8 @@ from fedveil.privacy.secagg.identity_files import load_roster
 from fedveil.protocol.deployment import RUN_ID_KEY
 from fedveil.server.coordinator.clients import ClientRegistry
 from fedveil.server.coordinator.deploy_transport import DeployTransport
-from fedveil.server.coordinator.rundir import ROSTER_FILE, RunDir
+from fedveil.server.coordinator.drift_run import EVALUATE, drift_spec, evaluate_on_devices
+from fedveil.server.coordinator.rundir import ROSTER_FILE, RunDir, write_json
 from fedveil.server.coordinator.superlink import STATE_ENV
 from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.rounds import RoundRecord
@@ -167,6 +168,10 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
         # where `fedveil privacy verify` on this machine finds it.
         ledger_run_id=rd.run_id,
     )
+    drift = drift_spec(rd)  # a drift run starts from a registered model version
+    if drift is not None:
+        run.start_from(Path(drift["init"]))
+        log.info("run %s: %s of model version %s", rd.run_id, drift["kind"], drift["version"])
     private = run.privacy is not None
     transport = DeployTransport(
         grid,
@@ -178,6 +183,9 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
             "run_input_shape": [int(d) for d in task.input_shape],
         },
     )
+
+    if drift is not None and drift["kind"] == EVALUATE:
+        return _evaluate_version(run, transport, rd, cfg, deploy, drift, flower_run_id, start)
 
     def on_round(record: RoundRecord) -> None:
         # After the engine's checkpoint: the published model is always a checkpointed one.
@@ -201,4 +209,34 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
     run.finish(engine, summary, model_metadata={"task": task.name, "round": str(engine.round)})
     rd.write_status(phase="completed", round=engine.round, rounds=cfg.server.rounds)
     log.info("run %s completed: %s", rd.run_id, summary)
+    return summary
+
+
+def _evaluate_version(
+    run: RunLifecycle,
+    transport: DeployTransport,
+    rd: RunDir,
+    cfg: RunConfig,
+    deploy: DeploySettings,
+    drift: dict[str, Any],
+    flower_run_id: int,
+    start: float,
+) -> dict[str, Any]:
+    """A drift evaluation: the version on the devices' held-out data, no training."""
+    if run.privacy is not None:  # drift.py never submits one; a hand-made drift.json could
+        raise RuntimeError("a drift evaluation of a DP run would be an unaccounted release")
+    have = _wait_for_clients(transport, rd, cfg, deploy, 0)
+    rd.write_status(phase="evaluating", round=0, rounds=0, connected=have)
+    weights = run.engine(transport, resume=False).weights
+    summary = evaluate_on_devices(cfg, transport, transport.connected(), weights)
+    summary.update(
+        kind="drift-evaluation",
+        model_version=drift["version"],
+        transport="deployment",
+        flower_run_id=flower_run_id,
+        attempt_wall_s=time.perf_counter() - start,
+    )
+    write_json(rd / "summary.json", summary)
+    rd.write_status(phase="completed", round=0, rounds=0)
+    log.info("run %s: drift evaluation of %s: %s", rd.run_id, drift["version"], summary)
     return summary

@@ -30,6 +30,7 @@ from fedveil.config import ConfigError
 from fedveil.server.coordinator.api import create_api
 from fedveil.server.coordinator.auth import load_admin_token
 from fedveil.server.coordinator.clients import ClientRegistry
+from fedveil.server.coordinator.drift import DriftMonitor
 from fedveil.server.coordinator.gateway import FleetGateway
 from fedveil.server.coordinator.link_socket import socket_path
 from fedveil.server.coordinator.metrics import RoundsCache, ServiceCounters
@@ -85,6 +86,7 @@ class Service:
         self.manager: RunManager = RunManager(
             settings, None, lambda path: self.rounds_cache.figures(path).rounds
         )
+        self.drift = DriftMonitor(settings.drift, settings.state_dir, self.manager)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._nodes: tuple[float, list[Any]] = (0.0, [])
@@ -123,6 +125,7 @@ class Service:
                     self.superlink.start()
                     self.manager.resume_interrupted()
                 self.manager.reconcile()
+                self.drift.tick()  # after reconcile: it sees the drift run's final status
             except Exception:  # the supervisor must outlive any one bad pass
                 log.exception("run supervision pass failed; retrying")
 

@@ -326,7 +326,15 @@ class RunManager:
         return [self.view(rid, admin) for rid in self.run_ids()]
 
     # -- submit / stop ---------------------------------------------------------
-    def submit(self, body: bytes, content_type: str) -> dict[str, Any]:
+    def submit(
+        self,
+        body: bytes,
+        content_type: str,
+        run_files: dict[str, str] | None = None,
+        record_extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A new run. `run_files` (name -> text) are written into the run directory and
+        `record_extra` into its record before it can start (drift.py's runs use both)."""
         roster_path = self.settings.secagg_roster
         cfg, deploy, text = parse_submission(
             body, content_type, self.settings.allowed_tasks, roster_path
@@ -359,6 +367,8 @@ class RunManager:
                 server=dataclasses.replace(cfg.server, round_timeout=deployed_round_timeout(cfg)),
             )
             (rd / "request.toml").write_text(text)
+            for name, content in (run_files or {}).items():
+                (rd / name).write_text(content)
             if roster is not None:  # the run keeps the roster it started with, across resumes
                 (rd / ROSTER_FILE).write_text(roster.to_json())
             (rd / "config.toml").write_text(to_toml(cfg))
@@ -377,6 +387,7 @@ class RunManager:
                     "attempts": [],
                     "stop_requested": False,
                     "error": None,
+                    **(record_extra or {}),
                 }
             )
             log.info("run %s submitted (%s)", run_id, deploy.name or "unnamed")

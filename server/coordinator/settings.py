@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config import ConfigError
-from fedveil.config.service import service_config
+from fedveil.config.service import DriftSection, service_config
 from fedveil.ops.bearer import is_loopback  # noqa: F401 - re-exported for main.py
 
 if sys.version_info >= (3, 11):
@@ -70,6 +70,8 @@ class ServerSettings:
     allowed_tasks: list[str] = field(default_factory=list)
     secagg_roster: Path | None = None
     source: Path | None = None
+    # [drift]: retraining on drift (drift.py); enabled=False leaves the coordinator as it was
+    drift: DriftSection = field(default_factory=DriftSection)
 
     @property
     def superlink_address(self) -> str:
@@ -130,6 +132,7 @@ def settings_from_dict(
         max_attempts=values.runs.max_attempts,
         allowed_tasks=list(values.runs.allowed_tasks),
         secagg_roster=roster,
+        drift=values.drift,
     )
 
 

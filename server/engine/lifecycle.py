@@ -85,6 +85,13 @@ class RunLifecycle:
         if self.tracking is not None:  # a crash never reaches finish(): marked failed
             weakref.finalize(self, close_unfinished, self.tracking)
 
+    def start_from(self, path: Path) -> None:
+        """Start from a trained model file (a retraining run, a drift evaluation) instead
+        of the seed's initialisation; on a resume the checkpoint still wins. Before engine()."""
+        if self._model is None:
+            raise RuntimeError("start_from() must come before engine()")
+        self._model.set(self._model.load(str(path)))
+
     def engine(
         self,
         transport: Transport,

@@ -8,6 +8,7 @@ from fedveil.server.coordinator.routes import (
     clients,
     cluster,
     dashboard,
+    drift,
     health,
     models,
     privacy,
@@ -25,5 +26,6 @@ ROUTERS: list[APIRouter] = [
     registry.router,
     cluster.router,
     clients.router,
+    drift.router,
     dashboard.router,
 ]
