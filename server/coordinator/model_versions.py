@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from fedveil.server.registry import Registry, RegistryError
+from fedveil.server.registry import Registry
 
 log = logging.getLogger("fedveil.coordinator")
 
@@ -30,7 +30,7 @@ def register_finished_run(state_dir: Path, run_dir: Path, record: dict[str, Any]
     parent = (record.get("drift") or {}).get("parent")
     try:
         version = coordinator_registry(state_dir).register(run_dir, parent=parent)
-    except (RegistryError, OSError) as error:
+    except Exception as error:  # registering must never stop the run supervisor
         log.warning("run %s: model not registered: %s", record.get("id"), error)
         record["model_version_error"] = str(error)
         return

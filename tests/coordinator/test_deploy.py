@@ -14,6 +14,7 @@ the task itself (0, 1) and local .npz, .csv and IDX files (2-4).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -90,6 +91,24 @@ def downloaded_model(dep: Deployment, rid: str) -> dict[str, torch.Tensor]:
     return load(r.content)
 
 
+def assert_registered(dep: Deployment, rid: str, dp: bool) -> None:
+    """The coordinator registered the completed run's final model; its card is served."""
+    cards = [
+        dep.http.get(f"/models/{m['name']}/versions/{v['version']}", headers=dep.admin).json()
+        for m in dep.http.get("/models").json()
+        for v in m["versions"]
+    ]
+    mine = [c for c in cards if Path(c["source"]["run_dir"]).name == rid]
+    assert len(mine) == 1, cards
+    model = dep.http.get(f"/runs/{rid}/model", headers=dep.admin).content
+    assert mine[0]["source"]["model_sha256"] == hashlib.sha256(model).hexdigest()
+    if dp:
+        assert mine[0]["privacy"]["ledger"]["state"] == "final"
+        assert mine[0]["client_data"] is None
+    else:
+        assert mine[0]["client_data"]["clients"] == CLIENTS
+
+
 def assert_same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
     for key in a:
@@ -127,6 +146,7 @@ def test_run_matches_the_simulation(deployment, tmp_path, privacy):
         )
         assert run["summary"]["rounds_applied"] == rounds_n
     assert run["summary"]["test_accuracy"] > 0.4
+    assert_registered(dep, rid, dp=bool(privacy))
     simulated = simulated_model(toml, tmp_path / "sim")
     deployed = downloaded_model(dep, rid)
     if not privacy:
