@@ -225,3 +225,26 @@ def test_simulate_refuses_an_unaffordable_cap_before_loading_data(tmp_path, caps
     assert rc == 2
     assert "server.max_participations = 40" in err and "> dp.epsilon = 1" in err
     assert "nonexistent" not in err  # refused before the data was looked for
+
+
+def test_secure_aggregation_groups_under_central_dp(tmp_path):
+    """Each group's sum is unmasked at the server (a trusted curator under central DP),
+    noised at the apply, and each client is in at most one release per dispatch."""
+    cfg = dp_config(
+        tmp_path / "run",
+        **{
+            "secagg.enabled": True,
+            "server.group_size": 3,
+            "server.buffer": 3,
+            "server.max_participations": 3,
+            "dp.noise_multiplier": 2.5,
+        },
+    )
+    engine, store = run(cfg)
+    assert engine.secagg and engine.round == 6
+    result = verify_ledger(store.ledger_path)
+    assert result.ok, result.message
+    assert result.final_epsilon == pytest.approx(engine.dp.bound)
+    # Counted per dispatch (a group's session sends each member several requests).
+    dispatches = Counter(r["client"] for r in store.read_private() if r.get("kind") == "dispatch")
+    assert max(dispatches.values()) <= 3
