@@ -147,6 +147,14 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_bench_robust)
 
     p = bsub.add_parser(
+        "serve",
+        help="the prediction service vs calling the model directly: throughput, latency",
+        description=SERVE_SUMMARY,
+    )
+    add_serve_arguments(p)
+    p.set_defaults(func=cmd_bench_serve)
+
+    p = bsub.add_parser(
         "audit",
         help="privacy under attack: update inversion, membership inference, canary audit",
         description=AUDIT_SUMMARY,
@@ -180,6 +188,39 @@ def add_audit_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_bench_audit(args: argparse.Namespace) -> int:
     return load_benchmark("bench_audit_all").cmd_bench_audit(args)
+
+
+SERVE_SUMMARY = (
+    "`fedveil bench serve`: `fedveil serve` on loopback (the default simulate task's CNN, "
+    "random weights) against calling the model directly on batches of the request size: "
+    "served rows/s for NPZ requests of 32 and 256 images and JSON of 32 (closed loop, the "
+    "best of --concurrency), the merged batch sizes from the server's /metrics, the load "
+    "generator's CPU share (its own process), and p50/p99 latency at increasing offered "
+    "rates (open loop, Poisson) up to and past saturation; --json prints one JSON object "
+    "as the last line of stdout."
+)
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `fedveil bench serve` (also `python -m benchmarks.bench_serve`)."""
+    p.add_argument("--quick", action="store_true", help="short phases, few rates (a smoke test)")
+    p.add_argument("--seconds", type=float, default=5.0, help="seconds per load phase [5]")
+    p.add_argument(
+        "--concurrency",
+        type=_positive_list,
+        default=[2, 4, 8],
+        metavar="C,C,...",
+        help="closed-loop connections tried; the best is the saturated rate [2,4,8]",
+    )
+    p.add_argument("--max-batch", type=int, help="passed to fedveil serve [its default]")
+    p.add_argument("--max-wait-ms", type=float, help="passed to fedveil serve [its default]")
+    p.add_argument("--threads", type=int, help="passed to fedveil serve [its default]")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    return load_benchmark("bench_serve").cmd_bench_serve(args)
 
 
 def add_secagg_arguments(p: argparse.ArgumentParser) -> None:

@@ -68,6 +68,12 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-body-bytes", type=int, default=32 * 1024 * 1024, help="largest request body [32 MiB]"
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads per forward pass [torch's default: one per core]; on a small "
+        "machine shared with clients, 1 leaves a core to the HTTP side",
+    )
     p.set_defaults(func=cmd_serve)
 
 
@@ -88,6 +94,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         token_file=args.token_file,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
-        limits=ServeLimits(args.max_batch, args.max_wait_ms, args.max_body_bytes),
+        limits=ServeLimits(args.max_batch, args.max_wait_ms, args.max_body_bytes, args.threads),
     )
     return serve(settings)

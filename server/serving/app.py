@@ -36,6 +36,7 @@ class ServeLimits:
     max_batch: int = 512  # rows per forward pass (merged requests); also per request
     max_wait_ms: float = 2.0  # how long a batch that is not full waits for more rows
     max_body_bytes: int = 32 * 1024 * 1024
+    threads: int | None = None  # torch threads per forward pass; None: torch's default
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch <= 65536:
@@ -44,6 +45,8 @@ class ServeLimits:
             raise ValueError(f"--max-wait-ms = {self.max_wait_ms}: must be in [0, 10000]")
         if not 1024 <= self.max_body_bytes <= 2**31:
             raise ValueError(f"--max-body-bytes = {self.max_body_bytes}: must be in [1024, 2^31]")
+        if self.threads is not None and not 1 <= self.threads <= 256:
+            raise ValueError(f"--threads = {self.threads}: must be in [1, 256]")
 
 
 def create_app(
@@ -72,6 +75,7 @@ def create_app(
                     max_wait_s=limits.max_wait_ms / 1000,
                     on_batch=lambda rows, s, k=key: metrics.batch(*k, rows, s),
                     name=f"{key[0]}@{key[1]}",
+                    threads=limits.threads,
                 )
         yield
         for batcher in batchers.values():

@@ -54,13 +54,14 @@ class DynamicBatcher:
         max_wait_s: float,
         on_batch: Callable[[int, float], None] | None = None,
         name: str = "model",
+        threads: int | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch = {max_batch}: must be >= 1")
         if not 0 <= max_wait_s <= 10:
             raise ValueError(f"max_wait_s = {max_wait_s}: must be in [0, 10]")
         self.model, self.max_batch, self.max_wait_s = model, max_batch, max_wait_s
-        self.on_batch = on_batch
+        self.on_batch, self.threads = on_batch, threads
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"batcher-{name}", daemon=True)
         self._thread.start()
@@ -81,6 +82,8 @@ class DynamicBatcher:
         self._thread.join(timeout)
 
     def _run(self) -> None:
+        if self.threads is not None:  # OpenMP's thread count is per calling thread: set here
+            torch.set_num_threads(self.threads)
         carried: _Job | None = None
         while True:
             first = carried if carried is not None else self._queue.get()
