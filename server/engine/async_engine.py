@@ -54,6 +54,9 @@ log = logging.getLogger("fedveil.server")
 
 __all__ = ["AsyncEngine"]
 
+# A run stops once this many units per slot came back with no server update.
+STALL_UNITS_PER_SLOT = 20
+
 
 class _Window:
     """What happened since the last server update (one RoundRecord's worth)."""
@@ -68,6 +71,7 @@ class _Window:
         self.replays_dropped = 0
         self.aborted_groups = 0
         self.started = time.perf_counter()
+        self.units = 0  # units that came back
 
     @property
     def buffered(self) -> int:
@@ -123,6 +127,10 @@ class AsyncEngine(RoundEngine):
         self.window = _Window()
         self.totals: Counter[str] = Counter()
         self.ssp_bound = s.ssp_bound if s.mode == "ssp" else None
+        # Units that may come back with no server update before the run gives up (every
+        # client failing, or every update too stale, would otherwise never end).
+        self.stall_limit = max(100, STALL_UNITS_PER_SLOT * max(self.concurrency, s.buffer))
+        self.stalled = False
 
     # -- dispatch -----------------------------------------------------------
     def clients_in_flight(self) -> int:
@@ -130,7 +138,7 @@ class AsyncEngine(RoundEngine):
 
     def fill(self) -> None:
         """Dispatch units into every free slot the SSP gate and the cap allow."""
-        while self.concurrency - self.clients_in_flight() >= self.group:
+        while not self.stalled and self.concurrency - self.clients_in_flight() >= self.group:
             if self.ssp_bound is not None:
                 oldest = min((u.version for u in self.in_flight.values()), default=None)
                 if not ssp_allows(self.round, oldest, self.ssp_bound):
@@ -190,7 +198,31 @@ class AsyncEngine(RoundEngine):
         self._forget_versions()
         if self.window.buffered >= self.cfg.server.buffer:
             return self.run_round()
+        if self.window.units >= self.stall_limit:
+            self._stall()
         return None
+
+    def _stall(self) -> None:
+        """No server update after `stall_limit` units came back: the run stops, its
+        last record saying what came back (a run that never applied anything is then a
+        failed run, as a sync run whose every client failed)."""
+        w = self.window
+        record = RoundRecord(self.round + 1, w.clients, 0, w.dropped_count, applied=False)
+        record.extra.update(
+            mode=self.cfg.server.mode,
+            status="stalled",
+            stale_dropped=w.stale_dropped,
+            drops_by_reason=drops_by_reason(w.dropped),
+        )
+        self.history.append(record)
+        self.stalled = True
+        self.stopped_reason = (
+            f"{w.units} dispatches came back after server update {self.round} without "
+            f"{self.cfg.server.buffer} usable updates (server.buffer): {w.dropped_count} "
+            f"client failures, {w.stale_dropped} too stale (server.max_staleness); stopped"
+        )
+        if self.first_client_error is None and w.dropped:
+            self.first_client_error = w.dropped[min(w.dropped)]
 
     def _compute(self, unit: Unit) -> None:
         """The unit's update, computed now: after a resume (never stored), or a unit in the
@@ -204,6 +236,7 @@ class AsyncEngine(RoundEngine):
     def _receive(self, unit: Unit) -> None:
         w, outcome = self.window, unit.outcome
         w.clients += len(unit.clients)
+        w.units += 1
         if isinstance(outcome, Aborted):
             w.aborted_groups += 1  # lost, never revealed
         if outcome is not None:
@@ -315,8 +348,8 @@ class AsyncEngine(RoundEngine):
         while self.round < self.cfg.server.rounds:
             self.fill()
             nxt = self.clock.next_arrival()
-            if nxt is None:
-                self.stopped_reason = (
+            if nxt is None or self.stalled:
+                self.stopped_reason = self.stopped_reason or (
                     f"no client can be dispatched (server.max_participations = "
                     f"{self.cfg.server.max_participations} reached); stopped after "
                     f"{self.round} server updates"

@@ -227,3 +227,27 @@ def test_sync_rounds_carry_the_simulated_clock_with_a_latency_model(tmp_path):
         clock += row["sim_time_s"]
         assert row["sim_clock_s"] == pytest.approx(clock, abs=1e-5)
     assert clock > 0
+
+
+def test_a_run_whose_every_client_fails_stops_instead_of_dispatching_forever(tmp_path):
+    from fedveil.simulations.failures import FailureLog, RunFailed, check_some_client_contributed
+    from fedveil.tasks import ClientData
+
+    cfg = async_config(tmp_path)
+    task = tiny_task.make(cfg)
+    honest = task.client_data
+
+    def broken(cid: int) -> ClientData:
+        data = honest(cid)
+        return ClientData(torch.full_like(data.x, float("nan")), data.y)
+
+    task.client_data = broken
+    _, channel = make_privacy_pipeline(cfg, task, tmp_path / "ledger.jsonl")
+    log = FailureLog(InProcessTransport(task))
+    engine = AsyncEngine(cfg, task, log, channel=channel)
+    summary = engine.run()
+    assert engine.round == 0 and "server.buffer" in summary["stopped_reason"]
+    last = engine.history[-1]
+    assert not last.applied and last.dropped == last.cohort_planned >= engine.stall_limit
+    with pytest.raises(RunFailed, match="every client failed"):
+        check_some_client_contributed(engine.history, log)
