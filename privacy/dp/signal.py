@@ -27,6 +27,8 @@ class NoiseToSignal:
     noise_multiplier: float
     clip: float
     expected_cohort: float
+    # What lowers the ratio: a bigger cohort (sync) or a bigger buffer K (async).
+    remedy: str = "Sample more clients per round (the noise falls as 1/m)"
 
     @property
     def noise_std(self) -> float:
@@ -56,8 +58,7 @@ class NoiseToSignal:
         return (
             f"{self.describe()}; above {NOISE_DOMINATES:g} x C the noise outweighs the "
             f"averaged update (whose norm is at most C) for any model of 100+ parameters, "
-            "and training will likely diverge. Sample more clients per round (the noise "
-            "falls as 1/m) or allow a larger dp.epsilon"
+            f"and training will likely diverge. {self.remedy} or allow a larger dp.epsilon"
         )
 
     def to_dict(self) -> dict[str, float]:
@@ -81,7 +82,8 @@ def noise_to_signal(cfg: RunConfig, num_clients: int) -> NoiseToSignal | None:
         from .async_plan import async_dp_config
 
         z = async_dp_config(cfg, num_clients).noise_multiplier
-        return NoiseToSignal(float(z), float(cfg.dp.clip), float(s.buffer))
+        remedy = "Raise server.buffer (the noise falls as 1/K), lower server.max_participations,"
+        return NoiseToSignal(float(z), float(cfg.dp.clip), float(s.buffer), remedy)
     expected = float(s.per_round) if s.sampling == "fixed" else cfg.poisson_rate * num_clients
     z = dp_config(cfg, num_clients).noise_multiplier
     return NoiseToSignal(float(z), float(cfg.dp.clip), expected)

@@ -246,3 +246,16 @@ def test_the_public_report_shows_the_bound_not_counts(tmp_path):
     for private in ("dispatches", "participations_max", "realised", "client_counts"):
         assert private not in text
     assert any("at most 4 releases" in line for line in headline_lines(report))
+
+
+def test_the_noise_warning_counts_the_buffer_not_a_cohort():
+    from fedveil.privacy.dp.signal import noise_to_signal
+
+    cfg = async_config(cap=10, noise_multiplier=3.0, epsilon=8.0)
+    cfg.server.buffer = 2
+    signal = noise_to_signal(cfg, 50)
+    assert signal is not None and signal.expected_cohort == 2
+    assert "Raise server.buffer" in (signal.warning() or "")
+    cfg.server.max_participations = 500  # unaffordable at z = 3: refused, not warned
+    with pytest.raises(ConfigError, match=r"server\.max_participations = 500"):
+        noise_to_signal(cfg, 50)
