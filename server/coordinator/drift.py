@@ -183,8 +183,21 @@ class DriftMonitor:
         else:
             entry["accuracy"] = float(accuracy)
             entry["below_threshold"] = accuracy < self.cfg.threshold
+        earlier = [
+            e
+            for e in state["history"]
+            if e.get("version") == entry["version"] and e.get("retrain_status") == "completed"
+        ]
         state["history"] = [*state["history"], entry][-HISTORY_KEPT:]
-        if entry.get("below_threshold"):
+        if entry.get("below_threshold") and earlier:
+            # Its retrained model is registered, not promoted: that is the operator's call.
+            # Retraining the same version again would spend devices' time (and, for the
+            # lineage, epsilon) on a model already waiting for that decision.
+            entry["retrain_skipped"] = (
+                f"run {earlier[-1]['retrain_run']} already retrained {entry['version']}; "
+                "promote its version, or a newer one, to have it evaluated"
+            )
+        elif entry.get("below_threshold"):
             try:
                 entry["retrain_run"] = self._submit_retrain(pending["version"])
                 state["pending"] = {

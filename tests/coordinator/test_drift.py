@@ -114,5 +114,17 @@ def test_drift_evaluates_the_promoted_version_and_retrains_below_threshold(tmp_p
         wait_for(
             lambda: evaluated().get("retrain_status") == "completed", 30, "the retrain recorded"
         )
+        # The retrained model is registered with its lineage, not promoted (the operator's
+        # call): the next evaluation of the same version does not retrain it again.
+        retrained = Registry(dep.state / "registry").versions(NAME)[-1]
+        assert retrained.card["lineage"]["parent"] == version.ref
+        assert retrained.version == version.version + 1 and retrained.stage != "production"
+        again = wait_for(
+            lambda: (h := dep.http.get("/drift", headers=dep.admin).json()["history"])[1:] and h[1],
+            240,
+            "the second drift evaluation",
+        )
+        assert again["below_threshold"] is True and "retrain_run" not in again, again
+        assert entry["retrain_run"] in again["retrain_skipped"]
     finally:
         dep.close()
