@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +23,7 @@ from fedveil.server.serving.loading import load_model_file
 from fedveil.server.serving.versions import card_guarantee
 from fedveil.simulations.run import simulate
 
+README = Path(__file__).parents[2] / "README.md"
 SHAPE = (1, 28, 28)
 META = {
     "model": "cnn",
@@ -39,6 +41,13 @@ def cnn_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("model") / "cnn.safetensors"
     flat.save(flat.get(), str(path), metadata=META)
     return path
+
+
+def readme_snippet() -> str:
+    section = README.read_text().split("### Serving the model", 1)[1].split("\n### ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code, "the README's 'Serving the model' section lost its code block"
+    return code.group(1)
 
 
 def _expected(path: Path, x: np.ndarray) -> np.ndarray:
@@ -125,6 +134,10 @@ def test_predictions_token_and_bad_input(cnn_file: Path, tmp_path: Path) -> None
         assert [m["name"] for m in listed] == ["cnn"] and listed[0]["public"] is False
         assert request(f"{url}/v1/models/other/predict", b"{}")[0] in (401, 404)
         assert token not in served.output()  # the secret never reaches the log
+        # The README's client snippet, as it stands but for the address and the token.
+        code = readme_snippet().replace("http://127.0.0.1:8480", url)
+        code = code.replace("/models/fashion/", f"/models/{name}/").replace("TOKEN", token)
+        exec(compile(code, "README.md", "exec"), {})
 
 
 @pytest.fixture(scope="module")
