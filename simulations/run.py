@@ -18,6 +18,7 @@ from fedveil.privacy.secagg.identity import DerivedIdentities
 from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.rounds import RoundEngine, RoundRecord
 from fedveil.server.engine.runstore import RunStore
+from fedveil.server.registry.lineage import write_lineage
 from fedveil.simulations.availability import DROPPED, LATE, AvailabilityModel, AvailabilityTransport
 from fedveil.simulations.failures import FailureLog, check_some_client_contributed
 from fedveil.simulations.plots import PLOTS
@@ -87,8 +88,14 @@ def simulate(
     on_clients: Callable[[int, int], None] | None = None,
     resume: bool = False,
     given: Mapping[str, str] | None = None,
+    init_model: Path | None = None,
+    init_ref: str | None = None,
 ) -> dict[str, Any]:
     """Run `cfg` on its transport; write the run directory; return the summary.
+
+    `init_model`: a model file to start from instead of the seed's initialisation (its
+    registry reference `init_ref`, if any), recorded in lineage.json; a resume continues
+    from the checkpoint instead.
 
     `on_round(record)` follows rounds, `on_clients(done, total)` the clients within one
     (in-process engine only). `given`: the settings the user named on the command line
@@ -106,6 +113,10 @@ def simulate(
     cfg, task = prepared.cfg, prepared.task
     open_run_dir(store, prepared, resume)
     attempt = Attempt(cfg, task, device, store, resume=resume, on_round=on_round)
+    if not resume:
+        write_lineage(store.path, init_model, init_ref)
+        if init_model is not None:
+            attempt.run.start_from(init_model)
     try:
         with _quiet_simulated_drops(attempt.availability is not None):
             attempt.drive(on_clients)

@@ -8,7 +8,15 @@ from fedveil.config import load_config
 from fedveil.simulations.run import simulate
 
 
-def tiny_run(out: Path, *, dp: bool, rounds: int = 2, distributed: bool = False) -> Path:
+def tiny_run(
+    out: Path,
+    *,
+    dp: bool,
+    rounds: int = 2,
+    distributed: bool = False,
+    init_model: Path | None = None,
+    init_ref: str | None = None,
+) -> Path:
     """A finished tiny_task run in `out`, as `fedveil simulate` writes it (`distributed`:
     distributed DP under secure aggregation, 8 of 12 clients a round)."""
     overrides: dict[str, object] = {
@@ -23,5 +31,5 @@ def tiny_run(out: Path, *, dp: bool, rounds: int = 2, distributed: bool = False)
         overrides.update({"dp.mechanism": "central", "dp.epsilon": 8.0})
     if distributed:
         overrides.update({"dp.mechanism": "distributed", "dp.epsilon": 8.0, "secagg.enabled": True})
-    simulate(load_config(None, overrides))
+    simulate(load_config(None, overrides), init_model=init_model, init_ref=init_ref)
     return out

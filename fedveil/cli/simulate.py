@@ -101,6 +101,14 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
         "--resume", action="store_true", help="continue the run in --out from its checkpoint"
     )
     p.add_argument(
+        "--init-model",
+        metavar="REF|FILE",
+        help="start from a registered version (name@version) or a model.safetensors "
+        "instead of the seed's initialisation; recorded in lineage.json, so the registered "
+        "run carries its parent",
+    )
+    p.add_argument("--registry", metavar="DIR", help="the model registry --init-model refers to")
+    p.add_argument(
         "--json", action="store_true", help="print the summary as the last line of stdout"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -119,6 +127,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from fedveil.simulations.failures import RunFailed
     from fedveil.simulations.run import simulate
 
+    init_model, init_ref = _init_model(args.init_model, args.registry)
     progress = RoundProgress(cfg.server.rounds, disable=args.quiet)
     try:
         with sigterm_as_interrupt():
@@ -128,6 +137,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 on_clients=progress.clients,
                 resume=args.resume,
                 given=given,
+                init_model=init_model,
+                init_ref=init_ref,
             )
     except RunFailed as exc:  # the run directory is written; the exit status says it failed
         progress.close()
@@ -146,6 +157,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     return 0
+
+
+def _init_model(given: str | None, registry: str | None) -> tuple[Path | None, str | None]:
+    """--init-model: a model file as given, else a registry reference's model copy."""
+    if given is None:
+        return None, None
+    if Path(given).is_file():
+        return Path(given), None
+    from fedveil.cli.models import open_registry
+
+    version = open_registry(registry).resolve(given)
+    return version.model_path, version.ref
 
 
 def _check_privacy_plan(cfg: RunConfig) -> None:

@@ -181,6 +181,23 @@ def compose_lineage(
     }
 
 
+def unknown_lineage(init_model_sha256: str) -> dict[str, Any]:
+    """The lineage of a run that started from a model outside the registry: what it
+    cost is unknown here, so no composed figure is stated (none is claimed)."""
+    return {
+        "parent": None,
+        "init_model_sha256": init_model_sha256,
+        "chain": [],
+        "same_users": None,
+        "rule": None,
+        "composed": {"observers": None, "coordinator": None},
+        "composed_statement": (
+            "The run started from a model that is not in this registry (lineage.json): "
+            "its privacy cost is unknown here, so this model carries no composed guarantee."
+        ),
+    }
+
+
 def _own_figures(card: dict[str, Any]) -> dict[str, dict[str, float] | None]:
     """This card's own (epsilon, delta) against the observers and the coordinator; None
     where there is no guarantee (no DP; a trusted curator)."""

@@ -13,6 +13,7 @@ from typing import Any
 from fedveil.privacy.dp.verify import STATUS_FAILED, VerifyResult
 from fedveil.server.engine.privacy_report import secure_aggregation_mode
 from fedveil.server.registry.card import compose_lineage, privacy_section
+from fedveil.server.registry.lineage import LINEAGE_FILE, read_lineage
 from fedveil.server.registry.store import RegistryError
 
 # Every field of a card's privacy section that the ledger decides.
@@ -98,15 +99,39 @@ def check_card(
         digest = hashlib.sha256(Path(model_path).read_bytes()).hexdigest()
         if digest != source.get("model_sha256"):
             check.fail("source.model_sha256", f"{model_path} hashes to {digest}")
-    _check_lineage(card, parent_card, check)
+    _check_lineage(card, parent_card, run_dir, check)
     return check
 
 
 def _check_lineage(
-    card: dict[str, Any], parent_card: dict[str, Any] | None, check: CardCheck
+    card: dict[str, Any], parent_card: dict[str, Any] | None, run_dir: Path, check: CardCheck
 ) -> None:
     lineage = card.get("lineage")
+    recorded = read_lineage(run_dir)
+    if recorded is not None and not lineage:
+        check.fail(
+            "lineage",
+            f"the run started from a model ({LINEAGE_FILE}: SHA-256 "
+            f"{recorded.get('init_model_sha256')}) but the card states no lineage",
+        )
+        return
     if not lineage:
+        return
+    if recorded is not None and lineage.get("parent") is not None and parent_card is not None:
+        sha = (parent_card.get("source") or {}).get("model_sha256")
+        if sha != recorded.get("init_model_sha256"):
+            check.fail(
+                "lineage.parent",
+                f"{lineage.get('parent')!r} is not the model the run started from "
+                f"({LINEAGE_FILE}: {recorded.get('init_model_sha256')})",
+            )
+    if lineage.get("parent") is None:  # a starting model outside the registry
+        if any(v is not None for v in (lineage.get("composed") or {}).values()):
+            check.fail(
+                "lineage.composed",
+                "the run started from a model outside the registry, whose cost is unknown; "
+                "the card may state no composed figure",
+            )
         return
     if parent_card is None:
         check.fail(

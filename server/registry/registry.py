@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.privacy.dp.verify import VerifyResult
-from fedveil.server.registry.card import build_card, compose_lineage
+from fedveil.server.registry.card import build_card, compose_lineage, unknown_lineage
 from fedveil.server.registry.card_check import CardCheck, check_card
+from fedveil.server.registry.lineage import LINEAGE_FILE, read_lineage
 from fedveil.server.registry.run_model import round_model
 from fedveil.server.registry.store import (
     LATEST,
@@ -49,7 +50,9 @@ class Registry:
 
         `parent`: the reference of the version this run started from; its card then
         composes epsilon over the lineage: summed (`same_users`, the sound default) or,
-        when the operator declares the runs' users disjoint, the largest.
+        when the operator declares the runs' users disjoint, the largest. Without it, the
+        run's lineage.json (`fedveil simulate --init-model`) names the starting model, found
+        here by its SHA-256; a starting model not in this registry leaves no composed figure.
         """
         run_dir = Path(run_dir).resolve()
         if not run_dir.is_dir():
@@ -57,11 +60,14 @@ class Registry:
         model, meta, model_round = round_model(run_dir, round_num)
         card = build_card(run_dir, meta, model_round, hashlib.sha256(model).hexdigest())
         name = check_name(name if name is not None else name_from(card["task"]))
-        if parent is not None:
-            parent_version = self.resolve(parent)
+        recorded = read_lineage(run_dir)
+        parent_version = self._parent(parent, recorded)
+        if parent_version is not None:
             card["lineage"] = compose_lineage(
                 card, parent_version.card, parent_version.ref, same_users
             )
+        elif recorded is not None:
+            card["lineage"] = unknown_lineage(str(recorded.get("init_model_sha256")))
         with self.files.locked() as index:
             entry = index["models"].setdefault(name, {"versions": [], "promoted": None})
             version = max((v["version"] for v in entry["versions"]), default=0) + 1
@@ -134,6 +140,34 @@ class Registry:
             return self.get(name, int(number))
         except RegistryError as error:
             raise RegistryError(f"model reference {ref!r}: {error}") from None
+
+    def _parent(self, ref: str | None, recorded: dict[str, Any] | None) -> ModelVersion | None:
+        """The parent version: `ref` (which must be the model lineage.json recorded, if
+        any), else the version whose model the run started from."""
+        started = None if recorded is None else recorded.get("init_model_sha256")
+        if ref is not None:
+            version = self.resolve(ref)
+            sha = version.card.get("source", {}).get("model_sha256")
+            if started is not None and sha != started:
+                raise RegistryError(
+                    f"parent {ref!r}: its model (SHA-256 {sha}) is not the one the run started "
+                    f"from ({LINEAGE_FILE}: {started})"
+                )
+            return version
+        if started is None:
+            return None
+        if recorded and recorded.get("parent"):
+            try:
+                version = self.resolve(str(recorded["parent"]))
+            except RegistryError:
+                version = None
+            if version is not None and version.card["source"].get("model_sha256") == started:
+                return version
+        for name in self.names():
+            for version in self.versions(name):
+                if version.card.get("source", {}).get("model_sha256") == started:
+                    return version
+        return None
 
     def check(self, version: ModelVersion, result: VerifyResult | None = None) -> CardCheck:
         """`version`'s card against its run's ledger, its model copy and its parent's card."""

@@ -188,3 +188,44 @@ def test_distributed_dp_card_states_the_coordinator_bound_and_verify_holds_it(
     path.write_text(json.dumps(card))
     code, output = _verify(run, str(path), root, capsys)
     assert code == 1 and "card field privacy.adversaries.coordinator.epsilon_bound:" in output
+
+
+def test_a_run_started_from_a_version_carries_it(
+    tmp_path: Path, dp_run: Path, plain_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`simulate --init-model name@version`: lineage.json names the start; registering the
+    run finds its parent by the model's SHA-256, and a card hiding it fails verify."""
+    root = tmp_path / "reg"
+    registry = Registry(root)
+    parent = registry.register(dp_run, name="blobs")
+    child_run = tiny_run(
+        tmp_path / "child", dp=True, init_model=parent.model_path, init_ref=parent.ref
+    )
+    assert json.loads((child_run / "lineage.json").read_text())["parent"] == "blobs@1"
+    other = registry.register(dp_run, name="other")  # same model bytes, another name
+    child = registry.register(child_run, name="blobs")
+    lineage = child.card["lineage"]
+    assert lineage["parent"] == "blobs@1"
+    assert lineage["composed"]["observers"]["epsilon"] == pytest.approx(
+        parent.card["privacy"]["epsilon"] + child.card["privacy"]["epsilon"]
+    )
+    assert _verify(child_run, "blobs@2", root, capsys)[0] == 0
+
+    card = json.loads(json.dumps(child.card))
+    card["lineage"] = None  # the cheaper-looking card: no parent, no composition
+    path = tmp_path / "card.json"
+    path.write_text(json.dumps(card))
+    code, output = _verify(child_run, str(path), root, capsys)
+    assert code == 1 and "card field lineage:" in output
+
+    with pytest.raises(RegistryError, match="not the one the run started from"):
+        registry.register(child_run, parent=registry.register(plain_run, name="p").ref)
+    assert registry.register(child_run, parent=other.ref).card["lineage"]["parent"] == "other@1"
+
+    # A start outside the registry: no composed figure is claimed.
+    outside = tiny_run(tmp_path / "outside", dp=True, init_model=plain_run / "model.safetensors")
+    lineage = Registry(tmp_path / "fresh").register(outside).card["lineage"]
+    assert lineage["parent"] is None and lineage["composed"] == {
+        "observers": None,
+        "coordinator": None,
+    }
