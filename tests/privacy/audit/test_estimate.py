@@ -73,3 +73,21 @@ def test_scores_find_the_inserted_canaries():
     per_round = max_round_scores(c, [c[0], c[1]])
     assert per_round[0] == pytest.approx(1.0) and per_round[1] == pytest.approx(1.0)
     assert np.all(cosine_scores(c, np.zeros(2000)) == 0)
+
+
+def test_the_bootstraps_fast_equal_variance_path_is_the_general_one_bit_for_bit():
+    # The bootstrap's shortcut must not change an audit's figures: same floats, every case
+    # (half-lines both ways, equal means, eps = 0 and the EPS_MAX cap, tiny and large sigma).
+    from fedveil.privacy.audit.estimate import EPS_MAX, _equal_variance_epsilon
+
+    rng = np.random.default_rng(7)
+    got = []
+    for i in range(600):
+        sigma = float(10 ** rng.uniform(-4, 1))
+        mu_in = float(rng.normal(0, sigma * 10 ** rng.uniform(-2, 1.5)))
+        mu_out = mu_in if i % 10 == 0 else float(rng.normal(0, sigma))
+        delta = float(10 ** rng.uniform(-8, -1))
+        general = gaussian_pair_epsilon(mu_in, sigma, mu_out, sigma, delta)
+        assert _equal_variance_epsilon(mu_in, mu_out, sigma, delta) == general
+        got.append(general)
+    assert 0.0 in got and EPS_MAX in got and any(0 < e < EPS_MAX for e in got)
