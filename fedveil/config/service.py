@@ -88,6 +88,25 @@ class DriftSection:
 
 
 @dataclass
+class ServingSection:
+    """The prediction service for promoted registry versions (`fedveil serve`'s API, on its
+    own port, with the coordinator's TLS; server/serving/promoted.py)."""
+
+    enabled: bool = spec(False, help="serve the promoted version of each of `models`")
+    # spec gives a list default its own default_factory (a fresh list per instance).
+    models: list[str] = spec(  # noqa: RUF009
+        [], help="registry names whose promoted version is served (followed as promoted)"
+    )
+    host: str = spec("127.0.0.1", help="address the prediction API listens on")
+    port: int = spec(8480, lo=0, hi=65535, help="prediction API port (0: any free port)")
+    public: bool = spec(False, help="prediction without a token (warns for models without DP)")
+    token_file: str | None = spec(None, help="file holding the prediction token")
+    max_batch: int = spec(512, lo=1, hi=65536, help="rows per forward pass and per request")
+    max_wait_ms: float = spec(2.0, lo=0.0, hi=10_000.0, help="longest wait to fill a batch")
+    max_body_bytes: int = spec(32 << 20, lo=1024, hi=1 << 31, help="largest request body")
+
+
+@dataclass
 class ServiceConfig:
     """`server.toml` as written: paths still relative to the file's directory."""
 
@@ -100,6 +119,7 @@ class ServiceConfig:
     runs: RunsSection = field(default_factory=RunsSection)
     secagg: ServiceSecAggSection = field(default_factory=ServiceSecAggSection)
     drift: DriftSection = field(default_factory=DriftSection)
+    serving: ServingSection = field(default_factory=ServingSection)
 
 
 SERVICE_SECTIONS: dict[str, type] = {
@@ -111,6 +131,7 @@ SERVICE_SECTIONS: dict[str, type] = {
     "runs": RunsSection,
     "secagg": ServiceSecAggSection,
     "drift": DriftSection,
+    "serving": ServingSection,
 }
 
 
@@ -127,6 +148,11 @@ def service_config(raw: dict[str, Any]) -> ServiceConfig:
             raise ConfigError(
                 f"runs.allowed_tasks: {ref!r} must look like 'package.module:function'"
             )
+    _check_host("serving.host", cfg.serving.host)
+    if cfg.serving.enabled and not cfg.serving.models:
+        raise ConfigError("serving.enabled = true needs serving.models (registry names)")
+    if cfg.serving.enabled and not (cfg.serving.public or cfg.serving.token_file):
+        raise ConfigError("serving: prediction needs serving.token_file, or serving.public = true")
     if cfg.drift.enabled and not cfg.drift.model:
         raise ConfigError(
             "drift.model = '': drift.enabled needs the registry name of the model to watch"

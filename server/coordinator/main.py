@@ -265,6 +265,17 @@ def serve(settings: ServerSettings) -> int:
     dispatch.apps[api_port] = BodyLimit(
         dispatch.apps[api_port], s.api.max_body_bytes, service.counters
     )
+    if s.serving.enabled:  # [serving]: promoted versions' prediction API, on its own port
+        from fedveil.server.coordinator.model_versions import REGISTRY_DIR
+        from fedveil.server.serving.promoted import promoted_app
+
+        sockets.append(_bind(s.serving.host, s.serving.port))
+        port = sockets[-1].getsockname()[1]
+        base = s.source.parent if s.source is not None else Path.cwd()
+        dispatch.apps[port] = promoted_app(s.serving, s.state_dir / REGISTRY_DIR, base)
+        log.warning(
+            "fedveil coordinator: prediction API on %s://%s:%d", s.scheme, s.serving.host, port
+        )
     config = uvicorn.Config(
         dispatch,
         lifespan="on",

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config import ConfigError
-from fedveil.config.service import DriftSection, service_config
+from fedveil.config.service import DriftSection, ServingSection, service_config
 from fedveil.ops.bearer import is_loopback  # noqa: F401 - re-exported for main.py
 
 if sys.version_info >= (3, 11):
@@ -72,6 +72,8 @@ class ServerSettings:
     source: Path | None = None
     # [drift]: retraining on drift (drift.py); enabled=False leaves the coordinator as it was
     drift: DriftSection = field(default_factory=DriftSection)
+    # [serving]: the prediction service for promoted versions (serving/promoted.py)
+    serving: ServingSection = field(default_factory=ServingSection)
 
     @property
     def superlink_address(self) -> str:
@@ -133,6 +135,7 @@ def settings_from_dict(
         allowed_tasks=list(values.runs.allowed_tasks),
         secagg_roster=roster,
         drift=values.drift,
+        serving=values.serving,
     )
 
 

@@ -13,6 +13,7 @@ routed to; the server goes on serving.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,7 +26,7 @@ from fedveil.ops.bearer import BearerToken
 from fedveil.server.serving.batching import DynamicBatcher
 from fedveil.server.serving.inputs import InputError, check, decode, encode, human_bytes
 from fedveil.server.serving.metrics import ServingMetrics
-from fedveil.server.serving.versions import TrafficSplit
+from fedveil.server.serving.versions import ServedVersion, Split
 
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DRAIN_FACTOR = 8
@@ -50,7 +51,7 @@ class ServeLimits:
 
 
 def create_app(
-    splits: list[TrafficSplit],
+    splits: list[Split],
     *,
     token: BearerToken | None,
     limits: ServeLimits,
@@ -62,24 +63,34 @@ def create_app(
     if len(by_name) != len(splits):
         raise ValueError(f"model names served twice: {[s.name for s in splits]}")
     batchers: dict[tuple[str, str], DynamicBatcher] = {}
+    lock = threading.Lock()
 
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        for split in splits:
-            for version, _share in split.versions:
-                key = (split.name, version.version)
+    def batcher(version: ServedVersion) -> DynamicBatcher:
+        """The version's worker, started the first time it is needed (a newly promoted
+        version, in the coordinator's service, arrives while serving)."""
+        key = (version.name, version.version)
+        with lock:
+            if key not in batchers:
                 metrics.add_version(*key)
                 batchers[key] = DynamicBatcher(
                     version.model,
                     max_batch=limits.max_batch,
                     max_wait_s=limits.max_wait_ms / 1000,
-                    on_batch=lambda rows, s, k=key: metrics.batch(*k, rows, s),
+                    on_batch=lambda rows, s: metrics.batch(*key, rows, s),
                     name=f"{key[0]}@{key[1]}",
                     threads=limits.threads,
                 )
+            return batchers[key]
+
+    for split in splits:  # started now: /readyz answers once they run
+        for version, _share in split.versions:
+            batcher(version)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        for batcher in batchers.values():
-            batcher.close()
+        for b in list(batchers.values()):
+            b.close()
 
     app = FastAPI(title="fedveil prediction service", lifespan=lifespan, docs_url=None)
 
@@ -89,8 +100,8 @@ def create_app(
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        down = [f"{n}@{v}" for (n, v), b in batchers.items() if not b.alive]
-        if not batchers or down:
+        down = [f"{n}@{v}" for (n, v), b in list(batchers.items()) if not b.alive]
+        if down:
             return JSONResponse({"status": "not ready", "down": down}, status_code=503)
         return JSONResponse({"status": "ready", "models": sorted(by_name)})
 
@@ -131,16 +142,21 @@ def create_app(
                 status_code=404,
             )
         version = split.pick()
+        if version is None:
+            metrics.reject("no_version")
+            return JSONResponse(
+                {"detail": f"model {name!r} has no promoted version yet"}, status_code=503
+            )
         key = (name, version.version)
         headers = {"X-Fedveil-Model-Version": version.version}
         try:
             body = await _read_body(request, limits.max_body_bytes)
             array, npz = decode(body, request.headers.get("content-type", ""))
-            x = check(array, split.input_shape, limits.max_batch)
+            x = check(array, version.info.input_shape, limits.max_batch)
         except InputError as exc:
             metrics.request(*key, 422, 0, time.perf_counter() - start)
             return JSONResponse({"detail": str(exc)}, status_code=422, headers=headers)
-        out = await batchers[key].predict(x)
+        out = await batcher(version).predict(x)
         content, media = encode(out, npz, {"model": name, "version": version.version})
         metrics.request(*key, 200, len(x), time.perf_counter() - start)
         return Response(content, media_type=media, headers=headers)

@@ -19,16 +19,16 @@ from fedveil.config import ConfigError
 from fedveil.ops.bearer import BearerToken, is_loopback, read_token_file
 from fedveil.server.serving.app import ServeLimits, create_app
 from fedveil.server.serving.metrics import ServingMetrics
-from fedveil.server.serving.versions import ServedVersion, TrafficSplit, load_version
+from fedveil.server.serving.versions import (
+    NO_DP_WARNING,
+    ServedVersion,
+    TrafficSplit,
+    load_version,
+)
 
 log = logging.getLogger("fedveil.serving")
 
 TOKEN_ENV = "FEDVEIL_SERVE_TOKEN"
-NO_DP_WARNING = (
-    "--public: model {ref} has NO differential-privacy guarantee, and anyone can query "
-    "it: a served model answers membership-inference queries about the people whose data "
-    "trained it"
-)
 
 
 @dataclass

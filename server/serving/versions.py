@@ -14,15 +14,22 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from torch import nn
 
 from fedveil.server.serving.loading import ModelInfo, load_model_file, load_run_model
 
 log = logging.getLogger("fedveil.serving")
+
+NO_DP_WARNING = (
+    "--public: model {ref} has NO differential-privacy guarantee, and anyone can query "
+    "it: a served model answers membership-inference queries about the people whose data "
+    "trained it"
+)
 
 
 @dataclass
@@ -65,10 +72,10 @@ def load_version(spec: str, *, task: str | None = None, name: str | None = None)
     return _registry_version(spec, name)
 
 
-def _registry_version(ref: str, name: str | None) -> ServedVersion:
+def _registry_version(ref: str, name: str | None, root: Path | None = None) -> ServedVersion:
     from fedveil.server.registry import Registry, default_registry_root
 
-    mv = Registry(default_registry_root()).resolve(ref)
+    mv = Registry(root if root is not None else default_registry_root()).resolve(ref)
     config = None
     if mv.run_dir is not None and (Path(mv.run_dir) / "config.toml").is_file():
         config = Path(mv.run_dir) / "config.toml"  # a custom task's function needs it
@@ -138,10 +145,6 @@ class TrafficSplit:
         self.versions = versions
         self._rng = random.Random()  # routing needs no secrecy, only independence
 
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return self.versions[0][0].info.input_shape
-
     def pick(self) -> ServedVersion:
         u, acc = self._rng.random(), 0.0
         for version, share in self.versions:
@@ -149,3 +152,70 @@ class TrafficSplit:
             if u < acc:
                 return version
         return self.versions[-1][0]
+
+
+class Split(Protocol):
+    """What the API needs of the versions behind one name."""
+
+    name: str
+
+    @property
+    def versions(self) -> list[tuple[ServedVersion, float]]: ...
+
+    def pick(self) -> ServedVersion | None: ...
+
+
+class PromotedVersion:
+    """One registry name, serving whichever version is promoted: the registry is read again
+    every `recheck_s` in a background thread, and a newly promoted version is loaded there
+    and then swapped in (requests never wait for a load). None until one is promoted."""
+
+    def __init__(
+        self, registry_root: Path, name: str, *, recheck_s: float = 5.0, public: bool = False
+    ) -> None:
+        self.name, self.root, self.recheck_s = name, Path(registry_root), recheck_s
+        self.public = public
+        self._current: ServedVersion | None = None
+        self._stop = threading.Event()
+        self.refresh()
+        self._thread = threading.Thread(target=self._watch, name=f"promoted-{name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def versions(self) -> list[tuple[ServedVersion, float]]:
+        current = self._current
+        return [] if current is None else [(current, 1.0)]
+
+    def pick(self) -> ServedVersion | None:
+        return self._current
+
+    def refresh(self) -> None:
+        """Load the promoted version if it changed; a registry error keeps the old one."""
+        from fedveil.server.registry import Registry
+
+        try:
+            promoted = Registry(self.root).promoted(self.name)
+        except (ValueError, OSError) as exc:
+            log.warning(
+                "serving %s: registry unreadable (%s); keeping the version served", self.name, exc
+            )
+            return
+        current = self._current
+        if promoted is None or (current is not None and current.version == str(promoted.version)):
+            return
+        try:
+            loaded = _registry_version(promoted.ref, None, self.root)
+        except (ValueError, OSError) as exc:
+            log.error("serving %s: cannot load %s (%s)", self.name, promoted.ref, exc)
+            return
+        if self.public and loaded.guarantee is None:
+            log.warning("%s", NO_DP_WARNING.format(ref=f"{loaded.name}@{loaded.version}"))
+        self._current = loaded
+        log.warning("serving %s: now version %s", self.name, loaded.version)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.recheck_s):
+            self.refresh()
