@@ -10,7 +10,7 @@ computed under secure aggregation with calibrated noise and charged to the run's
 and so would the retrain decision taken from it. fedveil has no such mechanism for
 evaluation yet; publishing an unaccounted accuracy would break the run's guarantee.
 
-The state (`<state_dir>/drift.json`, admin view GET /drift) survives restarts: the run in
+The state (`<state_dir>/drift.json`; GET /drift, the dashboard) survives restarts: the run in
 flight, the last evaluation time, and each evaluation's accuracy, threshold and outcome.
 """
 

@@ -220,6 +220,46 @@ function renderCluster(c) {
   sec.className = `pill ${c.tls && c.client_auth ? "ok" : "bad"}`;
 }
 
+// Drift ([drift] in server.toml): evaluations of the promoted version on the devices and
+// the retraining runs they started; hidden when the coordinator has drift off.
+function driftOutcome(h) {
+  if (h.error) return el("span", { class: "error" }, h.error);
+  if (h.retrain_run) return `below the threshold: retraining run ${h.retrain_run}${h.retrain_status ? ` (${h.retrain_status})` : ""}`;
+  if (h.retrain_skipped) return `below the threshold: ${h.retrain_skipped}`;
+  if (h.retrain_error) return el("span", { class: "error" }, `below the threshold; retraining not submitted: ${h.retrain_error}`);
+  return "at or above the threshold";
+}
+
+function renderDrift(d) {
+  const section = document.getElementById("drift");
+  section.hidden = !(d && d.enabled);
+  if (section.hidden) return;
+  const p = d.pending;
+  document.getElementById("drift-facts").replaceChildren(
+    el("span", {}, "model ", el("b", {}, d.model)),
+    el("span", {}, "threshold ", el("b", {}, Number(d.threshold).toFixed(3))),
+    el("span", {}, "every ", el("b", {}, `${d.interval_s} s`)),
+    el("span", {}, "last evaluation ", el("b", {}, fmtTime(d.last_evaluation_at))),
+    el("span", {}, "in flight ", el("b", {}, p ? `${p.kind} of ${p.version}: run ${p.run_id}` : "none")),
+    ...(d.refused ? [el("span", { class: "error", id: "drift-refused" }, d.refused)] : []),
+  );
+  const body = document.querySelector("#drift-history tbody");
+  body.replaceChildren();
+  const history = (d.history || []).slice(-10).reverse();
+  if (!history.length) body.append(el("tr", {}, el("td", { colspan: 5, class: "muted" }, "no evaluation yet")));
+  for (const h of history) {
+    body.append(el(
+      "tr",
+      { class: h.below_threshold ? "below" : "", "data-drift": h.run_id },
+      el("td", {}, fmtTime(h.at)),
+      el("td", { class: "mono" }, h.version),
+      el("td", { class: "num" }, h.accuracy != null ? Number(h.accuracy).toFixed(4) : "—"),
+      el("td", { class: "mono" }, h.run_id),
+      el("td", {}, driftOutcome(h)),
+    ));
+  }
+}
+
 function renderRuns(runs) {
   const body = document.querySelector("#runs tbody");
   body.replaceChildren();
@@ -308,6 +348,9 @@ async function refresh() {
     renderCluster(cluster);
     renderRuns(runs);
     await renderDetail(runs);
+    let drift = null;
+    try { drift = await getJSON("/drift"); } catch (e) { drift = null; }  // an older coordinator
+    renderDrift(drift);
     document.body.dataset.loaded = "1";
   } catch (e) {
     document.body.dataset.error = String(e);
