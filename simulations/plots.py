@@ -5,6 +5,7 @@
 - participation.png: clients planned, aggregated and lost per round (dropouts,
   stragglers and other failures when the availability model recorded them)
 - epsilon.png: privacy spent per round, when DP metrics carry an epsilon
+- staleness.png, in_flight.png: asynchronous runs only (simulations/async_plots.py)
 
 Matplotlib's object API with the Agg canvas: no pyplot state, no display needed.
 """
@@ -17,7 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-PLOTS = ("accuracy.png", "loss.png", "participation.png", "epsilon.png")
+from fedveil.simulations.async_plots import ASYNC_PLOTS, async_figures
+
+PLOTS = ("accuracy.png", "loss.png", "participation.png", "epsilon.png", *ASYNC_PLOTS)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -127,6 +130,7 @@ def save_plots(run_dir: str | Path) -> list[Path]:
         "epsilon.png": _lines(
             rows, [(k, k) for k in epsilon_keys(rows)], "privacy spent", "epsilon"
         ),
+        **async_figures(rows),
     }
     written = []
     for name, fig in figures.items():

@@ -162,6 +162,77 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     add_audit_arguments(p)
     p.set_defaults(func=cmd_bench_audit)
 
+    p = bsub.add_parser(
+        "async",
+        help="sync vs asynchronous training (FedBuff, secagg groups): simulated time to target",
+        description=ASYNC_SUMMARY,
+    )
+    add_async_arguments(p)
+    p.set_defaults(func=cmd_bench_async)
+
+
+ASYNC_SUMMARY = (
+    "`fedveil bench async`: the default job trained synchronously (waiting for every "
+    "client; with a deadline at the p90 client latency) and asynchronously (FedBuff; FedBuff "
+    "with secure aggregation in groups), the same clients in flight, log-normal client "
+    "latency on the simulated clock, each contender in its own process, over seeds; prints "
+    "median simulated time to the target accuracy, CPU seconds per applied client update "
+    "(worker processes included), the ratios, and FedBuff's published ratio next to ours; "
+    "accuracy_over_time.png goes into --out. --json prints one JSON object as the last "
+    "line of stdout."
+)
+# The contenders, in the order they run (benchmarks/bench_async.py says what each is).
+ASYNC_CONTENDERS = ("sync", "sync_deadline", "async", "async_secagg")
+# The default job's training time per client (fashion-mnist CNN, ~600 examples, one
+# epoch, batch 32): 0.27-0.73 s measured on one core of a shared 2-core machine.
+ASYNC_LATENCY_MEDIAN_S = 0.5
+
+
+def add_async_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `fedveil bench async` (also `python -m benchmarks.bench_async`)."""
+    p.add_argument(
+        "--quick", action="store_true", help="a small digits job, one seed, target 0.5 (smoke)"
+    )
+    p.add_argument("--seeds", type=int, help="seeds, from --seed on [3; --quick 1]")
+    p.add_argument("--seed", type=int, default=0, help="first seed [0]")
+    p.add_argument(
+        "--concurrency", type=int, help="clients in flight: sync cohort = async C [20; --quick 6]"
+    )
+    p.add_argument("--buffer", type=int, help="async: apply after K arrivals [10; --quick 3]")
+    p.add_argument("--group-size", type=int, help="async_secagg: secagg group size G [K]")
+    p.add_argument(
+        "--latency-median",
+        type=float,
+        default=ASYNC_LATENCY_MEDIAN_S,
+        help=f"median client latency in s: the default job's training time per client "
+        f"[{ASYNC_LATENCY_MEDIAN_S:g}]; time ratios do not depend on it",
+    )
+    p.add_argument("--target", type=float, help="target test accuracy [0.80; --quick 0.5]")
+    p.add_argument(
+        "--max-updates",
+        type=int,
+        help="client updates a contender may apply before giving up on the target "
+        "[100 x C; --quick 8 x C]",
+    )
+    p.add_argument(
+        "--contenders",
+        type=_names,
+        help=f"comma list, a subset of {','.join(ASYNC_CONTENDERS)} [all]",
+    )
+    p.add_argument(
+        "--out", default="runs/bench-async", help="run directories and plots [runs/bench-async]"
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
+def cmd_bench_async(args: argparse.Namespace) -> int:
+    unknown = set(args.contenders or ()) - set(ASYNC_CONTENDERS)
+    if unknown:
+        raise ValueError(
+            f"--contenders: unknown {sorted(unknown)}; choose from {', '.join(ASYNC_CONTENDERS)}"
+        )
+    return load_benchmark("bench_async").cmd_bench_async(args)
+
 
 AUDIT_SUMMARY = (
     "`fedveil bench audit`: the three privacy-audit benchmarks (update inversion against "

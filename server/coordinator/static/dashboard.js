@@ -147,6 +147,24 @@ function seq(rounds, key) {
   return rounds.filter((r) => r[key] !== null && r[key] !== undefined).map((r) => [r.round, Number(r[key])]);
 }
 
+// Asynchronous runs (server.mode async/ssp): each record is an applied model version and
+// lists the staleness of its updates. Under DP these keys are private: nothing is shown.
+function asyncFacts(rounds) {
+  const taus = rounds.flatMap((r) => (Array.isArray(r.staleness) ? r.staleness.map(Number) : []));
+  const isAsync = rounds.some((r) => Array.isArray(r.staleness) || r.in_flight != null);
+  if (!isAsync) return null;
+  const facts = [el("span", {}, "mode ", el("b", {}, rounds.find((r) => r.mode)?.mode || "async"))];
+  if (taus.length) {
+    const mean = taus.reduce((a, b) => a + b, 0) / taus.length;
+    facts.push(el("span", {}, "staleness ", el("b", {}, `mean ${mean.toFixed(2)}, max ${Math.max(...taus)}`)));
+  }
+  const stale = rounds.reduce((n, r) => n + (r.stale_dropped || 0), 0);
+  facts.push(el("span", {}, "stale dropped ", el("b", {}, String(stale))));
+  const last = [...rounds].reverse().find((r) => r.in_flight != null);
+  if (last) facts.push(el("span", {}, "in flight ", el("b", {}, String(last.in_flight))));
+  return facts;
+}
+
 // -- views -------------------------------------------------------------------
 // Clients dropped per failed check, summed over the rounds, with the rounds each one hit.
 function dropsByReason(rounds) {
@@ -307,6 +325,8 @@ async function renderDetail(runs) {
   const last = rounds[rounds.length - 1] || {};
   // Under DP the public rounds hold no drop counts: say "—", not a reassuring 0.
   const dropped = rounds.some((r) => r.dropped != null) ? String(rounds.reduce((n, r) => n + (r.dropped || 0), 0)) : "—";
+  const asyncView = asyncFacts(rounds);
+  const xLabel = asyncView ? "model version" : "round";
   const facts = document.getElementById("facts");
   facts.replaceChildren(
     el("span", {}, "rounds ", el("b", {}, `${run.rounds_completed}/${run.rounds}`)),
@@ -315,6 +335,7 @@ async function renderDetail(runs) {
     el("span", {}, "dropouts ", el("b", {}, dropped)),
     el("span", {}, "attempts ", el("b", {}, String((run.attempts || []).length))),
     el("span", {}, "traffic ", el("b", {}, `${((run.bytes_sent + run.bytes_received) / 1e6).toFixed(2)} MB`)),
+    ...(asyncView || []),
     ...(run.error ? [el("span", { class: "error" }, run.error)] : []),
   );
   // DP: a privacy report or epsilon per round; or rounds that carry no drop count at all.
@@ -324,16 +345,17 @@ async function renderDetail(runs) {
   drawChart(document.getElementById("chart-accuracy"), [
     { name: "central", color: COLORS.blue, points: seq(rounds, "test_accuracy") },
     { name: "federated", color: COLORS.violet, points: seq(rounds, "federated_accuracy") },
-  ], { yMin: 0, yMax: 1 });
+  ], { yMin: 0, yMax: 1, xLabel });
   drawChart(document.getElementById("chart-loss"), [
     { name: "train", color: COLORS.amber, points: seq(rounds, "train_loss") },
     { name: "test", color: COLORS.blue, points: seq(rounds, "test_loss") },
-  ], {});
+  ], { xLabel });
   drawChart(document.getElementById("chart-clients"), [
     { name: "connected", color: COLORS.grey, points: seq(rounds, "clients_connected") },
     { name: "dropped", color: COLORS.red, points: seq(rounds, "dropped"), kind: "bar" },
     { name: "aggregated", color: COLORS.green, points: seq(rounds, "cohort_aggregated") },
-  ], { yMin: 0, integer: true });
+    ...(asyncView ? [{ name: "in flight", color: COLORS.violet, points: seq(rounds, "in_flight") }] : []),
+  ], { yMin: 0, integer: true, xLabel });
   const eps = seq(rounds, "epsilon");
   const budget = privacy && (privacy.budget_epsilon ?? privacy.budget);
   if (!eps.length && privacy && Number.isFinite(privacy.epsilon)) eps.push([run.rounds_completed, privacy.epsilon]);

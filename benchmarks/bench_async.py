@@ -1,0 +1,337 @@
+"""`fedveil bench async`: synchronous and asynchronous training side by side (issue 21).
+
+Four contenders train the default job (`fedveil simulate`'s defaults: Fashion-MNIST,
+100 clients, Dirichlet(0.5), the small CNN, one local epoch) with the same number of
+clients in flight (sync cohort = async concurrency C), on the simulated clock of the
+availability model: client latency log-normal, median `--latency-median` (the default
+job's training time per client), sigma 1.0 per draw and 0.5 per client.
+
+- sync: FedAvg waiting for every sampled client (what FedBuff compared with);
+- sync_deadline: FedAvg with server.round_timeout at the 90th percentile of the client
+  latencies the run draws (stragglers past it are lost);
+- async: FedBuff, an update after every K arrivals, staleness weight 1/sqrt(1+tau);
+- async_secagg: async with secure aggregation in groups of G clients.
+
+Each contender runs in its own process (`benchmarks.async_contender`) and stops at the
+first evaluation at the target accuracy; the parent reads the process's CPU time, worker
+processes included, from wait4's rusage. Time to target is simulated seconds
+(`sim_clock_s`). Sync evaluates every round (C client updates); async every C/K versions,
+so both evaluate once per C client updates (same evaluation CPU per update, same
+resolution in updates). Ratios are of the medians over seeds. Every simulated second is
+a latency draw times the median, so the time ratios do not depend on `--latency-median`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedveil.cli.bench import ASYNC_CONTENDERS, add_async_arguments
+from fedveil.protocol.kinds import Kind
+from fedveil.simulations.async_plots import accuracy_over_time, staleness_values, time_to_target
+from fedveil.simulations.availability import AvailabilityModel
+
+# FedBuff (Nguyen et al., AISTATS 2022) as ../shared/ANCHORS.md cites it: about 3x less
+# wall-clock time than synchronous FedAvg (which waits for every client) for the same accuracy.
+PEER = {"name": "FedBuff (Nguyen et al., AISTATS 2022)", "time_to_target_ratio": 3.0}
+TARGETS = {
+    "time_to_target_ratio": (">=", 3.0),
+    "time_to_target_ratio_deadline": (">=", 1.5),
+    "cpu_per_update_ratio": ("<=", 1.2),
+    "secagg_overhead_ratio": ("<=", 1.5),
+}
+LABELS = {
+    "sync": "sync FedAvg, waits for every client",
+    "sync_deadline": "sync FedAvg, p90 deadline",
+    "async": "async FedBuff",
+    "async_secagg": "async FedBuff + secagg groups",
+}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every contender shares; the flags of `fedveil bench async`, resolved."""
+
+    base: dict[str, Any]  # config values of the job itself (default job, or --quick's)
+    concurrency: int
+    buffer: int
+    group_size: int
+    latency_median: float
+    max_updates: int  # client-update budget of a contender that never reaches the target
+    target: float
+
+
+def resolve(args: argparse.Namespace) -> Setup:
+    base: dict[str, Any] = {}
+    if args.quick:  # seconds: a small digits job, a low target
+        base = {"data.dataset": "digits", "data.num_clients": 20, "model.name": "mlp"}
+    c = args.concurrency or (6 if args.quick else 20)
+    k = args.buffer or (3 if args.quick else 10)
+    if not 1 <= k <= c:
+        raise ValueError(f"--buffer = {k}: must be in [1, --concurrency = {c}]")
+    g = args.group_size or k
+    if g < max(k, 3) or g > c:  # the secagg protocol needs 3 clients at least
+        raise ValueError(
+            f"--group-size = {g}: must be in [max(3, --buffer = {k}), --concurrency = {c}]"
+        )
+    return Setup(
+        base=base,
+        concurrency=c,
+        buffer=k,
+        group_size=g,
+        latency_median=args.latency_median,
+        max_updates=args.max_updates or (8 * c if args.quick else 100 * c),
+        target=args.target if args.target is not None else (0.5 if args.quick else 0.80),
+    )
+
+
+def p90_latency(s: Setup, seed: int, rounds: int, clients: int) -> float:
+    """The 90th percentile of the training latencies the availability model draws for
+    this seed's population over `rounds` rounds: sync_deadline's round_timeout."""
+    model = AvailabilityModel(
+        seed=seed, latency_median=s.latency_median, latency_sigma=1.0, latency_client_sigma=0.5
+    )
+    cids = list(range(clients))
+    draws = [model.latency(r, Kind.TRAIN.value, cids) for r in range(1, rounds + 1)]
+    return float(np.percentile(np.concatenate(draws), 90))
+
+
+def contender_values(name: str, s: Setup, seed: int, out: Path) -> dict[str, Any]:
+    """The config of one contender (dotted keys, as `--set` takes them)."""
+    c, k = s.concurrency, s.buffer
+    values: dict[str, Any] = {
+        **s.base,
+        "seed": seed,
+        "out": str(out),
+        "simulation.latency_median": s.latency_median,
+        "simulation.latency_sigma": 1.0,
+        "simulation.latency_client_sigma": 0.5,
+        "simulation.plots": False,  # drawn by the bench, outside the measured process
+    }
+    if name.startswith("sync"):
+        values.update({"server.per_round": c, "server.rounds": max(1, s.max_updates // c)})
+        if name == "sync_deadline":
+            clients = int(s.base.get("data.num_clients", 100))
+            values["server.round_timeout"] = round(
+                p90_latency(s, seed, values["server.rounds"], clients), 6
+            )
+        return values
+    values.update(
+        {
+            "server.mode": "async",
+            "server.concurrency": c,
+            "server.buffer": k,
+            "server.rounds": max(1, s.max_updates // k),
+            "eval.central_every": max(1, c // k),
+        }
+    )
+    if name == "async_secagg":
+        values.update({"secagg.enabled": True, "server.group_size": s.group_size})
+    return values
+
+
+def run_contender(values: dict[str, Any], target: float, work: Path) -> dict[str, Any]:
+    """One contender in a fresh process; its records and its CPU seconds (children too)."""
+    work.mkdir(parents=True, exist_ok=True)
+    spec, result = work / "spec.json", work / "result.json"
+    spec.write_text(json.dumps({"values": values, "target": target}))
+    cmd = [sys.executable, "-m", "benchmarks.async_contender", str(spec), str(result)]
+    start = time.perf_counter()
+    with open(work / "contender.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = (work / "contender.log").read_text()[-3000:]
+        raise RuntimeError(f"contender {values['out']} exited {proc.returncode}:\n{tail}")
+    done = json.loads(result.read_text())
+    done["cpu_s"] = usage.ru_utime + usage.ru_stime
+    done["process_wall_s"] = wall
+    return done
+
+
+def applied_updates(rows: list[dict[str, Any]]) -> int:
+    """Client updates that reached the model: async lists each one's staleness; a sync
+    round aggregated its cohort_aggregated."""
+    total = 0
+    for row in rows:
+        taus = row.get("staleness")
+        total += len(taus) if isinstance(taus, list) else int(row.get("cohort_aggregated") or 0)
+    return total
+
+
+def measure(done: dict[str, Any], target: float) -> dict[str, Any]:
+    rows = done["records"]
+    updates = applied_updates(rows)
+    taus = staleness_values(rows)
+    return {
+        "time_to_target_s": time_to_target(rows, target),
+        "versions": len(rows),
+        "client_updates": updates,
+        "cpu_s": round(done["cpu_s"], 2),
+        "cpu_per_update_s": done["cpu_s"] / updates if updates else None,
+        "wall_s": round(done["process_wall_s"], 1),
+        "final_accuracy": next(
+            (r["test_accuracy"] for r in reversed(rows) if r.get("test_accuracy") is not None),
+            None,
+        ),
+        "mean_staleness": sum(taus) / len(taus) if taus else None,
+        "stale_dropped": sum(int(r.get("stale_dropped") or 0) for r in rows),
+    }
+
+
+def _median(values: list[float | None]) -> float | None:
+    """Median over seeds; a seed that never reached the target counts as infinitely slow."""
+    if not values:
+        return None
+    m = statistics.median([float("inf") if v is None else v for v in values])
+    return None if m == float("inf") else m
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or den is None or den <= 0 else num / den
+
+
+def summarize(s: Setup, per_seed: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    med = {
+        name: {
+            key: _median([seed[name][key] for seed in per_seed if name in seed])
+            for key in ("time_to_target_s", "cpu_per_update_s", "mean_staleness")
+        }
+        for name in names
+    }
+    t = {name: med[name]["time_to_target_s"] for name in names}
+    cpu = {name: med[name]["cpu_per_update_s"] for name in names}
+    ratios = {
+        "time_to_target_ratio": _ratio(t.get("sync"), t.get("async")),
+        "time_to_target_ratio_deadline": _ratio(t.get("sync_deadline"), t.get("async")),
+        "cpu_per_update_ratio": _ratio(cpu.get("async"), cpu.get("sync")),
+        "secagg_overhead_ratio": _ratio(t.get("async_secagg"), t.get("async")),
+    }
+    met = {
+        key: (value >= bound if op == ">=" else value <= bound)
+        for key, (op, bound) in TARGETS.items()
+        if (value := ratios[key]) is not None
+    }
+    return {
+        **ratios,
+        "target_accuracy": s.target,
+        "medians": med,
+        "targets": {k: f"{op} {b:g}" for k, (op, b) in TARGETS.items()},
+        "targets_met": met,
+        "peer": PEER,
+    }
+
+
+def bench(s: Setup, seeds: list[int], names: list[str], out: Path) -> dict[str, Any]:
+    per_seed: list[dict[str, Any]] = []
+    configs: dict[str, Any] = {}
+    for seed in seeds:
+        row: dict[str, Any] = {"seed": seed}
+        for name in names:
+            values = contender_values(name, s, seed, out / f"seed{seed}" / name)
+            configs.setdefault(name, values)
+            done = run_contender(values, s.target, out / f"seed{seed}" / name / "bench")
+            row[name] = measure(done, s.target)
+            print(f"seed {seed} {name}: {json.dumps(row[name])}", file=sys.stderr, flush=True)
+            # What is measured so far survives an interrupted benchmark.
+            (out / "progress.json").write_text(json.dumps([*per_seed, row]) + "\n")
+        per_seed.append(row)
+    summary = summarize(s, per_seed, names)
+    summary.update(
+        per_seed=per_seed,
+        configs=configs,
+        concurrency=s.concurrency,
+        buffer=s.buffer,
+        group_size=s.group_size,
+        latency_median_s=s.latency_median,
+        latency_sigma=1.0,
+        latency_client_sigma=0.5,
+        round_timeout_s={
+            str(seed): contender_values("sync_deadline", s, seed, out)["server.round_timeout"]
+            for seed in seeds
+        },
+        seeds=seeds,
+        load_average=[round(x, 2) for x in os.getloadavg()],
+        plots=draw_plots(out, seeds[0], names, s.target),
+        out=str(out),
+    )
+    return summary
+
+
+def draw_plots(out: Path, seed: int, names: list[str], target: float) -> list[str]:
+    """accuracy_over_time.png (every contender of the first seed) in `out`, and each
+    contender's own run plots in its run directory (async: staleness, in flight)."""
+    from fedveil.simulations.plots import read_metrics, save_plots
+
+    written = []
+    runs = {}
+    for name in names:
+        run_dir = out / f"seed{seed}" / name
+        written += [str(p) for p in save_plots(run_dir)]
+        runs[LABELS[name]] = read_metrics(run_dir)
+    fig = accuracy_over_time(runs, target)
+    if fig is not None:
+        path = out / "accuracy_over_time.png"
+        fig.savefig(path)
+        written.insert(0, str(path))
+    return written
+
+
+def _fmt(value: float | None, spec: str = ".3g") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_report(summary: dict[str, Any]) -> str:
+    med = summary["medians"]
+    lines = [
+        f"fedveil bench async: C = {summary['concurrency']} in flight, K = {summary['buffer']}, "
+        f"secagg groups of G = {summary['group_size']}; latency log-normal, median "
+        f"{summary['latency_median_s']:g} s, sigma 1.0, client sigma 0.5; "
+        f"seeds {summary['seeds']}; target accuracy {summary['target_accuracy']:g}",
+        f"{'contender':>38} {'time to target (sim s)':>22} {'CPU s / update':>15} {'mean tau':>9}",
+    ]
+    for name, m in med.items():
+        lines.append(
+            f"{LABELS[name]:>38} {_fmt(m['time_to_target_s'], '.1f'):>22} "
+            f"{_fmt(m['cpu_per_update_s'], '.4f'):>15} {_fmt(m['mean_staleness'], '.2f'):>9}"
+        )
+    peer = summary["peer"]
+    for key, bound in summary["targets"].items():
+        met = summary["targets_met"].get(key)
+        verdict = "n/a" if met is None else ("met" if met else "NOT met")
+        lines.append(f"{key}: {_fmt(summary[key], '.2f')} (target {bound}: {verdict})")
+    lines.append(
+        f"peer: {peer['name']} reports time_to_target_ratio ~{peer['time_to_target_ratio']:g}x; "
+        f"ours {_fmt(summary['time_to_target_ratio'], '.2f')}x"
+    )
+    lines.append(f"load average {summary['load_average']}; plots: {', '.join(summary['plots'])}")
+    return "\n".join(lines)
+
+
+def cmd_bench_async(args: argparse.Namespace) -> int:
+    s = resolve(args)
+    names = args.contenders or list(ASYNC_CONTENDERS)
+    seeds = [args.seed + i for i in range(args.seeds or (1 if args.quick else 3))]
+    summary = bench(s, seeds, names, Path(args.out).resolve())
+    print(format_report(summary), file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_async_arguments(parser)
+    sys.exit(cmd_bench_async(parser.parse_args()))

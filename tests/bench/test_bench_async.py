@@ -1,0 +1,60 @@
+"""`fedveil bench async --quick`: the four contenders as a user runs them (real processes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CONTENDERS = {"sync", "sync_deadline", "async", "async_secagg"}
+KEYS = {
+    "time_to_target_ratio",
+    "time_to_target_ratio_deadline",
+    "cpu_per_update_ratio",
+    "secagg_overhead_ratio",
+    "target_accuracy",
+}
+
+
+def bench(*flags: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "fedveil.cli", "bench", "async", *flags]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_quick_bench_reports_the_issue_keys_with_sane_numbers(tmp_path):
+    done = bench("--quick", "--json", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(summary) >= KEYS
+    assert summary["target_accuracy"] == 0.5
+    (seed,) = summary["per_seed"]
+    assert set(seed) >= CONTENDERS
+    for name in CONTENDERS:
+        row = seed[name]
+        # Every contender reached the low target, after some simulated time and real CPU.
+        assert row["time_to_target_s"] > 0 and row["final_accuracy"] >= 0.5, (name, row)
+        assert row["client_updates"] > 0 and 0 < row["cpu_per_update_s"] < 60, (name, row)
+    for key in KEYS - {"target_accuracy"}:
+        assert 0.05 < summary[key] < 20, (key, summary[key])
+    # Sync rounds have no staleness; async updates do, and it shows in the run's plots.
+    assert seed["sync"]["mean_staleness"] is None and seed["async"]["mean_staleness"] > 0
+    async_dir = tmp_path / "seed0" / "async"
+    assert {"staleness.png", "in_flight.png"} <= {p.name for p in async_dir.glob("*.png")}
+    assert (tmp_path / "accuracy_over_time.png").stat().st_size > 10_000
+    # Same clients in flight: the sync cohort is the async concurrency; the deadline is a
+    # latency within the log-normal's range, and secagg runs in groups.
+    cfg = summary["configs"]
+    assert cfg["sync"]["server.per_round"] == cfg["async"]["server.concurrency"] == 6
+    assert cfg["sync_deadline"]["server.round_timeout"] > cfg["sync"]["simulation.latency_median"]
+    assert cfg["async_secagg"]["secagg.enabled"] and cfg["async_secagg"]["server.group_size"] == 3
+    assert summary["peer"]["time_to_target_ratio"] == 3.0
+    assert "time_to_target_ratio" in done.stderr  # the human table goes to stderr under --json
+
+
+def test_a_secagg_group_too_small_for_the_protocol_is_refused_by_name(tmp_path):
+    done = bench("--quick", "--buffer", "2", "--group-size", "2", "--out", str(tmp_path))
+    assert done.returncode != 0
+    assert "--group-size = 2: must be in [max(3, --buffer = 2), --concurrency = 6]" in done.stderr
+    assert not (tmp_path / "seed0").exists()  # refused before any contender ran
