@@ -313,22 +313,28 @@ def phase(server: Server, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- the benchmark ------------------------------------------------------------------------
+KINDS = (("npz_32", 32, "npz"), ("npz_256", 256, "npz"), ("json_32", 32, "json"))
+
+
 def run_benchmark(
     *,
     seconds: float,
     concurrencies: list[int],
     fractions: tuple[float, ...],
     serve_args: list[str],
+    repeats: int = 3,
     seed: int = 0,
 ) -> dict[str, Any]:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         folder = Path(tmp)
         model = write_model(folder, seed)
-        direct = {rows: direct_best(model, rows, seconds) for rows in (32, 256)}
         server = Server(model, folder / "serve.log", serve_args)
         try:
-            served = _closed_phases(server, seconds, concurrencies)
+            served = {
+                key: _served_vs_direct(server, model, rows, fmt, seconds, concurrencies, repeats)
+                for key, rows, fmt in KINDS
+            }
             saturation = served["npz_32"]["requests_per_s"]
             curve = [
                 phase(
@@ -350,13 +356,12 @@ def run_benchmark(
             server.stop()
     half = min(curve, key=lambda p: abs(p["offered_fraction_of_saturation"] - 0.5))
     summary = {
-        "throughput_ratio": served["npz_32"]["rows_per_s"] / direct[32]["rows_per_s"],
-        "throughput_ratio_256": served["npz_256"]["rows_per_s"] / direct[256]["rows_per_s"],
-        "json_throughput_ratio": served["json_32"]["rows_per_s"] / direct[32]["rows_per_s"],
+        "throughput_ratio": served["npz_32"]["ratio"],
+        "throughput_ratio_256": served["npz_256"]["ratio"],
+        "json_throughput_ratio": served["json_32"]["ratio"],
         "p99_s_at_half_saturation": half["p99_s"],
         "p50_s_at_half_saturation": half["p50_s"],
         "merged_batch_rows_mean": {k: v["merged_batch_rows_mean"] for k, v in served.items()},
-        "direct": {str(k): v for k, v in direct.items()},
         "served": served,
         "saturation_requests_per_s": saturation,
         "latency_curve": curve,
@@ -370,6 +375,7 @@ def run_benchmark(
             "model": "default simulate task: fashion-mnist/cnn (1x28x28, 10 classes)",
             "seconds_per_phase": seconds,
             "concurrencies": concurrencies,
+            "repeats": repeats,
             "serve_args": serve_args,
         },
     }
@@ -380,30 +386,41 @@ def run_benchmark(
     return summary
 
 
-def _closed_phases(
-    server: Server, seconds: float, concurrencies: list[int]
-) -> dict[str, dict[str, Any]]:
-    """Each request kind at each concurrency; the best (saturated) one, with all tried."""
-    out = {}
-    for key, rows, fmt in (("npz_32", 32, "npz"), ("npz_256", 256, "npz"), ("json_32", 32, "json")):
-        tried = [
-            phase(
-                server,
-                {
-                    "mode": "closed",
-                    "rows": rows,
-                    "format": fmt,
-                    "concurrency": c,
-                    "seconds": seconds,
-                    "warmup": min(1.0, seconds / 4),
-                },
-            )
-            | {"concurrency": c}
-            for c in concurrencies
-        ]
-        best = max(tried, key=lambda r: r["rows_per_s"])
-        out[key] = best | {"by_concurrency": tried}
-    return out
+def _served_vs_direct(
+    server: Server,
+    model: Path,
+    rows: int,
+    fmt: str,
+    seconds: float,
+    concurrencies: list[int],
+    repeats: int,
+) -> dict[str, Any]:
+    """Saturation (the best of `concurrencies`, closed loop), then `repeats` pairs of the
+    direct baseline and the served rate at that concurrency, back to back, so a change in
+    the machine's other load hits both sides of a pair alike; the median pair's ratio."""
+
+    def spec(c: int) -> dict[str, Any]:
+        warmup = min(1.0, seconds / 4)
+        return {"mode": "closed", "rows": rows, "format": fmt, "concurrency": c} | {
+            "seconds": seconds,
+            "warmup": warmup,
+        }
+
+    tried = [phase(server, spec(c)) | {"concurrency": c} for c in concurrencies]
+    best = max(tried, key=lambda r: r["rows_per_s"])["concurrency"]
+    pairs = []
+    for _ in range(repeats):
+        direct = direct_best(model, rows, seconds)
+        pairs.append((direct, phase(server, spec(best)) | {"concurrency": best}))
+    ratios = [v["rows_per_s"] / d["rows_per_s"] for d, v in pairs]
+    middle = sorted(range(len(pairs)), key=lambda i: ratios[i])[len(pairs) // 2]
+    direct, served = pairs[middle]
+    return served | {
+        "ratio": ratios[middle],
+        "ratios": ratios,
+        "direct": direct,
+        "by_concurrency": tried,
+    }
 
 
 def format_report(s: dict[str, Any]) -> str:
@@ -413,10 +430,11 @@ def format_report(s: dict[str, Any]) -> str:
         f"{'request':<10}{'direct rows/s':>15}{'served rows/s':>15}{'ratio':>8}"
         f"{'merged rows':>13}{'loadgen CPU':>13}{'server CPU':>12}{'best C':>8}",
     ]
-    for key, rows in (("npz_32", 32), ("npz_256", 256), ("json_32", 32)):
-        d, v = s["direct"][str(rows)]["rows_per_s"], s["served"][key]
+    for key, _, _ in KINDS:
+        v = s["served"][key]
+        d = v["direct"]["rows_per_s"]
         lines.append(
-            f"{key:<10}{d:>15.0f}{v['rows_per_s']:>15.0f}{v['rows_per_s'] / d:>8.2f}"
+            f"{key:<10}{d:>15.0f}{v['rows_per_s']:>15.0f}{v['ratio']:>8.2f}"
             f"{v['merged_batch_rows_mean']:>13.1f}{v['loadgen_cpu_share']:>13.2f}"
             f"{v['server_cpu_share']:>12.2f}{v['concurrency']:>8}"
         )
@@ -444,14 +462,16 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     if args.threads is not None:
         serve_args += ["--threads", str(args.threads)]
     if args.quick:
-        seconds, concurrencies, fractions = 0.5, [4], QUICK_FRACTIONS
+        seconds, concurrencies, fractions, repeats = 0.5, [4], QUICK_FRACTIONS, 1
     else:
-        seconds, concurrencies, fractions = args.seconds, args.concurrency, RATE_FRACTIONS
+        seconds, concurrencies = args.seconds, args.concurrency
+        fractions, repeats = RATE_FRACTIONS, args.repeat
     summary = run_benchmark(
         seconds=seconds,
         concurrencies=concurrencies,
         fractions=fractions,
         serve_args=serve_args,
+        repeats=repeats,
         seed=args.seed,
     )
     summary["quick"] = bool(args.quick)

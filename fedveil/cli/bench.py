@@ -265,7 +265,8 @@ SERVE_SUMMARY = (
     "`fedveil bench serve`: `fedveil serve` on loopback (the default simulate task's CNN, "
     "random weights) against calling the model directly on batches of the request size: "
     "served rows/s for NPZ requests of 32 and 256 images and JSON of 32 (closed loop, the "
-    "best of --concurrency), the merged batch sizes from the server's /metrics, the load "
+    "best of --concurrency), each measured --repeat times back to back with the direct "
+    "rate (the median pair's ratio), the merged batch sizes from the server's /metrics, the load "
     "generator's CPU share (its own process), and p50/p99 latency at increasing offered "
     "rates (open loop, Poisson) up to and past saturation; --json prints one JSON object "
     "as the last line of stdout."
@@ -275,7 +276,13 @@ SERVE_SUMMARY = (
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `fedveil bench serve` (also `python -m benchmarks.bench_serve`)."""
     p.add_argument("--quick", action="store_true", help="short phases, few rates (a smoke test)")
-    p.add_argument("--seconds", type=float, default=5.0, help="seconds per load phase [5]")
+    p.add_argument("--seconds", type=float, default=3.0, help="seconds per load phase [3]")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="direct/served pairs per request kind, back to back; the median ratio [3]",
+    )
     p.add_argument(
         "--concurrency",
         type=_positive_list,
