@@ -57,6 +57,7 @@ from fedveil.privacy.audit import (
 from fedveil.privacy.audit.canaries import new_secret_seed
 from fedveil.privacy.dp.html_report import audit_html, render_audit_page
 from fedveil.privacy.dp.report import audit_section
+from fedveil.privacy.encodings import SkellamEncoding
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.lifecycle import RunLifecycle
@@ -84,8 +85,10 @@ class AuditRefused(ValueError):
 class AuditMechanism:
     """The auditor's seam onto the released noise, for tests and benchmarks that check the
     auditor has power: the ledger and report still claim the configured noise, but the
-    released sum carries `noise_scale` times the noise actually drawn (0: none). Central DP
-    only. The default (1.0) is the honest mechanism, and the CLI never sets another."""
+    released sum carries `noise_scale` times the noise actually drawn (0: none). Central DP,
+    and distributed DP in-process (every client's Skellam share is drawn with `noise_scale`
+    times its standard deviation; see `_cut_shares`). The default (1.0) is the honest
+    mechanism, and the CLI never sets another."""
 
     noise_scale: float = 1.0
 
@@ -113,6 +116,23 @@ class _ScaledNoise:
         noise = honest.update.double() * expected - total
         update = ((total + self._scale * noise) / expected).to(honest.update.dtype)
         return Release(update, honest.metrics)
+
+
+def _cut_shares(runtimes: Sequence[ClientRuntime], engine: RoundEngine, scale: float) -> None:
+    """The distributed-DP side of AuditMechanism: the clients' and the server's run-constant
+    Skellam parameters draw shares with `scale` times the honest standard deviation (they
+    agree, so the protocol runs as ever), while the run's DP stage, and so its ledger and
+    accountant, keep the honest plan and claim the configured z."""
+    honest = runtimes[0].distributed_dp_plan()
+    if honest is None:
+        raise AuditRefused("AuditMechanism.noise_scale: the run has no distributed-DP plan")
+    params = dataclasses.replace(
+        honest.params, local_variance=honest.params.local_variance * scale**2
+    )
+    cut = dataclasses.replace(honest, params=params)
+    for runtime in runtimes:
+        runtime._dp_plan = cut  # the plan each client derived, cut
+    engine.channel.encoding = SkellamEncoding(params)  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -151,11 +171,12 @@ def canary_task(users: Task, directions: np.ndarray) -> Task:
     (ids users.num_clients + i, see `canary_rows`), whose single 'example' is its row."""
     n = users.num_clients
     canaries = torch.from_numpy(np.ascontiguousarray(directions, dtype=np.float32))
+    label = torch.zeros(1, dtype=torch.int64)  # shared: nothing reads or writes it
 
     def client_data(cid: int) -> ClientData:
         if cid < n:
             return users.client_data(cid)
-        return ClientData(canaries[cid - n : cid - n + 1], torch.zeros(1, dtype=torch.int64))
+        return ClientData(canaries[cid - n : cid - n + 1], label)
 
     sizes = None
     if users.client_sizes is not None:
@@ -373,13 +394,23 @@ def run_audit(
     store.clear()
     store.write_config(to_toml(plan.cfg))
     model_size = sum(p.numel() for p in users_task.model_fn().parameters())
+    t_directions = time.perf_counter()
     directions = canary_directions(plan.seed, canaries, model_size)
+    t_run = time.perf_counter()
     task = canary_task(users_task, canary_rows(directions, plan.inserted, plan.zero_out))
     run = RunLifecycle(plan.cfg, task, store, device=device)
+    cut_shares: float | None = None
     if mechanism is not None and mechanism.noise_scale != 1.0:
-        if run.privacy is None or plan.cfg.dp.mechanism != "central":
-            raise AuditRefused("AuditMechanism.noise_scale: needs dp.mechanism = 'central'")
-        run.privacy = _ScaledNoise(run.privacy, mechanism.noise_scale)  # type: ignore[assignment]
+        dp_mechanism = plan.cfg.dp.mechanism
+        if dp_mechanism == "distributed" and plan.cfg.transport != "flower":
+            cut_shares = mechanism.noise_scale
+        elif run.privacy is None or dp_mechanism != "central":
+            raise AuditRefused(
+                "AuditMechanism.noise_scale: needs dp.mechanism = 'central', or "
+                "'distributed' in-process"
+            )
+        else:
+            run.privacy = _ScaledNoise(run.privacy, mechanism.noise_scale)  # type: ignore[assignment]
     clip = plan.cfg.dp.clip
     runtime = ClientRuntime(task, "cpu", run_config=plan.cfg, trainer=CanaryTrainer(clip))
     snapshots: list[np.ndarray] = []  # the released model after each round
@@ -412,9 +443,21 @@ def run_audit(
         # The population's task: users' runtimes derive the distributed-DP plan from it.
         with InProcessTransport(task, device, workers=1, run_config=plan.cfg) as inner:
             recorder = CanaryTransport(inner, runtime, users_task.num_clients)
-            summary = build(recorder).run()
+            engine = build(recorder)
+            if cut_shares is not None:
+                assert inner.lane is not None  # one worker: the users' runtime is here
+                _cut_shares([inner.lane.runtime, runtime], engine, cut_shares)
+            summary = engine.run()
+    t_analysis = time.perf_counter()
     result = _analyse(plan, directions, snapshots, recorder, run, confidence)
-    result["wall_s"] = round(time.perf_counter() - start, 3)
+    end = time.perf_counter()
+    result["wall_s"] = round(end - start, 3)
+    # Where an audit's time goes (the cost of canaries: directions, the run, the scoring).
+    result["timings_s"] = {
+        "directions": round(t_run - t_directions, 3),
+        "run": round(t_analysis - t_run, 3),
+        "analysis": round(end - t_analysis, 3),
+    }
     summary.update(audit=True, wall_s=result["wall_s"], out=str(out))
     if run.privacy is not None:
         write_privacy_report(store.path, run.privacy.config)

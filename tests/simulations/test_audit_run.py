@@ -266,3 +266,51 @@ def test_cli_audit_of_distributed_dp_sums_every_sampled_canarys_noise_share(tmp_
     assert record["dropped"] == 0 and record["cohort_aggregated"] == 130
     ledger = [json.loads(line) for line in (out / "privacy" / "ledger.jsonl").open()]
     assert any(e.get("mechanism") == "distributed_skellam" for e in ledger)
+
+
+@pytest.mark.slow
+def test_distributed_dp_without_client_noise_is_refuted_while_the_ledger_claims_z(tmp_path):
+    # The auditor plays against clients that draw no Skellam noise (AuditMechanism's
+    # distributed seam) while the ledger still claims z = 2.3: the held-out canaries'
+    # zeroed updates make the two hypotheses differ by one canary, and the bound sees it.
+    values = {**DP_AUDIT, "dp.mechanism": "distributed", "secagg.enabled": True}
+    cfg = load_config(None, {**values, "out": str(tmp_path / "run")})
+    out = tmp_path / "audit"
+    result = run_audit(cfg, canaries=150, out=out, mechanism=AuditMechanism(noise_scale=0.0))
+    assert result["accounted_epsilon"] <= 2.0
+    assert result["lower_bound_epsilon"] > result["accounted_epsilon"] and result["refuted"]
+    ledger = [json.loads(line) for line in (out / "privacy" / "ledger.jsonl").open()]
+    assert any(e.get("noise_multiplier") == 2.3 for e in ledger), "the claim is unchanged"
+
+
+@pytest.mark.flower
+@pytest.mark.slow
+def test_a_distributed_dp_audit_on_flower_sums_the_held_out_canaries_shares(tmp_path):
+    cfg = load_config(
+        None,
+        {
+            "model.task": "tiny_task:make",
+            "data.num_clients": 12,
+            "server.per_round": 6,
+            "server.rounds": 2,
+            "dp.mechanism": "distributed",
+            "dp.noise_multiplier": 1.0,
+            "dp.epsilon": 100.0,
+            "secagg.enabled": True,
+            "device": "cpu",
+            "transport": "flower",
+            "out": str(tmp_path / "run"),
+        },
+    )
+    result = run_audit(cfg, canaries=20, out=tmp_path / "audit")
+    assert result["held_out_canaries_take_part"] and result["lower_bound_epsilon"] >= 0
+    cohorts = json.loads((tmp_path / "audit" / "private" / "audit_cohorts.json").read_text())
+    annex = [json.loads(line) for line in (tmp_path / "audit" / "private" / "rounds.jsonl").open()]
+    records = [r for r in annex if "cohort_aggregated" in r]
+    assert len(cohorts) == len(records) == 2
+    for cohort, record in zip(cohorts, records, strict=True):
+        # Fixed-size cohorts grow with all 20 canaries: 6 * 32 / 12 = 16 clients a round,
+        # each through Flower's ClientApp, held-out canaries' noise shares included.
+        assert cohort["users"] + cohort["canaries"] == 16 == record["cohort_aggregated"]
+        assert record["dropped"] == 0 and cohort["canaries_held_out"] <= cohort["canaries"]
+    assert sum(c["canaries_held_out"] for c in cohorts) > 0
