@@ -27,7 +27,8 @@ def canary_directions(seed: int, count: int, dim: int) -> np.ndarray:
         raise ValueError(f"model dimension = {dim}: must be >= 1")
     rng = np.random.default_rng(np.random.SeedSequence(seed))
     gauss = rng.standard_normal((count, dim))
-    return gauss / np.linalg.norm(gauss, axis=1, keepdims=True)
+    gauss /= np.linalg.norm(gauss, axis=1, keepdims=True)  # in place: no second copy
+    return gauss
 
 
 def cosine_scores(directions: np.ndarray, delta: np.ndarray) -> np.ndarray:
