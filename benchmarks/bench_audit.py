@@ -2,6 +2,7 @@
 mechanism must be refuted; the correct one must not be, beyond what chance allows.
 
     .venv/bin/python -m benchmarks.bench_audit --json [--seeds 20] [--canaries 1000]
+    .venv/bin/python -m benchmarks.bench_audit --cost-only --json [--repeat 3]
 
 Config: digits, MLP, 20 users, Poisson q = 1, one round, central DP with z = 2.3 (an
 accounted epsilon below 2 at delta = 1e-5; q = 1 so the claim needs no amplification).
@@ -13,13 +14,24 @@ The last line of stdout is one JSON object:
   broken_lower_bound                     the 95% lower bound with the noise cut 4x
   broken_lower_bound_no_noise            ... with the noise off
   broken_estimate, broken_estimate_no_noise
+  distributed_claimed_epsilon            the same config under distributed DP (Skellam shares
+                                         under secure aggregation, zero-out canaries: held-out
+                                         ones take part with a zero update)
+  distributed_broken_lower_bound         ... every client's share drawn with 1/4 of the
+                                         noise while the ledger claims z
+  distributed_correct_lower_bound        ... with the honest shares (one seed)
   correct_max_lower_over_accounted       largest lower bound / accounted epsilon over seeds
   correct_exceedances                    seeds whose lower bound exceeded the claim (chance
                                          allows about 1 in 20 at 95%)
   correct_estimates                      each correct seed's estimate and interval
   audit_cost_ratio                       an audit in the clear (no DP) over the same run's
-                                         plain wall time
+                                         plain wall time: the fastest of `repeat` audits over
+                                         the fastest of as many plain runs, interleaved (on a
+                                         shared machine load only ever adds time)
   audit_cost_ratio_secagg                ... both under secure aggregation
+  audit_cost, audit_cost_secagg          each side's times, the median of the pairwise
+                                         ratios, the ratio of CPU times (this process's),
+                                         and the 1-minute load average before/after
   config, canaries, seeds, wall_s
 No peer framework (Flower, NVFlare, TFF, FedML) ships an audit of epsilon: the comparison
 is with the accountant's claim itself.
@@ -29,12 +41,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from fedveil.config import load_config
 from fedveil.simulations.audit import AuditMechanism, run_audit
@@ -63,7 +78,12 @@ def audit_config(seed: int, out: Path) -> dict[str, Any]:
 
 
 def run_benchmark(
-    *, seeds: int = 20, canaries: int = 1000, secagg_cost: bool = True
+    *,
+    seeds: int = 20,
+    canaries: int = 1000,
+    secagg_cost: bool = True,
+    cost_repeat: int = 3,
+    distributed: bool = True,
 ) -> dict[str, Any]:
     """`secagg_cost=False` skips the (slow) cost under secure aggregation: its key is None."""
     start = time.perf_counter()
@@ -80,6 +100,8 @@ def run_benchmark(
             result[f"broken_lower_bound{name}"] = got["lower_bound_epsilon"]
             result[f"broken_estimate{name}"] = got["estimated_epsilon"]
             print(f"broken{name or ' (z/4)'}: {got['verdict']}", file=sys.stderr, flush=True)
+        if distributed:
+            result.update(distributed_audits(root, canaries))
         ratios, estimates, exceed = [], [], 0
         for seed in range(seeds):
             cfg = load_config(None, audit_config(seed, root / f"run-{seed}"))
@@ -98,18 +120,88 @@ def run_benchmark(
         result["correct_exceedances"] = exceed
         result["correct_estimates"] = estimates
         result["correct_estimate_median"] = statistics.median(e["estimate"] for e in estimates)
-        result["audit_cost_ratio"] = cost_ratio(root, canaries)
-        result["audit_cost_ratio_secagg"] = (
-            cost_ratio(root, canaries, secagg=True) if secagg_cost else None
-        )
+        result.update(costs(root, canaries, secagg=secagg_cost, repeat=cost_repeat))
     result["wall_s"] = round(time.perf_counter() - start, 1)
     return result
 
 
-def cost_ratio(root: Path, canaries: int, *, secagg: bool = False) -> float:
-    """An audit in the clear (the config without DP) over the plain run's wall time, each
-    timed after one untimed run of each (imports, caches). `secagg`: both under secure
-    aggregation, where every sampled canary takes part in the protocol."""
+def distributed_audits(root: Path, canaries: int) -> dict[str, Any]:
+    """The audit config under distributed DP: shares cut 4x under the ledger's claim, and
+    honest shares."""
+    values = {**audit_config(0, root / "drun"), "dp.mechanism": "distributed"}
+    cfg = load_config(None, {**values, "secagg.enabled": True})
+    result: dict[str, Any] = {}
+    for name, scale in (("broken", 0.25), ("correct", 1.0)):
+        got = run_audit(
+            cfg, canaries=canaries, out=root / f"d-{name}", mechanism=AuditMechanism(scale)
+        )
+        result["distributed_claimed_epsilon"] = got["accounted_epsilon"]
+        result[f"distributed_{name}_lower_bound"] = got["lower_bound_epsilon"]
+        result[f"distributed_{name}_estimate"] = got["estimated_epsilon"]
+        print(f"distributed {name}: {got['verdict']}", file=sys.stderr, flush=True)
+    return result
+
+
+def costs(root: Path, canaries: int, *, secagg: bool, repeat: int) -> dict[str, Any]:
+    """audit_cost_ratio[_secagg] and their details (see the module's docstring)."""
+    result: dict[str, Any] = {}
+    for name, on in (("", True), ("_secagg", secagg)):
+        cost = cost_ratio(root, canaries, secagg=bool(name), repeat=repeat) if on else None
+        result[f"audit_cost_ratio{name}"] = None if cost is None else cost["ratio"]
+        result[f"audit_cost{name}"] = cost
+    return result
+
+
+def cost_ratio(
+    root: Path, canaries: int, *, secagg: bool = False, repeat: int = 3, threads: int = 1
+) -> dict[str, Any]:
+    """An audit in the clear (the config without DP) over the plain run's wall time, after
+    one untimed run of each (imports, caches), then `repeat` timed pairs, interleaved:
+    `ratio` is the fastest audit over the fastest plain run. `secagg`: both under secure
+    aggregation, where every sampled canary takes part in the protocol. `threads`: torch's
+    intra-op threads for both (1: on a shared 2-core machine two threads' spinning
+    barriers multiply the small MLP's training time several-fold whenever anything else
+    runs, which hides the audit's own cost; see simulations/inprocess.py)."""
+    if repeat < 1:
+        raise ValueError(f"repeat = {repeat}: must be >= 1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _timed_pairs(root, canaries, secagg, repeat) | {"torch_threads": threads}
+    finally:
+        torch.set_num_threads(before)
+
+
+def _timed_pairs(root: Path, canaries: int, secagg: bool, repeat: int) -> dict[str, Any]:
+    cfg = cost_config(root, secagg)
+    simulate(cfg)
+    run_audit(cfg, canaries=canaries, out=root / "cost-warm")
+    load_before = os.getloadavg()[0]
+    plain, audit, plain_cpu, audit_cpu, timings = [], [], [], [], []
+    for _ in range(repeat):
+        t0, c0 = time.perf_counter(), time.process_time()
+        simulate(cfg)
+        plain.append(time.perf_counter() - t0)
+        plain_cpu.append(time.process_time() - c0)
+        t0, c0 = time.perf_counter(), time.process_time()
+        timings.append(run_audit(cfg, canaries=canaries, out=root / "cost")["timings_s"])
+        audit.append(time.perf_counter() - t0)
+        audit_cpu.append(time.process_time() - c0)
+    return {
+        "ratio": min(audit) / min(plain),
+        "median_pair_ratio": statistics.median(a / p for a, p in zip(audit, plain, strict=True)),
+        # This process's CPU time (all its threads): less swayed by other users' load.
+        "cpu_ratio": min(audit_cpu) / min(plain_cpu),
+        "plain_s": [round(t, 3) for t in plain],
+        "audit_s": [round(t, 3) for t in audit],
+        "audit_timings_s": timings,  # each audit's directions / run / analysis
+        "canaries": canaries,
+        "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+    }
+
+
+def cost_config(root: Path, secagg: bool) -> Any:
+    """The costed run: the audit config without DP, of ordinary length."""
     values = audit_config(0, root / "plain")
     values = {k: v for k, v in values.items() if not k.startswith("dp.")}
     # A run of ordinary length (local epochs, several rounds): canaries need no training,
@@ -117,28 +209,45 @@ def cost_ratio(root: Path, canaries: int, *, secagg: bool = False) -> float:
     values.update({"simulation.plots": False, "server.rounds": 5, "client.local_steps": 0})
     values["client.local_epochs"] = 2
     values["secagg.enabled"] = secagg
-    cfg = load_config(None, values)
-    simulate(cfg)
-    run_audit(cfg, canaries=canaries, out=root / "cost-warm")
-    t0 = time.perf_counter()
-    simulate(cfg)
-    plain = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    run_audit(cfg, canaries=canaries, out=root / "cost")
-    return (time.perf_counter() - t0) / plain
+    return load_config(None, values)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=20, help="correct-mechanism audits (>= 20)")
     p.add_argument("--canaries", type=int, default=1000, help="canaries per audit")
+    p.add_argument("--repeat", type=int, default=3, help="timed pairs per cost ratio")
+    p.add_argument(
+        "--cost-only", action="store_true", help="only the audit's cost, in the clear and secagg"
+    )
+    p.add_argument("--no-secagg-cost", action="store_true", help="skip the cost under secagg")
+    p.add_argument("--no-distributed", action="store_true", help="skip the distributed-DP audits")
     p.add_argument("--json", action="store_true", help="print the JSON summary as the last line")
     args = p.parse_args(argv)
-    result = run_benchmark(seeds=args.seeds, canaries=args.canaries)
+    if args.cost_only:
+        with tempfile.TemporaryDirectory(prefix="fedveil-audit-cost-") as tmp:
+            result = costs(
+                Path(tmp), args.canaries, secagg=not args.no_secagg_cost, repeat=args.repeat
+            )
+        for name in ("", "_secagg"):
+            print(f"audit_cost{name}: {result[f'audit_cost{name}']}")
+        if args.json:
+            print(json.dumps(result))
+        return 0
+    result = run_benchmark(
+        seeds=args.seeds,
+        canaries=args.canaries,
+        secagg_cost=not args.no_secagg_cost,
+        cost_repeat=args.repeat,
+        distributed=not args.no_distributed,
+    )
     for key in (
         "broken_claimed_epsilon",
         "broken_lower_bound",
         "broken_lower_bound_no_noise",
+        "distributed_claimed_epsilon",
+        "distributed_broken_lower_bound",
+        "distributed_correct_lower_bound",
         "correct_max_lower_over_accounted",
         "correct_exceedances",
         "audit_cost_ratio",

@@ -54,7 +54,7 @@ QUICK_ATTACKS = [
     "--local-steps=1",
 ]
 QUICK_MEMBERSHIP = {"seeds": 1, "shadows": 0, "members": 5, "rounds": 1, "epochs": 2}
-QUICK_AUDIT = {"seeds": 1, "canaries": 20, "secagg_cost": False}
+QUICK_AUDIT = {"seeds": 1, "canaries": 20, "secagg_cost": False, "cost_repeat": 1}
 
 
 def run_attacks(argv: list[str]) -> dict[str, Any]:
