@@ -7,11 +7,19 @@ with SuperNode authentication the map comes from the enrollment registry and
 a node claiming another client's id is refused; a round waits on replies by
 polling at `poll_s` instead of Flower's fixed 3 s, and gives up on a client
 as soon as its node goes offline rather than at the deadline.
+
+Exchanges may run at the same time on disjoint clients (the asynchronous engine's
+wall clock runs one per dispatch unit, server/engine/wall_clock.py): the node map and
+the hello bookkeeping are under one lock, and each exchange pushes and pulls only its
+own message ids. A reply that comes after its exchange gave up on it (deadline, node
+offline, or the transport closed at the end of a run) is dropped and counted in
+`late_replies`, never handed to a later exchange.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -29,6 +37,7 @@ log = logging.getLogger("fedveil.deploy")
 
 HELLO_RETRY_S = 30.0
 HELLOS_KEPT = 4  # unanswered hellos per node whose replies still count
+ABANDONED_KEPT = 1024  # given-up message ids whose late replies are still counted
 
 
 class DeployTransport:
@@ -54,6 +63,11 @@ class DeployTransport:
         self._hello_pending: dict[str, int] = {}  # message id -> node id
         self._hello_sent: dict[int, float] = {}  # node id -> when
         self.on_change: Callable[[int], None] | None = None
+        # Concurrent exchanges (async deployment): the map and hellos under one lock.
+        self._lock = threading.RLock()
+        self._closed = threading.Event()
+        self._abandoned: dict[str, int] = {}  # message id -> client id, given up on
+        self.late_replies = 0
 
     # -- who is there ------------------------------------------------------
     def client_ids(self) -> Sequence[int]:
@@ -62,11 +76,23 @@ class DeployTransport:
         return range(self.num_clients)
 
     def connected(self) -> list[int]:
-        return sorted(self.node_of)
+        with self._lock:
+            return sorted(self.node_of)
+
+    def online(self) -> list[int]:
+        """The clients connected now, after a refresh (whom a wall-clock async run may
+        dispatch to)."""
+        self.refresh()
+        return self.connected()
 
     def refresh(self) -> int:
         """Update the map without blocking: collect hello replies, greet new nodes."""
+        with self._lock:
+            return self._refresh()
+
+    def _refresh(self) -> int:
         online = set(self.grid.get_node_ids())
+        self._drop_late_replies()
         for cid, node in list(self.node_of.items()):
             if node not in online:
                 log.info("client %d (node %d) went offline", cid, node)
@@ -165,12 +191,16 @@ class DeployTransport:
     def exchange(
         self, requests: Mapping[int, Envelope], timeout_s: float | None
     ) -> dict[int, Envelope | ClientFailure]:
+        if self._closed.is_set():
+            return {cid: ClientFailure(cid, "the run has ended") for cid in requests}
         self.refresh()
         out: dict[int, Envelope | ClientFailure] = {}
         targets: list[tuple[int, int]] = []
         messages: list[Message] = []
+        with self._lock:
+            nodes = {cid: self.node_of.get(cid) for cid in requests}
         for cid in sorted(requests):
-            node = self.node_of.get(cid)
+            node = nodes[cid]
             if node is None:
                 out[cid] = ClientFailure(cid, "not connected")
                 continue
@@ -195,18 +225,49 @@ class DeployTransport:
                     out[target[0]] = self._reply(target, reply)
             if not pending or (deadline is not None and time.monotonic() >= deadline):
                 break
+            if self._closed.is_set():
+                break
             if time.monotonic() - last_liveness >= self.liveness_s:
                 last_liveness = time.monotonic()
                 online = set(self.grid.get_node_ids())
                 for msg_id, (cid, node) in list(pending.items()):
                     if node not in online:
                         del pending[msg_id]
-                        self.node_of.pop(cid, None)
+                        self._forget_node(cid, node)
                         out[cid] = ClientFailure(cid, "went offline during the round")
-            time.sleep(self.poll_s)
+            self._closed.wait(self.poll_s)
+        why = "the run has ended" if self._closed.is_set() else "no reply before the deadline"
         for cid, _ in pending.values():
-            out[cid] = ClientFailure(cid, "no reply before the deadline")
+            out[cid] = ClientFailure(cid, why)
+        self._abandon(pending)
         return out
+
+    def _forget_node(self, cid: int, node: int) -> None:
+        with self._lock:
+            if self.node_of.get(cid) == node:  # another exchange may have seen it move
+                del self.node_of[cid]
+
+    def _abandon(self, pending: Mapping[str, tuple[int, int]]) -> None:
+        """Message ids this exchange gave up on: a late reply to one is counted, not used."""
+        if not pending:
+            return
+        with self._lock:
+            for msg_id, (cid, _) in pending.items():
+                self._abandoned[msg_id] = cid
+            for msg_id in list(self._abandoned)[:-ABANDONED_KEPT]:
+                del self._abandoned[msg_id]
+
+    def _drop_late_replies(self) -> None:
+        """Pull replies to given-up messages (under the lock): dropped and counted."""
+        if not self._abandoned:
+            return
+        for reply in self.grid.pull_messages(list(self._abandoned)):
+            cid = self._abandoned.pop(reply.metadata.reply_to_message_id, None)
+            # An error reply (the SuperLink's for an expired message or a lost node) ends
+            # the wait for it; only a device's own reply is a late one.
+            if cid is not None and not reply.has_error():
+                self.late_replies += 1
+                log.info("client %d: a reply after its exchange ended; dropped", cid)
 
     def _reply(self, target: tuple[int, int], reply: Message) -> Envelope | ClientFailure:
         cid, node = target
@@ -222,4 +283,6 @@ class DeployTransport:
             return ClientFailure(cid, f"bad reply: {type(exc).__name__}: {exc}")
 
     def close(self) -> None:
-        return None
+        """End the exchanges still waiting (each answers "the run has ended" for its
+        clients) and refuse new ones: the run is over."""
+        self._closed.set()

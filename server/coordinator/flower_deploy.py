@@ -198,7 +198,9 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
         )
         _log_round(record, private)
 
-    engine = run.engine(transport, on_round=on_round)  # restored from the checkpoint, if any
+    # restored from the checkpoint, if any; server.mode = async | ssp: devices' replies
+    # arrive in wall-clock order (never the simulated clock), C in flight at all times
+    engine = run.engine(transport, on_round=on_round, wall_clock=True)
     engine.annotators.append(lambda r: r.extra.update(clients_connected=len(transport.connected())))
     have = _wait_for_clients(transport, rd, cfg, deploy, engine.round)
     log.info("%d clients connected; training from round %d", have, engine.round + 1)

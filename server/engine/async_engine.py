@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -148,14 +148,17 @@ class AsyncEngine(RoundEngine):
                 return
             self._dispatch(clients)
 
+    def _pool(self) -> Sequence[int]:
+        """The clients a unit may be drawn from. (H4: the wall-clock engine on devices,
+        async_wall.py, draws from those connected now.)"""
+        return range(self.task.num_clients)
+
     def _draw(self) -> list[int] | None:
         """G clients not in flight and under the participation cap (seeded draw)."""
         busy = {c for u in self.in_flight.values() for c in u.clients}
         cap = self.cfg.server.max_participations
         eligible = [
-            c
-            for c in range(self.task.num_clients)
-            if c not in busy and (not cap or self.participations[c] < cap)
+            c for c in self._pool() if c not in busy and (not cap or self.participations[c] < cap)
         ]
         if self.dp is not None:  # async DP: its durable per-client count is the cap's
             eligible = self.dp.eligible(eligible)

@@ -28,6 +28,7 @@ from fedveil.params import FlatModel
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.server.engine.aggregation import UpdateChannel
 from fedveil.server.engine.async_engine import AsyncEngine
+from fedveil.server.engine.async_wall import WallClockEngine
 from fedveil.server.engine.pipeline import make_privacy_pipeline, private_run_args
 from fedveil.server.engine.privacy_report import write_privacy_report
 from fedveil.server.engine.privacy_stage import CentralDP
@@ -99,15 +100,22 @@ class RunLifecycle:
         on_round: Callable[[RoundRecord], None] | None = None,
         resume: bool = True,
         availability: Availability | None = None,
+        wall_clock: bool = False,
     ) -> RoundEngine:
         """The round engine over `transport`, restored from the checkpoint if `resume`
         and there is one. server.mode = async | ssp: the AsyncEngine, whose arrivals follow
-        `availability` (simulated latency and dropouts; None: every unit takes 1 s)."""
+        `availability` (simulated latency and dropouts; None: every unit takes 1 s), or
+        with `wall_clock` (a deployment's devices) the WallClockEngine, whose units come
+        back when their exchanges end. `wall_clock` changes nothing under sync."""
         model, self._model = self._model, None  # the first engine takes the model built
         if self.tracking is not None:
             on_round = _tracked(self.tracking, on_round)
-        engine_kind = RoundEngine if self.cfg.server.mode == "sync" else AsyncEngine
-        extra: dict[str, Any] = {} if engine_kind is RoundEngine else {"availability": availability}
+        engine_kind: type[RoundEngine] = RoundEngine
+        extra: dict[str, Any] = {}
+        if self.cfg.server.mode != "sync" and wall_clock:
+            engine_kind = WallClockEngine
+        elif self.cfg.server.mode != "sync":
+            engine_kind, extra = AsyncEngine, {"availability": availability}
         engine = engine_kind(
             self.cfg,
             self.task,

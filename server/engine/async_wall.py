@@ -1,0 +1,170 @@
+"""Asynchronous training on devices: the AsyncEngine on the wall clock (wall_clock.py).
+
+Everything the engine decides is the same as in simulation: C clients in flight in
+dispatch units, a replacement dispatched as soon as a unit comes back, an update after
+every K client updates weighted by its staleness, ssp's gate, the checkpoint at each
+apply. What differs is when units come back: each unit (one client in the clear, or one
+secure-aggregation group run by the update channel as one session) runs its exchange
+on a thread of its own as soon as it is dispatched, and arrives when that exchange
+ends. Units are drawn from the devices connected now (a device that has not checked in
+is not sent work); when none can be dispatched and none is in flight, the run waits for
+devices up to `idle_timeout_s`. A unit that comes back twice (or after a resume) is
+dropped and counted by the engine (`replays_dropped`), never applied twice; a device
+reply after its exchange gave up is dropped by the transport and counted
+(`late_replies_dropped` in the summary, without DP).
+
+The model depends on the order replies come in: two runs of one config reach the same
+model only in simulation (sim_clock.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from fedveil.config import RunConfig
+from fedveil.params import FlatModel
+from fedveil.server.engine.aggregation import NoUpdates, UpdateChannel
+from fedveil.server.engine.async_engine import AsyncEngine
+from fedveil.server.engine.async_privacy import AsyncCentralDP
+from fedveil.server.engine.async_units import Unit, UnitRunner
+from fedveil.server.engine.privacy_stage import CentralDP
+from fedveil.server.engine.round_record import RoundRecord
+from fedveil.server.engine.runstore import RunStore
+from fedveil.server.engine.transport import Transport
+from fedveil.server.engine.wall_clock import WallClock, Work
+from fedveil.tasks import Task
+
+log = logging.getLogger("fedveil.server")
+
+__all__ = ["DeviceFleet", "WallClockEngine"]
+
+IDLE_TIMEOUT_S = 300.0  # how long a run with nothing in flight waits for devices
+IDLE_POLL_S = 0.5
+DRAIN_S = 60.0  # how long a finished run lets units still in flight come back
+JOIN_S = 30.0  # how long it then waits for the threads of the units it called off
+
+
+@runtime_checkable
+class DeviceFleet(Protocol):
+    """A transport to real devices (the coordinator's DeployTransport)."""
+
+    late_replies: int
+
+    def online(self) -> list[int]:
+        """The clients connected now."""
+        ...
+
+
+class _SessionOnItsThread(UnitRunner):
+    """The unit runner whose secure-aggregation group does not run at dispatch: on the
+    wall clock the group's session runs on the unit's thread (WallClockEngine._work)."""
+
+    def run_group(self, unit: Unit, weights: torch.Tensor) -> float:
+        return 0.0
+
+
+class WallClockEngine(AsyncEngine):
+    """server.mode = async | ssp on devices, arrivals in wall-clock order."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        task: Task,
+        transport: Transport,
+        *,
+        store: RunStore | None = None,
+        channel: UpdateChannel | None = None,
+        device: torch.device | str = "cpu",
+        on_round: Callable[[RoundRecord], None] | None = None,
+        privacy: CentralDP | AsyncCentralDP | None = None,
+        model: FlatModel | None = None,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+    ) -> None:
+        clock = WallClock()
+        super().__init__(
+            cfg, task, transport, store=store, channel=channel, device=device,
+            on_round=on_round, privacy=privacy, model=model, availability=None, clock=clock,
+        )  # fmt: skip
+        self.wall_clock = clock
+        self.runner = _SessionOnItsThread(
+            cfg, transport, self.channel, self.model.size, None,
+            privacy_fields=self.runner.privacy_fields,
+        )  # fmt: skip
+        clock.bind(self._work)
+        self.fleet = transport if isinstance(transport, DeviceFleet) else None
+        self.idle_timeout_s = idle_timeout_s
+        self.annotators.append(lambda r: r.extra.update(clock="wall"))
+
+    # -- where units go, and what each runs ----------------------------------------
+    def _pool(self) -> Sequence[int]:
+        if self.fleet is None:
+            return super()._pool()
+        return self.fleet.online()
+
+    def _work(self, seq: int) -> Work:
+        """Unit `seq`'s exchange, its requests built here, on the engine's thread (the
+        version it downloads, the DP clip of now); run on the unit's own thread."""
+        unit = self.in_flight[seq]
+        requests = self.runner.requests(unit, self.versions[unit.version])
+        timeout, size = self.runner.timeout, self.model.size
+
+        def work() -> None:
+            try:
+                unit.outcome = self.channel.collect(self.transport, requests, size, timeout)
+            except Exception as exc:  # one unit's failure is its clients' drop, not the run's
+                reason = f"exchange failed: {type(exc).__name__}: {exc}"[:200]
+                log.warning("dispatch %d: %s", seq, reason)
+                unit.outcome = NoUpdates({c: reason for c in unit.clients})
+            finally:
+                unit.computed = True
+
+        return work
+
+    def fill(self) -> None:
+        """Dispatch into every free slot; with nothing in flight and nobody to dispatch
+        to, wait for devices to check in (up to idle_timeout_s). No dispatch after the
+        last server update: devices are not sent work whose update cannot be used."""
+        if self.round >= self.cfg.server.rounds:
+            return
+        super().fill()
+        if self.in_flight:
+            return
+        log.info("no unit in flight and no client to dispatch to: waiting for devices")
+        deadline = time.monotonic() + self.idle_timeout_s
+        while not self.in_flight and time.monotonic() < deadline:
+            time.sleep(IDLE_POLL_S)
+            super().fill()
+
+    # -- whole run ---------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        try:
+            summary = super().run()
+        except BaseException:
+            self._call_off()
+            raise
+        # Units still in flight after the last update are let finish (a device is not left
+        # training for a run that is over, which would delay its answer to the next run),
+        # up to server.round_timeout (or DRAIN_S); their updates are not used.
+        self.wall_clock.join(self.cfg.server.round_timeout or DRAIN_S)
+        self._call_off()
+        return summary
+
+    def _call_off(self) -> None:
+        """End the exchanges still waiting: the transport closes, the threads end."""
+        self.transport.close()
+        if not self.wall_clock.join(JOIN_S):
+            log.warning("unit threads still running %.0f s after the transport closed", JOIN_S)
+
+    def summary(self, wall_s: float) -> dict[str, Any]:
+        out = super().summary(wall_s)
+        out["clock"] = "wall"
+        if self.dp is None:  # counts: never public under DP
+            out["units_unused_at_end"] = len(self.in_flight)
+            if self.fleet is not None:
+                out["late_replies_dropped"] = self.fleet.late_replies
+        return out

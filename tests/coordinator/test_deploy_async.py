@@ -1,0 +1,89 @@
+"""Asynchronous training on devices: a server.mode = async run through the coordinator, with
+a real SuperLink and real SuperNodes on loopback (TLS, SuperNode authentication).
+
+The coordinator keeps C clients in flight, each device's reply arrives when it does
+(the wall clock), a server update is applied after every K of them, and no dispatch is
+applied twice. Under secure aggregation
+each dispatch unit is a group of G clients running one protocol session, several
+groups at once."""
+
+from __future__ import annotations
+
+import pytest
+from harness import Deployment, run_toml, wait_for
+
+pytestmark = [pytest.mark.flower, pytest.mark.slow]
+
+CLIENTS = 6
+C, K, VERSIONS = 3, 2, 3
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    root = tmp_path_factory.mktemp("deploy-async")
+    dep = Deployment(root, clients=CLIENTS)
+    try:
+        dep.start_server()
+        for cid in range(CLIENTS):
+            dep.enroll(cid)
+            dep.start_client(cid, "--task", "deploy_task:make")
+        wait_for(lambda: dep.connected() >= CLIENTS, 90, "six clients to connect")
+        yield dep
+    finally:
+        dep.close()
+
+
+def test_an_async_run_keeps_c_in_flight_and_applies_each_dispatch_once(deployment):
+    dep = deployment
+    toml = run_toml(
+        rounds=VERSIONS,
+        clients=CLIENTS,
+        per_round=C,
+        seed=5,
+        name="async",
+        extra=f'mode = "async"\nconcurrency = {C}\nbuffer = {K}',
+    )
+    rid = dep.submit(toml)
+    run = dep.wait_status(rid, "completed", timeout=120)
+    rounds = dep.rounds(rid)
+    assert [r["round"] for r in rounds] == list(range(1, VERSIONS + 1))
+    applied = [seq for r in rounds for seq in r["applied_dispatches"]]
+    assert len(applied) == len(set(applied)) == K * VERSIONS  # none applied twice
+    for r in rounds:
+        assert r["mode"] == "async" and r["clock"] == "wall" and r["applied"]
+        assert len(r["staleness"]) == r["cohort_aggregated"] == K
+    # Replacements went out at once, C in flight (none after the last update: its work
+    # could not be used).
+    assert all(r["in_flight"] == C for r in rounds[:-1])
+    # C in flight and K per update: some updates were computed on an older version.
+    assert max(tau for r in rounds for tau in r["staleness"]) >= 1
+    summary = run["summary"]
+    assert summary["clock"] == "wall" and summary["updates_applied"] == K * VERSIONS
+    assert summary["concurrency"] == C and summary["buffer"] == K
+    assert summary["replays_dropped"] == 0 and summary["test_accuracy"] > 0.3
+    log = (dep.state / "runs" / rid / "server.log").read_text()
+    assert "run " + rid + " completed" in log
+
+
+def test_secure_aggregation_groups_run_at_once_on_devices(deployment):
+    """C = 6, G = K = 3: two groups dispatched at once, each one protocol session over the
+    SuperLink; the first to finish is the update, the other still in flight."""
+    dep = deployment
+    toml = run_toml(
+        rounds=1,
+        clients=CLIENTS,
+        per_round=6,
+        seed=6,
+        name="async-secagg",
+        extra='mode = "async"\nconcurrency = 6\nbuffer = 3\ngroup_size = 3',
+        tables="[secagg]\nenabled = true\n",
+    )
+    rid = dep.submit(toml)
+    run = dep.wait_status(rid, "completed", timeout=150)
+    (record,) = dep.rounds(rid)
+    assert record["clock"] == "wall" and record["cohort_aggregated"] == 3
+    assert record["aborted_groups"] == 0 and record["staleness"] == [0, 0, 0]
+    assert len(record["applied_dispatches"]) == 1  # one group's masked sum
+    assert record["in_flight"] == 3  # the other group's session was under way
+    summary = run["summary"]
+    assert summary["group_size"] == 3 and summary["units_unused_at_end"] == 1
