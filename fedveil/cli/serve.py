@@ -72,8 +72,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--threads",
         type=int,
-        help="torch threads per forward pass [torch's default: one per core]; on a small "
-        "machine shared with clients, 1 leaves a core to the HTTP side",
+        help="torch threads per forward pass [one per core but one, at least 1: the HTTP side "
+        "parses the next requests on the core left]",
     )
     p.set_defaults(func=cmd_serve)
 

@@ -37,7 +37,7 @@ class ServeLimits:
     max_batch: int = 512  # rows per forward pass (merged requests); also per request
     max_wait_ms: float = 2.0  # how long a batch that is not full waits for more rows
     max_body_bytes: int = 32 * 1024 * 1024
-    threads: int | None = None  # torch threads per forward pass; None: torch's default
+    threads: int | None = None  # torch threads per forward pass; None: one core left free
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch <= 65536:

@@ -42,6 +42,12 @@ def _resolve(future: asyncio.Future[np.ndarray], result: np.ndarray | BaseExcept
         future.set_result(result)
 
 
+def default_threads() -> int:
+    """Torch threads per forward pass unless told: one fewer than torch's default (one per
+    core), at least one."""
+    return max(1, torch.get_num_threads() - 1)
+
+
 class DynamicBatcher:
     """Runs `model` on merged batches in its own thread; `on_batch(rows, seconds)` is
     told each forward pass's size and duration."""
@@ -82,8 +88,9 @@ class DynamicBatcher:
         self._thread.join(timeout)
 
     def _run(self) -> None:
-        if self.threads is not None:  # OpenMP's thread count is per calling thread: set here
-            torch.set_num_threads(self.threads)
+        # OpenMP's thread count is per calling thread: set here. By default one core is
+        # left to the event loop, which parses the next requests while the model runs.
+        torch.set_num_threads(self.threads or default_threads())
         carried: _Job | None = None
         while True:
             first = carried if carried is not None else self._queue.get()
