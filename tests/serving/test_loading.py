@@ -11,6 +11,8 @@ from fedveil.config import load_config
 from fedveil.models import build_model
 from fedveil.params import FlatModel
 from fedveil.server.serving.loading import load_model_file, load_run_model
+from fedveil.server.serving.server import privacy_warnings
+from fedveil.server.serving.versions import TrafficSplit, load_version
 from fedveil.simulations.run import simulate
 
 
@@ -83,3 +85,30 @@ def test_file_without_metadata_needs_task(tmp_path: Path) -> None:
     # The wrong model for the file's tensors is named, not a raw torch error.
     with pytest.raises(ValueError, match="lacks tensor"):
         load_model_file(tmp_path / "m.safetensors", "mlp")
+
+
+def test_dp_run_states_its_guarantee_and_public_serving_does_not_warn(tmp_path: Path) -> None:
+    overrides = {
+        "data.dataset": "digits",
+        "model.name": "mlp",
+        "server.rounds": 1,
+        "data.num_clients": 20,
+        "server.per_round": 10,
+        "dp.mechanism": "central",
+        "dp.epsilon": 5.0,
+        "eval.central_every": 0,
+        "device": "cpu",
+        "out": str(tmp_path / "dp"),
+    }
+    simulate(load_config(None, overrides))
+    dp = load_version(str(tmp_path / "dp"))
+    assert dp.guarantee is not None and dp.guarantee.endswith("-DP (central_gaussian, dpa_rdp)")
+    assert privacy_warnings(TrafficSplit([(dp, 1.0)]), public=True) == []
+    # The same model file without its run's ledger beside it carries no stated guarantee.
+    bare = tmp_path / "copy.safetensors"
+    bare.write_bytes((tmp_path / "dp" / "model.safetensors").read_bytes())
+    plain = load_version(str(bare), name="dp")
+    assert plain.guarantee is None
+    (warning,) = privacy_warnings(TrafficSplit([(plain, 1.0)]), public=True)
+    assert "NO differential-privacy guarantee" in warning
+    assert privacy_warnings(TrafficSplit([(plain, 1.0)]), public=False) == []
