@@ -8,10 +8,12 @@ secure-aggregation group run by the update channel as one session) runs its exch
 on a thread of its own as soon as it is dispatched, and arrives when that exchange
 ends. Units are drawn from the devices connected now (a device that has not checked in
 is not sent work); when none can be dispatched and none is in flight, the run waits for
-devices up to `idle_timeout_s`. A unit that comes back twice (or after a resume) is
-dropped and counted by the engine (`replays_dropped`), never applied twice; a device
-reply after its exchange gave up is dropped by the transport and counted
-(`late_replies_dropped` in the summary, without DP).
+devices up to `idle_timeout_s`. An arrival of a dispatch not in flight (a repeat, or
+one from before a crash) is dropped and counted by the engine (`replays_dropped`), never
+applied twice; a device's reply after its exchange gave up on it is dropped by the
+transport and counted (`late_replies_dropped` in the summary, without DP). After a
+crash, the checkpoint's units in flight are sent again when run() starts (their updates
+are never stored), once the devices can have checked in.
 
 The model depends on the order replies come in: two runs of one config reach the same
 model only in simulation (sim_clock.py).
@@ -132,7 +134,7 @@ class WallClockEngine(AsyncEngine):
         if self.round >= self.cfg.server.rounds:
             return
         super().fill()
-        if self.in_flight:
+        if self.in_flight or self._capped_out():
             return
         log.info("no unit in flight and no client to dispatch to: waiting for devices")
         deadline = time.monotonic() + self.idle_timeout_s
@@ -140,8 +142,19 @@ class WallClockEngine(AsyncEngine):
             time.sleep(IDLE_POLL_S)
             super().fill()
 
+    def _capped_out(self) -> bool:
+        """Every client has reached its participation cap: waiting would not help."""
+        everyone = list(range(self.task.num_clients))
+        cap = self.cfg.server.max_participations
+        if cap and all(self.participations[c] >= cap for c in everyone):
+            return True
+        return self.dp is not None and not self.dp.eligible(everyone)
+
     # -- whole run ---------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        # Units restored from a checkpoint go out now, not at restore: in a deployment the
+        # devices check in again only after the engine is built.
+        self.wall_clock.start()
         try:
             summary = super().run()
         except BaseException:

@@ -41,6 +41,9 @@ class WallClock:
         self._running: Counter[int] = Counter()  # seq -> threads not yet handed back
         self._threads: list[threading.Thread] = []
         self._starter: Callable[[int], Work] | None = None
+        # Units scheduled before start() (restored from a checkpoint before the devices
+        # have checked in again): started by start(), not at once.
+        self._held: list[int] | None = []
 
     def bind(self, starter: Callable[[int], Work]) -> None:
         self._starter = starter
@@ -49,8 +52,18 @@ class WallClock:
         """Wall seconds since the run began (over every attempt of it)."""
         return self._offset + (time.monotonic() - self._origin)
 
+    def start(self) -> None:
+        """Begin running units: those scheduled so far start now, later ones at once."""
+        held, self._held = self._held or [], None
+        for seq in held:
+            self.schedule(seq, 0.0)
+
     def schedule(self, seq: int, at: float) -> None:
-        """Start unit `seq` now; `at` (a simulated arrival time) has no meaning here."""
+        """Start unit `seq` now (after start()); `at`, a simulated arrival time, has no
+        meaning here."""
+        if self._held is not None:
+            self._held.append(seq)
+            return
         if self._starter is None:
             raise RuntimeError("WallClock.schedule before bind(): no engine to start units")
         work = self._starter(seq)

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Mapping
 
+import pytest
 import torch
 
 import tiny_task
@@ -113,6 +114,8 @@ def test_the_clock_hands_back_a_unit_reported_twice_twice():
     clock = WallClock()
     clock.bind(lambda seq: lambda: None)
     clock.schedule(7, 0.0)
+    assert clock.next_arrival() is None  # held until start()
+    clock.start()
     clock.schedule(7, 0.0)  # the same dispatch started again (never by the engine)
     got = [clock.next_arrival(), clock.next_arrival()]
     assert [seq for _, seq in got] == [7, 7] and clock.next_arrival() is None
@@ -174,3 +177,50 @@ def test_secure_aggregation_groups_run_at_once_on_the_wall_clock(tmp_path):
         assert r.cohort_aggregated == 3 and r.extra["aborted_groups"] == 0
         assert len(r.extra["applied_dispatches"]) == 1  # one group: its sum only
     assert devices.most_busy == 6  # both groups' members at once
+
+
+class Crash(Exception):
+    pass
+
+
+def test_a_crash_mid_stream_resumes_without_applying_a_dispatch_twice(tmp_path):
+    """The coordinator dies after update 2 (checkpointed, units in flight); the next
+    attempt sends those units again and goes on: every update once, none lost."""
+    from fedveil.server.engine.runstore import RunStore
+
+    store = RunStore(tmp_path / "run")
+
+    def crash_after_2(record) -> None:
+        if record.round == 2:
+            raise Crash
+
+    first, _ = wall_engine(tmp_path, lambda seq: 0.02 * (seq % 3))
+    first.store, first.on_round = store, crash_after_2
+    with pytest.raises(Crash):
+        first.run()
+    in_flight = sorted(first.in_flight)
+    assert in_flight  # the checkpoint holds units in flight
+    second, devices = wall_engine(tmp_path, lambda seq: 0.02)
+    second.store = store
+    second.restore(store.load_checkpoint())
+    assert second.round == 2 and sorted(second.in_flight) == in_flight
+    assert second.wall_clock.in_flight() == 0  # sent again by run(), once devices can be
+    second.run()
+    records = store.read_metrics()
+    assert [r["round"] for r in records] == [1, 2, 3, 4, 5]
+    applied = [s for r in records for s in r["applied_dispatches"]]
+    assert len(applied) == len(set(applied)) == 10
+    assert set(in_flight) <= set(devices.finished)  # sent again, not forgotten
+
+
+def test_a_run_whose_clients_are_all_at_their_cap_stops_without_waiting(tmp_path):
+    def delay(seq: int) -> float:
+        if seq == 3:
+            raise ConnectionError("device gone")  # one update lost: 9 for 5 x K = 10
+        return 0.01
+
+    engine, _ = wall_engine(tmp_path, delay, **{"server.max_participations": 1})
+    start = time.monotonic()
+    engine.run()
+    assert len(engine.history) == 4 and "max_participations" in (engine.stopped_reason or "")
+    assert time.monotonic() - start < 20  # not the 300 s wait for devices to check in
