@@ -204,6 +204,10 @@ def test_a_replayed_or_late_arrival_is_dropped_and_counted(tmp_path):
         ({"server.max_participations": 1, "server.rounds": 7}, "server.max_participations = 1"),
         ({"server.concurrency": 13}, "server.concurrency = 13"),
         ({"secagg.enabled": True, "server.group_size": 1}, "server.group_size = 1"),
+        (
+            {"secagg.enabled": True, "server.buffer": 2, "server.group_size": 2},
+            "server.group_size = 2",
+        ),
     ],
 )
 def test_bad_async_settings_are_refused_naming_the_field(tmp_path, extra, message):
