@@ -17,6 +17,9 @@ reported (user+sys seconds over wall seconds, of one core).
   rate), Poisson arrivals; latency counts from each request's scheduled time, so a slow
   server is not hidden by a generator that waits for it (coordinated omission).
 - merged batch sizes: the server's own /metrics (rows per forward pass), per phase.
+- cpu_efficiency_ratio: rows per CPU-second of the server process over the direct loop's;
+  on a machine others load too, a server with more threads may get more CPU than the
+  one-thread direct loop, which favours the served rate; this ratio does not depend on it.
 """
 
 from __future__ import annotations
@@ -85,13 +88,19 @@ def direct_rows_per_s(path: Path, rows: int, seconds: float, threads: int) -> di
         with torch.inference_mode():
             for _ in range(3):
                 model(x)
-            calls, start = 0, time.perf_counter()
+            calls, start, cpu0 = 0, time.perf_counter(), time.process_time()
             while (elapsed := time.perf_counter() - start) < seconds or calls < 5:
                 model(x)
                 calls += 1
+            cpu = time.process_time() - cpu0
     finally:
         torch.set_num_threads(before)
-    return {"rows_per_s": calls * rows / elapsed, "ms_per_batch": 1000 * elapsed / calls}
+    return {
+        "rows_per_s": calls * rows / elapsed,
+        "ms_per_batch": 1000 * elapsed / calls,
+        "cpu_share": cpu / elapsed,
+        "rows_per_cpu_s": calls * rows / max(cpu, 1e-9),
+    }
 
 
 def direct_best(path: Path, rows: int, seconds: float) -> dict[str, Any]:
@@ -361,6 +370,7 @@ def run_benchmark(
         "json_throughput_ratio": served["json_32"]["ratio"],
         "p99_s_at_half_saturation": half["p99_s"],
         "p50_s_at_half_saturation": half["p50_s"],
+        "cpu_efficiency_ratio": {k: v["cpu_efficiency_ratio"] for k, v in served.items()},
         "merged_batch_rows_mean": {k: v["merged_batch_rows_mean"] for k, v in served.items()},
         "served": served,
         "saturation_requests_per_s": saturation,
@@ -415,8 +425,13 @@ def _served_vs_direct(
     ratios = [v["rows_per_s"] / d["rows_per_s"] for d, v in pairs]
     middle = sorted(range(len(pairs)), key=lambda i: ratios[i])[len(pairs) // 2]
     direct, served = pairs[middle]
+    # Load-independent: rows per CPU-second of the server process against the direct
+    # loop's (on a busy machine a multi-threaded server may simply get more CPU).
+    per_cpu = served["rows_per_s"] / max(served["server_cpu_share"], 1e-9)
     return served | {
         "ratio": ratios[middle],
+        "rows_per_server_cpu_s": per_cpu,
+        "cpu_efficiency_ratio": per_cpu / direct["rows_per_cpu_s"],
         "ratios": ratios,
         "direct": direct,
         "by_concurrency": tried,
@@ -428,7 +443,8 @@ def format_report(s: dict[str, Any]) -> str:
         f"fedveil bench serve: {s['config']['model']}; load before {s['machine']['load_before']} "
         f"on {s['machine']['cpus']} CPUs",
         f"{'request':<10}{'direct rows/s':>15}{'served rows/s':>15}{'ratio':>8}"
-        f"{'merged rows':>13}{'loadgen CPU':>13}{'server CPU':>12}{'best C':>8}",
+        f"{'merged rows':>13}{'loadgen CPU':>13}{'server CPU':>12}{'best C':>8}"
+        f"{'rows/CPU-s ratio':>18}",
     ]
     for key, _, _ in KINDS:
         v = s["served"][key]
@@ -437,6 +453,7 @@ def format_report(s: dict[str, Any]) -> str:
             f"{key:<10}{d:>15.0f}{v['rows_per_s']:>15.0f}{v['ratio']:>8.2f}"
             f"{v['merged_batch_rows_mean']:>13.1f}{v['loadgen_cpu_share']:>13.2f}"
             f"{v['server_cpu_share']:>12.2f}{v['concurrency']:>8}"
+            f"{v['cpu_efficiency_ratio']:>18.2f}"
         )
     lines.append("latency, NPZ 32 images, open loop (Poisson):")
     lines.append(

@@ -41,4 +41,5 @@ def test_bench_serve_quick_prints_every_issue_key() -> None:
     rates = [p["offered_rps"] for p in result["latency_curve"]]
     assert rates == sorted(rates) and all(p["errors"] == 0 for p in result["latency_curve"])
     assert "load_before" in result["machine"]
+    assert set(result["cpu_efficiency_ratio"]) == {"npz_32", "npz_256", "json_32"}
     assert "target throughput_ratio >= 0.8" in done.stderr  # the human report, on stderr
