@@ -164,12 +164,12 @@ def closed_loop(spec: dict[str, Any]) -> dict[str, Any]:
             latencies.extend(lat)
 
     threads = [threading.Thread(target=worker) for _ in range(spec["concurrency"])]
-    cpu0 = os.times()
+    cpu0 = time.process_time()  # every thread of this process, finer than os.times()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    cpu1 = os.times()
+    cpu1 = time.process_time()
     wall = spec["seconds"]
     lat = np.asarray(latencies) if latencies else np.zeros(1)
     return {
@@ -178,7 +178,7 @@ def closed_loop(spec: dict[str, Any]) -> dict[str, Any]:
         "errors": errors[0],
         "p50_s": float(np.percentile(lat, 50)),
         "p99_s": float(np.percentile(lat, 99)),
-        "loadgen_cpu_share": _cpu(cpu0, cpu1) / (spec["warmup"] + spec["seconds"]),
+        "loadgen_cpu_share": (cpu1 - cpu0) / (spec["warmup"] + spec["seconds"]),
     }
 
 
@@ -215,12 +215,12 @@ def open_loop(spec: dict[str, Any]) -> dict[str, Any]:
             errors[0] += bad
 
     threads = [threading.Thread(target=worker) for _ in range(workers)]
-    cpu0 = os.times()
+    cpu0 = time.process_time()  # every thread of this process, finer than os.times()
     for th in threads:
         th.start()
     for th in threads:
         th.join()
-    cpu1 = os.times()
+    cpu1 = time.process_time()
     wall = time.perf_counter() - start
     lat = np.asarray(latencies)
     return {
@@ -230,12 +230,8 @@ def open_loop(spec: dict[str, Any]) -> dict[str, Any]:
         "errors": errors[0],
         "p50_s": float(np.percentile(lat, 50)),
         "p99_s": float(np.percentile(lat, 99)),
-        "loadgen_cpu_share": _cpu(cpu0, cpu1) / wall,
+        "loadgen_cpu_share": (cpu1 - cpu0) / wall,
     }
-
-
-def _cpu(a: os.times_result, b: os.times_result) -> float:
-    return (b.user - a.user) + (b.system - a.system)
 
 
 def run_loadgen(spec: dict[str, Any]) -> dict[str, Any]:
