@@ -36,9 +36,7 @@ def list_models(service: ServiceDep) -> list[dict[str, Any]]:
     "/models/{name}/versions/{version}",
     summary="A version's model card (the run's server path: admin token)",
 )
-def get_version(
-    name: str, version: int, request: Request, service: ServiceDep
-) -> dict[str, Any]:
+def get_version(name: str, version: int, request: Request, service: ServiceDep) -> dict[str, Any]:
     registry = coordinator_registry(service.manager.state_dir)
     try:
         found = registry.get(name, version)
