@@ -3,6 +3,7 @@ mechanism must be refuted; the correct one must not be, beyond what chance allow
 
     .venv/bin/python -m benchmarks.bench_audit --json [--seeds 20] [--canaries 1000]
     .venv/bin/python -m benchmarks.bench_audit --cost-only --json [--repeat 3]
+    .venv/bin/python -m benchmarks.bench_audit --cost-only --cost-config default --repeat 1 --json
 
 Config: digits, MLP, 20 users, Poisson q = 1, one round, central DP with z = 2.3 (an
 accounted epsilon below 2 at delta = 1e-5; q = 1 so the claim needs no amplification).
@@ -27,7 +28,19 @@ The last line of stdout is one JSON object:
   audit_cost_ratio                       an audit in the clear (no DP) over the same run's
                                          plain wall time: the fastest of `repeat` audits over
                                          the fastest of as many plain runs, interleaved (on a
-                                         shared machine load only ever adds time)
+                                         shared machine load only ever adds time). The
+                                         default job's figure when --cost-config default
+                                         measured it, else the small config's
+  audit_cost_ratio_config                which of the two audit_cost_ratio is: default|small
+  audit_cost_ratio_small                 the small config's ratio (5 rounds of 20 digits
+                                         users, a ~0.4 s run: canaries outnumber users 25:1)
+  audit_cost_default                     --cost-config default: the same measurement on the
+                                         job `fedveil simulate` runs on its defaults
+                                         (Fashion-MNIST, CNN, 100 users, 20 per round, 60
+                                         rounds, no DP; the audit's cohorts grow with the
+                                         canaries), both sides in one process (the audit
+                                         always runs its users in-process) without plots
+                                         (an audit draws none): ratio, times, config
   audit_cost_ratio_secagg                ... both under secure aggregation
   audit_cost, audit_cost_secagg          each side's times, the median of the pairwise
                                          ratios, the ratio of CPU times (this process's),
@@ -84,8 +97,10 @@ def run_benchmark(
     secagg_cost: bool = True,
     cost_repeat: int = 3,
     distributed: bool = True,
+    cost_config: str = "small",
 ) -> dict[str, Any]:
-    """`secagg_cost=False` skips the (slow) cost under secure aggregation: its key is None."""
+    """`secagg_cost=False` skips the (slow) cost under secure aggregation: its key is None.
+    `cost_config='default'` also costs the audit of the default job (minutes a pair)."""
     start = time.perf_counter()
     result: dict[str, Any] = {"canaries": canaries, "seeds": seeds}
     with tempfile.TemporaryDirectory(prefix="fedveil-audit-") as tmp:
@@ -120,7 +135,9 @@ def run_benchmark(
         result["correct_exceedances"] = exceed
         result["correct_estimates"] = estimates
         result["correct_estimate_median"] = statistics.median(e["estimate"] for e in estimates)
-        result.update(costs(root, canaries, secagg=secagg_cost, repeat=cost_repeat))
+        result.update(
+            costs(root, canaries, secagg=secagg_cost, repeat=cost_repeat, config=cost_config)
+        )
     result["wall_s"] = round(time.perf_counter() - start, 1)
     return result
 
@@ -142,18 +159,40 @@ def distributed_audits(root: Path, canaries: int) -> dict[str, Any]:
     return result
 
 
-def costs(root: Path, canaries: int, *, secagg: bool, repeat: int) -> dict[str, Any]:
-    """audit_cost_ratio[_secagg] and their details (see the module's docstring)."""
+COST_CONFIGS = ("small", "default")
+
+
+def costs(
+    root: Path, canaries: int, *, secagg: bool, repeat: int, config: str = "small"
+) -> dict[str, Any]:
+    """audit_cost_ratio[_secagg] and their details (see the module's docstring). `config`:
+    'default' also costs the audit of the default job, and audit_cost_ratio is then its."""
+    if config not in COST_CONFIGS:
+        raise ValueError(f"cost config = {config!r}: must be one of {COST_CONFIGS}")
     result: dict[str, Any] = {}
     for name, on in (("", True), ("_secagg", secagg)):
         cost = cost_ratio(root, canaries, secagg=bool(name), repeat=repeat) if on else None
         result[f"audit_cost_ratio{name}"] = None if cost is None else cost["ratio"]
         result[f"audit_cost{name}"] = cost
+    result["audit_cost_ratio_small"] = result["audit_cost_ratio"]
+    result["audit_cost_ratio_config"] = "small"
+    result["audit_cost_default"] = None
+    if config == "default":
+        cost = cost_ratio(root, canaries, repeat=repeat, config="default")
+        result["audit_cost_default"] = cost
+        result["audit_cost_ratio"] = cost["ratio"]
+        result["audit_cost_ratio_config"] = "default"
     return result
 
 
 def cost_ratio(
-    root: Path, canaries: int, *, secagg: bool = False, repeat: int = 3, threads: int = 1
+    root: Path,
+    canaries: int,
+    *,
+    secagg: bool = False,
+    repeat: int = 3,
+    threads: int = 1,
+    config: str = "small",
 ) -> dict[str, Any]:
     """An audit in the clear (the config without DP) over the plain run's wall time, after
     one untimed run of each (imports, caches), then `repeat` timed pairs, interleaved:
@@ -161,24 +200,34 @@ def cost_ratio(
     aggregation, where every sampled canary takes part in the protocol. `threads`: torch's
     intra-op threads for both (1: on a shared 2-core machine two threads' spinning
     barriers multiply the small MLP's training time several-fold whenever anything else
-    runs, which hides the audit's own cost; see simulations/inprocess.py)."""
+    runs, which hides the audit's own cost; see simulations/inprocess.py). `config`:
+    'small' (`cost_config`) or 'default' (`default_cost_config`, minutes a pair: its warm-up
+    is a one-round plain run, which loads the data and imports, and no audit)."""
     if repeat < 1:
         raise ValueError(f"repeat = {repeat}: must be >= 1")
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _timed_pairs(root, canaries, secagg, repeat) | {"torch_threads": threads}
+        return _timed_pairs(root, canaries, secagg, repeat, config) | {"torch_threads": threads}
     finally:
         torch.set_num_threads(before)
 
 
-def _timed_pairs(root: Path, canaries: int, secagg: bool, repeat: int) -> dict[str, Any]:
-    cfg = cost_config(root, secagg)
-    simulate(cfg)
-    run_audit(cfg, canaries=canaries, out=root / "cost-warm")
+def _timed_pairs(
+    root: Path, canaries: int, secagg: bool, repeat: int, config: str = "small"
+) -> dict[str, Any]:
+    if config == "default":
+        values = default_cost_values(root, secagg)
+        cfg = load_config(None, values)
+        simulate(load_config(None, {**values, "server.rounds": 1}))
+    else:
+        values = {}
+        cfg = cost_config(root, secagg)
+        simulate(cfg)
+        run_audit(cfg, canaries=canaries, out=root / "cost-warm")
     load_before = os.getloadavg()[0]
     plain, audit, plain_cpu, audit_cpu, timings = [], [], [], [], []
-    for _ in range(repeat):
+    for i in range(repeat):
         t0, c0 = time.perf_counter(), time.process_time()
         simulate(cfg)
         plain.append(time.perf_counter() - t0)
@@ -187,7 +236,16 @@ def _timed_pairs(root: Path, canaries: int, secagg: bool, repeat: int) -> dict[s
         timings.append(run_audit(cfg, canaries=canaries, out=root / "cost")["timings_s"])
         audit.append(time.perf_counter() - t0)
         audit_cpu.append(time.process_time() - c0)
-    return {
+        # Progress: a pair of the default job takes minutes.
+        print(
+            f"cost {config} pair {i + 1}/{repeat}: plain {plain[-1]:.1f} s, audit "
+            f"{audit[-1]:.1f} s (cpu {plain_cpu[-1]:.1f} / {audit_cpu[-1]:.1f} s), "
+            f"load {os.getloadavg()[0]:.2f}",
+            file=sys.stderr,
+            flush=True,
+        )
+    extra = {"config": "default", "overrides": values} if config == "default" else {}
+    return extra | {
         "ratio": min(audit) / min(plain),
         "median_pair_ratio": statistics.median(a / p for a, p in zip(audit, plain, strict=True)),
         # This process's CPU time (all its threads): less swayed by other users' load.
@@ -212,6 +270,18 @@ def cost_config(root: Path, secagg: bool) -> Any:
     return load_config(None, values)
 
 
+def default_cost_values(root: Path, secagg: bool = False) -> dict[str, Any]:
+    """The job `fedveil simulate` runs on its defaults, in one process and one torch thread
+    like its audit (which runs users in-process), without plots (an audit draws none)."""
+    return {
+        "simulation.workers": 1,
+        "simulation.plots": False,
+        "device": "cpu",
+        "secagg.enabled": secagg,
+        "out": str(root / "default-plain"),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=20, help="correct-mechanism audits (>= 20)")
@@ -221,16 +291,31 @@ def main(argv: list[str] | None = None) -> int:
         "--cost-only", action="store_true", help="only the audit's cost, in the clear and secagg"
     )
     p.add_argument("--no-secagg-cost", action="store_true", help="skip the cost under secagg")
+    p.add_argument(
+        "--cost-config",
+        choices=COST_CONFIGS,
+        default="small",
+        help="default: also cost the audit of the default job (minutes a pair; "
+        "audit_cost_ratio is then its)",
+    )
     p.add_argument("--no-distributed", action="store_true", help="skip the distributed-DP audits")
     p.add_argument("--json", action="store_true", help="print the JSON summary as the last line")
     args = p.parse_args(argv)
     if args.cost_only:
         with tempfile.TemporaryDirectory(prefix="fedveil-audit-cost-") as tmp:
             result = costs(
-                Path(tmp), args.canaries, secagg=not args.no_secagg_cost, repeat=args.repeat
+                Path(tmp),
+                args.canaries,
+                secagg=not args.no_secagg_cost,
+                repeat=args.repeat,
+                config=args.cost_config,
             )
-        for name in ("", "_secagg"):
+        for name in ("", "_secagg", "_default"):
             print(f"audit_cost{name}: {result[f'audit_cost{name}']}")
+        print(
+            f"audit_cost_ratio ({result['audit_cost_ratio_config']} config): "
+            f"{result['audit_cost_ratio']:.4g}"
+        )
         if args.json:
             print(json.dumps(result))
         return 0
@@ -240,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         secagg_cost=not args.no_secagg_cost,
         cost_repeat=args.repeat,
         distributed=not args.no_distributed,
+        cost_config=args.cost_config,
     )
     for key in (
         "broken_claimed_epsilon",
@@ -258,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(result[key], float)
             else f"{key}: {result[key]}"
         )
+    print(f"(audit_cost_ratio is the {result['audit_cost_ratio_config']} config's)")
     if args.json:
         print(json.dumps(result))
     return 0
