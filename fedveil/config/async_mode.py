@@ -54,14 +54,15 @@ def check_async_fields(cfg: RunConfig) -> None:
         )
     if g > c:
         raise ConfigError(f"server.group_size = {g}: must be <= server.concurrency = {c}")
+    _check_unsupported(cfg)  # what cannot run at all is named first
     if cfg.secagg.enabled and (g < k or g < 3):
         # With 2, each member learns the other's update from the sum; the protocol
-        # refuses fewer than 3 at session start, so every group would fail.
+        # refuses fewer than 3 at session start, so every group would fail. The threat
+        # model's minimum for G is checked with the data (privacy/secagg/feasibility.py).
         raise ConfigError(
             f"server.group_size = {g}: a secure-aggregation group must hold at least "
             f"server.buffer = {k} clients and at least 3"
         )
-    _check_unsupported(cfg)
     cap = s.max_participations
     if cap and cap * n < s.rounds * k:
         raise ConfigError(

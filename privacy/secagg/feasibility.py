@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from fedveil.config import ConfigError, RunConfig
+from fedveil.config.async_mode import resolved_group_size
 
 from .params import ThreatModel, find_parameters
 
@@ -19,8 +20,13 @@ MIN_CLIENTS = 3
 
 
 def _cohort(cfg: RunConfig, num_clients: int) -> tuple[str, str, float]:
-    """(the config key that sets the cohort, its value, the expected cohort size)."""
+    """(the config key that sets the cohort, its value, the expected cohort size).
+    Asynchronous training runs one protocol session per group of G clients: G is the
+    cohort whose threshold the threat model must admit."""
     s = cfg.server
+    if s.mode != "sync":
+        g = resolved_group_size(cfg)
+        return "server.group_size", str(g), float(g)
     if s.sampling == "fixed":
         return "server.per_round", str(s.per_round), float(s.per_round)
     expected = cfg.poisson_rate * num_clients
@@ -58,6 +64,15 @@ def check_secagg_feasible(cfg: RunConfig, num_clients: int, wait_for_clients: in
         elif s.neighbors and "neighbors" in str(exc):
             field = "secagg.neighbors"
         shown = {"secagg.threshold": s.threshold, "secagg.neighbors": s.neighbors}.get(field, value)
+        if field == "server.group_size":  # every group's session would fail to start
+            smallest = smallest_feasible_group(cfg, num_clients)
+            least = f"at least {smallest}" if smallest else f"none up to {num_clients}"
+            raise ConfigError(
+                f"server.group_size = {value}: a secure-aggregation group of {n} admits no "
+                f"threshold under secagg.threat = {s.threat!r} (adversarial_rate "
+                f"{s.adversarial_rate:g}, dropout_rate {s.dropout_rate:g}): {exc}. "
+                f"server.group_size must be {least}"
+            ) from None
         raise ConfigError(f"{field} = {shown}: for {how} {n}: {exc}") from None
     need, why = MIN_CLIENTS, f"secure aggregation needs at least {MIN_CLIENTS} clients"
     if cfg.dp.mechanism == "distributed":
@@ -80,3 +95,17 @@ def check_secagg_feasible(cfg: RunConfig, num_clients: int, wait_for_clients: in
             f"with {wait_for_clients} connected could abort every round; wait for at least "
             f"{need}"
         )
+
+
+def smallest_feasible_group(cfg: RunConfig, num_clients: int) -> int | None:
+    """The fewest clients (>= 3, <= num_clients) for which the threat model admits a
+    threshold with the configured overrides; None when no group size does."""
+    s = cfg.secagg
+    threat = ThreatModel(s.adversarial_rate, s.dropout_rate, s.threat)
+    for g in range(MIN_CLIENTS, num_clients + 1):
+        try:
+            find_parameters(g, threat, neighbors=s.neighbors or None, threshold=s.threshold or None)
+        except ValueError:
+            continue
+        return g
+    return None

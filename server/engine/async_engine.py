@@ -40,6 +40,7 @@ from fedveil.server.engine.privacy_stage import CentralDP
 from fedveil.server.engine.round_record import RoundRecord
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.runstore import RunStore
+from fedveil.server.engine.sampling import SecretCohortSampler
 from fedveil.server.engine.sim_clock import (
     ArrivalClock,
     Availability,
@@ -56,6 +57,7 @@ __all__ = ["AsyncEngine"]
 
 # A run stops once this many units per slot came back with no server update.
 STALL_UNITS_PER_SLOT = 20
+GROUP_LABEL = b"async-group"  # the keyed draw's domain (sync cohorts use b"cohort")
 
 
 class _Window:
@@ -119,6 +121,12 @@ class AsyncEngine(RoundEngine):
         )  # fmt: skip
         self.availability = availability
         self.draw_rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xA5F1]))
+        # Under DP, who forms each unit comes from the secret cohort key (AES-CTR keyed by
+        # the dispatch number), never the public seed: issue 16's secret cohorts.
+        key = privacy.cohort_key if privacy is not None and privacy.cohorts_secret else None
+        self.group_keys = (
+            None if key is None else SecretCohortSampler(task.num_clients, "fixed", 1, 1.0, key)
+        )
         self.next_seq = 1
         self.in_flight: dict[int, Unit] = {}
         self.versions: dict[int, torch.Tensor] = {}  # weights of versions still in flight
@@ -154,7 +162,8 @@ class AsyncEngine(RoundEngine):
         return range(self.task.num_clients)
 
     def _draw(self) -> list[int] | None:
-        """G clients not in flight and under the participation cap (seeded draw)."""
+        """G clients not in flight and under the participation cap (seeded draw; under
+        DP keyed by the secret cohort key and the dispatch number)."""
         busy = {c for u in self.in_flight.values() for c in u.clients}
         cap = self.cfg.server.max_participations
         eligible = [
@@ -164,7 +173,11 @@ class AsyncEngine(RoundEngine):
             eligible = self.dp.eligible(eligible)
         if len(eligible) < self.group:
             return None
-        chosen = self.draw_rng.choice(len(eligible), size=self.group, replace=False)
+        if self.group_keys is not None:  # DP: the G smallest keyed uniforms
+            u = self.group_keys.uniforms(GROUP_LABEL, self.next_seq, len(eligible))
+            chosen = np.argpartition(u, self.group - 1)[: self.group]
+        else:
+            chosen = self.draw_rng.choice(len(eligible), size=self.group, replace=False)
         return sorted(eligible[int(i)] for i in chosen)
 
     def _dispatch(self, clients: list[int]) -> None:

@@ -20,6 +20,7 @@ the resumed run releases that version again under the next ledger round.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,12 @@ from fedveil.config import RunConfig
 from fedveil.privacy.dp import Ledger, PrivacyBudget, add_gaussian_noise
 from fedveil.privacy.dp.async_plan import async_dp_config, stated_bound
 from fedveil.privacy.dp.participation import ParticipationCap, participation_bound
+from fedveil.privacy.dp.plan import cohorts_are_secret
 from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.protocol import fields as F
 from fedveil.server.engine.privacy_stage import PrivateSink, Release
 from fedveil.server.engine.requests import ClientPrivacy
+from fedveil.server.engine.sampling import cohort_commitment
 
 log = logging.getLogger("fedveil.privacy")
 
@@ -48,7 +51,6 @@ class AsyncCentralDP:
         "curator); no epsilon holds against it"
     )
     budget_against = "observers"
-    cohorts_secret = False  # nothing is sampled: there is no cohort to keep secret
 
     def __init__(
         self,
@@ -60,9 +62,17 @@ class AsyncCentralDP:
         signer: LedgerSigner | None = None,
         private: PrivateSink | None = None,
         dispatches: Mapping[int, int] | None = None,
-        **_unused: Any,  # the sync stage's arguments (participations, cohort_key)
+        cohort_key: bytes | None = None,
+        **_unused: Any,  # the sync stage's arguments (participations)
     ) -> None:
         self.config = async_dp_config(cfg, num_clients)  # ConfigError when not accountable
+        # Nothing is sampled (no amplification to protect), but which clients form each
+        # group is still kept from observers: groups and their secure-aggregation graph
+        # seeds follow this secret key (async_engine.py), whose SHA-256 commitment opens
+        # the ledger, unless dp.seeded_cohorts asks for the public seed.
+        self.cohorts_secret = cohorts_are_secret(cfg)
+        self.cohort_key = cohort_key if cohort_key is not None else secrets.token_bytes(32)
+        self.cohort_commitment = cohort_commitment(self.cohort_key) if self.cohorts_secret else None
         assert self.config.max_participations is not None
         self.clip = self.config.clip_norm
         self.bound = stated_bound(self.config)
@@ -115,12 +125,18 @@ class AsyncCentralDP:
             raise ValueError(f"divisor={divisor!r} is invalid; allowed: > 0")
         flat = total.detach().cpu().reshape(-1).to(torch.float64)
         noised = add_gaussian_noise(flat.numpy(), self.config.noise_multiplier, self.clip)
+        extra: dict[str, Any] = {
+            "training_round": int(version),
+            "budget_against": self.budget_against,
+        }
+        if not len(self.ledger) and self.cohort_commitment is not None:
+            extra["cohort_commitment"] = self.cohort_commitment
         entry = self.budget.record_release(
             self.ledger,
             round_number=self.ledger.last_round + 1,
             event=self.config.round_event(),
             clip_norm=self.clip,
-            extra={"training_round": int(version), "budget_against": self.budget_against},
+            extra=extra,
         )
         metrics = {
             "epsilon": entry["epsilon"],

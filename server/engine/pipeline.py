@@ -56,6 +56,8 @@ def private_run_args(
             "signer": load_or_create_signer(signing_key),
             "private": store.append_private,
             "dispatches": dispatch_counts(store.read_private()),
+            # Groups and graph seeds follow it (async_engine.py); the same key on resume.
+            "cohort_key": bytes.fromhex(store.run_identity()["cohort_key"]),
         }
     for line in store.read_private():
         if line.get("kind") == "charge":
