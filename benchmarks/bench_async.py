@@ -10,7 +10,9 @@ job's training time per client), sigma 1.0 per draw and 0.5 per client.
 - sync_deadline: FedAvg with server.round_timeout at the 90th percentile of the client
   latencies the run draws (stragglers past it are lost);
 - async: FedBuff, an update after every K arrivals, staleness weight 1/sqrt(1+tau);
-- async_secagg: async with secure aggregation in groups of G clients.
+- async_secagg: async with secure aggregation in groups of G clients, each protocol
+  stage with sync_deadline's deadline (--group-deadline p90): a member past it is
+  dropped (its work lost and counted) and the group's sum comes by dropout recovery.
 
 Each contender runs in its own process (`benchmarks.async_contender`) and stops at the
 first evaluation at the target accuracy; the parent reads the process's CPU time, worker
@@ -66,6 +68,7 @@ class Setup:
     concurrency: int
     buffer: int
     group_size: int
+    group_deadline: bool  # async_secagg: round_timeout at the p90 latency, as sync_deadline
     latency_median: float
     max_updates: int  # client-update budget of a contender that never reaches the target
     target: float
@@ -89,6 +92,7 @@ def resolve(args: argparse.Namespace) -> Setup:
         concurrency=c,
         buffer=k,
         group_size=g,
+        group_deadline=getattr(args, "group_deadline", "p90") == "p90",
         latency_median=args.latency_median,
         max_updates=args.max_updates or (8 * c if args.quick else 100 * c),
         target=args.target if args.target is not None else (0.5 if args.quick else 0.80),
@@ -121,10 +125,7 @@ def contender_values(name: str, s: Setup, seed: int, out: Path) -> dict[str, Any
     if name.startswith("sync"):
         values.update({"server.per_round": c, "server.rounds": max(1, s.max_updates // c)})
         if name == "sync_deadline":
-            clients = int(s.base.get("data.num_clients", 100))
-            values["server.round_timeout"] = round(
-                p90_latency(s, seed, values["server.rounds"], clients), 6
-            )
+            values["server.round_timeout"] = deadline(s, seed)
         return values
     values.update(
         {
@@ -137,7 +138,16 @@ def contender_values(name: str, s: Setup, seed: int, out: Path) -> dict[str, Any
     )
     if name == "async_secagg":
         values.update({"secagg.enabled": True, "server.group_size": s.group_size})
+        if s.group_deadline:  # stragglers past it are dropped; the sum comes by recovery
+            values["server.round_timeout"] = deadline(s, seed)
     return values
+
+
+def deadline(s: Setup, seed: int) -> float:
+    """sync_deadline's round_timeout: the p90 training latency of this seed's clients."""
+    rounds = max(1, s.max_updates // s.concurrency)
+    clients = int(s.base.get("data.num_clients", 100))
+    return round(p90_latency(s, seed, rounds, clients), 6)
 
 
 def run_contender(values: dict[str, Any], target: float, work: Path) -> dict[str, Any]:
@@ -258,10 +268,8 @@ def bench(s: Setup, seeds: list[int], names: list[str], out: Path) -> dict[str, 
         latency_median_s=s.latency_median,
         latency_sigma=1.0,
         latency_client_sigma=0.5,
-        round_timeout_s={
-            str(seed): contender_values("sync_deadline", s, seed, out)["server.round_timeout"]
-            for seed in seeds
-        },
+        round_timeout_s={str(seed): deadline(s, seed) for seed in seeds},
+        group_deadline=s.group_deadline,
         seeds=seeds,
         load_average=[round(x, 2) for x in os.getloadavg()],
         plots=draw_plots(out, seeds[0], names, s.target),

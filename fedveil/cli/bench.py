@@ -201,6 +201,14 @@ def add_async_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--buffer", type=int, help="async: apply after K arrivals [10; --quick 3]")
     p.add_argument("--group-size", type=int, help="async_secagg: secagg group size G [K]")
     p.add_argument(
+        "--group-deadline",
+        choices=("p90", "none"),
+        default="p90",
+        help="async_secagg: each protocol stage's deadline (server.round_timeout): the p90 "
+        "client latency, as sync_deadline's, stragglers dropped and recovered; or none, "
+        "every stage waits for its slowest member [p90]",
+    )
+    p.add_argument(
         "--latency-median",
         type=float,
         default=ASYNC_LATENCY_MEDIAN_S,

@@ -33,7 +33,7 @@ from fedveil.config.async_mode import resolved_concurrency, resolved_group_size
 from fedveil.params import FlatModel
 from fedveil.server.engine.aggregation import Aggregate, PlainChannel, UpdateChannel
 from fedveil.server.engine.async_privacy import AsyncCentralDP
-from fedveil.server.engine.async_units import Unit, UnitRunner
+from fedveil.server.engine.async_units import KeyedGroup, Unit, UnitRunner
 from fedveil.server.engine.drops import drops_by_reason
 from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.privacy_stage import CentralDP
@@ -41,6 +41,7 @@ from fedveil.server.engine.round_record import RoundRecord
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.sampling import SecretCohortSampler
+from fedveil.server.engine.secagg_channel import SecAggChannel
 from fedveil.server.engine.sim_clock import (
     ArrivalClock,
     Availability,
@@ -139,22 +140,55 @@ class AsyncEngine(RoundEngine):
         # client failing, or every update too stale, would otherwise never end).
         self.stall_limit = max(100, STALL_UNITS_PER_SLOT * max(self.concurrency, s.buffer))
         self.stalled = False
+        # Secure aggregation on the simulated clock: each slot's next group agrees its keys
+        # while the slot's group trains (KeyedGroup), so a dispatched group waits for two
+        # exchanges (masked input with training, unmask), not four. Not under DP (a group
+        # drawn ahead would be counted before its model goes out) nor on the wall clock.
+        latency = availability is not None and availability.latency_median > 0
+        self.keys_ahead = (
+            self.secagg and latency and privacy is None and isinstance(self.clock, SimulatedClock)
+            and isinstance(self.channel, SecAggChannel)
+        )  # fmt: skip
+        self.keyed: list[KeyedGroup] = []  # formed, keys agreed or agreeing, in seq order
 
     # -- dispatch -----------------------------------------------------------
     def clients_in_flight(self) -> int:
         return sum(len(u.clients) for u in self.in_flight.values())
 
     def fill(self) -> None:
-        """Dispatch units into every free slot the SSP gate and the cap allow."""
+        """Dispatch units into every free slot the SSP gate and the cap allow (with keys
+        ahead, then form the groups that agree their keys for the next free slots)."""
         while not self.stalled and self.concurrency - self.clients_in_flight() >= self.group:
             if self.ssp_bound is not None:
                 oldest = min((u.version for u in self.in_flight.values()), default=None)
                 if not ssp_allows(self.round, oldest, self.ssp_bound):
-                    return
+                    break
+            if self.keyed:
+                self._dispatch_keyed(self.keyed.pop(0))
+                continue
+            clients = self._draw()
+            if clients is None:
+                break
+            self._dispatch(clients)
+        if self.keys_ahead and not self.stalled and self.round < self.cfg.server.rounds:
+            self._form_keyed()
+
+    def _form_keyed(self) -> None:
+        """One group per slot agreeing its keys ahead; a group whose key agreement aborts
+        (too few members left) is lost, never trained, and counted."""
+        slots = self.concurrency // self.group
+        for _ in range(slots):
+            if len(self.keyed) >= slots:
+                return
             clients = self._draw()
             if clients is None:
                 return
-            self._dispatch(clients)
+            seq, self.next_seq = self.next_seq, self.next_seq + 1
+            keys, elapsed = self.runner.agree_keys(seq, clients)
+            if keys is None:
+                self.window.aborted_groups += 1
+                continue
+            self.keyed.append(KeyedGroup(seq, tuple(clients), self.clock.now() + elapsed, keys))
 
     def _pool(self) -> Sequence[int]:
         """The clients a unit may be drawn from. (H4: the wall-clock engine on devices,
@@ -165,6 +199,7 @@ class AsyncEngine(RoundEngine):
         """G clients not in flight and under the participation cap (seeded draw; under
         DP keyed by the secret cohort key and the dispatch number)."""
         busy = {c for u in self.in_flight.values() for c in u.clients}
+        busy.update(c for g in self.keyed for c in g.clients)
         cap = self.cfg.server.max_participations
         eligible = [
             c for c in self._pool() if c not in busy and (not cap or self.participations[c] < cap)
@@ -179,6 +214,23 @@ class AsyncEngine(RoundEngine):
         else:
             chosen = self.draw_rng.choice(len(eligible), size=self.group, replace=False)
         return sorted(eligible[int(i)] for i in chosen)
+
+    def _dispatch_keyed(self, group: KeyedGroup) -> None:
+        """A group whose keys were agreed ahead: training goes out with masked input
+        once the slot is free and the keys are agreed (whichever is later)."""
+        unit = Unit(group.seq, group.clients, self.round, self.clock.now())
+        self.versions.setdefault(self.round, self.weights)
+        self.participations.update(group.clients)
+        keys = group.keys
+        if keys is None:  # restored from a checkpoint: the same stages, agreed again
+            keys, _ = self.runner.agree_keys(group.seq, group.clients)
+        wait = max(0.0, group.keys_ready - unit.dispatched_at)
+        unit.arrival = (
+            unit.dispatched_at + wait + self.runner.run_keyed_group(unit, self.weights, keys)
+        )
+        self.in_flight[unit.seq] = unit
+        self.clock.schedule(unit.seq, unit.arrival)
+        self.totals["dispatched"] += 1
 
     def _dispatch(self, clients: list[int]) -> None:
         seq, self.next_seq = self.next_seq, self.next_seq + 1
@@ -416,6 +468,7 @@ class AsyncEngine(RoundEngine):
             "draw_rng": self.draw_rng.bit_generator.state,
             "participations": dict(self.participations),
             "in_flight": [u.to_state() for u in self.in_flight.values()],
+            "keyed": [g.to_state() for g in self.keyed],
             "versions": {v: t.cpu() for v, t in self.versions.items()},
             "last_apply_clock": self.last_apply_clock,
             "totals": dict(self.totals),
@@ -444,6 +497,7 @@ class AsyncEngine(RoundEngine):
                 continue  # a client past its cap: the unit is dropped, never recomputed
             self.in_flight[unit.seq] = unit
             self.clock.schedule(unit.seq, unit.arrival)
+        self.keyed = [KeyedGroup.from_state(g) for g in a.get("keyed", [])]
         self.last_apply_clock = float(a["last_apply_clock"])
         self.totals = Counter(a["totals"])
 

@@ -27,10 +27,32 @@ from fedveil.protocol.envelope import Envelope
 from fedveil.server.engine.aggregation import Aggregate, NoUpdates, UpdateChannel
 from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.requests import ClientPrivacy, build_train_request
+from fedveil.server.engine.secagg_channel import SecAggChannel
 from fedveil.server.engine.sim_clock import DEFAULT_LATENCY_S, Availability
 from fedveil.server.engine.transport import ClientFailure, Transport
 
 Outcome = Aggregate | Aborted | NoUpdates | None
+
+
+@dataclass
+class KeyedGroup:
+    """A secure-aggregation group formed ahead of a free slot: its key stages (advertise,
+    share keys; they do not depend on the model) run at once, while other groups train,
+    and its training request goes out with masked input when a slot frees, no earlier
+    than the keys are agreed. Its members are busy meanwhile (drawn for nothing else)."""
+
+    seq: int
+    clients: tuple[int, ...]
+    keys_ready: float  # simulated time the key stages end
+    keys: Any = None  # the channel's agreed session; None after a restore (agreed again)
+
+    def to_state(self) -> dict[str, Any]:
+        return {"seq": self.seq, "clients": list(self.clients), "keys_ready": self.keys_ready}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> KeyedGroup:
+        clients = tuple(int(c) for c in state["clients"])
+        return cls(int(state["seq"]), clients, float(state["keys_ready"]))
 
 
 @dataclass
@@ -179,9 +201,28 @@ class UnitRunner:
 
     def run_group(self, unit: Unit, weights: torch.Tensor) -> float:
         """A secure-aggregation group's whole session; its simulated duration."""
+        return self.run_keyed_group(unit, weights, None)
+
+    def agree_keys(self, seq: int, clients: Sequence[int]) -> tuple[Any, float]:
+        """A group's key stages, run before its training (KeyedGroup): the agreed keys
+        (None: the session aborted, nothing revealed) and their simulated duration."""
+        assert isinstance(self.channel, SecAggChannel)
+        staged = StagedAvailability(self.transport, self.availability)
+        keys = self.channel.agree_keys(staged, seq, list(clients), self.model_size, self.timeout)
+        return keys, staged.elapsed
+
+    def run_keyed_group(self, unit: Unit, weights: torch.Tensor, keys: Any) -> float:
+        """A group's session from masked input on when `keys` (agree_keys) are given, else
+        whole; its simulated duration."""
         staged = StagedAvailability(self.transport, self.availability)
         requests = self.requests(unit, weights)
-        unit.outcome = self.channel.collect(staged, requests, self.model_size, self.timeout)
+        if keys is None:
+            unit.outcome = self.channel.collect(staged, requests, self.model_size, self.timeout)
+        else:
+            assert isinstance(self.channel, SecAggChannel)
+            unit.outcome = self.channel.collect(
+                staged, requests, self.model_size, self.timeout, keys=keys
+            )
         unit.computed = True
         if self.availability is None or self.availability.latency_median <= 0:
             return DEFAULT_LATENCY_S

@@ -203,6 +203,34 @@ class SecAggChannel:
             return
         self._ahead = _Ahead(round_num, tuple(upcoming), model_size, server)
 
+    def agree_keys(
+        self,
+        transport: Transport,
+        round_num: int,
+        cohort: list[int],
+        model_size: int,
+        timeout_s: float | None,
+    ) -> _Ahead | None:
+        """Round `round_num`'s key stages (advertise, share keys) now, each an exchange of
+        its own, before the round's training: they do not depend on the model (the async
+        engine agrees a group's keys while other groups train). Pass the result to
+        `collect(keys=...)`, which then starts at masked input. None: the session could not
+        start or aborted (too few members left); nothing was revealed."""
+        listed = [c for c in sorted(cohort) if c not in set(self._unlisted(cohort))]
+        try:
+            session = self.session(listed, model_size, round_num)
+            ahead = _Ahead(round_num, tuple(listed), model_size, self._server(session))
+        except (SecAggError, ValueError) as exc:
+            log.info("round %d: no key agreement: %s", round_num, exc)
+            return None
+        while stage := ahead.riders():
+            sent = {c: wrap(Kind.secagg(m.STAGE), round_num, m) for c, m in stage.items()}
+            replies = transport.exchange(sent, timeout_s)
+            for cid in sorted(sent):
+                reply = replies.get(cid, ClientFailure(cid, "no reply"))
+                ahead.receive(cid, reply.reason if isinstance(reply, ClientFailure) else reply)
+        return None if ahead.dead else ahead
+
     def collect(
         self,
         transport: Transport,
@@ -210,13 +238,17 @@ class SecAggChannel:
         model_size: int,
         timeout_s: float | None,
         upcoming: list[int] | None = None,
+        keys: _Ahead | None = None,
     ) -> Aggregate | Aborted:
         """The round's secure sum, or where and why it aborted. `upcoming`, the next round's
         cohort when known, has that round's key stages ride on this round's exchanges (see
-        _Ahead). The gate (distributed DP) checks and charges before any unmasking."""
+        _Ahead). `keys`: this round's key stages, already run by `agree_keys`. The gate
+        (distributed DP) checks and charges before any unmasking."""
         cohort = sorted(requests)
         round_num = requests[cohort[0]].round
         dropped = self._leave_out_unlisted(round_num, cohort)
+        if keys is not None:
+            self._ahead = keys
         ahead = self._take_ahead(round_num, cohort, model_size)
         self._start_ahead(round_num + 1, upcoming, model_size)
         if len(cohort) < 2:

@@ -81,7 +81,7 @@ def run_lifecycle(cfg, wrap=None, resume=False) -> AsyncEngine:
 SECURE = {"secagg.enabled": True, "server.group_size": 3, "server.buffer": 3, "server.rounds": 4}
 
 
-@pytest.mark.parametrize(("extra", "crash_at"), [({}, 4), (SECURE, 18)], ids=["clear", "secagg"])
+@pytest.mark.parametrize(("extra", "crash_at"), [({}, 4), (SECURE, 22)], ids=["clear", "secagg"])
 def test_a_run_killed_mid_stream_resumes_to_the_uninterrupted_model(tmp_path, extra, crash_at):
     straight = run_lifecycle(async_config(tmp_path / "straight", **extra))
     cfg = async_config(tmp_path / "crashed", **extra)
