@@ -1,8 +1,9 @@
 """DP settings under server.mode = 'async' | 'ssp', checked when the config loads.
 
 Pure config (no accountant): refuses what cannot be accounted, naming the field and
-why. The accounting itself (cap-based bound, budget refusal) is
-fedveil.privacy.dp.async_plan; the README "Asynchronous training" section explains it.
+why. The accounting itself (cap-based bound, budget refusal, each secure-aggregation
+group's distributed-DP plan) is fedveil.privacy.dp.async_plan; the README
+"Asynchronous training" section explains it.
 """
 
 from __future__ import annotations
@@ -48,19 +49,11 @@ def async_neighbouring(cfg: RunConfig) -> str:
 
 def check_async_dp(cfg: RunConfig) -> None:
     """Refuse an asynchronous DP config whose accounting cannot be stated (ConfigError
-    naming the field and why). Does nothing without DP or in sync mode."""
+    naming the field and why). Does nothing without DP or in sync mode. Central DP and
+    distributed DP (Skellam shares per secure-aggregation group) both need the cap."""
     dp, mode = cfg.dp, server_mode(cfg)
     if dp.mechanism == "none" or mode == SYNC:
         return
-    if dp.mechanism == "distributed":
-        raise ConfigError(
-            f"dp.mechanism = 'distributed' with server.mode = {mode!r}: refused, its "
-            "accounting cannot be stated yet: the Skellam noise of a secure-aggregation "
-            "group comes from its honest members, and neither the group's honest threshold "
-            "when its sum is recovered at the deadline nor the per-client accounting of "
-            "group releases is derived for asynchronous groups; use dp.mechanism = "
-            "'central' (the server noises each group's sum) or server.mode = 'sync'"
-        )
     if dp.adaptive_clip:
         raise ConfigError(
             f"dp.adaptive_clip = true with server.mode = {mode!r}: refused, its clip-count "
@@ -76,3 +69,21 @@ def check_async_dp(cfg: RunConfig) -> None:
             "compose without bound and no epsilon can be stated"
         )
     async_neighbouring(cfg)
+
+
+def check_wall_clock_dp(cfg: RunConfig) -> None:
+    """Refuse distributed DP for an asynchronous run on devices (the wall clock), naming
+    dp.mechanism: its group sessions run at once on threads of their own, while the
+    distributed-DP stage (each group's survivor check and ledger entry) and the Skellam
+    encoding's per-session rotation are written for one session at a time; and devices
+    are not sent the settings (server.mode, group_size, max_participations) a group's
+    plan is computed from, so they could not hold it."""
+    if cfg.dp.mechanism == "distributed" and is_async(cfg):
+        raise ConfigError(
+            f"dp.mechanism = 'distributed' with server.mode = {server_mode(cfg)!r} on devices: "
+            "refused; on the wall clock a run's secure-aggregation groups run at once, and "
+            "their unmask gate, ledger entries and Skellam rotation are not yet made safe "
+            "for concurrent sessions, nor do devices receive the settings a group's "
+            "noise-share plan comes from (server.group_size, server.max_participations); "
+            "use dp.mechanism = 'central', or simulate it (fedveil simulate)"
+        )

@@ -10,6 +10,9 @@
 What the public report may say about the coordinator (README "Trust model"): only the
 data-independent bound, every released round composed unamplified, which is the figure
 of a client that took part in every round and is computed from the public ledger alone.
+Under a participation cap (asynchronous DP: releases record `max_participations` P) a
+client is in at most P releases, so the bound composes the P least-noisy releases
+(participation.capped_events), as the observers' figure does.
 The realised per-client figures (their largest, percentiles, histogram and the number of
 clients that took part) come from the operator's private annex ("charge" records): they
 are participation counts, so they go to the operator's report only.
@@ -24,6 +27,7 @@ from .accounting import individual_epsilon
 from .budget import event_from_entry
 from .events import PrivacyEvent
 from .individual import individual_epsilon_summary, individual_epsilons
+from .participation import capped_events
 from .vocabulary import CENTRAL_GAUSSIAN, DISTRIBUTED_SKELLAM
 
 CHARGE = "charge"
@@ -61,39 +65,55 @@ def coordinator_figure(
         figure["epsilon_bound"] = 0.0  # nothing released: nothing learnt
     except ValueError as error:  # e.g. an old ledger whose adjacency has no sound bound
         figure["bound_error"] = str(error)
-    figure["bound"] = "a client that took part in every released round"
+    cap = recorded_cap(releases)
+    figure["bound"] = (
+        "a client that took part in every released round"
+        if cap is None
+        else f"a client in {cap} releases, the most server.max_participations allows"
+    )
     figure["per_client"] = PER_CLIENT_WITHHELD
     figure["accounting"] = INDIVIDUAL_ACCOUNTING
     figure["delta"] = delta
     return figure
 
 
+def recorded_cap(releases: Sequence[Mapping[str, Any]]) -> int | None:
+    """The participation cap the releases record (run-constant; None: no cap, sync)."""
+    cap = releases[0].get("max_participations") if releases else None
+    return None if cap is None else int(cap)
+
+
 def coordinator_bound_after(
     releases: Sequence[Mapping[str, Any]],
     delta: float,
     upcoming: Sequence[PrivacyEvent] = (),
+    cap: int | None = None,
 ) -> float:
     """The unamplified epsilon of a client in every release of `releases` and in the
-    `upcoming` events: what a ledger entry and its closing record state as
+    `upcoming` events (under a participation cap, in the `cap` least-noisy of them; None:
+    the cap the releases record): what a ledger entry and its closing record state as
     `epsilon_coordinator_bound` (ledger schema 2). 0.0 when there is nothing to compose.
 
     Raises ValueError where the adjacency has no sound individual bound.
     """
     events = [event_from_entry(entry) for entry in releases]
-    return individual_epsilon([*events, *upcoming], delta)
+    cap = recorded_cap(releases) if cap is None else cap
+    return individual_epsilon(capped_events([*events, *upcoming], cap), delta)
 
 
 def coordinator_bound_series(releases: Sequence[Mapping[str, Any]], delta: float) -> list[float]:
-    """After each release, the unamplified epsilon of a client in every round so far.
+    """After each release, the unamplified epsilon of a client in every round so far (under
+    a participation cap, in as many of them as the cap allows).
 
     Depends only on the public ledger's parameters (z, steps, adjacency), never on who
     took part. Raises ValueError where the adjacency has no sound individual bound.
     """
+    cap = recorded_cap(releases)
     events: list[PrivacyEvent] = []
     series: list[float] = []
     for entry in releases:
         events.append(event_from_entry(entry))
-        series.append(individual_epsilon(events, delta))
+        series.append(individual_epsilon(capped_events(events, cap), delta))
     return series
 
 

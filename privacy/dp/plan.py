@@ -6,6 +6,12 @@ and can refuse a server that changes it mid-run (issue: the client holds the
 parameters). Only the noise multiplier may need the accountant (when it is
 calibrated from epsilon); clients without dp-accounting get it resolved in the
 run config they accept.
+
+Asynchronous runs (server.mode = 'async' | 'ssp') have no rounds: each secure-
+aggregation group of G = server.group_size clients is one session and one release.
+There the cohort a plan is sized for is the group (`max_cohort`, `survivor_floor`),
+and z is the one async_plan calibrates to the participation cap, so one plan serves
+every group of the run, on the server and on every member alike.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from fedveil.config import RunConfig
+from fedveil.config import ConfigError, RunConfig
+from fedveil.config.async_dp import is_async
+from fedveil.config.async_mode import resolved_group_size
 
 from .calibration import calibrate_noise_multiplier
 from .config import DpConfig
@@ -47,8 +55,11 @@ def cohorts_are_secret(cfg: RunConfig) -> bool:
 
 
 def max_cohort(cfg: RunConfig, num_clients: int) -> int:
-    """Largest cohort a round can have (Poisson: mean + 5 sd, capped by the population)."""
+    """Largest cohort a round can have (Poisson: mean + 5 sd, capped by the population);
+    asynchronous: a secure-aggregation group of G, the cohort of one session."""
     s = cfg.server
+    if is_async(cfg):
+        return resolved_group_size(cfg)
     if s.sampling == FIXED:
         return s.per_round
     mean = cfg.poisson_rate * num_clients
@@ -161,9 +172,13 @@ class DistributedDpPlan:
 
 def survivor_floor(cfg: RunConfig, num_clients: int, threshold: int) -> int:
     """Fewest masked inputs a distributed-DP round may unmask: the Shamir `threshold`, or a
-    small cohort (Poisson: mean - 2 sd) less the expected dropouts, capped by the cohort."""
-    fixed = cfg.server.sampling == FIXED
-    expected = cfg.server.per_round if fixed else cfg.poisson_rate * num_clients
+    small cohort (Poisson: mean - 2 sd) less the expected dropouts, capped by the cohort.
+    Asynchronous: a group of G less its expected dropouts (G is fixed at dispatch)."""
+    fixed = cfg.server.sampling == FIXED or is_async(cfg)
+    if is_async(cfg):
+        expected: float = resolved_group_size(cfg)
+    else:
+        expected = cfg.server.per_round if fixed else cfg.poisson_rate * num_clients
     low = expected if fixed else expected - 2 * math.sqrt(expected)
     survivors_low = math.floor(low * (1 - cfg.secagg.dropout_rate))
     return min(max(threshold, 2, survivors_low), max_cohort(cfg, num_clients))
@@ -171,10 +186,18 @@ def survivor_floor(cfg: RunConfig, num_clients: int, threshold: int) -> int:
 
 def plan_distributed_dp(cfg: RunConfig, model_size: int, num_clients: int) -> DistributedDpPlan:
     """The noise shares and thresholds of a distributed-DP run (raises ValueError naming the
-    setting when no round could ever be released)."""
+    setting when no round could ever be released). Asynchronous: the plan of every
+    secure-aggregation group, z calibrated to the participation cap; a ConfigError when
+    the cap's bound at the plan's fewest honest shares exceeds dp.epsilon."""
     from fedveil.privacy.secagg import ThreatModel, find_parameters
 
-    privacy = dp_config(cfg, num_clients)
+    grouped = is_async(cfg)
+    if grouped:
+        from .async_plan import async_dp_config
+
+        privacy = async_dp_config(cfg, num_clients)
+    else:
+        privacy = dp_config(cfg, num_clients)
     s = cfg.secagg
     cohort = max_cohort(cfg, num_clients)
     threat = ThreatModel(s.adversarial_rate, s.dropout_rate, s.threat)
@@ -185,12 +208,7 @@ def plan_distributed_dp(cfg: RunConfig, model_size: int, num_clients: int) -> Di
     corrupt = math.ceil(s.adversarial_rate * cohort)
     min_honest = min_survivors - corrupt
     if min_honest < 1:
-        raise ValueError(
-            f"secagg.adversarial_rate = {s.adversarial_rate}: up to {corrupt} corrupt clients "
-            f"in a cohort of up to {cohort}, but a round may unmask with {min_survivors} "
-            "survivors, so no honest noise share would be guaranteed; lower "
-            "secagg.adversarial_rate or sample larger cohorts"
-        )
+        raise _no_honest_share(s.adversarial_rate, corrupt, cohort, min_survivors, grouped)
     neighbouring = privacy.neighbouring
     params = SkellamParams.calibrate(
         dim=model_size,
@@ -200,4 +218,26 @@ def plan_distributed_dp(cfg: RunConfig, model_size: int, num_clients: int) -> Di
         min_clients=min_honest,
         bits=cfg.dp.modulus_bits,
     )
-    return DistributedDpPlan(params, min_survivors, min_honest, corrupt, neighbouring)
+    plan = DistributedDpPlan(params, min_survivors, min_honest, corrupt, neighbouring)
+    if grouped:
+        from .async_plan import check_group_bound
+
+        check_group_bound(privacy, plan)
+    return plan
+
+
+def _no_honest_share(
+    rate: float, corrupt: int, cohort: int, min_survivors: int, grouped: bool
+) -> ValueError:
+    """The refusal of a plan whose unmasked sums might carry no honest noise share
+    (asynchronous groups: a ConfigError naming server.group_size too)."""
+    if grouped:
+        where, unit, remedy = f"a group of server.group_size = {cohort}", "group", "raise it"
+    else:
+        where, unit, remedy = f"a cohort of up to {cohort}", "round", "sample larger cohorts"
+    error = ConfigError if grouped else ValueError
+    return error(
+        f"secagg.adversarial_rate = {rate}: up to {corrupt} corrupt clients in {where}, but "
+        f"a {unit} may unmask with {min_survivors} survivors, so no honest noise share would "
+        f"be guaranteed; lower secagg.adversarial_rate or {remedy}"
+    )

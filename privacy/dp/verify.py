@@ -28,7 +28,8 @@ schema fails, naming it.
 
 Asynchronous DP: a ledger whose releases state `max_participations` P (unsampled,
 run-constant) is recomputed as the composition of the P least-noisy releases so far,
-the most any client can be in (participation.py).
+the most any client can be in (participation.py); so is its coordinator's bound
+(asynchronous distributed DP: a client in P group releases, unamplified).
 
 Second accountants: the recorded epsilon passes iff it is at least
 (1 - SECOND_ACCOUNTANT_REL_TOL) times the smallest epsilon the named sound
@@ -585,11 +586,14 @@ def _check_bound_field(entry: Mapping[str, Any], line: int, state: _State) -> No
 def _check_recomputed_bound(
     stated: Any, line: int, state: _State, rel_tol: float, abs_tol: float, what: str
 ) -> None:
-    """`stated` must equal the unamplified epsilon of a client in every release so far,
-    recomputed from the recorded events alone."""
+    """`stated` must equal the unamplified epsilon of a client in every release so far (in
+    at most `max_participations` of them where the run is capped), recomputed from the
+    recorded events alone."""
     delta = float(state.first["delta"]) if state.first is not None else 0.0
+    cap = state.first.get(CAP) if state.first is not None else None
     try:
-        recomputed = individual_epsilon(state.events, delta) if state.events else 0.0
+        events = capped_events(state.events, cap)
+        recomputed = individual_epsilon(events, delta) if events else 0.0
     except ValueError as error:
         raise _Discrepancy(f"line {line}: cannot recompute {BOUND} ({error})", line) from None
     tolerance = max(abs_tol, rel_tol * recomputed)
@@ -598,8 +602,9 @@ def _check_recomputed_bound(
         or not abs(float(stated) - recomputed) <= tolerance
     ):
         raise _Discrepancy(
-            f"line {line}: {what} states {BOUND}={stated!r} but a client in all "
-            f"{len(state.events)} releases has {recomputed!r} (recomputed from the ledger)",
+            f"line {line}: {what} states {BOUND}={stated!r} but a client in "
+            f"{sum(e.steps for e in events)} of the {len(state.events)} releases has "
+            f"{recomputed!r} (recomputed from the ledger)",
             line,
         )
 

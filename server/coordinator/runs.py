@@ -174,9 +174,11 @@ def parse_submission(
             f"deploy.wait_for_clients = {deploy.wait_for_clients}: must be <= "
             f"data.num_clients = {cfg.data.num_clients}",
         )
+    from fedveil.config.async_dp import check_wall_clock_dp
     from fedveil.privacy.secagg.feasibility import check_secagg_feasible
 
     try:  # rounds that could only abort are refused, not reported as "completed"
+        check_wall_clock_dp(cfg)  # a deployed async run runs on the wall clock
         check_secagg_feasible(cfg, cfg.data.num_clients, deploy.wait_for_clients)
     except ConfigError as exc:
         raise SubmissionError(field_of(str(exc)), str(exc)) from None

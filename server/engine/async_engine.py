@@ -15,6 +15,14 @@ order, so every transport reaches the same model for the same config and seed.
 The checkpoint at each apply (the buffer is empty then) holds the units in flight and
 the weights of every version they downloaded; on resume their updates are computed
 again (never stored), so the run continues to the model an uninterrupted run reaches.
+
+Under DP every dispatch is counted against server.max_participations before it goes
+out, and units are drawn from the secret cohort key (unless dp.seeded_cohorts). Central
+DP (async_privacy.py) noises and charges each apply; distributed DP
+(async_distributed.py) charges each secure-aggregation group at its unmask gate, which
+in simulation is at dispatch: so no group is dispatched after the last update, and on
+resume every unit in flight counts as a new dispatch of its clients (its recomputed
+session is a new release).
 """
 
 from __future__ import annotations
@@ -114,7 +122,8 @@ class AsyncEngine(RoundEngine):
         self.concurrency, self.group = resolved_concurrency(cfg), resolved_group_size(cfg)
         self.secagg = not isinstance(self.channel, PlainChannel)
         self.clock: ArrivalClock = clock or SimulatedClock()
-        # Async DP (H2): the dispatch gate, the request's clip, the release at apply.
+        # Async DP (H2): the dispatch gate, the request's clip, the release at apply
+        # (distributed DP: also each group's unmask gate, held by the channel).
         self.dp: AsyncCentralDP | None = privacy
         self.runner = UnitRunner(
             cfg, transport, self.channel, self.model.size, availability,
@@ -158,6 +167,9 @@ class AsyncEngine(RoundEngine):
     def fill(self) -> None:
         """Dispatch units into every free slot the SSP gate and the cap allow (with keys
         ahead, then form the groups that agree their keys for the next free slots)."""
+        done = self.round >= self.cfg.server.rounds
+        if done and self.dp is not None and self.dp.charges_at_unmask:
+            return  # distributed DP charges a group when unmasked: none after the last update
         while not self.stalled and self.concurrency - self.clients_in_flight() >= self.group:
             if self.ssp_bound is not None:
                 oldest = min((u.version for u in self.in_flight.values()), default=None)
@@ -478,7 +490,11 @@ class AsyncEngine(RoundEngine):
     def restore(self, state: dict[str, Any]) -> None:
         # Async DP: a release on the ledger after the checkpoint was lost in a crash (it
         # stays charged); the units in flight may have been in it, and are recomputed.
-        lost_release = self.dp is not None and self.dp.last_round > int(state["round"])
+        # Distributed DP charged every group in flight when it was unmasked (at dispatch):
+        # recomputing one is a new release, so always a new dispatch of its members.
+        lost_release = self.dp is not None and (
+            self.dp.charges_at_unmask or self.dp.last_round > int(state["round"])
+        )
         super().restore(state)
         a = state["async"]
         self.clock.restore(a["clock"])

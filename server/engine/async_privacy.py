@@ -15,6 +15,9 @@ Order in `release`: noise, then the signed ledger entry (fsync'd), then the upda
 returned for the engine to apply. A crash between the ledger entry and the checkpoint
 leaves a release that is charged but never applied: it stays charged (as in sync), and
 the resumed run releases that version again under the next ledger round.
+
+Distributed DP (async_distributed.py) keeps this dispatch gate and charges each secure-
+aggregation group at its unmask instead of at the apply.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ class AsyncCentralDP:
         "curator); no epsilon holds against it"
     )
     budget_against = "observers"
+    # Central DP charges at the apply (`release`); distributed DP when a group's sum is
+    # unmasked (async_distributed.py), which changes what the engine does on resume.
+    charges_at_unmask = False
 
     def __init__(
         self,
@@ -184,6 +190,9 @@ class AsyncCentralDP:
         if self.ledger.closed:
             return
         fields: dict[str, Any] = {"training_round": training_round, "epsilon": self.epsilon()}
+        bound = self.coordinator_bound()
+        if bound is not None:  # distributed DP: public, the ledger's parameters alone give it
+            fields["epsilon_coordinator_bound"] = bound
         if reason:
             fields["reason"] = reason
         entry = self.ledger.close(kind, fields)

@@ -16,7 +16,8 @@ crash, the checkpoint's units in flight are sent again when run() starts (their 
 are never stored), once the devices can have checked in.
 
 The model depends on the order replies come in: two runs of one config reach the same
-model only in simulation (sim_clock.py).
+model only in simulation (sim_clock.py). Distributed DP is refused here
+(fedveil.config.async_dp.check_wall_clock_dp says why); central DP runs.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from fedveil.config import RunConfig
+from fedveil.config.async_dp import check_wall_clock_dp
 from fedveil.params import FlatModel
 from fedveil.server.engine.aggregation import NoUpdates, UpdateChannel
 from fedveil.server.engine.async_engine import AsyncEngine
@@ -87,6 +89,7 @@ class WallClockEngine(AsyncEngine):
         model: FlatModel | None = None,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
     ) -> None:
+        check_wall_clock_dp(cfg)  # distributed DP: refused on devices, naming why
         clock = WallClock()
         super().__init__(
             cfg, task, transport, store=store, channel=channel, device=device,

@@ -7,6 +7,10 @@
 | on     | none        | SecAgg, quantized + weights  | -                          |
 | on     | central     | SecAgg, quantized (clipped)  | Gaussian noise + ledger    |
 | on     | distributed | SecAgg, Skellam noise shares | ledger (noise from clients)|
+
+server.mode = async | ssp swaps the DP stage for its asynchronous one: central DP
+(async_privacy.py, noise at each apply) or distributed DP (async_distributed.py, one
+release per secure-aggregation group, charged at its unmask), both capped per client.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from fedveil.privacy.encodings import QuantizedEncoding, SkellamEncoding
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.privacy.secagg.feasibility import check_secagg_feasible
 from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel
+from fedveil.server.engine.async_distributed import AsyncDistributedDP
 from fedveil.server.engine.async_privacy import AsyncCentralDP, dispatch_counts
 from fedveil.server.engine.privacy_stage import CentralDP, DistributedDP
 from fedveil.server.engine.robust import robust_aggregator
@@ -103,8 +108,9 @@ def make_privacy_pipeline(
         )
         return privacy, PlainChannel(aggregator=robust_aggregator(cfg, task))
     if mechanism == "distributed":
-        check_async_dp(cfg)  # async: refused, naming dp.mechanism (accounting not stated)
-        privacy = DistributedDP(cfg, task.num_clients, ledger_path, **privacy_args)
+        # Async: one plan for every group, its bound over the cap refused (ConfigError).
+        check_async_dp(cfg)
+        privacy = _distributed_dp(cfg, task.num_clients, ledger_path, privacy_args)
         model_size = sum(p.numel() for p in task.model_fn().parameters())
         plan = plan_distributed_dp(cfg, model_size, task.num_clients)
         privacy.bind(plan)
@@ -142,6 +148,16 @@ def _central_dp(
     if is_async(cfg):
         return AsyncCentralDP(cfg, num_clients, ledger_path, **privacy_args)
     return CentralDP(cfg, num_clients, ledger_path, **privacy_args)
+
+
+def _distributed_dp(
+    cfg: RunConfig, num_clients: int, ledger_path: Path, privacy_args: Mapping[str, Any]
+) -> DistributedDP | AsyncDistributedDP:
+    """Distributed DP's stage: per sampled round (sync), or per secure-aggregation group
+    with a per-client cap (server.mode = async | ssp)."""
+    if is_async(cfg):
+        return AsyncDistributedDP(cfg, num_clients, ledger_path, **privacy_args)
+    return DistributedDP(cfg, num_clients, ledger_path, **privacy_args)
 
 
 def _committed_graph_seeds(

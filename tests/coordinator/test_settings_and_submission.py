@@ -197,3 +197,24 @@ def test_devices_receive_only_the_device_facing_config(tmp_path):
     assert server_cfg.simulation.workers == 3 and server_cfg.data.data_dir == "/srv/secret-data"
     device_cfg = config_from_dict(received)
     assert plan_distributed_dp(device_cfg, 1000, 4) == plan_distributed_dp(server_cfg, 1000, 4)
+
+
+def test_async_distributed_dp_is_refused_on_devices_naming_the_field():
+    # A deployed async run runs on the wall clock, where distributed DP is not supported
+    # (fedveil.config.async_dp.check_wall_clock_dp); central DP is accepted.
+    text = GOOD.replace("per_round = 2", "per_round = 4").replace(
+        "wait_for_clients = 2", "wait_for_clients = 3"
+    )
+    text = text.replace(
+        "[deploy]",
+        '[secagg]\nenabled = true\n[dp]\nmechanism = "distributed"\nepsilon = 8.0\n[deploy]',
+    )
+    text = text.replace(
+        "rounds = 2\n",
+        'rounds = 2\nmode = "async"\nbuffer = 3\ngroup_size = 3\nmax_participations = 2\n',
+    )
+    with pytest.raises(SubmissionError, match=r"on devices: refused") as err:
+        submit(text)
+    assert err.value.field == "dp.mechanism"
+    cfg, _, _ = submit(text.replace('mechanism = "distributed"', 'mechanism = "central"'))
+    assert cfg.server.mode == "async" and cfg.dp.mechanism == "central"

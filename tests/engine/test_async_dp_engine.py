@@ -199,8 +199,6 @@ def test_a_crash_between_ledger_and_checkpoint_stays_charged_and_within_the_cap(
 def test_what_cannot_be_accounted_is_refused_before_the_run(tmp_path):
     with pytest.raises(ConfigError, match=r"needs a cap: server\.max_participations = 0"):
         dp_config(tmp_path, **{"server.max_participations": 0})
-    with pytest.raises(ConfigError, match=r"dp\.mechanism = 'distributed'.*cannot be stated"):
-        dp_config(tmp_path, **{"dp.mechanism": "distributed", "secagg.enabled": True})
     greedy = dp_config(tmp_path, **{"server.max_participations": 40, "dp.noise_multiplier": 0.8})
     with pytest.raises(ConfigError, match=r"server\.max_participations = 40.*> dp\.epsilon = 8"):
         make_privacy_pipeline(greedy, tiny_task.make(greedy), tmp_path / "ledger.jsonl")

@@ -111,12 +111,16 @@ def test_async_dp_without_a_cap_is_refused_and_says_why():
 
 
 @pytest.mark.parametrize("mode", ["async", "ssp"])
-def test_distributed_dp_is_refused_under_async(mode):
-    cfg = async_config(mode)
+def test_distributed_dp_under_async_is_accounted_per_group_with_the_skellam_curve(mode):
+    # Each group release is one unsampled Skellam release: skellam_rdp, the only sound
+    # accountant, composed over the cap (tests/engine/test_async_distributed_dp.py runs it).
+    cfg = async_config(mode, cap=5)
     cfg.dp.mechanism = "distributed"
     cfg.secagg.enabled = True
-    with pytest.raises(ConfigError, match=r"dp\.mechanism = 'distributed'.*cannot be stated"):
-        async_dp_config(cfg, 50)
+    config = async_dp_config(cfg, 50)
+    assert (config.mechanism, config.accountant_name) == ("distributed_skellam", "skellam_rdp")
+    assert (config.sampling_rate, config.max_participations) == (1.0, 5)
+    assert 7.99 <= stated_bound(config) <= 8.0
 
 
 def test_adaptive_clipping_and_add_remove_are_refused_under_async():
@@ -259,3 +263,56 @@ def test_the_noise_warning_counts_the_buffer_not_a_cohort():
     cfg.server.max_participations = 500  # unaffordable at z = 3: refused, not warned
     with pytest.raises(ConfigError, match=r"server\.max_participations = 500"):
         noise_to_signal(cfg, 50)
+
+
+BOUND = "epsilon_coordinator_bound"
+
+
+def distributed_group_run(path, releases=6, cap=2):
+    """A ledger as the asynchronous distributed-DP stage writes it: one release per group,
+    its Skellam parameters and the coordinator's (capped) bound on every entry."""
+    from fedveil.privacy.dp.adversaries import coordinator_bound_after
+    from fedveil.privacy.dp.plan import plan_distributed_dp
+
+    cfg = async_config(cap=cap)
+    cfg.dp.mechanism = "distributed"
+    cfg.secagg.enabled = True
+    cfg.server.group_size = 5
+    config = async_dp_config(cfg, 50)
+    plan = plan_distributed_dp(cfg, 100, 50)
+    event = config.round_event(plan.noise_multiplier)
+    ledger = Ledger(path, run_id="async-group-run", signer=load_or_create_signer())
+    budget = PrivacyBudget(config)
+    for number in range(1, releases + 1):
+        bound = coordinator_bound_after(ledger.releases, config.delta, [event], cap)
+        extra = {"skellam": plan.params.to_dict(), "noise_shares": plan.min_honest}
+        budget.record_release(
+            ledger,
+            round_number=number,
+            event=event,
+            clip_norm=config.clip_norm,
+            extra={**extra, "epsilon_coordinator_bound": bound},
+        )
+    bound = coordinator_bound_after(ledger.releases, config.delta)
+    ledger.close("final", {"training_round": 3, "epsilon": budget.spent(), BOUND: bound})
+    return config, plan, ledger
+
+
+def test_the_coordinators_bound_under_a_cap_is_p_releases_and_verify_recomputes_it(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    config, plan, ledger = distributed_group_run(path, releases=6, cap=2)
+    bound = stated_bound(config, plan.noise_multiplier)
+    entries = read(path)
+    assert [e[BOUND] for e in entries][1:] == pytest.approx([bound] * 6)  # from the 2nd on
+    result = verify_ledger(path)
+    assert result.ok, result.message
+    assert result.final_epsilon == pytest.approx(bound)
+    report = build_report(ledger.entries, verification=result)
+    assert report["adversaries"]["coordinator"]["epsilon_bound"] == pytest.approx(bound)
+    assert "a client in 2 releases" in report["adversaries"]["coordinator"]["bound"]
+    # A forger who states a smaller bound and re-signs the chain is caught by recomputing.
+    lowered = [dict(e) for e in entries]
+    lowered[-1][BOUND] = bound / 2
+    write_chain(path, lowered, load_or_create_signer())
+    result = verify_ledger(path)
+    assert not result.ok and f"states {BOUND}" in result.message
