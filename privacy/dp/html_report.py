@@ -179,9 +179,13 @@ def _coordinator(report: Mapping[str, Any], coordinator: Mapping[str, Any]) -> s
     if bound is None:
         figure = f"no bound: {escape(str(coordinator.get('bound_error', 'unknown')))}"
     else:
+        # Under a participation cap (asynchronous DP) the bound is for P releases.
+        who = "a client in every released round"
+        if "participation" in report:
+            who = escape(str(coordinator.get("bound", who)))
         figure = (
             f"at most &epsilon; = {float(bound):.4g}, &delta; = {delta:.3g}, for any client "
-            f"(a client in every released round){applies}"
+            f"({who}){applies}"
         )
     accounting = escape(str(coordinator.get("accounting", "")))
     if report.get("view") != "operator":

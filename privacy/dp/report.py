@@ -316,7 +316,9 @@ def _coordinator_lines(coordinator: Mapping[str, Any], report: Mapping[str, Any]
     if bound is None:
         text = f"no bound ({coordinator.get('bound_error', 'unknown')})"
     else:
-        text = f"at most {float(bound):.4f} for any client (a client in every round)"
+        # Under a participation cap (asynchronous DP) the bound is for P releases.
+        who = coordinator["bound"] if "participation" in report else "a client in every round"
+        text = f"at most {float(bound):.4f} for any client ({who})"
     if report.get("view") != "operator":
         return [f"coordinator: {text}{budget}; each client's own figure: operator's report"]
     maximum, distribution = coordinator.get("epsilon_max"), coordinator.get("distribution")

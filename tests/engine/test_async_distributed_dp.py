@@ -22,6 +22,7 @@ from fedveil.privacy.dp import Ledger, SkellamParams
 from fedveil.privacy.dp.accounting import compute_epsilon, individual_epsilon
 from fedveil.privacy.dp.events import PrivacyEvent
 from fedveil.privacy.dp.plan import plan_distributed_dp
+from fedveil.privacy.dp.report import headline_lines
 from fedveil.privacy.dp.subsampled_rdp import DEFAULT_ORDERS, rdp_to_epsilon
 from fedveil.privacy.dp.verify import verify_ledger
 from fedveil.privacy.encodings import SkellamEncoding
@@ -167,6 +168,9 @@ def test_the_reports_state_each_adversary_and_no_counts(tmp_path):
     coordinator = report["adversaries"]["coordinator"]
     assert coordinator["epsilon_bound"] == pytest.approx(bound)
     assert f"a client in {CAP} releases" in coordinator["bound"]
+    said = f"for any client (a client in {CAP} releases"  # not "in every round"
+    assert any(said in line for line in headline_lines(report))
+    assert said in (store.path / "privacy" / "report.html").read_text()
     assert "coordinator" in report["adversaries"]["cohort_members"]["bound"]
     public = (store.path / "privacy" / "report.json").read_text()
     for private_key in ('"survivors"', "dispatches_max", '"dispatch"', "epsilon_client_max"):
