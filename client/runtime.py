@@ -24,6 +24,7 @@ from fedveil.client.training import (
 from fedveil.evaluation import evaluate
 from fedveil.params import FlatModel
 from fedveil.privacy.dp.clipping import clip_update
+from fedveil.privacy.dp.evaluation import contribution
 from fedveil.privacy.dp.ledger import WITNESS_CONFIG_KEY
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.privacy.secagg.identity import ClientIdentity
@@ -140,7 +141,7 @@ class ClientRuntime:
                 client_id,
                 msg,
                 state,
-                self._train_update,
+                self._masked_input,
                 identity,
                 run_id=self.run_id,
                 min_survivors=0 if plan is None else plan.min_survivors,
@@ -231,13 +232,44 @@ class ClientRuntime:
         return reply, delta
 
     def _evaluate(self, client_id: int, msg: Envelope) -> Envelope:
+        loss, acc, n = self._local_evaluation(client_id, msg)
+        return Envelope(
+            Kind.EVALUATE, msg.round, {F.LOSS: loss, F.ACCURACY: acc, F.NUM_EXAMPLES: n}
+        )
+
+    def _local_evaluation(self, client_id: int, msg: Envelope) -> tuple[float, float, int]:
+        """(mean loss, accuracy, examples) of the request's model on the client's held-out
+        data (its training data when it holds none apart)."""
         vector = self._global(msg)
         data = self.task.client_data(client_id)
         if data.x_eval is None or data.y_eval is None:
             x, y = data.x, data.y
         else:
             x, y = data.x_eval, data.y_eval
-        loss, acc, n = evaluate(self.model, vector, x, y, self.task.loss_fn)
-        return Envelope(
-            Kind.EVALUATE, msg.round, {F.LOSS: loss, F.ACCURACY: acc, F.NUM_EXAMPLES: n}
-        )
+        return evaluate(self.model, vector, x, y, self.task.loss_fn)
+
+    def _masked_input(self, client_id: int, msg: Envelope) -> tuple[dict[str, Any], torch.Tensor]:
+        """What the masked-input stage masks: a training update, or, when the request asks
+        for an evaluation (fields.INPUT), the client's bounded evaluation of its model."""
+        if F.is_evaluation_input(msg.config):
+            return self._evaluation_input(client_id, msg)
+        return self._train_update(client_id, msg)
+
+    def _evaluation_input(
+        self, client_id: int, msg: Envelope
+    ) -> tuple[dict[str, Any], torch.Tensor]:
+        """(accuracy, loss clipped to the request's cap and scaled) in [0, 1]^2 with weight 1,
+        clamped here whatever the request says: one client moves the secure sum by a vector of
+        L2 norm <= sqrt(3) (privacy/dp/evaluation.py). Nothing else leaves the client."""
+        cap = float(msg.get(F.EVAL_LOSS_CAP, (int, float)))
+        loss, acc, n = self._local_evaluation(client_id, msg)
+        if n == 0:
+            raise MessageError("evaluation: this client holds no examples to evaluate on")
+        try:
+            vector = contribution(acc, loss, cap)
+        except ValueError as exc:
+            raise MessageError(f"evaluation: {exc}") from None
+        # One vote per client, not per example; the loss travels in the vector, so the
+        # encoding's own loss extra carries nothing.
+        reply: dict[str, Any] = {F.WEIGHT: 1.0, F.LOSS: 0.0}
+        return reply, torch.from_numpy(vector)

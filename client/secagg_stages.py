@@ -8,7 +8,9 @@ the SecAggClient from there, and a session ends with its unmask stage. The
 masked-input stage ("secagg.masked_input") carries the training request: the
 client trains, encodes its update into Z_(2^b) (quantized with its weight, or
 Skellam distributed-DP noise shares) and sends it masked in the same reply,
-so the plain vector is never stored between messages.
+so the plain vector is never stored between messages. The runtime's callable decides
+what is masked: a training update, or, for a request with fields.INPUT = evaluation
+(a DP drift evaluation), the client's bounded evaluation of the request's model.
 """
 
 from __future__ import annotations

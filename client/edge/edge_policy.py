@@ -19,6 +19,9 @@ Either is checked, and capped, before any training:
   its own installed ClientApp, never code the app brings, so the app must name it.
 A stock Flower `train` message (Flower's Message-API conventions, no fedveil
 protocol) would take the update in the clear: refused under require_secagg.
+A masked-input stage that asks for an evaluation (a DP drift evaluation) trains
+nothing: the device sends its own accuracy and capped loss, each clamped to
+[0, 1] with weight 1, so none of the training checks apply to it.
 A refusal is a MessageError: the device answers with an error, the server
 drops it from that round, and the device stays connected for the next one.
 """
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 from fedveil.protocol.deployment import CLIENTAPP_REF, FAB_ID
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import BATCH_SIZE, CLIP_NORM, DP_SGD_NOISE, LOCAL_EPOCHS, LOCAL_STEPS
-from fedveil.protocol.kinds import TRAINING_KINDS, Kind
+from fedveil.protocol.kinds import Kind, trains
 
 
 class PolicyRefusal(MessageError):
@@ -114,7 +117,9 @@ class LocalPolicy:
         self, request: Envelope, num_examples: int, seconds_per_step: float | None
     ) -> tuple[Envelope, bool]:
         """The request as this device will run it, and whether it was capped."""
-        if request.kind not in TRAINING_KINDS:
+        if not trains(request.kind, request.config):
+            # An evaluation's masked input is bounded by this device itself (accuracy and
+            # capped loss in [0, 1], weight 1: client/runtime.py), whatever the server asks.
             return request, False
         config = dict(request.config)
         if self.require_secagg and request.kind == Kind.TRAIN:

@@ -37,8 +37,9 @@ from fedveil.privacy.secagg import flower_run_id
 from fedveil.privacy.secagg.identity import ClientIdentity
 from fedveil.protocol.deployment import CONFIG_KEY
 from fedveil.protocol.envelope import Envelope, MessageError
+from fedveil.protocol.fields import is_evaluation_input
 from fedveil.protocol.flower_codec import KINDS, from_content, message_type, to_content
-from fedveil.protocol.kinds import TRAINING_KINDS, ErrorCode, Kind
+from fedveil.protocol.kinds import ErrorCode, Kind, trains
 from fedveil.protocol.riders import FAILED
 from fedveil.tasks import ClientData, Task, load_task_function
 
@@ -198,7 +199,7 @@ class EdgeClient:
             self._state = {}  # the coordinator started over
         elif step is Advance.NEW_ROUND:
             SecAggSessions(self._state).retire(request.round)
-        training = request.kind in TRAINING_KINDS
+        training = trains(request.kind, request.config)
         if training and self.policy.max_train_seconds and self.seconds_per_step is None:
             self.seconds_per_step = self._probe_step(runtime)
         request, capped = self.policy.apply(request, self._num_examples, self.seconds_per_step)
@@ -211,6 +212,13 @@ class EdgeClient:
                 request.round,
                 request.kind,
                 reply.config[FAILED],
+            )
+        elif request.kind == Kind.SECAGG_MASKED_INPUT and is_evaluation_input(request.config):
+            log.info(
+                "run %d round %d: evaluated the model on this device's held-out data; the "
+                "result leaves masked",
+                run_id,
+                request.round,
             )
         elif training:
             elapsed = time.perf_counter() - start

@@ -3,11 +3,15 @@
 A training request's `config` carries the local-training hyper-parameters, the
 client-side privacy settings and, under DP, the ledger head the device keeps as a
 witness; its `arrays` carry the global model. The secure-aggregation stages carry the
-protocol message under `SA` and the update encoding's parameters under `ENC`.
+protocol message under `SA` and the update encoding's parameters under `ENC`; a
+masked-input request's `INPUT` says whether the client masks a training update or an
+evaluation.
 The server assembles a training request in one place (fedveil.server.engine.requests).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 # -- training request: config -------------------------------------------------
 SEED = "seed"
@@ -49,6 +53,21 @@ ENC_MAX_CLIENTS = ENC + "max_clients"  # quantized: the cohort the sum is sized 
 ENC_MAX_WEIGHT = ENC + "max_weight"  # quantized: the largest weight a client may carry
 ENC_PARAMS = ENC + "params"  # Skellam: the distributed-DP parameters (JSON)
 ENC_ROTATION_SEED = ENC + "rotation_seed"  # Skellam: the round's public rotation seed
+
+# -- masked-input request: what the client masks -------------------------------------
+# Absent or INPUT_UPDATE: its training update. INPUT_EVALUATION: no training; its bounded
+# evaluation of the request's model (privacy/dp/evaluation.py: accuracy and loss clipped to
+# EVAL_LOSS_CAP, each in [0, 1], weight 1), so an evaluation is summed like an update.
+INPUT = "input"
+INPUT_UPDATE = "update"
+INPUT_EVALUATION = "evaluation"
+EVAL_LOSS_CAP = "eval_loss_cap"
+
+
+def is_evaluation_input(config: Mapping[str, object]) -> bool:
+    """Whether a masked-input request asks for an evaluation instead of a training update."""
+    return config.get(INPUT, INPUT_UPDATE) == INPUT_EVALUATION
+
 
 # -- arrays ----------------------------------------------------------------------
 MODEL = "model"  # the global model (train and evaluate requests)

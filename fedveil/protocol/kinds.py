@@ -9,7 +9,10 @@ is supported, hence no `enum.StrEnum`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum, IntEnum
+
+from fedveil.protocol.fields import is_evaluation_input
 
 
 class WireName(str, Enum):
@@ -66,8 +69,16 @@ def stage_of(kind: str) -> Stage | None:
 
 # The stage whose request is also a training request (the update rides masked on it).
 TRAINING_STAGE = Stage.MASKED_INPUT
-# The kinds whose request makes a client train.
+# The kinds whose request makes a client train (a masked input may be an evaluation: `trains`).
 TRAINING_KINDS = (Kind.TRAIN, Kind.SECAGG_MASKED_INPUT)
+
+
+def trains(kind: str, config: Mapping[str, object]) -> bool:
+    """Whether a request of `kind` with `config` makes the client train: a train request, or
+    a masked-input stage whose input is an update, not an evaluation (fields.INPUT)."""
+    return kind in TRAINING_KINDS and not is_evaluation_input(config)
+
+
 SECAGG_KINDS = tuple(Kind.secagg(stage) for stage in Stage)
 
 

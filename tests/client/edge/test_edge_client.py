@@ -121,6 +121,23 @@ def test_policy_caps_and_refusals(tmp_path):
     assert secagg.handle(1, run_config(), ev).config["num_examples"] > 0
 
 
+def test_an_evaluation_under_secure_aggregation_is_not_a_training_request():
+    """A DP drift evaluation asks for the device's bounded evaluation in the masked-input
+    stage: no training checks apply (the device clamps what it sends itself), while the
+    same stage asking for an update is still held to them."""
+    strict = LocalPolicy(require_secagg=True, max_clip_norm=1.0, min_dp_noise=1.0)
+    model = train_request().arrays
+    evaluation = Envelope(
+        "secagg.masked_input", 1, {"input": "evaluation", "eval_loss_cap": 5.0}, model
+    )
+    assert strict.apply(evaluation, 100, None) == (evaluation, False)
+    update = Envelope(
+        "secagg.masked_input", 1, {**train_request().config, "input": "update"}, model
+    )
+    with pytest.raises(PolicyRefusal, match="clipped"):
+        strict.apply(update, 100, None)
+
+
 def test_the_device_decides_what_it_runs(tmp_path):
     task = EdgeClient(TaskSource("deploy_task:make"), 0)
     with pytest.raises(MessageError, match="runs task 'deploy_task:make'"):
