@@ -146,25 +146,31 @@ def privacy_section(run_dir: Path, result: VerifyResult | None = None) -> dict[s
 
 
 def compose_lineage(
-    own: dict[str, Any], parent_card: dict[str, Any], parent_ref: str, same_users: bool
+    own: dict[str, Any],
+    parent_card: dict[str, Any],
+    parent_ref: str,
+    same_users: bool,
+    evaluations: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The card's `lineage`: its parent and, per adversary, epsilon and delta composed
-    over the parent's own composed figures and this run's. A run without DP anywhere in
-    the lineage leaves nothing to compose (None, with the reason)."""
+    over the parent's own composed figures, the drift evaluations of the parent that led to
+    this run (`evaluations`, drift_evaluations.py; None: none) and this run's. A run without
+    DP anywhere in the lineage leaves nothing to compose (None, with the reason)."""
     parent_composed = (parent_card.get("lineage") or {}).get("composed") or _own_figures(
         parent_card
     )
     mine = _own_figures(own)
+    steps = [parent_composed, *([_evaluation_figures(evaluations)] if evaluations else []), mine]
     composed: dict[str, Any] = {}
     for adversary in ("observers", "coordinator"):
-        a, b = parent_composed.get(adversary), mine.get(adversary)
-        if a is None or b is None or a.get("epsilon") is None or b.get("epsilon") is None:
+        parts = [step.get(adversary) for step in steps]
+        if any(p is None or p.get("epsilon") is None for p in parts):
             composed[adversary] = None  # no guarantee somewhere in the lineage: none composed
             continue
-        combine = (lambda x, y: x + y) if same_users else max
+        combine = sum if same_users else max
         composed[adversary] = {
-            "epsilon": combine(float(a["epsilon"]), float(b["epsilon"])),
-            "delta": combine(float(a["delta"]), float(b["delta"])),
+            "epsilon": combine(float(p["epsilon"]) for p in parts),
+            "delta": combine(float(p["delta"]) for p in parts),
         }
     lineage = [*((parent_card.get("lineage") or {}).get("chain") or []), parent_ref]
     return {
@@ -173,11 +179,22 @@ def compose_lineage(
         "chain": lineage,
         "same_users": same_users,
         "rule": SEQUENTIAL_RULE if same_users else PARALLEL_RULE,
+        **({"drift_evaluations": evaluations} if evaluations is not None else {}),
         "composed": composed,
         "composed_statement": (
             "None for an adversary means that some run in the lineage gives no guarantee "
             "against it (no DP, or a trusted curator), so neither does this model."
         ),
+    }
+
+
+def _evaluation_figures(evaluations: dict[str, Any]) -> dict[str, dict[str, float] | None]:
+    """The drift evaluations' (epsilon, delta) per adversary: central noise, so none holds
+    against the coordinator once anything was released."""
+    figures = {"epsilon": float(evaluations["epsilon"]), "delta": float(evaluations["delta"])}
+    return {
+        "observers": figures,
+        "coordinator": figures if not evaluations.get("releases") else None,
     }
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from fedveil.privacy.dp.verify import STATUS_FAILED, VerifyResult
 from fedveil.server.engine.privacy_report import secure_aggregation_mode
 from fedveil.server.registry.card import compose_lineage, privacy_section
+from fedveil.server.registry.drift_evaluations import DRIFT_EVALUATIONS_FILE, drift_evaluations
 from fedveil.server.registry.lineage import LINEAGE_FILE, read_lineage
 from fedveil.server.registry.store import RegistryError
 
@@ -139,9 +140,24 @@ def _check_lineage(
             f"{lineage.get('parent')!r} was not found; the composed epsilon cannot be checked",
         )
         return
+    parent = str(lineage.get("parent"))
+    try:
+        evaluations = drift_evaluations(run_dir, parent)
+    except RegistryError as error:
+        check.fail("lineage.drift_evaluations", str(error))
+        return
     want = compose_lineage(
-        card, parent_card, str(lineage.get("parent")), bool(lineage.get("same_users", True))
+        card, parent_card, parent, bool(lineage.get("same_users", True)), evaluations
     )
+    for key in ("releases", "epsilon", "delta"):
+        name = f"drift_evaluations.{key}"
+        expected, got = _get(want, name), _get(lineage, name)
+        if not _same(expected, got):
+            check.fail(
+                f"lineage.{name}",
+                f"the card states {_show(got)}, the run's {DRIFT_EVALUATIONS_FILE} gives "
+                f"{_show(expected)}",
+            )
     for adversary in ("observers", "coordinator"):
         for key in ("epsilon", "delta"):
             name = f"composed.{adversary}.{key}"

@@ -10,6 +10,7 @@ from typing import Any
 from fedveil.privacy.dp.verify import VerifyResult
 from fedveil.server.registry.card import build_card, compose_lineage, unknown_lineage
 from fedveil.server.registry.card_check import CardCheck, check_card
+from fedveil.server.registry.drift_evaluations import drift_evaluations
 from fedveil.server.registry.lineage import LINEAGE_FILE, read_lineage
 from fedveil.server.registry.run_model import round_model
 from fedveil.server.registry.store import (
@@ -50,9 +51,11 @@ class Registry:
 
         `parent`: the reference of the version this run started from; its card then
         composes epsilon over the lineage: summed (`same_users`, the sound default) or,
-        when the operator declares the runs' users disjoint, the largest. Without it, the
-        run's lineage.json (`fedveil simulate --init-model`) names the starting model, found
-        here by its SHA-256; a starting model not in this registry leaves no composed figure.
+        when the operator declares the runs' users disjoint, the largest; a run retrained
+        on drift adds the parent's drift evaluations it carries (drift_evaluations.py).
+        Without it, the run's lineage.json (`fedveil simulate --init-model`) names the
+        starting model, found here by its SHA-256; a starting model not in this registry
+        leaves no composed figure.
         """
         run_dir = Path(run_dir).resolve()
         if not run_dir.is_dir():
@@ -64,7 +67,12 @@ class Registry:
         parent_version = self._parent(parent, recorded)
         if parent_version is not None:
             card["lineage"] = compose_lineage(
-                card, parent_version.card, parent_version.ref, same_users
+                card,
+                parent_version.card,
+                parent_version.ref,
+                same_users,
+                # A retrain on drift counts the parent's evaluations that led to it.
+                drift_evaluations(run_dir, parent_version.ref),
             )
         elif recorded is not None:
             card["lineage"] = unknown_lineage(str(recorded.get("init_model_sha256")))
