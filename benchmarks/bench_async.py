@@ -70,6 +70,7 @@ class Setup:
     group_size: int
     group_deadline: bool  # async_secagg: round_timeout at the p90 latency, as sync_deadline
     latency_median: float
+    message_latency_share: float  # async_secagg's key and unmask stages, of latency_median
     max_updates: int  # client-update budget of a contender that never reaches the target
     target: float
 
@@ -94,6 +95,7 @@ def resolve(args: argparse.Namespace) -> Setup:
         group_size=g,
         group_deadline=getattr(args, "group_deadline", "p90") == "p90",
         latency_median=args.latency_median,
+        message_latency_share=args.message_latency_share,
         max_updates=args.max_updates or (8 * c if args.quick else 100 * c),
         target=args.target if args.target is not None else (0.5 if args.quick else 0.80),
     )
@@ -137,7 +139,13 @@ def contender_values(name: str, s: Setup, seed: int, out: Path) -> dict[str, Any
         }
     )
     if name == "async_secagg":
-        values.update({"secagg.enabled": True, "server.group_size": s.group_size})
+        values.update(
+            {
+                "secagg.enabled": True,
+                "server.group_size": s.group_size,
+                "simulation.message_latency_share": s.message_latency_share,
+            }
+        )
         if s.group_deadline:  # stragglers past it are dropped; the sum comes by recovery
             values["server.round_timeout"] = deadline(s, seed)
     return values
@@ -268,6 +276,7 @@ def bench(s: Setup, seeds: list[int], names: list[str], out: Path) -> dict[str, 
         latency_median_s=s.latency_median,
         latency_sigma=1.0,
         latency_client_sigma=0.5,
+        message_latency_share=s.message_latency_share,
         round_timeout_s={str(seed): deadline(s, seed) for seed in seeds},
         group_deadline=s.group_deadline,
         seeds=seeds,
@@ -306,7 +315,8 @@ def format_report(summary: dict[str, Any]) -> str:
     lines = [
         f"fedveil bench async: C = {summary['concurrency']} in flight, K = {summary['buffer']}, "
         f"secagg groups of G = {summary['group_size']}; latency log-normal, median "
-        f"{summary['latency_median_s']:g} s, sigma 1.0, client sigma 0.5; "
+        f"{summary['latency_median_s']:g} s, sigma 1.0, client sigma 0.5 (secagg key and "
+        f"unmask stages x {summary['message_latency_share']:g}); "
         f"seeds {summary['seeds']}; target accuracy {summary['target_accuracy']:g}",
         f"{'contender':>38} {'time to target (sim s)':>22} {'CPU s / update':>15} {'mean tau':>9}",
     ]

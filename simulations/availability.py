@@ -9,7 +9,10 @@ is involved, and a re-run of the same config fails the same clients.
   p_c = sigmoid(logit(p_stage) + spread * z_c), z_c ~ N(0, 1) fixed per client.
 - Latency: L = latency_median * exp(client_sigma * s_c + sigma * e), s_c fixed per
   client, e fresh per (round, stage). A client whose L exceeds the exchange's
-  deadline (server.round_timeout) is a straggler: its reply is lost.
+  deadline (server.round_timeout) is a straggler: its reply is lost. An exchange that
+  computes nothing on the client's data (secure aggregation's key and unmasking
+  stages) has the median latency_median * message_latency_share: a message's round
+  trip, not a training's.
 
 A dropped or late client stays gone for the rest of its round, as a real one
 whose connection broke would; the transport answers for it with a ClientFailure.
@@ -27,6 +30,7 @@ import numpy as np
 
 from fedveil.config import parse_stage_dropout
 from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.kinds import MESSAGE_KINDS
 from fedveil.server.engine.transport import (
     CentralEvaluator,
     ClientFailure,
@@ -88,6 +92,7 @@ class AvailabilityModel:
     latency_median: float = 0.0
     latency_sigma: float = 0.5
     latency_client_sigma: float = 0.5
+    message_latency_share: float = 1.0  # median of a message-only exchange / latency_median
 
     def __post_init__(self) -> None:
         for name, p in [("dropout", self.dropout), *self.stage_dropout.items()]:
@@ -95,6 +100,10 @@ class AvailabilityModel:
                 raise ValueError(f"dropout probability for {name!r} = {p}: must be in [0, 1)")
         if self.latency_median < 0 or self.latency_sigma < 0 or self.latency_client_sigma < 0:
             raise ValueError("latency_median, latency_sigma, latency_client_sigma must be >= 0")
+        if not 0.0 <= self.message_latency_share <= 1.0:
+            raise ValueError(
+                f"message_latency_share = {self.message_latency_share}: must be in [0, 1]"
+            )
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> AvailabilityModel | None:
@@ -108,6 +117,7 @@ class AvailabilityModel:
             latency_median=s.latency_median,
             latency_sigma=s.latency_sigma,
             latency_client_sigma=s.latency_client_sigma,
+            message_latency_share=s.message_latency_share,
         )
         return model if model.active else None
 
@@ -126,10 +136,16 @@ class AvailabilityModel:
         return 1.0 / (1.0 + np.exp(-logit))
 
     def latency(self, round_num: int, stage: str, cids: Sequence[int]) -> np.ndarray:
-        """Simulated reply latency in seconds (zeros when there is no latency model)."""
-        if self.latency_median <= 0:
+        """Simulated reply latency in seconds (zeros when there is no latency model). An
+        exchange that computes nothing on the client's data (MESSAGE_KINDS: secure
+        aggregation's key and unmasking stages) has its median scaled by
+        message_latency_share; the client's slowness and the draw's spread stay."""
+        median = self.latency_median
+        if stage in MESSAGE_KINDS:
+            median *= self.message_latency_share
+        if median <= 0:
             return np.zeros(len(cids))
-        log_l = math.log(self.latency_median) + np.zeros(len(cids))
+        log_l = math.log(median) + np.zeros(len(cids))
         if self.latency_client_sigma > 0:
             log_l += self.latency_client_sigma * _normals((self.seed, _SLOWNESS), cids)
         if self.latency_sigma > 0:

@@ -299,6 +299,14 @@ class SimulationConfig:
     latency_client_sigma: float = spec(
         0.5, lo=0.0, hi=10.0, help="log-normal sigma of each client's persistent slowness"
     )
+    message_latency_share: float = spec(
+        1.0,
+        lo=0.0,
+        hi=1.0,
+        help="median latency of an exchange in which the client computes nothing on its data "
+        "(secure aggregation's advertise, share-keys, consistency and unmask stages), as a "
+        "share of latency_median; 1: as slow as training",
+    )
     plots: bool = spec(True, help="save PNG plots of the run in the run directory")
     ray_address: str = spec(
         "",

@@ -80,6 +80,9 @@ def trains(kind: str, config: Mapping[str, object]) -> bool:
 
 
 SECAGG_KINDS = tuple(Kind.secagg(stage) for stage in Stage)
+# The kinds whose answer computes nothing on the client's data (keys, shares, signatures):
+# a message's round trip, not a training's (the availability model's message latency).
+MESSAGE_KINDS = tuple(k for k in SECAGG_KINDS if k not in TRAINING_KINDS)
 
 
 class ErrorCode(IntEnum):
