@@ -159,10 +159,17 @@ class AsyncEngine(RoundEngine):
             and isinstance(self.channel, SecAggChannel)
         )  # fmt: skip
         self.keyed: list[KeyedGroup] = []  # formed, keys agreed or agreeing, in seq order
+        # On the simulated clock a group member that has sent its masked input stops
+        # training: it is free to join the next group while its own waits for stragglers
+        # to report or hit the deadline (Unit.frees), so the slot holds no idle client.
+        self.free_early = self.secagg and latency and isinstance(self.clock, SimulatedClock)
 
     # -- dispatch -----------------------------------------------------------
     def clients_in_flight(self) -> int:
-        return sum(len(u.clients) for u in self.in_flight.values())
+        """Clients training now (a group's members that have sent their masked input do
+        not count: Unit.frees)."""
+        now = self.clock.now()
+        return sum(len(u.busy(now)) for u in self.in_flight.values())
 
     def fill(self) -> None:
         """Dispatch units into every free slot the SSP gate and the cap allow (with keys
@@ -210,7 +217,8 @@ class AsyncEngine(RoundEngine):
     def _draw(self) -> list[int] | None:
         """G clients not in flight and under the participation cap (seeded draw; under
         DP keyed by the secret cohort key and the dispatch number)."""
-        busy = {c for u in self.in_flight.values() for c in u.clients}
+        now = self.clock.now()
+        busy = {c for u in self.in_flight.values() for c in u.busy(now)}
         busy.update(c for g in self.keyed for c in g.clients)
         cap = self.cfg.server.max_participations
         eligible = [
@@ -236,10 +244,11 @@ class AsyncEngine(RoundEngine):
         keys = group.keys
         if keys is None:  # restored from a checkpoint: the same stages, agreed again
             keys, _ = self.runner.agree_keys(group.seq, group.clients)
-        wait = max(0.0, group.keys_ready - unit.dispatched_at)
-        unit.arrival = (
-            unit.dispatched_at + wait + self.runner.run_keyed_group(unit, self.weights, keys)
+        start = unit.dispatched_at + max(0.0, group.keys_ready - unit.dispatched_at)
+        elapsed = self.runner.run_keyed_group(
+            unit, self.weights, keys, start if self.free_early else None
         )
+        unit.arrival = start + elapsed
         self.in_flight[unit.seq] = unit
         self.clock.schedule(unit.seq, unit.arrival)
         self.totals["dispatched"] += 1
@@ -253,7 +262,8 @@ class AsyncEngine(RoundEngine):
                 self.dp.dispatch(client, self.round)
         self.participations.update(clients)
         if self.secagg:
-            latency = self.runner.run_group(unit, self.weights)
+            start = unit.dispatched_at if self.free_early else None
+            latency = self.runner.run_group(unit, self.weights, start)
         else:
             timeout = self.cfg.server.round_timeout or None
             latency, unit.failed = plain_unit_fate(self.availability, seq, clients, timeout)
@@ -265,8 +275,11 @@ class AsyncEngine(RoundEngine):
     # -- arrivals -----------------------------------------------------------
     def deliver(self, seq: int) -> RoundRecord | None:
         """Unit `seq` came back: buffer its update (or drop it), and apply once K are
-        buffered. A sequence number not in flight (a replay, or a reply from before a
-        resume) is dropped and counted, never applied twice."""
+        buffered, or at once for a secure-aggregation group's sum: G >= K members were
+        dispatched, and those its session lost are gone, not on their way (waiting for
+        the next group would apply two groups in one step). A sequence number not in
+        flight (a replay, or a reply from before a resume) is dropped and counted, never
+        applied twice."""
         unit = self.in_flight.pop(seq, None)
         if unit is None:
             self.window.replays_dropped += 1
@@ -276,7 +289,7 @@ class AsyncEngine(RoundEngine):
             self._compute(unit)
         self._receive(unit)
         self._forget_versions()
-        if self.window.buffered >= self.cfg.server.buffer:
+        if self.window.buffered >= self.cfg.server.buffer or (self.secagg and self.window.buffer):
             return self.run_round()
         if self.window.units >= self.stall_limit:
             self._stall()
@@ -427,6 +440,8 @@ class AsyncEngine(RoundEngine):
     def _arrivals(self) -> None:
         while self.round < self.cfg.server.rounds:
             self.fill()
+            if self._member_freed():
+                continue
             nxt = self.clock.next_arrival()
             if nxt is None or self.stalled:
                 self.stopped_reason = self.stopped_reason or (
@@ -437,6 +452,20 @@ class AsyncEngine(RoundEngine):
                 log.warning(self.stopped_reason)
                 break
             self.deliver(nxt[1])
+
+    def _member_freed(self) -> bool:
+        """Free-early groups: move the clock to the next time a member stops training when
+        that comes before the next arrival (then fill again); False when none does."""
+        if not self.free_early:
+            return False
+        assert isinstance(self.clock, SimulatedClock)
+        now = self.clock.now()
+        frees = [t for u in self.in_flight.values() for t in u.frees.values() if t > now]
+        arrival = self.clock.peek()
+        if not frees or (arrival is not None and min(frees) > arrival):
+            return False
+        self.clock.advance(min(frees))
+        return True
 
     def _close_ledger(self, kind: str, reason: str | None) -> None:
         assert self.dp is not None

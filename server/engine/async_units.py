@@ -24,6 +24,7 @@ import torch
 
 from fedveil.config import RunConfig
 from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.kinds import TRAINING_KINDS
 from fedveil.server.engine.aggregation import Aggregate, NoUpdates, UpdateChannel
 from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.requests import ClientPrivacy, build_train_request
@@ -67,6 +68,16 @@ class Unit:
     failed: dict[int, str] = field(default_factory=dict)  # simulated dropouts at dispatch
     outcome: Outcome = None
     computed: bool = False
+    # A secure-aggregation group on the simulated clock: when each member stops training
+    # (its masked input sent, or lost); from then on it is free to join another group
+    # while this one waits for its stragglers. Empty: every member busy until arrival.
+    frees: dict[int, float] = field(default_factory=dict)
+
+    def busy(self, now: float) -> list[int]:
+        """The members still training at simulated time `now`."""
+        if not self.frees:
+            return list(self.clients)
+        return [c for c in self.clients if self.frees.get(c, self.arrival) > now]
 
     def to_state(self) -> dict[str, Any]:
         """What a checkpoint keeps (never the update: it is recomputed on resume)."""
@@ -76,17 +87,20 @@ class Unit:
             "version": self.version,
             "dispatched_at": self.dispatched_at,
             "arrival": self.arrival,
+            "frees": [[c, t] for c, t in sorted(self.frees.items())],
         }
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> Unit:
-        return cls(
+        unit = cls(
             int(state["seq"]),
             tuple(int(c) for c in state["clients"]),
             int(state["version"]),
             float(state["dispatched_at"]),
             float(state["arrival"]),
         )
+        unit.frees = {int(c): float(t) for c, t in state.get("frees", [])}
+        return unit
 
 
 class _Replies:
@@ -111,12 +125,15 @@ class _Replies:
 class StagedAvailability:
     """One secure-aggregation group's exchanges under the availability model: each stage's
     members drop or straggle as the model decides at (seq, stage); a member lost at one
-    stage stays lost; the group's simulated time is the sum of its stages' waits."""
+    stage stays lost; the group's simulated time is the sum of its stages' waits.
+    `trained` holds when each member stopped training (from the session's start): its
+    reply to the training stage, or the end of the stage at which it was lost."""
 
     def __init__(self, inner: Transport, availability: Availability | None) -> None:
         self.inner, self.availability = inner, availability
         self.gone: dict[int, str] = {}
         self.elapsed = 0.0
+        self.trained: dict[int, float] = {}
 
     def client_ids(self) -> Sequence[int]:
         return self.inner.client_ids()
@@ -131,11 +148,16 @@ class StagedAvailability:
         if self.availability is not None and live:
             first = next(iter(live.values()))
             verdict = self.availability.judge(first.round, first.kind, sorted(live), timeout_s)
+            wait = verdict.simulated_time(timeout_s)
             for cid, reason in verdict.failed.items():
                 self.gone[cid] = reason
                 out[cid] = ClientFailure(cid, reason)
                 del live[cid]
-            self.elapsed += verdict.simulated_time(timeout_s)
+                self.trained[cid] = self.elapsed + wait
+            if first.kind in TRAINING_KINDS:
+                for cid, latency in verdict.latency.items():
+                    self.trained[cid] = self.elapsed + latency
+            self.elapsed += wait
         if live:
             out.update(self.inner.exchange(live, timeout_s))
         return out
@@ -199,9 +221,10 @@ class UnitRunner:
         unit.outcome = self.channel.collect(_Replies(mine), requests, self.model_size, None)
         unit.computed = True
 
-    def run_group(self, unit: Unit, weights: torch.Tensor) -> float:
-        """A secure-aggregation group's whole session; its simulated duration."""
-        return self.run_keyed_group(unit, weights, None)
+    def run_group(self, unit: Unit, weights: torch.Tensor, start: float | None = None) -> float:
+        """A secure-aggregation group's whole session; its simulated duration (and, given
+        the simulated time `start` its first stage begins, when each member is free)."""
+        return self.run_keyed_group(unit, weights, None, start)
 
     def agree_keys(self, seq: int, clients: Sequence[int]) -> tuple[Any, float]:
         """A group's key stages, run before its training (KeyedGroup): the agreed keys
@@ -211,9 +234,12 @@ class UnitRunner:
         keys = self.channel.agree_keys(staged, seq, list(clients), self.model_size, self.timeout)
         return keys, staged.elapsed
 
-    def run_keyed_group(self, unit: Unit, weights: torch.Tensor, keys: Any) -> float:
+    def run_keyed_group(
+        self, unit: Unit, weights: torch.Tensor, keys: Any, start: float | None = None
+    ) -> float:
         """A group's session from masked input on when `keys` (agree_keys) are given, else
-        whole; its simulated duration."""
+        whole; its simulated duration. With `start` (the simulated time the session's first
+        stage here begins) `unit.frees` says when each member stops training."""
         staged = StagedAvailability(self.transport, self.availability)
         requests = self.requests(unit, weights)
         if keys is None:
@@ -226,4 +252,6 @@ class UnitRunner:
         unit.computed = True
         if self.availability is None or self.availability.latency_median <= 0:
             return DEFAULT_LATENCY_S
+        if start is not None:
+            unit.frees = {c: start + staged.trained.get(c, staged.elapsed) for c in unit.clients}
         return staged.elapsed

@@ -68,7 +68,7 @@ class _SessionOnItsThread(UnitRunner):
     """The unit runner whose secure-aggregation group does not run at dispatch: on the
     wall clock the group's session runs on the unit's thread (WallClockEngine._work)."""
 
-    def run_group(self, unit: Unit, weights: torch.Tensor) -> float:
+    def run_group(self, unit: Unit, weights: torch.Tensor, start: float | None = None) -> float:
         return 0.0
 
 

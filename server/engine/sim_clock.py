@@ -59,6 +59,14 @@ class SimulatedClock:
         self._now = max(self._now, at)
         return at, seq
 
+    def peek(self) -> float | None:
+        """When the next arrival comes, without taking it."""
+        return self._heap[0][0] if self._heap else None
+
+    def advance(self, at: float) -> None:
+        """Move the clock to `at` (an event other than an arrival: a member freed)."""
+        self._now = max(self._now, float(at))
+
     def state(self) -> dict[str, Any]:
         # The pending arrivals are rebuilt from the units in flight on restore.
         return {"now": self._now}

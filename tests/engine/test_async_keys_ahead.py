@@ -5,12 +5,13 @@ its own; only its key stages move earlier, so once a slot frees it waits for mas
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import tiny_task
 from fedveil.config import load_config
 from fedveil.protocol.envelope import Envelope
 from fedveil.server.engine.async_engine import AsyncEngine
+from fedveil.server.engine.async_units import Unit
 from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.transport import ClientFailure, Transport
 from fedveil.simulations.availability import AvailabilityModel
@@ -41,7 +42,9 @@ class Recorder:
         self.inner.close()
 
 
-def run(tmp_path, **extra) -> tuple[AsyncEngine, Recorder]:
+def run(
+    tmp_path, watch: Callable[[AsyncEngine], None] | None = None, **extra
+) -> tuple[AsyncEngine, Recorder]:
     values = {
         "model.task": "tiny_task:make",
         "data.num_clients": 12,
@@ -63,7 +66,12 @@ def run(tmp_path, **extra) -> tuple[AsyncEngine, Recorder]:
     _, channel = make_privacy_pipeline(cfg, task, tmp_path / "ledger.jsonl")
     recorder = Recorder(InProcessTransport(task))
     engine = AsyncEngine(
-        cfg, task, recorder, channel=channel, availability=AvailabilityModel.from_config(cfg)
+        cfg,
+        task,
+        recorder,
+        channel=channel,
+        availability=AvailabilityModel.from_config(cfg),
+        on_round=None if watch is None else (lambda _record: watch(engine)),
     )
     engine.run()
     return engine, recorder
@@ -73,8 +81,11 @@ def test_groups_agree_keys_while_others_train(tmp_path):
     engine, recorder = run(tmp_path)
     clocks = [r.extra["sim_clock_s"] for r in engine.history]
     # t = 0: two groups run all four stages (4 s) and two more agree their keys (ready at
-    # 2 s); at 4 s those take the free slots and need masked input and unmask: 6 s, not 8.
-    assert clocks == [4.0, 4.0, 6.0, 6.0]
+    # 2 s). At 3 s the first groups' members have sent their masked input: they are free
+    # (their groups still unmask), the keyed groups take the slots and need masked input
+    # and unmask: 5 s, not 8 (four stages after the first groups) nor 6 (a slot held
+    # until its group's unmasking ends).
+    assert clocks == [4.0, 4.0, 5.0, 5.0]
     assert all(r.cohort_aggregated == 3 for r in engine.history)
     # Each applied group ran the whole protocol, each stage once, in order, to its members.
     applied = [s for r in engine.history for s in r.extra["applied_dispatches"]]
@@ -82,8 +93,8 @@ def test_groups_agree_keys_while_others_train(tmp_path):
         mine = [(kind, who) for rnd, kind, who in recorder.log if rnd == seq]
         assert [kind for kind, _ in mine] == STAGES
         assert len({who for _, who in mine}) == 1
-    # No client is in two groups at once (keys agreed ahead count as busy).
-    busy = [set(u.clients) for u in engine.in_flight.values()]
+    # No client trains in two groups at once (keys agreed ahead count as busy).
+    busy = [set(u.busy(engine.clock.now())) for u in engine.in_flight.values()]
     busy += [set(g.clients) for g in engine.keyed]
     assert sum(map(len, busy)) == len(set().union(*busy))
 
@@ -92,3 +103,44 @@ def test_without_a_latency_model_every_group_runs_whole_at_dispatch(tmp_path):
     engine, _ = run(tmp_path, **{"simulation.latency_median": 0.0})
     assert not engine.keys_ahead and not engine.keyed
     assert [r.extra["sim_clock_s"] for r in engine.history] == [1.0, 1.0, 2.0, 2.0]
+
+
+def test_a_member_that_sent_its_masked_input_trains_again_before_its_group_unmasks(tmp_path):
+    """Stragglers hold their group's release, not its fast members: once a member has sent
+    its masked input it may join the next group, and no more than C clients ever train."""
+    units: dict[int, Unit] = {}
+
+    def watch(engine: AsyncEngine) -> None:  # the units in flight at each server update
+        units.update(engine.in_flight)
+
+    engine, recorder = run(
+        tmp_path,
+        watch,
+        **{
+            "server.rounds": 8,
+            "simulation.latency_sigma": 1.0,
+            "simulation.latency_client_sigma": 0.5,
+            "simulation.message_latency_share": 0.1,
+        },
+    )
+    assert engine.free_early
+    units.update(engine.in_flight)
+    early = 0
+    for seq, unit in units.items():
+        for other in units.values():
+            shared = set(other.clients) & set(unit.clients)
+            if other.seq < seq and shared and other.arrival > unit.dispatched_at:
+                # `other` still unmasks: its shared members were freed early
+                assert all(other.frees[c] <= unit.dispatched_at for c in shared)
+                early += 1
+        training = sum(
+            1
+            for u in units.values()
+            for c in u.clients
+            if u.dispatched_at <= unit.dispatched_at < u.frees[c]
+        )
+        assert training <= engine.concurrency
+    assert early > 0
+    # Each applied group still ran every stage once, in order, to the same members.
+    for seq in [s for r in engine.history for s in r.extra["applied_dispatches"]]:
+        assert [kind for rnd, kind, _ in recorder.log if rnd == seq] == STAGES
