@@ -85,6 +85,28 @@ class DriftSection:
     holdout: float = spec(
         0.2, lo=0.0, lo_open=True, hi=0.9, help="share of each device's data it evaluates on"
     )
+    # A version trained with DP is evaluated under secure aggregation with central Gaussian
+    # noise, each evaluation charged to a budget per watched version (drift.py).
+    epsilon: float = spec(
+        1.0, lo=0.0, lo_open=True, hi=100.0, help="DP versions: epsilon of one evaluation"
+    )
+    delta: float = spec(
+        1e-6, lo=0.0, lo_open=True, hi=1e-3, help="DP versions: delta of the evaluations"
+    )
+    budget: float = spec(
+        4.0,
+        lo=0.0,
+        lo_open=True,
+        hi=1000.0,
+        help="DP versions: the most epsilon the evaluations of one version may compose to",
+    )
+    loss_cap: float = spec(
+        5.0,
+        lo=0.0,
+        lo_open=True,
+        hi=1000.0,
+        help="DP versions: a device's loss is clipped to this before it is summed",
+    )
 
 
 @dataclass
@@ -156,6 +178,11 @@ def service_config(raw: dict[str, Any]) -> ServiceConfig:
     if cfg.drift.enabled and not cfg.drift.model:
         raise ConfigError(
             "drift.model = '': drift.enabled needs the registry name of the model to watch"
+        )
+    if cfg.drift.budget < cfg.drift.epsilon:
+        raise ConfigError(
+            f"drift.budget = {cfg.drift.budget:g}: must be >= drift.epsilon = "
+            f"{cfg.drift.epsilon:g} (the budget must pay for one evaluation)"
         )
     return cfg
 

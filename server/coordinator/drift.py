@@ -4,14 +4,21 @@ drift.json says "evaluate", see drift_run.py); when its accuracy is below `thres
 submits a retraining run that starts from that version, through the same submission checks
 as any run (RunManager.submit).
 
-Runs with DP are refused, with the reason in the drift state: on a DP model, the devices'
-accuracy is a statistic of their data, so evaluating it is a release that would have to be
-computed under secure aggregation with calibrated noise and charged to the run's budget,
-and so would the retrain decision taken from it. fedveil has no such mechanism for
-evaluation yet; publishing an unaccounted accuracy would break the run's guarantee.
+A version trained with DP (`[dp]`, or DP-SGD on the devices) is evaluated as a DP release:
+under secure aggregation (the version's threat mode, semi-honest if it had none) with
+central Gaussian noise calibrated to `drift.epsilon`/`drift.delta` (privacy/dp/
+evaluation.py), and charged to `drift.budget`, the most the evaluations of one version may
+compose to (drift_budget.py). The charge is reserved before the run is submitted; an
+evaluation the budget cannot pay for is refused, naming drift.budget, and nothing is sent
+to the devices; so is one for which too few devices are connected to reach secure
+aggregation's threshold. Only the noised mean accuracy and loss and the accounted epsilon
+are published; the retrain decision is post-processing of them (no further charge), and
+the retraining run carries the evaluations' ledgers, so its card counts them in the
+lineage's composed epsilon (server/registry/drift_evaluations.py).
 
 The state (`<state_dir>/drift.json`; GET /drift, the dashboard) survives restarts: the run in
-flight, the last evaluation time, and each evaluation's accuracy, threshold and outcome.
+flight, the last evaluation time, each evaluation's accuracy, threshold and outcome (and
+under DP its epsilon and the version's budget spent and left), and the charges per version.
 """
 
 from __future__ import annotations
@@ -21,15 +28,24 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from fedveil.config import ConfigError, config_from_dict
 from fedveil.config.service import DriftSection
+from fedveil.privacy.dp.evaluation import EvaluationPlan
+from fedveil.privacy.secagg.feasibility import MIN_CLIENTS, smallest_feasible_group
+from fedveil.server.coordinator.drift_budget import DriftBudget
 from fedveil.server.coordinator.drift_run import DRIFT_FILE, EVALUATE, RETRAIN
 from fedveil.server.coordinator.model_versions import coordinator_registry
 from fedveil.server.coordinator.rundir import FINAL, read_json, write_json
 from fedveil.server.coordinator.runs import RunManager, RunNotFound, SubmissionError
 from fedveil.server.registry import RegistryError
+from fedveil.server.registry.drift_evaluations import (
+    DRIFT_EVALUATIONS_FILE,
+    evaluations_record,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -46,19 +62,28 @@ class DriftRefused(ValueError):
     """The promoted version cannot be evaluated for drift; the message says why."""
 
 
-def dp_refusal(run_config: dict[str, Any]) -> str | None:
-    """Why a version trained with this run config may not be drift-evaluated (None: it may)."""
+def trained_with_dp(run_config: dict[str, Any]) -> str | None:
+    """What made a version's training DP (None: it had no DP), e.g. "dp.mechanism = 'central'"."""
     dp = run_config.get("dp", {}).get("mechanism", "none")
     dp_sgd = float(run_config.get("client", {}).get("dp_sgd_noise", 0.0) or 0.0)
     if dp == "none" and dp_sgd == 0:
         return None
-    used = f"dp.mechanism = {dp!r}" if dp != "none" else f"client.dp_sgd_noise = {dp_sgd}"
-    return (
-        f"drift evaluation refused: the promoted version was trained with DP ({used}). "
-        "The devices' accuracy on it is a release of their data: it would have to run under "
-        "secure aggregation with calibrated noise and be charged to the budget, as would the "
-        "retrain decision, and fedveil has no accounted mechanism for evaluation yet"
-    )
+    return f"dp.mechanism = {dp!r}" if dp != "none" else f"client.dp_sgd_noise = {dp_sgd}"
+
+
+def _unreleased(summary: dict[str, Any]) -> str | None:
+    """Why a DP evaluation published nothing, without its reason (which may count devices:
+    the run's private annex has it)."""
+    if summary.get("released") is not False:
+        return None
+    stage = str(summary.get("aborted", "")).replace("_", " ")
+    return f"secure aggregation aborted {stage}: nothing released".replace("  ", " ")
+
+
+@lru_cache(maxsize=8)
+def evaluation_plan(epsilon: float, delta: float, loss_cap: float) -> EvaluationPlan:
+    """The calibrated plan of one DP evaluation (the same settings give the same plan)."""
+    return EvaluationPlan.calibrate(epsilon, delta, loss_cap)
 
 
 class DriftMonitor:
@@ -68,8 +93,12 @@ class DriftMonitor:
         state_dir: Path,
         manager: RunManager,
         clock: Callable[[], float] = time.time,
+        connected: Callable[[], int | None] = lambda: None,
     ) -> None:
+        """`connected`: the devices connected now (None: unknown), for secure aggregation's
+        threshold under DP (the service's count of online enrolled devices)."""
         self.cfg, self.state_dir, self.manager, self.clock = settings, state_dir, manager, clock
+        self.connected = connected
         self.path = state_dir / STATE_FILE
 
     def state(self) -> dict[str, Any]:
@@ -81,6 +110,13 @@ class DriftMonitor:
             "model": self.cfg.model,
             "interval_s": self.cfg.interval_s,
             "threshold": self.cfg.threshold,
+            # What a DP version's evaluations are charged (budget: per watched version).
+            "dp": {
+                "epsilon": self.cfg.epsilon,
+                "delta": self.cfg.delta,
+                "budget": self.cfg.budget,
+                "loss_cap": self.cfg.loss_cap,
+            },
         }
 
     def tick(self) -> None:
@@ -98,22 +134,22 @@ class DriftMonitor:
             return
         state["last_evaluation_at"] = self.clock()
         try:
-            state["pending"] = self._submit_evaluation()
+            state["pending"] = self._submit_evaluation(state)
             state["refused"] = None
-        except (DriftRefused, RegistryError, SubmissionError, OSError) as exc:
+        # ValueError: a DP plan that cannot be calibrated or composed (named in its message).
+        except (DriftRefused, RegistryError, SubmissionError, OSError, ValueError) as exc:
             if state.get("refused") != str(exc):
                 log.warning("drift: %s", exc)
             state["refused"] = str(exc)
         write_json(self.path, state)
 
     # -- evaluation -------------------------------------------------------------
-    def _submit_evaluation(self) -> dict[str, Any]:
+    def _submit_evaluation(self, state: dict[str, Any]) -> dict[str, Any]:
         version = coordinator_registry(self.state_dir).resolve(self.cfg.model)
         values = self._run_config(version.run_dir)
-        refusal = dp_refusal(values)
-        if refusal:
-            raise DriftRefused(refusal)
         values.pop("out", None)
+        if trained_with_dp(values):
+            return self._submit_dp_evaluation(state, version.ref, str(version.model_path), values)
         # No training: one exchange in which devices evaluate the version on held-out data
         # (the version's own holdout share, else drift.holdout). Nothing is aggregated, so
         # no secure aggregation; the run's other settings are the version's.
@@ -132,6 +168,100 @@ class DriftMonitor:
         log.info("drift: evaluating %s as run %s", version.ref, view["id"])
         return {"kind": EVALUATE, "run_id": view["id"], "version": version.ref}
 
+    def _submit_dp_evaluation(
+        self, state: dict[str, Any], ref: str, model: str, values: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A DP version's evaluation: refused (nothing sent) past the budget or below
+        secure aggregation's threshold; else reserved, then submitted."""
+        plan = evaluation_plan(self.cfg.epsilon, self.cfg.delta, self.cfg.loss_cap)
+        budget = DriftBudget(state)
+        after = budget.spent(ref, self.cfg.delta, plus=plan)
+        if after > self.cfg.budget:
+            spent = budget.spent(ref, self.cfg.delta)
+            raise DriftRefused(
+                f"drift evaluation of {ref} refused: its evaluations have spent epsilon "
+                f"{spent:.4g} of drift.budget = {self.cfg.budget:g}, and one more (drift.epsilon "
+                f"= {self.cfg.epsilon:g}) would compose to {after:.4g} > drift.budget; nothing "
+                "is sent to the devices. Promote another version, or raise drift.budget"
+            )
+        values = self._dp_evaluation_config(values, self._dp_cohort(values), ref)
+        dp = {"plan": plan.to_dict(), "prior": budget.prior(ref), "budget": self.cfg.budget}
+        charge = budget.reserve(ref, plan, self.clock())
+        write_json(self.path, state)  # the charge is on disk before the run exists
+        try:
+            view = self._submit(values, EVALUATE, ref, model, dp=dp)
+        except (SubmissionError, OSError):
+            budget.cancel(ref, charge)
+            raise
+        charge["run_id"] = view["id"]
+        log.info(
+            "drift: evaluating %s under DP (epsilon %g, composed %.4g of budget %g) as run %s",
+            ref,
+            plan.epsilon,
+            after,
+            self.cfg.budget,
+            view["id"],
+        )
+        return {"kind": EVALUATE, "run_id": view["id"], "version": ref, "dp": True}
+
+    def _dp_cohort(self, values: dict[str, Any]) -> int:
+        """How many devices the evaluation asks: drift.clients, at most those connected,
+        and enough for secure aggregation's threshold under the version's threat model."""
+        num_clients = int(values.get("data", {}).get("num_clients", 100))
+        want = min(self.cfg.clients, num_clients)
+        connected = self.connected()
+        cohort = want if connected is None else min(want, connected)
+        secagg = self._secagg_section(values)
+        try:
+            cfg = config_from_dict({**values, "secagg": secagg, "dp": {"mechanism": "none"}})
+        except ConfigError as exc:
+            raise DriftRefused(f"drift evaluation refused: the version's config: {exc}") from None
+        smallest = smallest_feasible_group(cfg, max(want, MIN_CLIENTS))
+        if smallest is None or cohort < smallest:
+            need = f"at least {smallest}" if smallest else f"more than drift.clients = {want}"
+            raise DriftRefused(
+                f"drift evaluation refused: {cohort} devices would evaluate (drift.clients = "
+                f"{self.cfg.clients}, {connected if connected is not None else 'unknown'} "
+                f"connected), and secure aggregation's threshold under secagg.threat = "
+                f"{cfg.secagg.threat!r} (adversarial_rate {cfg.secagg.adversarial_rate:g}, "
+                f"dropout_rate {cfg.secagg.dropout_rate:g}) needs {need}; nothing is sent "
+                "to the devices"
+            )
+        return cohort
+
+    @staticmethod
+    def _secagg_section(values: dict[str, Any]) -> dict[str, Any]:
+        """The version's secure aggregation when it had one (its threat mode and rates),
+        else the semi-honest default; on either way."""
+        section = values.get("secagg") or {}
+        own = dict(section) if section.get("enabled") else {}
+        return own | {"enabled": True}
+
+    def _dp_evaluation_config(
+        self, values: dict[str, Any], cohort: int, ref: str
+    ) -> dict[str, Any]:
+        """The version's config as its DP evaluation runs it: one secure-aggregation session
+        of `cohort` devices, nothing trained (the DP of the evaluation is in drift.json)."""
+        values = dict(values)
+        values["secagg"] = self._secagg_section(values)
+        values["dp"] = {"mechanism": "none"}
+        values["client"] = {**values.get("client", {}), "dp_sgd_noise": 0.0}
+        values["server"] = {
+            **values.get("server", {}),
+            "rounds": 1,
+            "mode": "sync",
+            "sampling": "fixed",
+            "per_round": cohort,
+            "aggregator": "mean",
+        }
+        ev = dict(values.get("eval", {}))
+        if not ev.get("client_holdout"):
+            ev["client_holdout"] = self.cfg.holdout
+        ev["federated_clients"] = cohort
+        values["eval"] = ev
+        values["deploy"] = {"name": f"drift evaluation of {ref} (DP)", "wait_for_clients": cohort}
+        return values
+
     def _run_config(self, run_dir: Path | None) -> dict[str, Any]:
         config = None if run_dir is None else run_dir / "config.toml"
         if config is None or not config.is_file():
@@ -141,12 +271,21 @@ class DriftMonitor:
             )
         return tomllib.loads(config.read_text())
 
-    def _submit(self, values: dict[str, Any], kind: str, ref: str, init: str) -> dict[str, Any]:
-        spec = {"kind": kind, "version": ref, "init": init}
+    def _submit(
+        self,
+        values: dict[str, Any],
+        kind: str,
+        ref: str,
+        init: str,
+        *,
+        dp: dict[str, Any] | None = None,
+        files: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        spec = {"kind": kind, "version": ref, "init": init} | ({"dp": dp} if dp else {})
         return self.manager.submit(
             json.dumps(values).encode(),
             "application/json",
-            run_files={DRIFT_FILE: json.dumps(spec)},
+            run_files={DRIFT_FILE: json.dumps(spec), **(files or {})},
             # An evaluation registers no model: its record names the version it evaluated
             # (model_version), a retraining run the version it started from (drift.parent).
             record_extra={"drift": {"kind": kind, "parent": ref}}
@@ -177,10 +316,17 @@ class DriftMonitor:
             "status": record.get("status"),
         }
         summary = read_json(rd / "summary.json") if rd is not None else None
+        if pending.get("dp"):
+            self._settle_dp(state, pending, rd, summary or {}, entry)
         accuracy = (summary or {}).get("federated_accuracy")
         if record.get("status") != "completed" or accuracy is None:
-            entry["error"] = record.get("error") or "no accuracy in the run's summary"
+            entry["error"] = (
+                record.get("error")
+                or _unreleased(summary or {})
+                or "no accuracy in the run's summary"
+            )
         else:
+            # Under DP the noised release: the decision below is post-processing of it.
             entry["accuracy"] = float(accuracy)
             entry["below_threshold"] = accuracy < self.cfg.threshold
         earlier = [
@@ -199,7 +345,7 @@ class DriftMonitor:
             )
         elif entry.get("below_threshold"):
             try:
-                entry["retrain_run"] = self._submit_retrain(pending["version"])
+                entry["retrain_run"] = self._submit_retrain(pending["version"], state)
                 state["pending"] = {
                     "kind": RETRAIN,
                     "run_id": entry["retrain_run"],
@@ -210,18 +356,53 @@ class DriftMonitor:
                 log.warning("drift: retraining %s not submitted: %s", pending["version"], exc)
         return True
 
-    def _submit_retrain(self, ref: str) -> str:
-        """A run with the version's own config, starting from its weights."""
+    def _settle_dp(
+        self,
+        state: dict[str, Any],
+        pending: dict[str, Any],
+        rd: Any,
+        summary: dict[str, Any],
+        entry: dict[str, Any],
+    ) -> None:
+        """A DP evaluation's charge, kept or refunded from its ledger, and the public
+        figures of its entry: its epsilon and the version's budget spent and left (never a
+        count of devices; those are in the run's private annex)."""
+        ref = pending["version"]
+        budget = DriftBudget(state)
+        charge = budget.settle(ref, pending["run_id"], rd.path if rd is not None else None)
+        spent = budget.spent(ref, self.cfg.delta)
+        entry.update(
+            dp=True,
+            epsilon=float(charge["epsilon"]) if charge and charge["status"] != "refunded" else 0.0,
+            delta=self.cfg.delta,
+            epsilon_spent=spent,
+            budget=self.cfg.budget,
+            budget_left=max(0.0, self.cfg.budget - spent),
+            charge=charge["status"] if charge else None,
+        )
+        if summary.get("federated_loss") is not None:
+            entry["loss"] = float(summary["federated_loss"])
+
+    def _submit_retrain(self, ref: str, state: dict[str, Any]) -> str:
+        """A run with the version's own config, starting from its weights; from a DP
+        version it carries the ledgers of the version's evaluations (its card counts them)."""
         version = coordinator_registry(self.state_dir).resolve(ref)
         values = self._run_config(version.run_dir)
-        refusal = dp_refusal(values)
-        if refusal:  # the version was checked before its evaluation; this keeps it so
-            raise DriftRefused(refusal)
         values.pop("out", None)
+        files: dict[str, str] = {}
+        if trained_with_dp(values):
+            try:
+                ledgers = DriftBudget(state).ledgers(ref, self.state_dir / "runs")
+            except (OSError, ValueError) as exc:
+                raise DriftRefused(
+                    f"the ledgers of {ref}'s drift evaluations cannot be read ({exc}): the "
+                    "retrained model's card could not count them"
+                ) from None
+            files[DRIFT_EVALUATIONS_FILE] = evaluations_record(ref, ledgers)
         deploy = read_json(version.run_dir / "deploy.json") or {} if version.run_dir else {}
         deploy["name"] = f"retraining of {ref} (drift)"
         values["deploy"] = deploy
-        view = self._submit(values, RETRAIN, ref, str(version.model_path))
+        view = self._submit(values, RETRAIN, ref, str(version.model_path), files=files)
         log.warning(
             "drift: %s fell below %.3f; retraining as run %s", ref, self.cfg.threshold, view["id"]
         )

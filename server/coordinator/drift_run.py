@@ -2,9 +2,13 @@
 `drift.json` starts from a registered model version instead of the seed's initialisation.
 
 - kind "evaluate": no training; the version is sent to up to `eval.federated_clients`
-  connected devices, each evaluates it on its own held-out data, and the run's summary
-  is the example-weighted federated accuracy and loss. Only for runs without DP (drift.py
-  refuses the rest): the accuracy of a device's data is a release of it.
+  connected devices, each evaluates it on its own held-out data. For a version without DP
+  the run's summary is the example-weighted federated accuracy and loss, with the devices
+  asked and answered. For a DP version (drift.json's "dp": the calibrated plan, the
+  version's evaluations charged before and its budget) the evaluation is a DP release
+  (server/engine/secure_evaluation.py): under secure aggregation, charged to the run's
+  signed ledger before unmasking, noised; the summary holds the noised means and the
+  accounted figures only, the counts and exact sums go to the private annex.
 - kind "retrain": an ordinary run whose round 1 starts from the version's weights.
 """
 
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +43,15 @@ def drift_spec(rd: RunDir) -> dict[str, Any] | None:
         raise RuntimeError(f"{rd / DRIFT_FILE}: kind must be evaluate or retrain, with init")
     if not Path(spec["init"]).is_file():
         raise RuntimeError(f"{spec['init']}: the model version's file is missing")
+    if spec.get("dp") is not None and spec["kind"] != EVALUATE:
+        raise RuntimeError(f"{rd / DRIFT_FILE}: 'dp' is for an evaluation only")
     return spec
+
+
+def chosen_devices(connected: list[int], k: int) -> list[int]:
+    """`k` of the connected devices, drawn with the OS CSPRNG (sorted)."""
+    pool = list(connected)
+    return sorted(pool.pop(secrets.randbelow(len(pool))) for _ in range(min(k, len(pool))))
 
 
 def evaluate_on_devices(
@@ -50,9 +63,8 @@ def evaluate_on_devices(
     from fedveil.protocol.kinds import Kind
     from fedveil.server.engine.transport import ClientFailure
 
-    k = min(cfg.eval.federated_clients, len(connected))
-    pool = list(connected)
-    chosen = sorted(pool.pop(secrets.randbelow(len(pool))) for _ in range(k))
+    chosen = chosen_devices(connected, cfg.eval.federated_clients)
+    k = len(chosen)
     request = Envelope(Kind.EVALUATE, 0, {}, {F.MODEL: weights})
     timeout = cfg.server.round_timeout or None
     replies = transport.exchange({cid: request for cid in chosen}, timeout)
@@ -78,3 +90,49 @@ def evaluate_on_devices(
         "clients_answered": answered,
         "examples": examples,
     }
+
+
+def evaluate_on_devices_dp(
+    cfg: RunConfig,
+    transport: Transport,
+    connected: list[int],
+    weights: torch.Tensor,
+    spec: dict[str, Any],
+    rd: RunDir,
+    *,
+    roster: Mapping[int, bytes] | None,
+    secagg_run_id: bytes,
+) -> dict[str, Any]:
+    """A DP version's evaluation: the public summary (noised means, accounted figures);
+    the exact sums and who answered go to the run's private annex (mode 600)."""
+    from fedveil.privacy.dp import Ledger
+    from fedveil.privacy.dp.evaluation import EvaluationPlan, evaluation_event
+    from fedveil.privacy.dp.signing import load_or_create_signer
+    from fedveil.server.engine.privacy_report import ledger_path
+    from fedveil.server.engine.runstore import RunStore
+    from fedveil.server.engine.secure_evaluation import evaluate_securely
+
+    dp = spec["dp"]
+    plan = EvaluationPlan.from_dict(dp["plan"])
+    path = ledger_path(rd.path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Signed with the coordinator user's key, where `fedveil privacy verify` finds it.
+    ledger = Ledger(path, run_id=rd.run_id, signer=load_or_create_signer())
+    result = evaluate_securely(
+        transport,
+        chosen_devices(connected, cfg.eval.federated_clients),
+        weights,
+        plan,
+        cfg.secagg,
+        ledger,
+        prior=[evaluation_event(float(z)) for z in dp.get("prior", [])],
+        budget=float(dp["budget"]),
+        roster=roster,
+        run_id=secagg_run_id,
+        timeout_s=cfg.server.round_timeout or None,
+        ledger_extra={"model_version": spec["version"]},
+    )
+    RunStore(rd.path).append_private({"kind": "drift_evaluation", **result.private})
+    # No privacy report: the run report's words are a training run's (models per round);
+    # the ledger verifies on its own, and the summary states what was released.
+    return result.public

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,12 @@ from fedveil.privacy.secagg.identity_files import load_roster
 from fedveil.protocol.deployment import RUN_ID_KEY
 from fedveil.server.coordinator.clients import ClientRegistry
 from fedveil.server.coordinator.deploy_transport import DeployTransport
-from fedveil.server.coordinator.drift_run import EVALUATE, drift_spec, evaluate_on_devices
+from fedveil.server.coordinator.drift_run import (
+    EVALUATE,
+    drift_spec,
+    evaluate_on_devices,
+    evaluate_on_devices_dp,
+)
 from fedveil.server.coordinator.rundir import ROSTER_FILE, RunDir, write_json
 from fedveil.server.coordinator.superlink import STATE_ENV
 from fedveil.server.engine.lifecycle import RunLifecycle
@@ -158,11 +164,12 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
 
     # The same privacy pipeline as `fedveil simulate` (secure aggregation channel, central
     # or distributed DP); its accountant is rebuilt from the run's ledger on every attempt.
+    roster = _malicious_roster(cfg, rd)
     run = RunLifecycle(
         cfg,
         task,
         store,
-        roster=_malicious_roster(cfg, rd),
+        roster=roster,
         secagg_run_id=flower_run_id_bytes(flower_run_id),
         # The ledger is signed with the coordinator user's key (the per-user key store),
         # where `fedveil privacy verify` on this machine finds it.
@@ -185,7 +192,8 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
     )
 
     if drift is not None and drift["kind"] == EVALUATE:
-        return _evaluate_version(run, transport, rd, cfg, deploy, drift, flower_run_id, start)
+        evaluation = _Evaluation(rd, cfg, deploy, drift, flower_run_id, roster)
+        return _evaluate_version(run, transport, evaluation, start)
 
     def on_round(record: RoundRecord) -> None:
         # After the engine's checkpoint: the published model is always a checkpointed one.
@@ -214,31 +222,51 @@ def _run(grid: Grid, state_dir: Path, rd: RunDir, flower_run_id: int) -> dict[st
     return summary
 
 
+@dataclass(frozen=True)
+class _Evaluation:
+    """A drift evaluation's run: its directory, config, deploy settings and drift.json."""
+
+    rd: RunDir
+    cfg: RunConfig
+    deploy: DeploySettings
+    drift: dict[str, Any]
+    flower_run_id: int
+    roster: Roster | None
+
+
 def _evaluate_version(
-    run: RunLifecycle,
-    transport: DeployTransport,
-    rd: RunDir,
-    cfg: RunConfig,
-    deploy: DeploySettings,
-    drift: dict[str, Any],
-    flower_run_id: int,
-    start: float,
+    run: RunLifecycle, transport: DeployTransport, ev: _Evaluation, start: float
 ) -> dict[str, Any]:
-    """A drift evaluation: the version on the devices' held-out data, no training."""
-    if run.privacy is not None:  # drift.py never submits one; a hand-made drift.json could
-        raise RuntimeError("a drift evaluation of a DP run would be an unaccounted release")
-    have = _wait_for_clients(transport, rd, cfg, deploy, 0)
+    """A drift evaluation: the version on the devices' held-out data, no training; for a
+    DP version an accounted release under secure aggregation (drift.json's "dp")."""
+    rd, cfg, drift = ev.rd, ev.cfg, ev.drift
+    if run.privacy is not None:  # drift.py puts a DP version's DP in drift.json, not [dp]
+        raise RuntimeError("a drift evaluation trains nothing: its config has no [dp]")
+    have = _wait_for_clients(transport, rd, cfg, ev.deploy, 0)
     rd.write_status(phase="evaluating", round=0, rounds=0, connected=have)
     weights = run.engine(transport, resume=False).weights
-    summary = evaluate_on_devices(cfg, transport, transport.connected(), weights)
+    if drift.get("dp") is not None:
+        summary = evaluate_on_devices_dp(
+            cfg,
+            transport,
+            transport.connected(),
+            weights,
+            drift,
+            rd,
+            roster=ev.roster,
+            secagg_run_id=flower_run_id_bytes(ev.flower_run_id),
+        )
+    else:
+        summary = evaluate_on_devices(cfg, transport, transport.connected(), weights)
     summary.update(
         kind="drift-evaluation",
         model_version=drift["version"],
         transport="deployment",
-        flower_run_id=flower_run_id,
+        flower_run_id=ev.flower_run_id,
         attempt_wall_s=time.perf_counter() - start,
     )
     write_json(rd / "summary.json", summary)
     rd.write_status(phase="completed", round=0, rounds=0)
+    # Under DP the summary is the public release alone (no counts): safe to log.
     log.info("run %s: drift evaluation of %s: %s", rd.run_id, drift["version"], summary)
     return summary

@@ -86,7 +86,9 @@ class Service:
         self.manager: RunManager = RunManager(
             settings, None, lambda path: self.rounds_cache.figures(path).rounds
         )
-        self.drift = DriftMonitor(settings.drift, settings.state_dir, self.manager)
+        self.drift = DriftMonitor(
+            settings.drift, settings.state_dir, self.manager, connected=self.clients_connected
+        )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._nodes: tuple[float, list[Any]] = (0.0, [])

@@ -21,8 +21,11 @@ else:  # pragma: no cover
 
 
 def run_is_dp(run_dir: Path) -> bool:
-    """Whether the run's resolved config has DP on; True when it cannot be read (fail
-    closed: a public view then shows too little, never too much)."""
+    """Whether the run's resolved config has DP on, or the run has a privacy ledger (a DP
+    drift evaluation trains nothing, so its config has no [dp]); True when the config
+    cannot be read (fail closed: a public view then shows too little, never too much)."""
+    if (Path(run_dir) / "privacy" / "ledger.jsonl").exists():
+        return True
     try:
         values = tomllib.loads((Path(run_dir) / "config.toml").read_text())
     except (OSError, tomllib.TOMLDecodeError):

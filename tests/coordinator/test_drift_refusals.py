@@ -1,18 +1,20 @@
-"""[drift] settings are checked like the rest of server.toml, and the drift monitor refuses a
-version trained under DP (its evaluation would be an unaccounted release) without
-submitting anything, saying why in the operator's drift state."""
+"""[drift] settings are checked like the rest of server.toml, and the drift monitor refuses
+a DP version's evaluation that secure aggregation cannot run (too few devices connected for
+its threshold) without submitting anything, saying why in the drift state; an evaluation
+whose run never released anything is refunded to the version's budget."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from fedveil.config import ConfigError, load_config
-from fedveil.server.coordinator.drift import DriftMonitor, dp_refusal
+from fedveil.server.coordinator.drift import DriftMonitor, trained_with_dp
 from fedveil.server.coordinator.runs import RunManager
-from fedveil.server.coordinator.settings import settings_from_dict
-from fedveil.server.registry import Registry
+from fedveil.server.coordinator.settings import ServerSettings, settings_from_dict
+from fedveil.server.registry import ModelVersion, Registry
 from fedveil.simulations.run import simulate
 
 
@@ -24,6 +26,12 @@ from fedveil.simulations.run import simulate
         ({"interval_s": 1}, "drift.interval_s"),
         ({"clients": 0}, "drift.clients"),
         ({"every": 5}, "drift.every"),
+        ({"epsilon": 0.0}, "drift.epsilon = 0.0: must be > 0"),
+        ({"epsilon": 500.0}, "drift.epsilon = 500.0: must be <= 100"),
+        ({"delta": 0.01}, "drift.delta = 0.01: must be <= 0.001"),
+        ({"budget": -1.0}, "drift.budget = -1.0: must be > 0"),
+        ({"epsilon": 2.0, "budget": 1.0}, "drift.budget = 1: must be >= drift.epsilon = 2"),
+        ({"loss_cap": 0.0}, "drift.loss_cap = 0.0: must be > 0"),
     ],
 )
 def test_bad_drift_settings_name_the_field(tmp_path: Path, drift: dict, field: str) -> None:
@@ -32,7 +40,8 @@ def test_bad_drift_settings_name_the_field(tmp_path: Path, drift: dict, field: s
         settings_from_dict(raw, tmp_path)
 
 
-def test_drift_of_a_dp_version_is_refused_and_nothing_runs(tmp_path: Path) -> None:
+def dp_version(tmp_path: Path, drift: dict) -> tuple[ServerSettings, ModelVersion]:
+    """Settings with [drift] and a promoted version trained with central DP."""
     run = tmp_path / "dp-run"
     overrides = {
         "model.task": "tiny_task:make",
@@ -48,23 +57,64 @@ def test_drift_of_a_dp_version_is_refused_and_nothing_runs(tmp_path: Path) -> No
     raw = {
         "state_dir": "state",
         "tls": {"insecure": True},
-        "drift": {"enabled": True, "model": "tiny-blobs", "interval_s": 10},
+        "runs": {"allowed_tasks": ["tiny_task:make"]},
+        "drift": {"enabled": True, "model": "tiny-blobs", "interval_s": 10} | drift,
     }
     settings = settings_from_dict(raw, tmp_path)
     registry = Registry(settings.state_dir / "registry")
     version = registry.register(run)
     registry.promote(version.name, version.version)
+    return settings, version
+
+
+def test_too_few_devices_for_the_threshold_refuses_a_dp_evaluation(tmp_path: Path) -> None:
+    settings, _ = dp_version(tmp_path, {"clients": 5})
     # No SuperLink: a submission would fail loudly, and none may happen.
     manager = RunManager(settings, link=None)
-    monitor = DriftMonitor(settings.drift, settings.state_dir, manager)
+    monitor = DriftMonitor(settings.drift, settings.state_dir, manager, connected=lambda: 2)
     monitor.tick()
     state = monitor.state()
-    assert "dp.mechanism = 'central'" in state["refused"]
-    assert "charged to the budget" in state["refused"]
+    assert "2 devices would evaluate (drift.clients = 5, 2 connected)" in state["refused"]
+    assert "secure aggregation's threshold" in state["refused"]
+    assert "needs at least 3; nothing is sent to the devices" in state["refused"]
     assert state.get("pending") is None and state["history"] == []
-    assert manager.run_ids() == []
+    assert not state.get("charges") and manager.run_ids() == []
 
 
-def test_local_dp_sgd_counts_as_dp() -> None:
-    assert dp_refusal({"client": {"dp_sgd_noise": 1.1}}) is not None
-    assert dp_refusal({"dp": {"mechanism": "none"}, "client": {"dp_sgd_noise": 0.0}}) is None
+def test_a_dp_evaluation_is_reserved_then_refunded_when_nothing_was_released(tmp_path):
+    settings, version = dp_version(tmp_path, {"clients": 3, "epsilon": 1.0, "budget": 3.0})
+    clock = [1000.0]
+    manager = RunManager(settings, link=None)  # the run is created, then fails to start
+    monitor = DriftMonitor(
+        settings.drift, settings.state_dir, manager, clock=lambda: clock[0], connected=lambda: 4
+    )
+    monitor.tick()
+    state = monitor.state()
+    assert state["refused"] is None and state["pending"]["dp"] is True
+    (run_id,) = manager.run_ids()
+    (charge,) = state["charges"][version.ref]
+    assert charge["run_id"] == run_id and charge["status"] == "reserved"
+    # The evaluation's run: one secure-aggregation session of 3 devices, nothing trained;
+    # its DP (the plan, the charges before it, the budget) in drift.json, not in [dp].
+    rd = settings.state_dir / "runs" / run_id
+    spec = json.loads((rd / "drift.json").read_text())
+    assert spec["dp"]["budget"] == 3.0 and spec["dp"]["prior"] == []
+    assert spec["dp"]["plan"]["epsilon"] == 1.0 and spec["dp"]["plan"]["noise_multiplier"] > 0
+    config = (rd / "config.toml").read_text()
+    assert 'mechanism = "none"' in config and "per_round = 3" in config
+    assert json.loads((rd / "deploy.json").read_text())["wait_for_clients"] == 3
+
+    clock[0] += 1  # the run failed without a ledger: nothing unmasked, nothing charged
+    monitor.tick()
+    state = monitor.state()
+    (entry,) = state["history"]
+    assert entry["dp"] is True and entry["charge"] == "refunded" and entry["epsilon"] == 0.0
+    assert entry["epsilon_spent"] == 0.0 and entry["budget_left"] == 3.0 and "error" in entry
+    assert state["charges"][version.ref][0]["status"] == "refunded"
+    assert not {"clients_asked", "clients_answered"} & set(entry)
+
+
+def test_what_makes_a_version_dp() -> None:
+    assert trained_with_dp({"client": {"dp_sgd_noise": 1.1}}) == "client.dp_sgd_noise = 1.1"
+    assert trained_with_dp({"dp": {"mechanism": "central"}}) == "dp.mechanism = 'central'"
+    assert trained_with_dp({"dp": {"mechanism": "none"}, "client": {"dp_sgd_noise": 0.0}}) is None

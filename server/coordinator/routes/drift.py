@@ -1,8 +1,11 @@
 """The drift monitor's state: the evaluation in flight and each past evaluation's outcome.
 
-Public, as the runs list is (the dashboard reads it): drift evaluations only run for
-versions trained without DP, whose federated accuracy a run publishes anyway; a DP
-version's entry is the refusal alone. Server paths are left out, as in every public view.
+Public, as the runs list is (the dashboard reads it). For a version trained without DP it
+shows the federated accuracy, which its runs publish anyway; for a DP version only what
+the evaluation released under the accounting: the noised mean accuracy and loss, each
+evaluation's epsilon and the version's budget spent and left, never a count of devices
+(those are in the evaluation run's private annex). Server paths are left out, as in every
+public view.
 """
 
 from __future__ import annotations

@@ -239,7 +239,31 @@ function renderCluster(c) {
 }
 
 // Drift ([drift] in server.toml): evaluations of the promoted version on the devices and
-// the retraining runs they started; hidden when the coordinator has drift off.
+// the retraining runs they started; hidden when the coordinator has drift off. A DP
+// version's evaluation shows only what it released: the noised accuracy, its epsilon and
+// the version's budget spent and left (never a count of devices).
+const fmtEps = (x) => Number(x || 0).toFixed(2);
+
+function driftPrivacy(h) {
+  if (!h.dp) return el("span", { class: "muted" }, "no DP: not accounted");
+  if (h.charge === "refunded") return `ε 0 (nothing unmasked: refunded)`;
+  return el("span", { "data-epsilon": fmtEps(h.epsilon) },
+    "ε ", el("b", {}, fmtEps(h.epsilon)),
+    ` · spent ${fmtEps(h.epsilon_spent)} of ${fmtEps(h.budget)}, ${fmtEps(h.budget_left)} left`);
+}
+
+function driftBudgetFacts(d) {
+  if (!d.dp) return [];
+  const facts = [el("span", {}, "DP versions ", el("b", {}, `ε ${fmtEps(d.dp.epsilon)} per evaluation`),
+    ` (δ ${Number(d.dp.delta).toExponential()}), budget `, el("b", {}, fmtEps(d.dp.budget)), " per version")];
+  const last = (d.history || []).filter((h) => h.dp).slice(-1)[0];
+  if (last) {
+    facts.push(el("span", { id: "drift-budget" }, `${last.version}: spent `,
+      el("b", {}, fmtEps(last.epsilon_spent)), ", left ", el("b", {}, fmtEps(last.budget_left))));
+  }
+  return facts;
+}
+
 function driftOutcome(h) {
   if (h.error) return el("span", { class: "error" }, h.error);
   if (h.retrain_run) return `below the threshold: retraining run ${h.retrain_run}${h.retrain_status ? ` (${h.retrain_status})` : ""}`;
@@ -259,19 +283,21 @@ function renderDrift(d) {
     el("span", {}, "every ", el("b", {}, `${d.interval_s} s`)),
     el("span", {}, "last evaluation ", el("b", {}, fmtTime(d.last_evaluation_at))),
     el("span", {}, "in flight ", el("b", {}, p ? `${p.kind} of ${p.version}: run ${p.run_id}` : "none")),
+    ...driftBudgetFacts(d),
     ...(d.refused ? [el("span", { class: "error", id: "drift-refused" }, d.refused)] : []),
   );
   const body = document.querySelector("#drift-history tbody");
   body.replaceChildren();
   const history = (d.history || []).slice(-10).reverse();
-  if (!history.length) body.append(el("tr", {}, el("td", { colspan: 5, class: "muted" }, "no evaluation yet")));
+  if (!history.length) body.append(el("tr", {}, el("td", { colspan: 6, class: "muted" }, "no evaluation yet")));
   for (const h of history) {
     body.append(el(
       "tr",
       { class: h.below_threshold ? "below" : "", "data-drift": h.run_id },
       el("td", {}, fmtTime(h.at)),
       el("td", { class: "mono" }, h.version),
-      el("td", { class: "num" }, h.accuracy != null ? Number(h.accuracy).toFixed(4) : "—"),
+      el("td", { class: "num" }, h.accuracy != null ? `${Number(h.accuracy).toFixed(4)}${h.dp ? " (noised)" : ""}` : "—"),
+      el("td", {}, driftPrivacy(h)),
       el("td", { class: "mono" }, h.run_id),
       el("td", {}, driftOutcome(h)),
     ));
