@@ -275,11 +275,8 @@ class AsyncEngine(RoundEngine):
     # -- arrivals -----------------------------------------------------------
     def deliver(self, seq: int) -> RoundRecord | None:
         """Unit `seq` came back: buffer its update (or drop it), and apply once K are
-        buffered, or at once for a secure-aggregation group's sum: G >= K members were
-        dispatched, and those its session lost are gone, not on their way (waiting for
-        the next group would apply two groups in one step). A sequence number not in
-        flight (a replay, or a reply from before a resume) is dropped and counted, never
-        applied twice."""
+        buffered. A sequence number not in flight (a replay, or a reply from before a
+        resume) is dropped and counted, never applied twice."""
         unit = self.in_flight.pop(seq, None)
         if unit is None:
             self.window.replays_dropped += 1
@@ -289,7 +286,7 @@ class AsyncEngine(RoundEngine):
             self._compute(unit)
         self._receive(unit)
         self._forget_versions()
-        if self.window.buffered >= self.cfg.server.buffer or (self.secagg and self.window.buffer):
+        if self.window.buffered >= self.cfg.server.buffer:
             return self.run_round()
         if self.window.units >= self.stall_limit:
             self._stall()
