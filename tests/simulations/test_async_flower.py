@@ -13,7 +13,6 @@ from safetensors.torch import load_file
 from fedveil.config import load_config
 from fedveil.simulations.run import simulate
 
-
 # Secure aggregation in groups of 3: keys agreed ahead and members freed once they have
 # sent their masked input, on both transports' simulated clock.
 SECAGG_GROUPS = {
