@@ -481,6 +481,24 @@ def _check_dp_fields(cfg: RunConfig) -> None:
         )
     if dp.mechanism == "distributed" and dp.adaptive_clip:
         raise ConfigError("dp.adaptive_clip is not supported with dp.mechanism = 'distributed'")
+    _check_distributed_evaluation(cfg)
+
+
+def _check_distributed_evaluation(cfg: RunConfig) -> None:
+    # Federated evaluation asks each sampled client for its own accuracy and loss in the
+    # clear: an un-noised release to the coordinator that distributed DP's epsilon against
+    # the coordinator does not account for.
+    every = cfg.eval.federated_every
+    if cfg.dp.mechanism == "distributed" and every > 0:
+        raise ConfigError(
+            f"eval.federated_every = {every} with dp.mechanism = 'distributed': refused. "
+            "Federated evaluation has each sampled client send the coordinator its own "
+            "held-out accuracy, loss and example count in the clear, an un-noised release "
+            "of its data that the epsilon stated against the coordinator does not cover. "
+            "Set eval.federated_every = 0 (the server's test-set evaluation, "
+            "eval.central_every, stays), or use dp.mechanism = 'central', where the "
+            "coordinator is the trusted curator"
+        )
 
 
 def _check_simulation_fields(cfg: RunConfig) -> None:

@@ -63,3 +63,43 @@ def test_poisson_rate_defaults_to_expected_cohort():
     cfg = load_config(None, {"server.sampling": "poisson"})
     assert isinstance(cfg, RunConfig)
     assert cfg.poisson_rate == pytest.approx(20 / 100)
+
+
+DISTRIBUTED = {
+    "data.num_clients": 50,
+    "server.per_round": 10,
+    "secagg.enabled": True,
+    "dp.mechanism": "distributed",
+    "dp.epsilon": 8.0,
+    "eval.client_holdout": 0.2,
+}
+ASYNC = {"server.buffer": 5, "server.group_size": 5, "server.max_participations": 8}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "ssp"])
+def test_federated_evaluation_is_refused_under_distributed_dp(mode):
+    # Each client's accuracy and loss would reach the coordinator un-noised, outside the
+    # epsilon stated against it; central DP trusts the coordinator, so it stays allowed.
+    values = DISTRIBUTED | ({} if mode == "sync" else {"server.mode": mode, **ASYNC})
+    assert load_config(None, values).eval.federated_every == 0
+    with pytest.raises(ConfigError) as err:
+        load_config(None, values | {"eval.federated_every": 2})
+    message = str(err.value)
+    assert message.startswith("eval.federated_every = 2 with dp.mechanism = 'distributed'")
+    assert "in the clear" in message and "does not cover" in message
+    assert "eval.federated_every = 0" in message and "dp.mechanism = 'central'" in message
+    central = load_config(None, values | {"eval.federated_every": 2, "dp.mechanism": "central"})
+    assert central.eval.federated_every == 2
+
+
+def test_fedveil_simulate_refuses_federated_evaluation_under_distributed_dp(capsys):
+    from fedveil.cli.main import main
+
+    code = main(
+        [
+            *("simulate", "--secagg", "--dp", "distributed", "--epsilon", "8"),
+            *("--set", "eval.federated_every=1", "--set", "eval.client_holdout=0.2"),
+        ]
+    )
+    assert code == 2
+    assert "eval.federated_every = 1 with dp.mechanism = 'distributed'" in capsys.readouterr().err

@@ -218,3 +218,79 @@ def test_async_distributed_dp_is_refused_on_devices_naming_the_field():
     assert err.value.field == "dp.mechanism"
     cfg, _, _ = submit(text.replace('mechanism = "distributed"', 'mechanism = "central"'))
     assert cfg.server.mode == "async" and cfg.dp.mechanism == "central"
+
+
+FEDERATED_EVAL = DEPLOYED.replace(
+    "[deploy]", "[eval]\nfederated_every = 1\nclient_holdout = 0.2\n[deploy]"
+)
+
+
+def test_federated_evaluation_under_distributed_dp_is_refused_naming_the_field(tmp_path):
+    # Each device's accuracy and loss would reach the coordinator in the clear, outside
+    # the epsilon stated against it: refused before anything starts.
+    with pytest.raises(SubmissionError, match=r"dp\.mechanism = 'distributed'") as err:
+        submit(FEDERATED_EVAL)
+    assert err.value.field == "eval.federated_every"
+    settings = settings_from_dict({"state_dir": "state"}, tmp_path, insecure=True)
+    link = RecordingSuperLink()
+    manager = RunManager(settings, link)
+    with pytest.raises(SubmissionError):
+        manager.submit(FEDERATED_EVAL.encode(), "application/toml")
+    assert link.started == [] and manager.run_ids() == []
+    central = FEDERATED_EVAL.replace('mechanism = "distributed"', 'mechanism = "central"')
+    cfg, _, _ = submit(central)
+    assert cfg.dp.mechanism == "central" and cfg.eval.federated_every == 1
+
+
+def test_post_runs_answers_422_naming_the_field(tmp_path):
+    """The same refusal over the coordinator's real API (a Service not started: no
+    SuperLink), on loopback uvicorn."""
+    import os
+    import secrets
+    import socket
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+
+    from fedveil.server.coordinator.api import create_api
+    from fedveil.server.coordinator.main import Service
+
+    token = secrets.token_urlsafe(24)
+    old_env, old_umask = os.environ.get("FEDVEIL_ADMIN_TOKEN"), os.umask(0o022)
+    os.environ["FEDVEIL_ADMIN_TOKEN"] = token
+    try:
+        service = Service(settings_from_dict({"state_dir": "state"}, tmp_path, insecure=True))
+    finally:
+        os.umask(old_umask)  # the Service sets 077 for the coordinator process
+        if old_env is None:
+            del os.environ["FEDVEIL_ADMIN_TOKEN"]
+        else:
+            os.environ["FEDVEIL_ADMIN_TOKEN"] = old_env
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(create_api(service), host="127.0.0.1", port=port, log_level="error")
+    )
+    threading.Thread(target=server.run, daemon=True).start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert time.monotonic() < deadline, "API did not start"
+            time.sleep(0.05)
+        reply = httpx.post(
+            f"http://127.0.0.1:{port}/runs",
+            content=FEDERATED_EVAL.encode(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/toml"},
+            timeout=10,
+        )
+        assert reply.status_code == 422, reply.text
+        body = reply.json()
+        assert body["field"] == "eval.federated_every"
+        assert "dp.mechanism = 'distributed'" in body["detail"] and "in the clear" in body["detail"]
+        assert service.manager.run_ids() == []
+    finally:
+        server.should_exit = True
+        os.close(service._state_lock)
