@@ -12,7 +12,9 @@ Here such a message becomes the Envelope fedveil's own server would have sent, s
 same ClientRuntime trains and evaluates: training settings the server gives under their
 config names (`lr`, `local_epochs` or `local-epochs`, ...) are used, the rest come from
 the client's own run config. A client whose run needs secure aggregation refuses a
-stock train message: its update would leave in the clear.
+stock train message: its update would leave in the clear. Under distributed DP it
+refuses a stock evaluate message too (ClientRuntime): its accuracy and loss would reach
+the server un-noised.
 """
 
 from __future__ import annotations

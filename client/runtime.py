@@ -131,6 +131,7 @@ class ClientRuntime:
         if msg.kind == Kind.TRAIN:
             return self._train(client_id, msg)
         if msg.kind == Kind.EVALUATE:
+            self._refuse_clear_evaluation()
             return self._evaluate(client_id, msg)
         if msg.kind.startswith(SECAGG):
             from fedveil.client.secagg_stages import handle_secagg
@@ -165,6 +166,19 @@ class ClientRuntime:
             except ValueError as exc:
                 raise MessageError(f"this client's distributed-DP plan: {exc}") from None
         return self._dp_plan
+
+    def _refuse_clear_evaluation(self) -> None:
+        """Under distributed DP no plain evaluation leaves this client, whatever the server
+        asks: the epsilon stated against the coordinator assumes it sees only sums carrying
+        honest clients' noise, and a plain reply is this client's own accuracy and loss."""
+        cfg = self.run_config
+        if cfg is not None and cfg.dp.mechanism == "distributed":
+            raise MessageError(
+                "this client's run has dp.mechanism = 'distributed' (in the run config it "
+                "accepted): a plain evaluate request would hand the coordinator its "
+                "held-out accuracy, loss and example count in the clear, outside the "
+                "epsilon stated against the coordinator, so it is refused"
+            )
 
     def _global(self, msg: Envelope) -> torch.Tensor:
         return msg.tensor(F.MODEL, numel=self.model.size)

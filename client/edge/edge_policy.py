@@ -4,7 +4,10 @@ Training is asked for by a `train` message (the update goes back in the
 clear) or by the masked-input stage of secure aggregation,
 `secagg.masked_input` (the update only ever leaves this device masked).
 Either is checked, and capped, before any training:
-- require_secagg: refuse `train`; train only under secure aggregation.
+- require_secagg: refuse `train`; train only under secure aggregation. It refuses a
+  plain `evaluate` too: that reply hands the server this device's held-out accuracy,
+  loss and example count in the clear; such a device evaluates only as a
+  secure-aggregation masked input (`input = "evaluation"`, below).
 - max_clip_norm: refuse to send an update that is not clipped to L2 norm
   <= this bound (`clip_norm` in the request, as DP rounds ask), so this
   device's influence on any release is bounded whatever the server does.
@@ -22,6 +25,13 @@ protocol) would take the update in the clear: refused under require_secagg.
 A masked-input stage that asks for an evaluation (a DP drift evaluation) trains
 nothing: the device sends its own accuracy and capped loss, each clamped to
 [0, 1] with weight 1, so none of the training checks apply to it.
+Under distributed DP (the run config the device accepted says dp.mechanism =
+'distributed') every client refuses a plain `evaluate` whatever its flags
+(client/runtime.py): the epsilon stated against the coordinator assumes it sees only
+noised sums.
+A rider (the next round's key stage riding on this round's message, protocol/riders.py)
+may only be a key, consistency or unmasking stage: nothing that computes on this
+device's data rides past the checks of `apply`, which see the request's own kind.
 A refusal is a MessageError: the device answers with an error, the server
 drops it from that round, and the device stays connected for the next one.
 """
@@ -34,7 +44,8 @@ from dataclasses import dataclass
 from fedveil.protocol.deployment import CLIENTAPP_REF, FAB_ID
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import BATCH_SIZE, CLIP_NORM, DP_SGD_NOISE, LOCAL_EPOCHS, LOCAL_STEPS
-from fedveil.protocol.kinds import Kind, trains
+from fedveil.protocol.kinds import MESSAGE_KINDS, Kind, trains
+from fedveil.protocol.riders import detach
 
 
 class PolicyRefusal(MessageError):
@@ -108,6 +119,11 @@ class LocalPolicy:
                 "local policy: this device requires secure aggregation (--require-secagg); "
                 "a stock Flower train message would take its update in the clear"
             )
+        if self.require_secagg and message_type == Kind.EVALUATE.value:
+            return (
+                "local policy: this device requires secure aggregation (--require-secagg); "
+                "a stock Flower evaluate message would take its accuracy and loss in the clear"
+            )
         return (
             f"this device answers fedveil's protocol only, not a stock Flower "
             f"{message_type!r} message"
@@ -117,6 +133,13 @@ class LocalPolicy:
         self, request: Envelope, num_examples: int, seconds_per_step: float | None
     ) -> tuple[Envelope, bool]:
         """The request as this device will run it, and whether it was capped."""
+        self._check_rider(request)
+        if self.require_secagg and request.kind == Kind.EVALUATE:
+            raise PolicyRefusal(
+                "local policy: this device requires secure aggregation (--require-secagg); "
+                "the server asked for its held-out accuracy and loss in the clear (a plain "
+                "evaluate request). It evaluates only as a secure-aggregation masked input"
+            )
         if not trains(request.kind, request.config):
             # An evaluation's masked input is bounded by this device itself (accuracy and
             # capped loss in [0, 1], weight 1: client/runtime.py), whatever the server asks.
@@ -161,6 +184,19 @@ class LocalPolicy:
             return request, False
         config[LOCAL_STEPS] = int(cap)
         return Envelope(request.kind, request.round, config, request.arrays), True
+
+    @staticmethod
+    def _check_rider(request: Envelope) -> None:
+        # apply's checks see the request's own kind only: a rider that trains or
+        # evaluates would answer past them (the server sends key-stage riders only).
+        _, rider = detach(request)
+        if rider is not None and rider.kind not in MESSAGE_KINDS:
+            raise PolicyRefusal(
+                f"local policy: a {request.kind} request carries a {rider.kind!r} rider; a "
+                "rider may only be a secure-aggregation key, consistency or unmasking "
+                "stage, and this device answers anything that computes on its data only as "
+                "a request of its own, where its policy checks it"
+            )
 
 
 def _is_fab_id(app: str) -> bool:

@@ -132,7 +132,10 @@ def add_client(sub: argparse._SubParsersAction) -> None:
 def _add_policy_args(g: argparse._ArgumentGroup) -> None:
     """The device's own limits: whatever a run asks, these bind."""
     g.add_argument(
-        "--require-secagg", action="store_true", help="refuse rounds without secure aggregation"
+        "--require-secagg",
+        action="store_true",
+        help="refuse rounds without secure aggregation: no update and no evaluation "
+        "(accuracy, loss) leaves this device in the clear",
     )
     g.add_argument(
         "--max-clip-norm",

@@ -156,3 +156,19 @@ def test_a_client_that_needs_secure_aggregation_refuses_a_stock_train():
     # Evaluation sends no update: still answered.
     reply = app(delivered("evaluate", stock_content(state)), context)
     assert not reply.has_error(), reply.error
+
+
+def test_a_client_under_distributed_dp_refuses_a_stock_evaluate():
+    # Its accuracy and loss would reach the server un-noised, outside the epsilon stated
+    # against the coordinator; a stock train is refused as under any secure aggregation.
+    from fedveil.flower import client_app
+
+    distributed = {"secagg.enabled": True, "dp.mechanism": "distributed", "dp.epsilon": 8.0}
+    app = client_app(client_config(**distributed))
+    state = stock_net().state_dict()
+    context = Context(1, 5, {"partition-id": 1}, RecordDict(), {})
+    for mtype in ("train", "evaluate"):
+        reply = app(delivered(mtype, stock_content(state)), context)
+        assert reply.has_error() and not reply.has_content()
+        assert "clear" in reply.error.reason
+    assert "dp.mechanism = 'distributed'" in reply.error.reason

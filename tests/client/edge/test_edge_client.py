@@ -25,6 +25,7 @@ from fedveil.models import build_model
 from fedveil.params import FlatModel
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.flower_codec import from_content, message_type, to_content
+from fedveil.protocol.riders import attach
 
 N = 5
 SETUP = {"run_num_classes": 3, "run_input_shape": [8]}  # what DeployTransport adds
@@ -65,6 +66,11 @@ def train_request(round_num=1, **config):
     }
     base.update(config)
     return Envelope("train", round_num, base, {"model": model.get()})
+
+
+def evaluate_request(round_num=1):
+    """A plain federated-evaluation request, as the round engine sends it (SETUP added)."""
+    return Envelope("evaluate", round_num, dict(SETUP), {"model": train_request().arrays["model"]})
 
 
 def test_task_and_local_files_give_the_same_update(tmp_path):
@@ -114,11 +120,11 @@ def test_policy_caps_and_refusals(tmp_path):
     dp = EdgeClient(data, 1, LocalPolicy(min_dp_noise=1.0))
     with pytest.raises(PolicyRefusal, match="noise"):
         dp.handle(1, run_config(), train_request(dp_sgd_noise=0.5, dp_sgd_clip=1.0))
-    # Evaluation is never refused by the training policy.
-    ev = Envelope(
-        "evaluate", 1, {"run_num_classes": 3, "run_input_shape": [8]}, train_request().arrays
-    )
-    assert secagg.handle(1, run_config(), ev).config["num_examples"] > 0
+    # The training caps do not touch a plain evaluation; --require-secagg refuses it
+    # (test_a_device_requiring_secagg_never_evaluates_in_the_clear).
+    assert clip.handle(1, run_config(), evaluate_request()).config["num_examples"] > 0
+    with pytest.raises(PolicyRefusal, match="in the clear"):
+        secagg.handle(1, run_config(), evaluate_request())
 
 
 def test_an_evaluation_under_secure_aggregation_is_not_a_training_request():
@@ -185,3 +191,58 @@ def test_answer_never_raises(tmp_path):
     # and the device still trains afterwards
     again = answer(edge, request_message(to_content(train_request(round_num=2))), 1, run_config())
     assert not again.has_error()
+
+
+# -- plain evaluation: the coordinator that skips its own config checks ----------------
+DISTRIBUTED = {
+    "secagg.enabled": True,
+    "dp.mechanism": "distributed",
+    "dp.epsilon": 8.0,
+    "dp.clip": 1.0,
+}
+
+
+def clear_evaluation_replies(edge, config):
+    """The device's replies, through its real message path (answer), to a plain evaluate
+    request and to one riding on a key-stage message."""
+    plain = answer(edge, request_message(to_content(evaluate_request()), "evaluate"), 1, config)
+    advertise = Envelope("secagg.advertise", 1, dict(SETUP))
+    riding = attach(advertise, evaluate_request(round_num=2))
+    ridden = answer(edge, request_message(to_content(riding), "secagg.advertise"), 1, config)
+    return plain, ridden
+
+
+def assert_nothing_left(reply):
+    # An error reply carries no content: no accuracy, loss or example count.
+    assert reply.has_error() and reply.error.code == BAD_MESSAGE and not reply.has_content()
+
+
+def test_a_device_requiring_secagg_never_evaluates_in_the_clear():
+    edge = EdgeClient(TaskSource("deploy_task:make"), 0, LocalPolicy(require_secagg=True))
+    plain, ridden = clear_evaluation_replies(edge, run_config())
+    assert_nothing_left(plain)
+    assert "--require-secagg" in plain.error.reason and "in the clear" in plain.error.reason
+    assert_nothing_left(ridden)
+    assert "'evaluate' rider" in ridden.error.reason
+    # The secure path stays open: an evaluation as a masked input passes the policy.
+    secure = Envelope("secagg.masked_input", 1, {"input": "evaluation", "eval_loss_cap": 5.0}, {})
+    assert edge.policy.apply(secure, 10, None) == (secure, False)
+    # A stock Flower evaluate says why too.
+    assert "accuracy and loss in the clear" in edge.policy.stock_refusal("evaluate")
+
+
+def test_under_distributed_dp_every_device_refuses_a_plain_evaluation():
+    """Without --require-secagg: the run config the device accepted says distributed DP,
+    so the coordinator would see this device's accuracy un-noised; refused."""
+    edge = EdgeClient(TaskSource("deploy_task:make"), 0)
+    plain, ridden = clear_evaluation_replies(edge, run_config(**DISTRIBUTED))
+    assert_nothing_left(plain)
+    assert "dp.mechanism = 'distributed'" in plain.error.reason
+    assert "in the clear" in plain.error.reason
+    assert_nothing_left(ridden)
+    # The same device in a run without distributed DP answers the evaluation.
+    other = EdgeClient(TaskSource("deploy_task:make"), 0)
+    central = run_config(**{**DISTRIBUTED, "dp.mechanism": "central"})
+    ok = answer(other, request_message(to_content(evaluate_request()), "evaluate"), 1, central)
+    assert not ok.has_error()
+    assert from_content(ok.content).config["num_examples"] > 0
