@@ -4,17 +4,20 @@ drift.json says "evaluate", see drift_run.py); when its accuracy is below `thres
 submits a retraining run that starts from that version, through the same submission checks
 as any run (RunManager.submit).
 
-A version trained with DP (`[dp]`, or DP-SGD on the devices) is evaluated as a DP release:
-under secure aggregation (the version's threat mode, semi-honest if it had none) with
-central Gaussian noise calibrated to `drift.epsilon`/`drift.delta` (privacy/dp/
-evaluation.py), and charged to `drift.budget`, the most the evaluations of one version may
-compose to (drift_budget.py). The charge is reserved before the run is submitted; an
-evaluation the budget cannot pay for is refused, naming drift.budget, and nothing is sent
-to the devices; so is one for which too few devices are connected to reach secure
-aggregation's threshold. Only the noised mean accuracy and loss and the accounted epsilon
-are published; the retrain decision is post-processing of them (no further charge), and
-the retraining run carries the evaluations' ledgers, so its card counts them in the
-lineage's composed epsilon (server/registry/drift_evaluations.py).
+A version trained with distributed DP is not evaluated (refused, naming dp.mechanism, nothing
+sent): its epsilon holds against the coordinator, and an evaluation's noise is the
+coordinator's own. Any other version trained with DP (`[dp]` central, or DP-SGD on the
+devices) is evaluated as a DP release: under secure aggregation (the version's threat
+mode, semi-honest if it had none) with central Gaussian noise calibrated to
+`drift.epsilon`/`drift.delta` (privacy/dp/evaluation.py), and charged to `drift.budget`,
+the most the evaluations of one version may compose to (drift_budget.py). The charge is
+reserved before the run is submitted; an evaluation the budget cannot pay for is refused,
+naming drift.budget, and nothing is sent to the devices; so is one for which too few
+devices are connected to reach secure aggregation's threshold. Only the noised mean
+accuracy and loss and the accounted epsilon are published; the retrain decision is
+post-processing of them (no further charge), and the retraining run carries the
+evaluations' ledgers, so its card counts them in the lineage's composed epsilon
+(server/registry/drift_evaluations.py).
 
 The state (`<state_dir>/drift.json`; GET /drift, the dashboard) survives restarts: the run in
 flight, the last evaluation time, each evaluation's accuracy, threshold and outcome (and
@@ -78,6 +81,22 @@ def _unreleased(summary: dict[str, Any]) -> str | None:
         return None
     stage = str(summary.get("aborted", "")).replace("_", " ")
     return f"secure aggregation aborted {stage}: nothing released".replace("  ", " ")
+
+
+def _refuse_distributed(ref: str, values: dict[str, Any]) -> None:
+    """A distributed-DP version's evaluation is refused, nothing sent: its users were
+    promised an epsilon against the coordinator, and an evaluation noised by the coordinator
+    (central DP, the only noise evaluations have) shows it their exact sums."""
+    if values.get("dp", {}).get("mechanism") != "distributed":
+        return
+    raise DriftRefused(
+        f"drift evaluation of {ref} refused: the version was trained with dp.mechanism = "
+        "'distributed', whose epsilon holds against the coordinator, and a drift evaluation "
+        "is noised by the coordinator itself (central DP): it would see the exact sums of "
+        "the version's users' accuracy and loss. Distributed (Skellam) noise for "
+        "evaluations does not exist yet; nothing is sent to the devices. Watch a version "
+        "trained with dp.mechanism = 'central', or evaluate on the server's own test set"
+    )
 
 
 @lru_cache(maxsize=8)
@@ -149,6 +168,7 @@ class DriftMonitor:
         values = self._run_config(version.run_dir)
         values.pop("out", None)
         if trained_with_dp(values):
+            _refuse_distributed(version.ref, values)
             return self._submit_dp_evaluation(state, version.ref, str(version.model_path), values)
         # No training: one exchange in which devices evaluate the version on held-out data
         # (the version's own holdout share, else drift.holdout). Nothing is aggregated, so

@@ -1,7 +1,8 @@
 """[drift] settings are checked like the rest of server.toml, and the drift monitor refuses
 a DP version's evaluation that secure aggregation cannot run (too few devices connected for
-its threshold) without submitting anything, saying why in the drift state; an evaluation
-whose run never released anything is refunded to the version's budget."""
+its threshold), and any evaluation of a version trained with distributed DP, without
+submitting anything, saying why in the drift state; an evaluation whose run never released
+anything is refunded to the version's budget."""
 
 from __future__ import annotations
 
@@ -40,8 +41,11 @@ def test_bad_drift_settings_name_the_field(tmp_path: Path, drift: dict, field: s
         settings_from_dict(raw, tmp_path)
 
 
-def dp_version(tmp_path: Path, drift: dict) -> tuple[ServerSettings, ModelVersion]:
-    """Settings with [drift] and a promoted version trained with central DP."""
+def dp_version(
+    tmp_path: Path, drift: dict, **training: object
+) -> tuple[ServerSettings, ModelVersion]:
+    """Settings with [drift] and a promoted version trained with central DP (or with the
+    `training` overrides)."""
     run = tmp_path / "dp-run"
     overrides = {
         "model.task": "tiny_task:make",
@@ -52,7 +56,7 @@ def dp_version(tmp_path: Path, drift: dict) -> tuple[ServerSettings, ModelVersio
         "dp.mechanism": "central",
         "dp.epsilon": 8.0,
         "out": str(run),
-    }
+    } | training
     simulate(load_config(None, overrides))
     raw = {
         "state_dir": "state",
@@ -77,6 +81,23 @@ def test_too_few_devices_for_the_threshold_refuses_a_dp_evaluation(tmp_path: Pat
     assert "2 devices would evaluate (drift.clients = 5, 2 connected)" in state["refused"]
     assert "secure aggregation's threshold" in state["refused"]
     assert "needs at least 3; nothing is sent to the devices" in state["refused"]
+    assert state.get("pending") is None and state["history"] == []
+    assert not state.get("charges") and manager.run_ids() == []
+
+
+def test_a_distributed_dp_version_is_not_evaluated(tmp_path: Path) -> None:
+    # Its epsilon holds against the coordinator, whose own noise is all an evaluation has:
+    # refused with the reason in the drift state (GET /drift, the dashboard), nothing sent.
+    distributed = {"dp.mechanism": "distributed", "secagg.enabled": True, "server.per_round": 6}
+    settings, version = dp_version(tmp_path, {"clients": 6}, **distributed)
+    manager = RunManager(settings, link=None)  # a submission would fail loudly
+    monitor = DriftMonitor(settings.drift, settings.state_dir, manager, connected=lambda: 6)
+    monitor.tick()
+    state = monitor.state()
+    refused = state["refused"]
+    assert refused.startswith(f"drift evaluation of {version.ref} refused")
+    assert "dp.mechanism = 'distributed'" in refused and "exact sums" in refused
+    assert "nothing is sent to the devices" in refused
     assert state.get("pending") is None and state["history"] == []
     assert not state.get("charges") and manager.run_ids() == []
 
