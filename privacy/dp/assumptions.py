@@ -109,12 +109,23 @@ def who_sees_what(mechanism: str, secure_aggregation: str | None) -> list[str]:
         )
     else:
         coordinator = "The coordinator draws every cohort and sees the un-noised sum."
+    if mechanism == DISTRIBUTED_SKELLAM:
+        annex = (
+            "cohorts, counts, drop reasons and client losses stay in the operator's private "
+            "annex. Federated evaluation is refused under distributed DP (by the config and "
+            "by the devices): the coordinator would see each client's accuracy and loss in "
+            "the clear."
+        )
+    else:
+        annex = (
+            "cohorts, counts, drop reasons, client losses and federated evaluation stay in "
+            "the operator's private annex."
+        )
     return [
         coordinator,
         cohort_members_text(secure_aggregation),
         "Observers of what is published see the released models and the public run files "
-        "(ledger, metrics without counts, report); cohorts, counts, drop reasons, client "
-        "losses and federated evaluation stay in the operator's private annex.",
+        f"(ledger, metrics without counts, report); {annex}",
     ]
 
 
@@ -292,7 +303,7 @@ def published_statistics(
                 "cohort until the operator opens it to an auditor",
             }
         )
-    return stats + _unaccounted_statistics()
+    return stats + _unaccounted_statistics(mechanism)
 
 
 def _released_statistics(mechanism: str, adaptive_clipping: bool) -> list[dict[str, str]]:
@@ -329,18 +340,36 @@ def _released_statistics(mechanism: str, adaptive_clipping: bool) -> list[dict[s
     ]
 
 
-def _unaccounted_statistics() -> list[dict[str, str]]:
-    """Side channels that are published unaccounted, and what stays in the private annex."""
+def _unaccounted_statistics(mechanism: str) -> list[dict[str, str]]:
+    """Side channels that are published unaccounted, and what stays in the private annex.
+    Under distributed DP federated evaluation is not in the annex but refused: the
+    coordinator, whom that epsilon is stated against, would read it in the clear."""
+    timing = {
+        "name": "round duration, clients connected",
+        "protection": "not accounted: timing and device availability are side "
+        "channels, not computed from client data",
+    }
+    annex = "private annex only (private/rounds.jsonl, mode 600): not published"
+    if mechanism != DISTRIBUTED_SKELLAM:
+        return [
+            timing,
+            {
+                "name": "cohort and survivor counts, drop reasons, clients' training loss, "
+                "federated evaluation",
+                "protection": annex,
+            },
+        ]
     return [
+        timing,
         {
-            "name": "round duration, clients connected",
-            "protection": "not accounted: timing and device availability are side "
-            "channels, not computed from client data",
+            "name": "cohort and survivor counts, drop reasons, clients' training loss",
+            "protection": annex,
         },
         {
-            "name": "cohort and survivor counts, drop reasons, clients' training loss, "
-            "federated evaluation",
-            "protection": "private annex only (private/rounds.jsonl, mode 600): not published",
+            "name": "federated evaluation",
+            "protection": "refused under distributed DP (eval.federated_every must be 0; "
+            "devices refuse plain evaluation requests): each client's accuracy and loss "
+            "would reach the coordinator in the clear, outside its epsilon",
         },
     ]
 

@@ -251,6 +251,28 @@ def test_published_statistics_say_how_each_is_protected(tmp_path):
     assert stats["round status (applied / aborted)"].startswith("no participation signal")
 
 
+def test_under_distributed_dp_federated_evaluation_is_refused_not_kept_private(tmp_path):
+    # The coordinator, against whom distributed DP's epsilon is stated, would read each
+    # client's accuracy and loss: the report says it is refused, not "private annex".
+    path = tmp_path / "ledger.jsonl"
+    _ledger(path, "distributed_skellam")
+    report = _report(path, secure_aggregation="semi_honest")
+    stats = {s["name"]: s["protection"] for s in report["published_statistics"]}
+    assert stats["federated evaluation"].startswith("refused under distributed DP")
+    assert "in the clear" in stats["federated evaluation"]
+    annexed = next(name for name in stats if name.startswith("cohort and survivor counts"))
+    assert "federated evaluation" not in annexed
+    observers = report["assumptions"]["who_sees_what"][-1]
+    assert "Federated evaluation is refused under distributed DP" in observers
+    assert "federated evaluation stay in" not in observers
+    html = render_html(report)
+    assert "refused under distributed DP" in html
+    central = tmp_path / "central.jsonl"
+    _ledger(central, "central_gaussian")
+    text = _report(central, secure_aggregation="semi_honest")["assumptions"]["who_sees_what"]
+    assert "federated evaluation stay in the operator's private annex" in text[-1]
+
+
 def test_an_interrupted_ledger_says_where_it_stopped(tmp_path):
     path = tmp_path / "ledger.jsonl"
     _ledger(path, "central_gaussian", close="interrupted")
