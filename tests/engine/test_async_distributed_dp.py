@@ -275,7 +275,10 @@ def advertised_groups(tmp_path, name: str, **extra) -> dict[int, set[int]]:
 
 def test_two_runs_draw_different_groups_from_their_secret_keys(tmp_path):
     a, b = advertised_groups(tmp_path, "a"), advertised_groups(tmp_path, "b")
-    assert len(a) >= 4 and a.keys() == b.keys() and a != b
+    # Other members mean other latencies, so the runs may dispatch different numbers of
+    # groups (members are freed as they finish training); compare the ones both made.
+    both = sorted(a.keys() & b.keys())
+    assert len(both) >= 4 and [a[s] for s in both] != [b[s] for s in both]
     seeded = {"dp.seeded_cohorts": True}
     assert advertised_groups(tmp_path, "c", **seeded) == advertised_groups(tmp_path, "d", **seeded)
 
