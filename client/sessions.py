@@ -110,12 +110,19 @@ class SecAggSessions:
 
 class ClientStates:
     """Many clients' state stores in one process (the in-process lane): a client's store
-    lives as long as the latest round it was contacted for outlives the current round."""
+    lives as long as the latest round it was contacted for outlives the current round.
 
-    def __init__(self) -> None:
+    `retire_by_round=False` (asynchronous training, whose rounds are dispatch numbers):
+    nothing is retired by the round clock, since a group's keys agreed ahead are used
+    after any number of later dispatches; a client's session then ends when it unmasks
+    or opens its next one (SecAggSessions.open), so at most one stale session per client
+    is kept (a group that aborted)."""
+
+    def __init__(self, *, retire_by_round: bool = True) -> None:
         self.stores: dict[int, dict[str, Any]] = {}
         self._latest: dict[int, int] = {}  # client -> latest round its state is for
         self._clock = RoundClock()
+        self.retire_by_round = retire_by_round
 
     def store_for(self, client_id: int, round_num: int, latest: int) -> dict[str, Any]:
         """The store of `client_id` for a message of round `round_num` that carries work
@@ -133,6 +140,8 @@ class ClientStates:
     def advance(self, round_num: int) -> None:
         """On a new round, drop the stores of clients last contacted for a round that does
         not outlive it, and the older sessions of the others; on a new run, everything."""
+        if not self.retire_by_round:
+            return
         step = self._clock.advance(round_num)
         if step is Advance.SAME:
             return

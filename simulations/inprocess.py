@@ -149,14 +149,15 @@ class InProcessTransport:
         parts = min(self.pool.size, batches)
         bounds = [min(total, batches * i // parts * batch_size) for i in range(parts + 1)]
         units = [
-            # Negative ids: never a client's, so no client's worker affinity changes.
+            # Negative ids: never a client's (and client_state=False below: no client's
+            # worker affinity or session clock changes).
             [(-1 - i, Envelope(CENTRAL_EVAL, round_num, config, {"model": weights}))]
             for i, config in enumerate(
                 {"start": a, "stop": b, "batch_size": batch_size}
                 for a, b in itertools.pairwise(bounds)
             )
         ]
-        results = self.pool.run(units)
+        results = self.pool.run(units, client_state=False)
         losses: list[float] = []
         correct = 0
         for reply in results.values():

@@ -31,6 +31,7 @@ from fedveil.client.runtime import (
 from fedveil.client.sessions import ClientStates
 from fedveil.client.training import LocalResult, LocalTraining, LossFn, train_local
 from fedveil.config import RunConfig
+from fedveil.config.async_mode import rounds_are_dispatches
 from fedveil.evaluation import evaluate_batches
 from fedveil.params import FlatModel
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
@@ -136,7 +137,8 @@ class ClientLane:
         )
         self._done: dict[int, LocalResult] = {}  # a unit's results, until its clients ask
         self._replay: LocalResult | None = None
-        self._states = ClientStates()  # each client's store between messages
+        # Each client's store between messages (async: kept by dispatch, not round).
+        self._states = ClientStates(retire_by_round=not rounds_are_dispatches(run_config))
         # [poisoning]: which clients attack, and how (None: every client is honest).
         self.attack = attack_plan(run_config, task)
         self._client: int | None = None  # the client whose message is being handled

@@ -44,6 +44,7 @@ import torch
 from fedveil.client.runtime import IdentitySource
 from fedveil.client.sessions import Advance, RoundClock, outlives
 from fedveil.config import RunConfig
+from fedveil.config.async_mode import rounds_are_dispatches
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.riders import latest_round
@@ -271,6 +272,10 @@ class WorkerPool:
         self._queued = 0
         self._exchange = 0
         self._chunk = 0
+        self._client_state = True  # whether this exchange's messages leave client state
+        # Async rounds are dispatch numbers: affinities are not expired by round (a
+        # client's keys agreed ahead are used after later dispatches), only overwritten.
+        self._by_round = not rounds_are_dispatches(run_config)
         try:
             for i in range(workers):
                 self.workers.append(self._start(i))
@@ -324,22 +329,30 @@ class WorkerPool:
         self,
         units: Sequence[Unit],
         on_progress: Callable[[int], None] | None = None,
+        *,
+        client_state: bool = True,
     ) -> dict[int, Envelope | str]:
         """Every request's reply, or the reason it failed; `on_progress(done)` per chunk.
 
         A unit (see lane.plan_units) is never split: one worker runs it.
+        `client_state=False`: the messages are no client's and leave no state (the central
+        evaluation's slices): they neither advance the round clock nor move affinities.
+        Their round is the model version, which in async mode trails the dispatch numbers
+        the clients' sessions are kept by, and would read as a new run.
         """
         out: dict[int, Envelope | str] = {}
         if not units:
             return out
-        latest = max(msg.round for unit in units for _, msg in unit)
-        step = self._clock.advance(latest)
-        if step is Advance.NEW_RUN:
-            self.owner.clear()
-            self.lost.clear()
-        if step is not Advance.SAME:
-            self.owner = {c: o for c, o in self.owner.items() if outlives(o[1], latest)}
-            self.lost = {c: r for c, r in self.lost.items() if outlives(r, latest)}
+        self._client_state = client_state
+        if client_state and self._by_round:
+            latest = max(msg.round for unit in units for _, msg in unit)
+            step = self._clock.advance(latest)
+            if step is Advance.NEW_RUN:
+                self.owner.clear()
+                self.lost.clear()
+            if step is not Advance.SAME:
+                self.owner = {c: o for c, o in self.owner.items() if outlives(o[1], latest)}
+                self.lost = {c: r for c, r in self.lost.items() if outlives(r, latest)}
         self._exchange += 1
         packed = self._pack_requests(units)
         self._pinned = [deque() for _ in self.workers]
@@ -407,7 +420,8 @@ class WorkerPool:
             chunk.append(queue.popleft())
         self._queued -= size
         cids = [item[0] for unit in chunk for item in unit]
-        for cid, _, round_num, config, _ in (item for unit in chunk for item in unit):
+        chunk_items = (item for unit in chunk for item in unit) if self._client_state else ()
+        for cid, _, round_num, config, _ in chunk_items:
             # The state it leaves there may be for the round of a rider it carries, or
             # (held since an earlier message) for a later round than this message's.
             latest = latest_round(round_num, config)

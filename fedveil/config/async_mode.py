@@ -36,6 +36,14 @@ def resolved_group_size(cfg: RunConfig) -> int:
     return s.buffer if cfg.secagg.enabled else 1
 
 
+def rounds_are_dispatches(cfg: RunConfig | None) -> bool:
+    """Whether a client message's round is a dispatch number (async and ssp) rather than
+    a sync round. Sessions then cannot be retired by round: a group whose keys were agreed
+    ahead sends its masked input after later dispatches went out, and the central
+    evaluation's round (the model version) trails them all."""
+    return cfg is not None and cfg.server.mode != "sync"
+
+
 def check_async_fields(cfg: RunConfig) -> None:
     """The async settings against each other and the rest of the run."""
     s = cfg.server

@@ -5,6 +5,7 @@ its own; only its key stages move earlier, so once a slot frees it waits for mas
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 
 import tiny_task
@@ -16,6 +17,7 @@ from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.transport import ClientFailure, Transport
 from fedveil.simulations.availability import AvailabilityModel
 from fedveil.simulations.inprocess import InProcessTransport
+from fedveil.simulations.run import simulate
 
 STAGES = ["secagg.advertise", "secagg.share_keys", "secagg.masked_input", "secagg.unmask"]
 
@@ -144,3 +146,40 @@ def test_a_member_that_sent_its_masked_input_trains_again_before_its_group_unmas
     # Each applied group still ran every stage once, in order, to the same members.
     for seq in [s for r in engine.history for s in r.extra["applied_dispatches"]]:
         assert [kind for rnd, kind, _ in recorder.log if rnd == seq] == STAGES
+
+
+def test_keys_agreed_several_groups_ahead_survive_later_dispatches_and_evaluations(tmp_path):
+    """Four slots (C = 12, G = 3): a group's keys are agreed up to three dispatches before
+    its masked input goes out, and the model is evaluated centrally (round = the version,
+    far behind the dispatch numbers) on the worker pool between. Its members' sessions
+    must still be held, on the worker that holds them: every group trains in full."""
+    cfg = load_config(
+        None,
+        {
+            "model.task": "tiny_task:make",
+            "data.num_clients": 24,
+            "server.mode": "async",
+            "server.per_round": 12,
+            "server.concurrency": 12,
+            "server.buffer": 3,
+            "server.group_size": 3,
+            "server.rounds": 8,
+            "secagg.enabled": True,
+            "simulation.workers": 2,
+            "simulation.dropout": 0.0,
+            "simulation.latency_median": 1.0,
+            "simulation.latency_sigma": 1.0,
+            "simulation.message_latency_share": 0.1,
+            "simulation.plots": False,
+            "eval.central_every": 1,
+            "out": str(tmp_path),
+        },
+    )
+    simulate(cfg)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 8
+    for row in rows:
+        assert row["status"] == "applied"
+        assert row["dropped"] == 0, row["drops_by_reason"]
+        assert row["aborted_groups"] == 0
+        assert row["cohort_aggregated"] == 3 and len(row["applied_dispatches"]) == 1

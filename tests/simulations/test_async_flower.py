@@ -14,9 +14,14 @@ from fedveil.config import load_config
 from fedveil.simulations.run import simulate
 
 # Secure aggregation in groups of 3: keys agreed ahead and members freed once they have
-# sent their masked input, on both transports' simulated clock.
+# sent their masked input, on both transports' simulated clock. Four slots (C = 12), so a
+# group's keys are agreed several dispatches before it trains, and the in-process side on
+# a worker pool that evaluates centrally between (sessions must stay on their worker).
 SECAGG_GROUPS = {
     "secagg.enabled": True,
+    "data.num_clients": 24,
+    "server.concurrency": 12,
+    "simulation.workers": 2,
     "server.group_size": 3,
     "server.buffer": 3,
     "simulation.dropout": 0.0,
