@@ -441,14 +441,28 @@ class AsyncEngine(RoundEngine):
                 continue
             nxt = self.clock.next_arrival()
             if nxt is None or self.stalled:
-                self.stopped_reason = self.stopped_reason or (
-                    f"no client can be dispatched (server.max_participations = "
-                    f"{self.cfg.server.max_participations} reached); stopped after "
-                    f"{self.round} server updates"
-                )
+                self.stopped_reason = self.stopped_reason or self._cap_reason()
                 log.warning(self.stopped_reason)
                 break
             self.deliver(nxt[1])
+
+    def _cap_reason(self) -> str:
+        """Why nothing more can be dispatched: the cap, and what the clients' last
+        dispatches brought back when it was only failures (a model gone NaN spends every
+        client's cap on refused updates; the cap is then not the cause to fix)."""
+        reason = (
+            f"no client can be dispatched (server.max_participations = "
+            f"{self.cfg.server.max_participations} reached); stopped after {self.round} "
+            "server updates"
+        )
+        w = self.window
+        if w.units and w.dropped_count and not w.buffer:
+            first = w.dropped[min(w.dropped)]
+            reason += (
+                f". The {w.units} dispatches that came back since then brought no update: "
+                f"{w.dropped_count} client failures, e.g. {first}"
+            )
+        return reason
 
     def _member_freed(self) -> bool:
         """Free-early groups: move the clock to the next time a member stops training when

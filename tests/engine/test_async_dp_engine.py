@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Mapping
 
 import pytest
+import torch
 
 import tiny_task
 from fedveil.config import ConfigError, load_config
@@ -246,3 +247,27 @@ def test_secure_aggregation_groups_under_central_dp(tmp_path):
     # Counted per dispatch (a group's session sends each member several requests).
     dispatches = Counter(r["client"] for r in store.read_private() if r.get("kind") == "dispatch")
     assert max(dispatches.values()) <= 3
+
+
+def test_a_cap_spent_on_failing_clients_says_what_they_failed_with(tmp_path):
+    # Every client's data is NaN, so every update is refused: the cap runs out with no
+    # server update, and the reason must name the clients' failure, not only the cap.
+    from fedveil.tasks import ClientData
+
+    cfg = dp_config(tmp_path / "run", **{"server.max_participations": 1})
+    task = tiny_task.make(cfg)
+    honest = task.client_data
+
+    def broken(cid: int) -> ClientData:
+        data = honest(cid)
+        return ClientData(torch.full_like(data.x, float("nan")), data.y)
+
+    task.client_data = broken
+    store = RunStore(cfg.out)
+    life = RunLifecycle(cfg, task, store)
+    with InProcessTransport(task) as transport:
+        engine = life.engine(transport, availability=AvailabilityModel.from_config(cfg))
+        engine.run()
+    reason = engine.stopped_reason or ""
+    assert engine.round == 0 and "server.max_participations = 1 reached" in reason
+    assert "12 client failures" in reason and "NaN" in reason, reason
