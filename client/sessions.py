@@ -10,6 +10,11 @@ plain values, which a Flower node can persist between messages) under
 `sa.state.<round>.`; `RoundClock` is how a holder of client state (the
 in-process lane and workers, a device) tells a new round, or a new run, from
 the messages it gets; `outlives` is the retention rule both apply.
+
+Asynchronous training numbers its messages by dispatch, not round, and a group's keys
+agreed ahead are used after later dispatches: there the in-process holders retire
+nothing by round (ClientStates(retire_by_round=False), the worker pool), and a client's
+session ends when it unmasks or opens its next.
 """
 
 from __future__ import annotations
