@@ -45,3 +45,17 @@ def make(cfg: RunConfig) -> Task:
         test_data=test,
         client_sizes=np.array([len(c[1]) for c in clients]),
     )
+
+
+def make_nan(cfg: RunConfig) -> Task:
+    """The tiny task with every client's features NaN: each update is refused, so every
+    client fails (runs whose clients all fail)."""
+    task = make(cfg)
+    honest = task.client_data
+
+    def broken(cid: int) -> ClientData:
+        data = honest(cid)
+        return ClientData(torch.full_like(data.x, float("nan")), data.y)
+
+    task.client_data = broken
+    return task

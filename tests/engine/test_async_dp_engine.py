@@ -11,7 +11,6 @@ from collections import Counter
 from collections.abc import Mapping
 
 import pytest
-import torch
 
 import tiny_task
 from fedveil.config import ConfigError, load_config
@@ -252,17 +251,8 @@ def test_secure_aggregation_groups_under_central_dp(tmp_path):
 def test_a_cap_spent_on_failing_clients_says_what_they_failed_with(tmp_path):
     # Every client's data is NaN, so every update is refused: the cap runs out with no
     # server update, and the reason must name the clients' failure, not only the cap.
-    from fedveil.tasks import ClientData
-
     cfg = dp_config(tmp_path / "run", **{"server.max_participations": 1})
-    task = tiny_task.make(cfg)
-    honest = task.client_data
-
-    def broken(cid: int) -> ClientData:
-        data = honest(cid)
-        return ClientData(torch.full_like(data.x, float("nan")), data.y)
-
-    task.client_data = broken
+    task = tiny_task.make_nan(cfg)
     store = RunStore(cfg.out)
     life = RunLifecycle(cfg, task, store)
     with InProcessTransport(task) as transport:

@@ -235,17 +235,9 @@ def test_sync_rounds_carry_the_simulated_clock_with_a_latency_model(tmp_path):
 
 def test_a_run_whose_every_client_fails_stops_instead_of_dispatching_forever(tmp_path):
     from fedveil.simulations.failures import FailureLog, RunFailed, check_some_client_contributed
-    from fedveil.tasks import ClientData
 
     cfg = async_config(tmp_path)
-    task = tiny_task.make(cfg)
-    honest = task.client_data
-
-    def broken(cid: int) -> ClientData:
-        data = honest(cid)
-        return ClientData(torch.full_like(data.x, float("nan")), data.y)
-
-    task.client_data = broken
+    task = tiny_task.make_nan(cfg)
     _, channel = make_privacy_pipeline(cfg, task, tmp_path / "ledger.jsonl")
     log = FailureLog(InProcessTransport(task))
     engine = AsyncEngine(cfg, task, log, channel=channel)
