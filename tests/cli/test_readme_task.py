@@ -1,28 +1,27 @@
-"""The README's custom-task example runs as it stands (issue 19): its code block is the
-task module, its command line the run (with fewer rounds)."""
+"""The bring-your-own-model tutorial (docs/tutorials/bring-your-own-model.md) runs as it
+stands (issue 19): its code block is the task module, its command line the run (with fewer
+rounds)."""
 
 from __future__ import annotations
 
 import json
 import re
 import shlex
-from pathlib import Path
 
 import tomllib
+from docs_pages import code_blocks, section
 
 from fedveil.cli.main import main
 
-README = Path(__file__).parents[2] / "README.md"
+PAGE = "tutorials/bring-your-own-model.md"
 
 
 def example() -> tuple[str, str]:
-    """The 'Custom tasks' section's Python block and its `fedveil simulate` line."""
-    text = README.read_text()
-    section = text.split("### Custom tasks", 1)[1].split("\n### ", 1)[0]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
-    command = re.search(r"```sh\n(fedveil simulate .*?)\n```", section, re.S)
-    assert code and command, "the README's Custom tasks section lost its example"
-    return code.group(1), command.group(1)
+    """The tutorial's Python block (step 1) and its `fedveil simulate` line (step 2)."""
+    code = code_blocks(section(PAGE, "1. Write the task"), "python")
+    command = [c for c in code_blocks(section(PAGE, "2. Run it"), "sh") if c.startswith("fedveil")]
+    assert code and command, f"docs/{PAGE} lost its example"
+    return code[0], command[0].strip()
 
 
 def test_the_readme_custom_task_runs_as_it_stands(tmp_path, monkeypatch, capsys):

@@ -1,29 +1,28 @@
-"""model.safetensors names what rebuilds its model, and the README's loading snippet
-runs as it stands on a real run's file (issue 19)."""
+"""model.safetensors names what rebuilds its model, and the loading snippet of
+docs/how-to/export.md runs as it stands on a real run's file (issue 19)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import json
-import re
 from pathlib import Path
 
 import torch
+from docs_pages import code_blocks, section
 from safetensors import safe_open
 from safetensors.torch import load_file
 
 import fedveil
 from fedveil.cli.main import main
 
-README = Path(__file__).parents[2] / "README.md"
+PAGE = "how-to/export.md"
 
 
 def readme_snippet() -> str:
-    section = README.read_text().split("### Loading the model", 1)[1].split("\n### ", 1)[0]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
-    assert code, "the README's 'Loading the model' section lost its code block"
-    return code.group(1)
+    code = code_blocks(section(PAGE, "Loading the model"), "python")
+    assert code, f"docs/{PAGE}: 'Loading the model' lost its code block"
+    return code[0]
 
 
 def metadata(path: Path) -> dict[str, str]:
@@ -46,7 +45,7 @@ def test_the_readme_snippet_rebuilds_a_built_in_model_from_its_file(tmp_path, mo
     scope: dict[str, object] = {}
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(readme_snippet(), "README.md", "exec"), scope)
+        exec(compile(readme_snippet(), f"docs/{PAGE}", "exec"), scope)
     model = scope["model"]
     assert isinstance(model, torch.nn.Module)
     saved = load_file(path)

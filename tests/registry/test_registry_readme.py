@@ -1,23 +1,23 @@
-"""The README's Model registry snippet runs as it stands, against a finished run."""
+"""The Model registry snippet of docs/how-to/registry-and-serving.md runs as it stands,
+against a finished run."""
 
 from __future__ import annotations
 
 import contextlib
 import io
-import re
 import shutil
 from pathlib import Path
 
 import pytest
+from docs_pages import code_blocks, section
 
-README = Path(__file__).parents[2] / "README.md"
+PAGE = "how-to/registry-and-serving.md"
 
 
 def snippet() -> str:
-    section = README.read_text().split("### Model registry", 1)[1].split("\n### ", 1)[0]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
-    assert code, "the README's 'Model registry' section lost its code block"
-    return code.group(1)
+    code = code_blocks(section(PAGE, "Model registry"), "python")
+    assert code, f"docs/{PAGE}: 'Model registry' lost its code block"
+    return code[0]
 
 
 def test_the_readme_registry_snippet_runs(
@@ -28,7 +28,7 @@ def test_the_readme_registry_snippet_runs(
     monkeypatch.setenv("FEDVEIL_REGISTRY", str(tmp_path / "registry"))
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(snippet(), "README.md", "exec"), {})
+        exec(compile(snippet(), f"docs/{PAGE}", "exec"), {})
     ref, epsilon, accuracy = printed.getvalue().split()
     assert ref == "fashion@1" and epsilon == "None" and float(accuracy) > 0
     assert (tmp_path / "registry" / "fashion" / "v1" / "card.json").is_file()

@@ -1,7 +1,8 @@
-"""The coordinator, device and serving images (docker/): their install steps are the README's
-(the same torch pin as `make setup`, torch before the package, the extra the README names for
-each image), they run as a non-root user, and a healthcheck where they serve HTTP. Where a
-container engine is reachable the three images are built and started once."""
+"""The coordinator, device and serving images (docker/): their install steps are those of
+docs/how-to/containers.md (the same torch pin as `make setup`, torch before the package, the
+extra that page names for each image), they run as a non-root user, and a healthcheck where
+they serve HTTP. Where a container engine is reachable the three images are built and started
+once."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import docs_pages
 import pytest
 
 ROOT = Path(__file__).parents[2]
@@ -54,14 +56,13 @@ def dockerfile_pip_steps(path: Path) -> list[tuple[str, ...]]:
 
 
 def readme_section() -> str:
-    text = README.read_text()
-    assert "### Containers" in text, "the README lost its Containers section"
-    return text.split("### Containers", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    """docs/how-to/containers.md's Containers section."""
+    return docs_pages.section("how-to/containers.md", "Containers")
 
 
 def readme_steps() -> dict[str, list[tuple[str, ...]]]:
-    """Each Dockerfile's install steps as the README gives them: the torch line of the
-    section's sh block, then the package install its table row names."""
+    """Each Dockerfile's install steps as docs/how-to/containers.md gives them: the torch
+    line of the section's sh block, then the package install its table row names."""
     section = readme_section()
     block = section.split("```sh", 1)[1].split("```", 1)[0]
     torch_lines = [ln.split("#", 1)[0] for ln in block.splitlines() if "torch==" in ln]
@@ -74,7 +75,7 @@ def readme_steps() -> dict[str, list[tuple[str, ...]]]:
         if name is not None:
             install = next(c.strip("`") for c in cells if c.startswith("`pip install"))
             steps[name] = [torch, pip_step(install)]
-    assert set(steps) == set(IMAGES), f"README table rows: {sorted(steps)}"
+    assert set(steps) == set(IMAGES), f"docs table rows: {sorted(steps)}"
     return steps
 
 
@@ -91,7 +92,7 @@ def test_readme_torch_pin_is_make_setups() -> None:
 def test_dockerfile_installs_as_the_readme_says(name: str) -> None:
     expected = readme_steps()[name]
     got = dockerfile_pip_steps(DOCKER / name)
-    assert got == expected, f"{name}: pip steps {got}, README says {expected}"
+    assert got == expected, f"{name}: pip steps {got}, the docs say {expected}"
     # The package is installed from the checkout, never from an index under its name.
     assert expected[1][2].startswith(".["), expected[1]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from docs_pages import code_blocks, section
 from serve_harness import metric, predict_json, predict_npz, request, serving
 
 from fedveil.cli.main import main
@@ -23,7 +23,7 @@ from fedveil.server.serving.loading import load_model_file
 from fedveil.server.serving.versions import card_guarantee
 from fedveil.simulations.run import simulate
 
-README = Path(__file__).parents[2] / "README.md"
+PAGE = "how-to/registry-and-serving.md"
 SHAPE = (1, 28, 28)
 META = {
     "model": "cnn",
@@ -44,10 +44,9 @@ def cnn_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def readme_snippet() -> str:
-    section = README.read_text().split("### Serving the model", 1)[1].split("\n### ", 1)[0]
-    code = re.search(r"```python\n(.*?)```", section, re.S)
-    assert code, "the README's 'Serving the model' section lost its code block"
-    return code.group(1)
+    code = code_blocks(section(PAGE, "Serving the model"), "python")
+    assert code, f"docs/{PAGE}: 'Serving the model' lost its code block"
+    return code[0]
 
 
 def _expected(path: Path, x: np.ndarray) -> np.ndarray:
@@ -134,10 +133,10 @@ def test_predictions_token_and_bad_input(cnn_file: Path, tmp_path: Path) -> None
         assert [m["name"] for m in listed] == ["cnn"] and listed[0]["public"] is False
         assert request(f"{url}/v1/models/other/predict", b"{}")[0] in (401, 404)
         assert token not in served.output()  # the secret never reaches the log
-        # The README's client snippet, as it stands but for the address and the token.
+        # The page's client snippet, as it stands but for the address and the token.
         code = readme_snippet().replace("http://127.0.0.1:8480", url)
         code = code.replace("/models/fashion/", f"/models/{name}/").replace("TOKEN", token)
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, f"docs/{PAGE}", "exec"), {})
 
 
 @pytest.fixture(scope="module")
