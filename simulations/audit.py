@@ -464,7 +464,7 @@ def run_audit(
     store.write_summary(summary)
     if run.privacy is not None:
         # Under DP how many users each cohort held is participation: the operator's
-        # private annex only, never privacy/ (README "Trust model").
+        # private annex only, never privacy/ (docs/explanation/trust-model.md).
         private = store.private_dir / "audit_cohorts.json"
         private.write_text(json.dumps(result.pop("cohorts"), indent=2) + "\n")
         private.chmod(0o600)

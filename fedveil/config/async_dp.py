@@ -2,8 +2,8 @@
 
 Pure config (no accountant): refuses what cannot be accounted, naming the field and
 why. The accounting itself (cap-based bound, budget refusal, each secure-aggregation
-group's distributed-DP plan) is fedveil.privacy.dp.async_plan; the README
-"Asynchronous training" section explains it.
+group's distributed-DP plan) is fedveil.privacy.dp.async_plan; docs/how-to/async-training.md
+explains it.
 """
 
 from __future__ import annotations

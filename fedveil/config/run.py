@@ -128,7 +128,7 @@ class ServerConfig:
         help="norm_bound: std of Gaussian noise added to the aggregate (weak DP, "
         "Sun et al. 2019; no DP guarantee)",
     )
-    # Asynchronous / stale-synchronous training (README "Asynchronous training").
+    # Asynchronous / stale-synchronous training (docs/how-to/async-training.md).
     mode: str = spec(
         "sync",
         choices=("sync", "async", "ssp"),

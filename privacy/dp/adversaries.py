@@ -7,7 +7,7 @@
   distributed DP each client's epsilon counts only the rounds it took part in,
   unamplified (individual accounting, Feldman & Zrnic 2021).
 
-What the public report may say about the coordinator (README "Trust model"): only the
+What the public report may say about the coordinator (docs/explanation/trust-model.md): only the
 data-independent bound, every released round composed unamplified, which is the figure
 of a client that took part in every round and is computed from the public ledger alone.
 Under a participation cap (asynchronous DP: releases record `max_participations` P) a

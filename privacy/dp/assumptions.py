@@ -1,7 +1,7 @@
 """The trust model in plain words: who sees what under each mode, which epsilon holds
 against whom and under which assumptions, and how each published statistic is protected.
 
-Everything here is text for the report (report.json, report.html) and the README; the
+Everything here is text for the report (report.json, report.html) and the docs; the
 figures come from report.py and adversaries.py.
 """
 

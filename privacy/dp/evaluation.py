@@ -15,7 +15,7 @@ Example-weighted means would have unbounded sensitivity (one device with many ex
 moves them arbitrarily) and are never released. Quantization onto the secure-aggregation
 grid keeps every coordinate of v within [-1, 1] (the grid's range), so the bound holds for
 the rounded values too; it holds for honest devices only (the server cannot see a masked
-input to check it, README "Trust model").
+input to check it, docs/explanation/trust-model.md).
 
 Mechanism: central Gaussian N(0, (z * SENSITIVITY)^2) on each of the three sums, drawn from
 the OS CSPRNG (rng.py), z calibrated with the accountant (Opacus' PRV) so that ONE

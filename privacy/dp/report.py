@@ -5,7 +5,7 @@ sampling while cohorts are secret); `adversaries` states one figure for each of 
 observers, the coordinator and cohort members.
 
 The public report is built from the public ledger alone: nothing in it may change with
-who took part (README "Trust model"). The operator's report (`operator_report`) adds
+who took part (docs/explanation/trust-model.md). The operator's report (`operator_report`) adds
 what the private annex shows: each client's figure against the coordinator, their
 distribution and the noise-only rounds.
 """
@@ -40,8 +40,8 @@ from .participation import participation_section
 from .verify import VerifyResult
 
 REPORT_SCHEMA = "fedveil.dp.report/3"  # 3: the coordinator's public figure is a bound
-# Why the public report neither marks noise-only rounds nor counts them (README "Trust
-# model"): a round released as noise only is one in which no client's update survived.
+# Why the public report neither marks noise-only rounds nor counts them (docs/explanation/
+# trust-model.md): a round released as noise only is one in which no client's update survived.
 # Whether anyone survived is a survivor count, and survivor counts reveal who took part,
 # so under DP they live in the private annex; only the operator's report lists them.
 NOISE_ONLY_WITHHELD = (

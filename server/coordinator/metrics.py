@@ -35,7 +35,7 @@ class RunFigures:
     test_loss: float | None = None
     train_loss: float | None = None
     epsilon: float | None = None
-    # {check: clients dropped}; only runs without DP publish it (README "Trust model")
+    # {check: clients dropped}; only runs without DP publish it (docs/explanation/trust-model.md)
     drops_by_reason: Counter[str] = field(default_factory=Counter)
 
 

@@ -1,9 +1,9 @@
 """What a run's public views may show: under DP, only what the engine may publish.
 
-Cohort sizes, drop counts and drop reasons reveal who took part in a DP run (README
-"Trust model"). The engine writes them to the private annex only; the API, /metrics
-and the dashboard filter again here, so a record that ever carried more is still not
-served publicly.
+Cohort sizes, drop counts and drop reasons reveal who took part in a DP run
+(docs/explanation/trust-model.md). The engine writes them to the private annex only;
+the API, /metrics and the dashboard filter again here, so a record that ever carried
+more is still not served publicly.
 """
 
 from __future__ import annotations

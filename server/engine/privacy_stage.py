@@ -19,7 +19,7 @@ valid while cohorts are secret). Against the coordinator and cohort members,
 a function of the public ledger alone, so it is what public files (ledger, metrics,
 summary) state and what `dp.budget_against = "coordinator"` caps. The realised
 `coordinator_epsilon()` (the busiest client's participations) reveals how often clients
-took part: it goes to the operator's private annex only (README "Trust model").
+took part: it goes to the operator's private annex only (docs/explanation/trust-model.md).
 """
 
 from __future__ import annotations

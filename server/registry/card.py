@@ -1,12 +1,13 @@
 """A version's model card: what the model is, how well it does on the server's own test set,
 and the privacy guarantee it carries against each adversary, bound to the signed ledger.
 
-What a card may say follows the README's "Trust model": under DP, counts and statistics of
-clients' data (federated accuracy, client and cohort counts, the partition, example counts)
-reveal participation and are not released under the accounting, so a DP run's card carries
-none of them; only central evaluation on the server's own test set, the run's public
-parameters and the accounted figures. A run without DP has no guarantee to protect, so its
-card shows the clients' statistics and says plainly that it has no DP guarantee.
+What a card may say follows the trust model (docs/explanation/trust-model.md): under DP,
+counts and statistics of clients' data (federated accuracy, client and cohort counts, the
+partition, example counts) reveal participation and are not released under the
+accounting, so a DP run's card carries none of them; only central evaluation on the
+server's own test set, the run's public parameters and the accounted figures. A run
+without DP has no guarantee to protect, so its card shows the clients' statistics and says
+plainly that it has no DP guarantee.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """benchmarks.bench_audit --cost-config default costs the audit of the job `fedveil simulate`
 runs on its defaults: only how it runs (one process, no plots, CPU) may differ from them.
-No figure is asserted (a default-job pair takes minutes; the figures are in README)."""
+No figure is asserted (a default-job pair takes minutes; the figures are in docs/benchmarks.md)."""
 
 from __future__ import annotations
 

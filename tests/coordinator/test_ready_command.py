@@ -1,5 +1,6 @@
-"""`fedveil ready`: the README starts the server in the background, then enrolls devices with
-the admin token the server generates at its first start. Without a readiness wait the
+"""`fedveil ready`: the coordinator tutorial (docs/tutorials/coordinator-and-devices.md)
+starts the server in the background, then enrolls devices with the admin token the server
+generates at its first start. Without a readiness wait the
 enrolment ran before the token existed ("no such file: state/admin.token")."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from harness import Deployment
 @pytest.mark.slow
 def test_ready_waits_for_the_coordinator_and_then_the_token_exists(tmp_path):
     dep = Deployment(tmp_path, clients=1)
-    # As in the README: no admin token configured, so the server generates state/admin.token.
+    # As in the tutorial: no admin token configured, so the server generates state/admin.token.
     text = dep.config.read_text().replace('[auth]\nadmin_token_file = "admin.token"\n', "")
     dep.config.write_text(text)
     env = harness.test_env(
@@ -48,7 +49,7 @@ def test_ready_waits_for_the_coordinator_and_then_the_token_exists(tmp_path):
         ready = fedveil("ready", "--wait", "90")
         assert ready.returncode == 0, ready.stderr
         assert "ready:" in ready.stdout
-        # What the README does next works at once: the generated token is there, owner-only.
+        # What the tutorial does next works at once: the generated token is there, owner-only.
         assert (dep.state / "admin.token").stat().st_mode & 0o077 == 0
         pub = dep.certs / "clients" / "client-0.pub"
         enrolled = fedveil("clients", "enroll", str(pub), "--id", "0")

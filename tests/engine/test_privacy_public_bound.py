@@ -1,5 +1,5 @@
 """Under distributed DP the public files state only the coordinator's data-independent
-bound (README "Trust model"), and a budget against the coordinator stops on that bound.
+bound (docs/explanation/trust-model.md), and a budget against the coordinator stops on that bound.
 
 The observer holds the signed ledger, metrics.jsonl and summary.json. Two runs whose only
 difference is how often clients took part (the same client in every round, or disjoint

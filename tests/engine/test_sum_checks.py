@@ -115,7 +115,7 @@ def test_with_the_check_off_that_client_moves_the_model(tmp_path):
 def test_without_a_clip_a_client_outside_the_range_is_caught_only_when_it_leaves_n_r(tmp_path):
     """No DP: only the range check. A value that lands above n x (L - 1) is rejected; one
     that wraps back into range (the attacker picks it, knowing the modulus) passes: the
-    limit README documents."""
+    limit docs/how-to/robust-aggregation.md documents."""
     cfg = config(tmp_path, "gap", **{"server.per_round": 5, "data.num_clients": 5})
     n, top = 5, cfg.secagg.levels - 1
 

@@ -47,7 +47,7 @@ def cnn_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def reference_outputs(run: Path, x: torch.Tensor) -> np.ndarray:
-    """The README's way of loading the model: build_model + load_state_dict."""
+    """The way docs/how-to/export.md loads the model: build_model + load_state_dict."""
     model = build_model("cnn", SHAPE, 10)
     model.load_state_dict(load_file(str(run / "model.safetensors")))
     with torch.no_grad():

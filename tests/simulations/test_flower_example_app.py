@@ -1,11 +1,13 @@
-"""examples/flower-app runs with `flwr run . --stream`, as the README shows: Flower's local
-simulation federation, fedveil's apps, no `fedveil server`, fedveil from this environment
-rather than the package index, and no FEDVEIL_STATE_DIR."""
+"""examples/flower-app runs with the commands of docs/tutorials/flower-app.md as they stand:
+`flwr run . --stream` on Flower's local simulation federation, fedveil's apps, no `fedveil
+server`, fedveil from this environment rather than the package index, and no
+FEDVEIL_STATE_DIR; then the same app with secure aggregation on three SuperNodes."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -16,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tomllib
+from docs_pages import code_blocks, section
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower-app"
 BIN = Path(sys.executable).parent
@@ -84,16 +88,35 @@ def flower_env(tmp_path: Path) -> Iterator[dict[str, str]]:
             superlink.wait()
 
 
-@pytest.mark.flower
-@pytest.mark.slow
-def test_flwr_run_trains_the_example_app(tmp_path, flower_env):
-    app = tmp_path / "flower-app"
-    shutil.copytree(EXAMPLE, app)
-    out = tmp_path / "run"
+def tutorial_commands() -> list[list[str]]:
+    """The `flwr run` lines of the tutorial's steps 1 and 2, as argv."""
+    page = "tutorials/flower-app.md"
+    found = []
+    for heading in ("1. Run the example app", "2. The same app with fedveil's secure aggregation"):
+        for block in code_blocks(section(page, heading), "bash"):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                if words[:2] == ["flwr", "run"]:
+                    found.append(words)
+    assert len(found) == 2, f"docs/{page}: expected two flwr run commands, got {found}"
+    return found
+
+
+def with_out(argv: list[str], out: Path) -> list[str]:
+    """argv with the run directory put in tmp: `out` added to its --run-config."""
+    argv = list(argv)
+    if "--run-config" in argv:
+        i = argv.index("--run-config") + 1
+        argv[i] = f"{argv[i]} out='{out}'"
+        return argv
+    return [*argv, "--run-config", f"out='{out}'"]
+
+
+def flwr_run(argv: list[str], app: Path, env: dict[str, str]) -> str:
     proc = subprocess.run(
-        [str(BIN / "flwr"), "run", ".", "--stream", "--run-config", f"out='{out}'"],
+        [str(BIN / "flwr"), *argv[1:]],
         cwd=app,
-        env=flower_env,
+        env=env,
         capture_output=True,
         text=True,
         timeout=240,
@@ -101,6 +124,17 @@ def test_flwr_run_trains_the_example_app(tmp_path, flower_env):
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
     assert "Exit Code" not in log, log[-3000:]  # `flwr run` exits 0 even when the run fails
+    return log
+
+
+@pytest.mark.flower
+@pytest.mark.slow
+def test_flwr_run_trains_the_example_app(tmp_path, flower_env):
+    app = tmp_path / "flower-app"
+    shutil.copytree(EXAMPLE, app)
+    plain, secure = tutorial_commands()
+    out = tmp_path / "run"
+    flwr_run(with_out(plain, out), app, flower_env)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds_applied"] == summary["rounds"] == 3, summary
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -108,3 +142,13 @@ def test_flwr_run_trains_the_example_app(tmp_path, flower_env):
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
     assert rows[-1]["test_loss"] < rows[0]["test_loss"]
     assert (out / "model.safetensors").is_file()
+
+    # Step 2: the same app under secure aggregation, three SuperNodes.
+    out = tmp_path / "secure-run"
+    flwr_run(with_out(secure, out), app, flower_env)
+    config = tomllib.loads((out / "config.toml").read_text())
+    assert config["secagg"]["enabled"] is True and config["data"]["num_clients"] == 3
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["cohort_aggregated"] for r in rows] == [3, 3, 3]
+    assert all(r["secagg_threshold"] >= 2 for r in rows), rows
+    assert rows[-1]["test_loss"] < rows[0]["test_loss"]
