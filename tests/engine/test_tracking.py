@@ -125,7 +125,7 @@ def test_under_dp_sgd_alone_trackers_publish_no_client_figure(tmp_path):
     simulate(cfg)
     public_keys = {k for line in metrics_lines(cfg) for k in line}
     tb = scalars(tmp_path / "tb")
-    client, run = only_mlflow_run(tmp_path / "mlruns")
+    _, run = only_mlflow_run(tmp_path / "mlruns")
     for shown in (set(tb), set(run.data.metrics)):
         assert shown <= PUBLIC_UNDER_DP & public_keys, shown - PUBLIC_UNDER_DP
         assert "test_accuracy" in shown
