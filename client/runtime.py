@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from fedveil.client.dpsgd_budget import DpSgdBudget
+from fedveil.client.dpsgd_reply import dp_sgd_reply
 from fedveil.client.training import (
     DpSgdResult,
     LocalTraining,
     Trainer,
+    dp_sgd_plan,
     train_local,
     train_local_dp_sgd,
 )
@@ -77,7 +80,8 @@ class ClientRuntime:
     noise-share parameters and survivor floor from it, refuses a server that asks for
     others, and reveals no unmasking share below that floor. `trainer` runs local training
     (the in-process engine passes one that hands back results it computed for several
-    clients at once: same signature, same arithmetic)."""
+    clients at once: same signature, same arithmetic). `dp_sgd_budget`: a device's own
+    DP-SGD accounting (client/dpsgd_budget.py), charged before each DP-SGD round."""
 
     def __init__(
         self,
@@ -89,6 +93,7 @@ class ClientRuntime:
         run_config: RunConfig | None = None,
         on_ledger_head: Callable[[str], None] | None = None,
         trainer: Trainer = train_local,
+        dp_sgd_budget: DpSgdBudget | None = None,
     ) -> None:
         self.task = task
         self.identities = identities
@@ -99,6 +104,7 @@ class ClientRuntime:
         self._dp_plan: DistributedDpPlan | None = None
         self.model = FlatModel(task.model_fn(), device)
         self.trainer = trainer
+        self.dp_sgd_budget = dp_sgd_budget
 
     def handle(self, client_id: int, msg: Envelope, state: dict[str, Any]) -> Envelope:
         """The reply to `msg`; a request carrying a rider gets both answered, each on
@@ -196,6 +202,10 @@ class ClientRuntime:
         dp_noise = float(msg.config.get(F.DP_SGD_NOISE, 0.0) or 0.0)
         if dp_noise > 0:
             clip = float(msg.get(F.DP_SGD_CLIP, (int, float)))
+            reply = dp_sgd_reply(msg.config)  # refuses example weighting before training
+            if self.dp_sgd_budget is not None:  # charged from this client's own n
+                rate, steps = dp_sgd_plan(hp, len(data))
+                self.dp_sgd_budget.admit(msg.round, dp_noise, rate, steps)
             result = train_local_dp_sgd(
                 self.task.model_fn(),
                 global_vector,
@@ -206,6 +216,8 @@ class ClientRuntime:
                 dp_noise,
                 clip,
             )
+            if self.dp_sgd_budget is not None:
+                self.dp_sgd_budget.check_ran(result.steps)
             delta_device = self.model.device
         else:
             result = self.trainer(
@@ -217,16 +229,17 @@ class ClientRuntime:
                 self.task.loss_fn,
                 client_generator(seed, msg.round, client_id),
             )
-        reply: dict[str, Any] = {
-            F.NUM_EXAMPLES: result.num_examples,
-            F.LOSS: result.loss,
-            F.STEPS: result.steps,
-        }
         delta = result.delta
-        if isinstance(result, DpSgdResult):
+        dp_sgd = isinstance(result, DpSgdResult)
+        if dp_sgd:
+            # Only what the example-level guarantee covers leaves: no n, loss or steps.
             delta = delta.to(delta_device)
-            reply[F.DP_SGD_STEPS] = result.steps
-            reply[F.DP_SGD_RATE] = result.sample_rate
+        else:
+            reply = {
+                F.NUM_EXAMPLES: result.num_examples,
+                F.LOSS: result.loss,
+                F.STEPS: result.steps,
+            }
         clip = float(msg.config.get(F.CLIP_NORM, 0.0) or 0.0)
         if clip < 0 or not math.isfinite(clip):
             raise MessageError(f"train message: clip_norm = {clip}: must be a finite number >= 0")
@@ -239,6 +252,8 @@ class ClientRuntime:
                 reply[F.UNCLIPPED] = int(clipped.norm <= clip)
             if clipped.changed:
                 delta = torch.from_numpy(clipped.vector).to(delta.device)
+        if dp_sgd:
+            return reply, delta
         weighting = msg.config.get(F.WEIGHTING, F.WEIGHT_BY_EXAMPLES)
         if weighting not in (F.WEIGHT_BY_EXAMPLES, F.WEIGHT_UNIFORM):
             raise MessageError(f"train message: weighting = {weighting!r}: examples or uniform")

@@ -154,6 +154,21 @@ class DpSgdResult(LocalResult):
     sample_rate: float = 0.0
 
 
+def dp_sgd_plan(hp: LocalTraining, num_examples: int) -> tuple[float, int]:
+    """(Poisson sampling rate, noised steps) that `train_local_dp_sgd` runs on
+    `num_examples` examples: the rate is batch_size / n, an epoch is Opacus' int(1 / rate)
+    batches, and local_steps (a device's cap) stops it early. A device accounts its
+    epsilon from this before it trains (client/dpsgd_budget.py)."""
+    if num_examples < 1:
+        raise ValueError("client has no training examples")
+    rate = min(1.0, hp.batch_size / num_examples)
+    per_epoch = int(1 / rate)  # UniformWithReplacementSampler's own count
+    steps = max(1, hp.local_epochs) * per_epoch
+    if hp.local_steps > 0:
+        steps = min(steps, hp.local_steps)
+    return rate, steps
+
+
 def train_local_dp_sgd(
     module: torch.nn.Module,
     global_vector: torch.Tensor,
@@ -174,7 +189,7 @@ def train_local_dp_sgd(
     n = int(x.shape[0])
     model = FlatModel(module)
     model.set(global_vector.cpu())
-    rate = min(1.0, hp.batch_size / n)
+    rate, planned = dp_sgd_plan(hp, n)
     opt = torch.optim.SGD(
         module.parameters(), lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay
     )
@@ -190,6 +205,8 @@ def train_local_dp_sgd(
     loss_sum, batches = 0.0, 0
     for _ in range(max(1, hp.local_epochs)):
         for xb, yb in session.data_loader:
+            if session.steps >= planned:  # a device's local_steps cap binds DP-SGD too
+                break
             # An empty Poisson batch takes a noise-only step: the accountant counts it.
             loss = dp_sgd_step(session, loss_fn, xb, yb)
             if loss is not None:

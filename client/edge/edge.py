@@ -34,7 +34,8 @@ from typing import Any
 
 import httpx
 
-from fedveil.client.edge.flower_deploy import EdgeClient, answer
+from fedveil.client.dpsgd_budget import DpSgdLedger
+from fedveil.client.edge.flower_deploy import DP_SGD_DIR, EdgeClient, answer
 from fedveil.client.edge.tls_probe import insecure_against_tls_error, server_speaks_tls
 from fedveil.client.edge.witness import WitnessStore
 from fedveil.ops.procs import child_env, flwr_command, free_port, spawn, stop_group, wait_port
@@ -103,6 +104,13 @@ class EdgeNode:
             # Keep every privacy-ledger head the coordinator shows this device: the
             # operator's auditor checks them with `fedveil privacy verify --witness`.
             edge.on_ledger_head = WitnessStore(opts.state_dir / "witness").record
+        if edge.dp_sgd_ledger is None:
+            # Every DP-SGD round this device trains is accounted on disk, across runs and
+            # restarts, and checked against --max-dp-epsilon (client/dpsgd_budget.py).
+            policy = edge.policy
+            edge.dp_sgd_ledger = DpSgdLedger(
+                opts.state_dir / DP_SGD_DIR, policy.max_dp_epsilon, policy.dp_delta
+            )
         # Set by the signal handler. A plain attribute on purpose: a handler that takes a
         # lock (threading.Event.set) can deadlock against the main thread holding it.
         self.stopping = False

@@ -13,6 +13,10 @@ Either is checked, and capped, before any training:
   device's influence on any release is bounded whatever the server does.
 - min_dp_noise: refuse rounds whose local DP-SGD noise multiplier
   (`dp_sgd_noise`, from the run's client.dp_sgd_noise) is below this level.
+- max_dp_epsilon: the device's own cap on its example-level DP-SGD epsilon, composed
+  over every round it trained (client/dpsgd_budget.py, at delta dp_delta): a training
+  request without DP-SGD noise (its epsilon is unbounded) is refused here, and a DP-SGD
+  round that would take the device past the cap is refused before training.
 - max_local_epochs / max_local_steps: cap the work of one round.
 - max_train_seconds: cap one round's local training time; steps are capped
   from the measured time per step (a probe step before the first round).
@@ -41,6 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fedveil.client.dpsgd_budget import DEFAULT_DELTA
 from fedveil.protocol.deployment import CLIENTAPP_REF, FAB_ID
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import BATCH_SIZE, CLIP_NORM, DP_SGD_NOISE, LOCAL_EPOCHS, LOCAL_STEPS
@@ -57,6 +62,8 @@ class LocalPolicy:
     require_secagg: bool = False
     max_clip_norm: float = 0.0  # 0: no requirement
     min_dp_noise: float = 0.0
+    max_dp_epsilon: float = 0.0  # 0: no cap (still accounted)
+    dp_delta: float = DEFAULT_DELTA
     max_local_epochs: int = 0  # 0: no cap
     max_local_steps: int = 0
     max_train_seconds: float = 0.0
@@ -69,7 +76,9 @@ class LocalPolicy:
                     f"allow_apps (--allow-app): {app!r} is not a Flower app id; expected "
                     "'publisher/name' (as in [tool.flwr.app] publisher and [project] name)"
                 )
-        for name in ("min_dp_noise", "max_train_seconds", "max_clip_norm"):
+        if not (0 < self.dp_delta < 1):
+            raise ValueError(f"dp_delta = {self.dp_delta!r}: must be in (0, 1)")
+        for name in ("min_dp_noise", "max_train_seconds", "max_clip_norm", "max_dp_epsilon"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} = {v!r}: must be a finite number >= 0")
@@ -85,6 +94,8 @@ class LocalPolicy:
             parts.append(f"updates clipped to <= {self.max_clip_norm:g}")
         if self.min_dp_noise:
             parts.append(f"DP-SGD noise >= {self.min_dp_noise}")
+        if self.max_dp_epsilon:
+            parts.append(f"DP-SGD epsilon <= {self.max_dp_epsilon:g} at delta {self.dp_delta:g}")
         if self.max_local_epochs:
             parts.append(f"<= {self.max_local_epochs} local epochs")
         if self.max_local_steps:
@@ -169,6 +180,7 @@ class LocalPolicy:
                     f"local policy: local DP noise multiplier {noise!r} is below this "
                     f"device's minimum {self.min_dp_noise}"
                 )
+        self._check_dp_sgd_on(config)
         steps = planned_steps(request, num_examples)
         if steps is None:
             return request, False  # malformed: the runtime rejects it with the field name
@@ -184,6 +196,20 @@ class LocalPolicy:
             return request, False
         config[LOCAL_STEPS] = int(cap)
         return Envelope(request.kind, request.round, config, request.arrays), True
+
+    def _check_dp_sgd_on(self, config: dict[str, object]) -> None:
+        # Under a cap, training without DP-SGD noise has no bounded epsilon: refused
+        # (written so that a missing, non-numeric or NaN noise fails it).
+        if not self.max_dp_epsilon:
+            return
+        noise = config.get(DP_SGD_NOISE)
+        number = isinstance(noise, (int, float)) and not isinstance(noise, bool)
+        if not (number and math.isfinite(noise) and noise > 0):  # type: ignore[arg-type]
+            raise PolicyRefusal(
+                f"local policy: this device trains only with DP-SGD under its cap "
+                f"--max-dp-epsilon {self.max_dp_epsilon:g}; the request has "
+                f"{DP_SGD_NOISE} = {noise!r}, whose example-level epsilon is unbounded"
+            )
 
     @staticmethod
     def _check_rider(request: Envelope) -> None:

@@ -20,12 +20,14 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from flwr.app import Context, Error, Message
 from flwr.clientapp import ClientApp
 
+from fedveil.client.dpsgd_budget import DpSgdLedger
 from fedveil.client.edge.edge_data import load_local_data, with_holdout
 from fedveil.client.edge.edge_policy import LocalPolicy, planned_steps
 from fedveil.client.flower_stock import is_stock_type
@@ -53,6 +55,7 @@ log = logging.getLogger("fedveil.edge")
 # The contract with the coordinator's FAB (its builder reads the same names) and the
 # error codes of a device's replies: fedveil.protocol, defined once.
 BAD_MESSAGE = ErrorCode.BAD_MESSAGE.value
+DP_SGD_DIR = "dp_sgd"  # <state-dir>/dp_sgd/<run>.jsonl: the device's DP-SGD rounds
 CLIENT_FAILURE = ErrorCode.CLIENT_FAILURE.value
 
 
@@ -80,11 +83,14 @@ class EdgeClient:
         device: str = "cpu",
         identity: ClientIdentity | None = None,
         on_ledger_head: Callable[[str], None] | None = None,
+        dp_sgd_ledger: DpSgdLedger | None = None,
     ) -> None:
         """`identity`: this device's secure-aggregation identity key and the operator's
         roster; with one, the device takes part only in malicious-server sessions.
         `on_ledger_head` keeps each privacy-ledger head a request carries (the edge node
-        wires it to the device's witness store)."""
+        wires it to the device's witness store). `dp_sgd_ledger`: the device's own DP-SGD
+        accounting across runs and restarts (the edge node keeps it in its state
+        directory); required by a policy with max_dp_epsilon."""
         if client_id < 0:
             raise ValueError(f"client id {client_id}: must be >= 0")
         if identity is not None and identity.client_id != client_id:
@@ -96,6 +102,12 @@ class EdgeClient:
         self.policy = policy or LocalPolicy()
         self.device = device
         self.on_ledger_head = on_ledger_head
+        if self.policy.max_dp_epsilon and dp_sgd_ledger is None:
+            raise ValueError(
+                "max_dp_epsilon (--max-dp-epsilon) needs the device's DP-SGD ledger "
+                "(kept in its state directory)"
+            )
+        self.dp_sgd_ledger = dp_sgd_ledger
         self._run_id: int | None = None
         self._runtime: ClientRuntime | None = None
         self._num_examples = 0
@@ -174,6 +186,9 @@ class EdgeClient:
                 # from it, never from a request.
                 run_config=cfg,
                 on_ledger_head=self.on_ledger_head,
+                dp_sgd_budget=None
+                if self.dp_sgd_ledger is None
+                else self.dp_sgd_ledger.for_run(str(run_id)),
             )
             self._num_examples = len(task.client_data(self.client_id))
         except MessageError:
@@ -306,8 +321,16 @@ def edge_from_node_config(node_config: Mapping[str, Any]) -> EdgeClient:
         max_local_steps=int(node_config.get("max-local-steps", 0)),
         max_train_seconds=float(node_config.get("max-train-seconds", 0.0)),
         allow_apps=tuple(str(node_config.get("allow-apps", "")).split()),
+        max_dp_epsilon=float(node_config.get("max-dp-epsilon", 0.0)),
     )
-    return EdgeClient(source, cid, policy, "cuda" if torch.cuda.is_available() else "cpu")
+    state = node_config.get("state-dir")
+    ledger = (
+        None
+        if state is None
+        else DpSgdLedger(Path(str(state)) / DP_SGD_DIR, policy.max_dp_epsilon, policy.dp_delta)
+    )
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return EdgeClient(source, cid, policy, device, dp_sgd_ledger=ledger)
 
 
 app = ClientApp()

@@ -147,6 +147,21 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
         "--min-dp-noise", type=float, default=0.0, help="refuse rounds with less local DP noise"
     )
     g.add_argument(
+        "--max-dp-epsilon",
+        type=float,
+        default=0.0,
+        help="cap this device's own example-level DP-SGD epsilon, accounted here from what "
+        "it trained (its own example count, the batch size, epochs and noise of each round) "
+        "and kept in --state-dir across runs and restarts: refuse a round that would exceed "
+        "it, and any training without DP-SGD noise (0: no cap; the figure is still logged)",
+    )
+    g.add_argument(
+        "--dp-delta",
+        type=float,
+        default=1e-5,
+        help="the delta at which --max-dp-epsilon and the logged DP-SGD epsilon are stated",
+    )
+    g.add_argument(
         "--max-local-epochs", type=int, default=0, help="cap local epochs per round (0: none)"
     )
     g.add_argument(
@@ -178,10 +193,11 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
 
 
 def cmd_client(args: argparse.Namespace) -> int:
+    from fedveil.client.dpsgd_budget import DpSgdLedger
     from fedveil.client.edge.edge import EdgeNode, EdgeOptions
     from fedveil.client.edge.edge_data import load_local_data
     from fedveil.client.edge.edge_policy import LocalPolicy
-    from fedveil.client.edge.flower_deploy import DataSource, EdgeClient, TaskSource
+    from fedveil.client.edge.flower_deploy import DP_SGD_DIR, DataSource, EdgeClient, TaskSource
 
     if args.client_id < 0:
         raise ValueError(f"--client-id {args.client_id}: must be >= 0")
@@ -214,6 +230,8 @@ def cmd_client(args: argparse.Namespace) -> int:
         require_secagg=args.require_secagg or identity is not None,
         max_clip_norm=args.max_clip_norm,
         min_dp_noise=args.min_dp_noise,
+        max_dp_epsilon=args.max_dp_epsilon,
+        dp_delta=args.dp_delta,
         max_local_epochs=args.max_local_epochs,
         max_local_steps=args.max_local_steps,
         max_train_seconds=args.max_train_seconds,
@@ -232,9 +250,17 @@ def cmd_client(args: argparse.Namespace) -> int:
         key=Path(args.key) if args.key else None,
         insecure=args.insecure,
     )
-    edge = EdgeClient(source, args.client_id, policy, args.device, identity)
+    ledger = DpSgdLedger(state / DP_SGD_DIR, policy.max_dp_epsilon, policy.dp_delta)
+    edge = EdgeClient(source, args.client_id, policy, args.device, identity, dp_sgd_ledger=ledger)
     n = len(source.data) if isinstance(source, DataSource) else "task"
     log.info("client %d: data %s, local policy: %s", args.client_id, n, policy.describe())
+    if ledger.events():
+        log.info(
+            "client %d: DP-SGD epsilon spent so far on this device's data: %.4g at delta %g",
+            args.client_id,
+            ledger.spent(),
+            ledger.delta,
+        )
     if identity is not None:
         log.info(
             "client %d: secure aggregation in malicious-server mode only; roster of %d "

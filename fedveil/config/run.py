@@ -387,6 +387,13 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     @property
+    def publishes_privately(self) -> bool:
+        """Whether the run's records are published as their accounted figures only
+        (PUBLIC_UNDER_DP; the rest to the private annex): under any DP, DP-SGD on the
+        clients alone included (a NaN noise counts as DP)."""
+        return self.dp.mechanism != "none" or self.client.dp_sgd_noise != 0
+
+    @property
     def poisson_rate(self) -> float:
         """The Poisson sampling rate q in use (explicit, or per_round / num_clients)."""
         if self.server.sample_rate > 0:

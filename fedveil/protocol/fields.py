@@ -81,6 +81,5 @@ LOSS = "loss"
 STEPS = "steps"
 WEIGHT = "weight"
 UNCLIPPED = "unclipped"  # 1 when the update was within CLIP_NORM (CLIP_INDICATOR)
-DP_SGD_STEPS = "dp_sgd_steps"
-DP_SGD_RATE = "dp_sgd_rate"
+# No DP-SGD figures (steps, rate batch/n): they give the client's n (client/dpsgd_reply.py).
 ACCURACY = "accuracy"

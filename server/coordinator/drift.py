@@ -83,10 +83,11 @@ def _unreleased(summary: dict[str, Any]) -> str | None:
     return f"secure aggregation aborted {stage}: nothing released".replace("  ", " ")
 
 
-def _refuse_distributed(ref: str, values: dict[str, Any]) -> None:
-    """A distributed-DP version's evaluation is refused, nothing sent: its users were
-    promised an epsilon against the coordinator, and an evaluation noised by the coordinator
-    (central DP, the only noise evaluations have) shows it their exact sums."""
+def _refuse_against_coordinator(ref: str, values: dict[str, Any]) -> None:
+    """A version whose users were promised a guarantee against the coordinator (distributed
+    DP, or DP-SGD on the devices) is not evaluated, nothing sent: an evaluation noised by the
+    coordinator (central DP, the only noise evaluations have) shows it their exact sums."""
+    _refuse_dp_sgd(ref, values)
     if values.get("dp", {}).get("mechanism") != "distributed":
         return
     raise DriftRefused(
@@ -96,6 +97,23 @@ def _refuse_distributed(ref: str, values: dict[str, Any]) -> None:
         "the version's users' accuracy and loss. Distributed (Skellam) noise for "
         "evaluations does not exist yet; nothing is sent to the devices. Watch a version "
         "trained with dp.mechanism = 'central', or evaluate on the server's own test set"
+    )
+
+
+def _refuse_dp_sgd(ref: str, values: dict[str, Any]) -> None:
+    """DP-SGD's example-level epsilon is each device's own, against whoever sees its
+    updates, the coordinator included. Any client.dp_sgd_noise but exactly 0 (NaN and
+    strings too: fail closed) counts as DP-SGD."""
+    noise = values.get("client", {}).get("dp_sgd_noise", 0.0)
+    if noise == 0 and not isinstance(noise, bool):
+        return
+    raise DriftRefused(
+        f"drift evaluation of {ref} refused: the version was trained with "
+        f"client.dp_sgd_noise = {noise!r} (DP-SGD on the devices), whose example-level "
+        "epsilon holds against the coordinator, and a drift evaluation is noised by the "
+        "coordinator itself (central DP): it would see the exact sums of the version's "
+        "users' accuracy and loss. Nothing is sent to the devices. Watch a version trained "
+        "with dp.mechanism = 'central' only, or evaluate on the server's own test set"
     )
 
 
@@ -168,7 +186,7 @@ class DriftMonitor:
         values = self._run_config(version.run_dir)
         values.pop("out", None)
         if trained_with_dp(values):
-            _refuse_distributed(version.ref, values)
+            _refuse_against_coordinator(version.ref, values)
             return self._submit_dp_evaluation(state, version.ref, str(version.model_path), values)
         # No training: one exchange in which devices evaluate the version on held-out data
         # (the version's own holdout share, else drift.holdout). Nothing is aggregated, so

@@ -21,9 +21,9 @@ else:  # pragma: no cover
 
 
 def run_is_dp(run_dir: Path) -> bool:
-    """Whether the run's resolved config has DP on, or the run has a privacy ledger (a DP
-    drift evaluation trains nothing, so its config has no [dp]); True when the config
-    cannot be read (fail closed: a public view then shows too little, never too much)."""
+    """Whether the run's resolved config has DP on (DP-SGD included), or the run has a
+    privacy ledger (a DP drift evaluation trains nothing, so its config has no [dp]); True
+    when the config cannot be read (fail closed: a public view then shows too little)."""
     if (Path(run_dir) / "privacy" / "ledger.jsonl").exists():
         return True
     try:
@@ -32,7 +32,10 @@ def run_is_dp(run_dir: Path) -> bool:
         return True
     dp = values.get("dp")
     mechanism = dp.get("mechanism", "none") if isinstance(dp, dict) else "none"
-    return mechanism != "none"
+    client = values.get("client")
+    dp_sgd = client.get("dp_sgd_noise", 0.0) if isinstance(client, dict) else 0.0
+    # DP-SGD alone publishes like any DP run (not == 0: a NaN or a string counts as DP).
+    return mechanism != "none" or not (dp_sgd == 0 and not isinstance(dp_sgd, bool))
 
 
 def public_record(record: dict[str, Any], dp: bool) -> dict[str, Any]:

@@ -82,7 +82,7 @@ class RunLifecycle:
         self._model: FlatModel | None = FlatModel(initial_model(task, cfg.seed), self.device)
         self.model_size = self._model.size
         # [tracking]: publishes what metrics.jsonl publishes (public_json under DP).
-        self.tracking = RunTracking.open(cfg, store.path, dp=self.privacy is not None)
+        self.tracking = RunTracking.open(cfg, store.path, dp=cfg.publishes_privately)
         if self.tracking is not None:  # a crash never reaches finish(): marked failed
             weakref.finalize(self, close_unfinished, self.tracking)
 

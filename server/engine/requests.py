@@ -47,6 +47,8 @@ def training_config(cfg: RunConfig, privacy: ClientPrivacy | None) -> dict[str, 
     }
     if c.dp_sgd_noise > 0:
         config.update({F.DP_SGD_NOISE: c.dp_sgd_noise, F.DP_SGD_CLIP: c.dp_sgd_clip})
+        # DP-SGD clients send no example count (client/dpsgd_reply.py): uniform weights.
+        config[F.WEIGHTING] = F.WEIGHT_UNIFORM
     if privacy is not None:
         config[F.CLIP_NORM] = privacy.clip_norm
         config[F.WEIGHTING] = privacy.weighting

@@ -38,6 +38,8 @@ class RoundRecord:
 # Never the drop counts (`dropped`, `drops_by_reason`): they reveal participation, as
 # does the realised `epsilon_coordinator_max` (the busiest client's participations);
 # `epsilon_coordinator_bound` (a client in every released round) reveals nothing.
+# Nor the simulation's `dp_sgd_epsilon_max`: the busiest client's DP-SGD epsilon inverts
+# to its exact example count. DP-SGD runs alone publish only these keys too.
 PUBLIC_UNDER_DP = frozenset(
     {
         "round",
@@ -53,7 +55,6 @@ PUBLIC_UNDER_DP = frozenset(
         "secagg_threat",
         "secagg_neighbors",
         "secagg_threshold",
-        "dp_sgd_epsilon_max",
         "clients_connected",
     }
 )

@@ -143,7 +143,8 @@ class RoundEngine:
         """One round, as data through its steps (see ARCHITECTURE.md)."""
         round_num = self.round + 1
         start = time.perf_counter()
-        dp = self.privacy is not None
+        # Under any DP (DP-SGD alone included) the record's counts stay private.
+        dp = self.cfg.publishes_privately
         cohort = self._draw_cohort(round_num)
         record = RoundRecord(round_num, len(cohort), 0, 0, applied=False)
         got = self._collect(round_num, cohort)
@@ -182,6 +183,9 @@ class RoundEngine:
         return Collected.of(outcome)
 
     def _account_dp_sgd(self, record: RoundRecord, got: Collected) -> None:
+        # Simulation only (it knows every client's n): the busiest client's figure inverts
+        # to its n, so it goes to the private annex (not in PUBLIC_UNDER_DP); devices
+        # account their own (client/dpsgd_budget.py).
         if self.dp_sgd is not None and got.agg is not None:
             record.extra["dp_sgd_epsilon_max"] = self.dp_sgd.record_round(got.agg.contributors)
 
@@ -216,6 +220,8 @@ class RoundEngine:
                 record.train_loss = None if agg is None or math.isnan(agg.loss) else agg.loss
                 if agg is None or not agg.contributors:
                     record.extra["noise_only"] = True  # private: it reveals participation
+            if self.cfg.client.dp_sgd_noise > 0:
+                record.train_loss = None  # DP-SGD replies carry no loss (dpsgd_reply.py)
         elif cohort and got.aborted is None and self.privacy is None:
             log.warning(
                 "round %d: %d of %d clients aggregated, fewer than min_clients=%d; "
@@ -341,11 +347,20 @@ class RoundEngine:
             "model_parameters": self.model.size,
             "stopped_reason": self.stopped_reason,
             **self._privacy_summary(),
-            **({"dp_sgd_epsilon_max": self.dp_sgd.worst} if self.dp_sgd else {}),
+            **self._dp_sgd_summary(),
         }
 
+    def _dp_sgd_summary(self) -> dict[str, Any]:
+        """DP-SGD's public figures: its parameters. Each client's epsilon depends on its
+        own n (each device accounts and caps its own); the simulation's per-client worst
+        case is in the private annex (`dp_sgd_epsilon_max`, private/rounds.jsonl)."""
+        c = self.cfg.client
+        if c.dp_sgd_noise == 0:
+            return {}
+        return {"dp_sgd_noise": c.dp_sgd_noise, "dp_sgd_clip": c.dp_sgd_clip}
+
     def _counts(self) -> dict[str, Any]:
-        if self.privacy is not None:
+        if self.cfg.publishes_privately:
             # How many rounds applied and how many clients dropped reveal participation.
             return {}
         errors: Counter[str] = Counter()

@@ -295,13 +295,22 @@ def attack_report(
 
 
 # -- one run: target + shadows + both attacks -------------------------------------------------
-def dp_claim(cfg: RunConfig, summary: dict[str, Any], level: str) -> tuple[float | None, float]:
-    """The epsilon the run claims at the attacked level (None without DP there)."""
+def dp_claim(
+    cfg: RunConfig, summary: dict[str, Any], level: str, run_dir: Path
+) -> tuple[float | None, float]:
+    """The epsilon the run claims at the attacked level (None without DP there). DP-SGD's
+    per-client worst case is the operator's (the private annex), never published."""
     if level == "example":
-        eps = summary.get("dp_sgd_epsilon_max") if cfg.client.dp_sgd_noise > 0 else None
+        eps = _private_dp_sgd_epsilon(run_dir) if cfg.client.dp_sgd_noise > 0 else None
     else:
         eps = summary.get("epsilon") if cfg.dp.mechanism != "none" else None
     return (None if eps is None else float(eps)), float(cfg.dp.delta)
+
+
+def _private_dp_sgd_epsilon(run_dir: Path) -> float | None:
+    rounds = RunStore(run_dir).read_private()
+    figures = [r["dp_sgd_epsilon_max"] for r in rounds if "dp_sgd_epsilon_max" in r]
+    return figures[-1] if figures else None
 
 
 def run_membership(
@@ -336,7 +345,7 @@ def run_membership(
             seed=cfg.seed + 1 + s,
         )
         shadow_conf.append(example_statistics(shadow, targets.x, targets.y)[1])
-    epsilon, delta = dp_claim(cfg, summary, level)
+    epsilon, delta = dp_claim(cfg, summary, level, out / "target")
     member = targets.member
     attacks: dict[str, Any] = {}
     curves: dict[str, Roc] = {}

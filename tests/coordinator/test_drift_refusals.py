@@ -1,6 +1,7 @@
 """[drift] settings are checked like the rest of server.toml, and the drift monitor refuses
 a DP version's evaluation that secure aggregation cannot run (too few devices connected for
-its threshold), and any evaluation of a version trained with distributed DP, without
+its threshold), and any evaluation of a version trained with distributed DP or DP-SGD
+(each a guarantee against the coordinator, whose own noise is all an evaluation has), without
 submitting anything, saying why in the drift state; an evaluation whose run never released
 anything is refunded to the version's budget."""
 
@@ -98,6 +99,23 @@ def test_a_distributed_dp_version_is_not_evaluated(tmp_path: Path) -> None:
     assert refused.startswith(f"drift evaluation of {version.ref} refused")
     assert "dp.mechanism = 'distributed'" in refused and "exact sums" in refused
     assert "nothing is sent to the devices" in refused
+    assert state.get("pending") is None and state["history"] == []
+    assert not state.get("charges") and manager.run_ids() == []
+
+
+def test_a_dp_sgd_version_is_not_evaluated(tmp_path: Path) -> None:
+    # DP-SGD's example-level epsilon is the devices' own, against the coordinator too; a
+    # drift evaluation has only the coordinator's noise: refused like distributed DP.
+    dp_sgd = {"dp.mechanism": "none", "client.dp_sgd_noise": 1.0, "client.dp_sgd_clip": 1.0}
+    settings, version = dp_version(tmp_path, {"clients": 3}, **dp_sgd)
+    manager = RunManager(settings, link=None)  # a submission would fail loudly
+    monitor = DriftMonitor(settings.drift, settings.state_dir, manager, connected=lambda: 6)
+    monitor.tick()
+    state = monitor.state()
+    refused = state["refused"]
+    assert refused.startswith(f"drift evaluation of {version.ref} refused")
+    assert "client.dp_sgd_noise = 1.0" in refused and "exact sums" in refused
+    assert "Nothing is sent to the devices" in refused
     assert state.get("pending") is None and state["history"] == []
     assert not state.get("charges") and manager.run_ids() == []
 

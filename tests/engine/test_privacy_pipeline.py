@@ -14,8 +14,12 @@ from safetensors.torch import load_file
 import tiny_task
 from fedveil.config import load_config
 from fedveil.privacy.dp import Ledger
+from fedveil.server.coordinator.publication import run_is_dp
 from fedveil.server.engine.pipeline import make_privacy_pipeline
+from fedveil.server.engine.round_record import PUBLIC_UNDER_DP
 from fedveil.server.engine.rounds import RoundEngine
+from fedveil.server.engine.runstore import RunStore
+from fedveil.simulations.attacks.membership import dp_claim
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.run import simulate
 from fedveil.tasks import ClientData
@@ -258,11 +262,27 @@ def test_resume_after_a_crash_between_ledger_entry_and_checkpoint(tmp_path):
     assert torch.isfinite(model(config(tmp_path, **dp))["0.weight"]).all()
 
 
-def test_local_dp_sgd_is_accounted_per_client(tmp_path):
+def test_local_dp_sgd_publishes_nothing_that_identifies_a_client(tmp_path):
+    """The observer of a DP-SGD-only run reads only accounted figures: no per-client
+    epsilon (the busiest client's inverts to its exact n), no training loss, no counts;
+    the simulation's per-client accounting stays in the operator's private annex."""
     cfg = config(tmp_path, **{"client.dp_sgd_noise": 1.0, "client.dp_sgd_clip": 1.0})
     summary = simulate(cfg)
-    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    worst = [json.loads(line)["dp_sgd_epsilon_max"] for line in lines]
+    run = tmp_path / "run"
+    public = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(public) == 3
+    for record in public:
+        assert set(record) <= PUBLIC_UNDER_DP
+        assert "dp_sgd_epsilon_max" not in record and "train_loss" not in record
+        assert "cohort_aggregated" not in record and "dropped" not in record
+    assert "dp_sgd_epsilon_max" not in summary and "dropped_total" not in summary
+    assert summary["dp_sgd_noise"] == 1.0
+    assert json.loads((run / "summary.json").read_text()) == summary
+    assert run_is_dp(run)  # the coordinator's API and /metrics filter it the same way
+    private = RunStore(run).read_private()
+    worst = [r["dp_sgd_epsilon_max"] for r in private]
     assert worst == sorted(worst) and worst[0] > 0  # composes over rounds, never shrinks
-    assert summary["dp_sgd_epsilon_max"] == worst[-1]
+    assert all(r["train_loss"] is None for r in private)  # replies carry no loss
+    # The membership attack's example-level claim is that private figure.
+    assert dp_claim(cfg, summary, "example", run) == (worst[-1], cfg.dp.delta)
     assert torch.isfinite(model(cfg)["0.weight"]).all()

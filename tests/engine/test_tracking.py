@@ -118,6 +118,20 @@ def test_under_dp_trackers_publish_only_what_metrics_jsonl_publishes(tmp_path):
     assert [s for s, _ in tb["epsilon"]] == [1, 2, 3]
 
 
+def test_under_dp_sgd_alone_trackers_publish_no_client_figure(tmp_path):
+    # The observer of TensorBoard and MLflow: no per-client DP-SGD epsilon (it inverts to
+    # one client's n), no client losses, no counts; as metrics.jsonl.
+    cfg = tracked_config(tmp_path, **{"client.dp_sgd_noise": 1.0, "client.dp_sgd_clip": 1.0})
+    simulate(cfg)
+    public_keys = {k for line in metrics_lines(cfg) for k in line}
+    tb = scalars(tmp_path / "tb")
+    _, run = only_mlflow_run(tmp_path / "mlruns")
+    for shown in (set(tb), set(run.data.metrics)):
+        assert shown <= PUBLIC_UNDER_DP & public_keys, shown - PUBLIC_UNDER_DP
+        assert "test_accuracy" in shown
+        assert not shown & {"dp_sgd_epsilon_max", "train_loss", "cohort_aggregated", "dropped"}
+
+
 class Stop(KeyboardInterrupt):
     pass
 
