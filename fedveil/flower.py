@@ -38,7 +38,12 @@ from fedveil.client.runtime import ClientRuntime
 from fedveil.config import SECTIONS, ConfigError, RunConfig, config_from_dict, load_config, to_toml
 from fedveil.protocol.flower_codec import KINDS, STOCK_EVALUATE, STOCK_TRAIN, message_type
 from fedveil.server.engine.flower_app import FlowerTransport
-from fedveil.server.engine.flower_secagg import FlowerDP, SecAggGrid, secure
+from fedveil.server.engine.flower_secagg import (
+    FlowerDP,
+    SecAggGrid,
+    SecureAggregationRefused,
+    secure,
+)
 from fedveil.server.engine.flower_secagg_strategies import StrategyRefused
 from fedveil.server.engine.flower_stock import StockCodec, protocol_needs
 from fedveil.server.engine.lifecycle import RunLifecycle
@@ -50,6 +55,7 @@ __all__ = [
     "FlowerDP",
     "RunFailed",
     "SecAggGrid",
+    "SecureAggregationRefused",
     "StrategyRefused",
     "client",
     "client_app",

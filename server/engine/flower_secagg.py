@@ -58,8 +58,15 @@ from fedveil.server.engine.transport import ClientFailure
 
 log = logging.getLogger("fedveil.flower")
 
+MIN_NODES = 3  # with 2, each would learn the other's update from the sum
 TRAIN_METRICS = ("train_loss",)  # Flower's quickstart apps' metric names
 EVALUATE_METRICS = ("eval_loss", "eval_acc")
+
+
+class SecureAggregationRefused(ValueError):
+    """The app is set up so that no secure round can succeed (too few nodes, or clients
+    without fedveil_secagg_mod): the run stops at the first exchange, saying the fix,
+    instead of aborting every round and exiting 0."""
 
 
 @dataclass(frozen=True)
@@ -294,6 +301,7 @@ class SecAggGrid(Grid):
         channel = self._channel(purpose)
         result = channel.collect(stages, requests, size + len(metrics), timeout, upcoming)
         if not isinstance(result, Aggregate):
+            _refuse_stock_clients(result.dropped.values())
             # Client errors name no one under DP (who dropped reveals participation).
             reasons = sorted(set(result.dropped.values()))[:3] if self.dp is None else []
             log.warning(
@@ -359,6 +367,14 @@ class SecAggGrid(Grid):
         the next round's when pipelined (drawn now, assuming the same size: a round of
         another size discards the early key exchange and starts afresh)."""
         nodes = sorted(self.grid.get_node_ids())
+        if min(size, len(nodes)) < MIN_NODES:
+            raise SecureAggregationRefused(
+                f"secure aggregation needs at least {MIN_NODES} nodes per round; this "
+                f"{purpose} exchange has {min(size, len(nodes))} of {len(nodes)} connected "
+                "nodes. Run more SuperNodes (`flwr run . --federation-config "
+                f"num-supernodes={MIN_NODES}`, or options.num-supernodes in the federation), "
+                "or let the strategy sample at least 3 (fraction_train, min_train_nodes)"
+            )
         if size > len(nodes):
             raise ValueError(f"secure aggregation: a cohort of {size} from {len(nodes)} nodes")
         key = (purpose, len(nodes), size)
@@ -377,6 +393,20 @@ class SecAggGrid(Grid):
             return drawn, None
         self._drawn[key] = [nodes[i] for i in sampler.sample()]
         return drawn, self._drawn[key]
+
+
+def _refuse_stock_clients(reasons: Iterable[str]) -> None:
+    """A ClientApp without fedveil_secagg_mod runs its own train function on the
+    protocol's key stages, which carry no 'arrays' record: every such client fails with
+    KeyError 'arrays'. Say the fix once instead of aborting every round."""
+    stock = [r for r in reasons if "KeyError" in r and "arrays" in r]
+    if stock:
+        raise SecureAggregationRefused(
+            f"{len(stock)} clients answered secure aggregation's key stages with their own "
+            "train function (KeyError 'arrays'): their ClientApp lacks fedveil_secagg_mod. "
+            "Add it: `from fedveil.flower import fedveil_secagg_mod` and "
+            "`app = ClientApp(mods=[fedveil_secagg_mod])`"
+        )
 
 
 def _plus(model: ArrayRecord, mean: np.ndarray) -> dict[str, Array]:
