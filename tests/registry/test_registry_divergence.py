@@ -18,16 +18,15 @@ from fedveil.simulations.run import simulate
 
 @pytest.fixture(scope="module")
 def swamped_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny task that (almost) never moves from its seeded initialisation, which is at
-    chance level: deterministic, where a DP-swamped model's accuracy is random."""
+    """A run whose labels carry no signal: its model ends at chance level, as a diverged
+    or DP-swamped one does (deterministically, where a swamped model's is random)."""
     out = tmp_path_factory.mktemp("diverged") / "run"
     cfg = load_config(
         None,
         {
-            "model.task": "tiny_task:make",
+            "model.task": "tiny_task:make_unlearnable",
             "server.rounds": 2,
             "server.per_round": 6,
-            "client.lr": 1e-9,
             "simulation.workers": 1,
             "simulation.plots": False,
             "out": str(out),
