@@ -19,24 +19,26 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.simulation import run_simulation
 from local_ray import local_ray
 
-from fedveil.flower import SecureAggregationRefused, secure
+from fedveil.flower import BudgetExhausted, FlowerDP, SecureAggregationRefused, secure
 
 
-def _start(client_app: Any, nodes: int) -> dict[str, Any]:
+def _start(client_app: Any, nodes: int, dp: FlowerDP | None = None) -> dict[str, Any]:
     """The app's own server, as a Flower user writes it with secure(); what it raised."""
-    out: dict[str, Any] = {"exchanges": 0}
+    out: dict[str, Any] = {}
 
     def main(grid: Grid, context: Context) -> None:
         strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=nodes)
         torch.manual_seed(0)
+        wrapped = secure(grid, strategy, dp=dp)
         try:
             strategy.start(
-                grid=secure(grid, strategy),
+                grid=wrapped,
                 initial_arrays=ArrayRecord(quickstart.Net().state_dict()),
                 num_rounds=3,
             )
-        except SecureAggregationRefused as exc:
+        except (SecureAggregationRefused, BudgetExhausted) as exc:
             out["error"] = str(exc)
+        out["releases"] = wrapped.releases
 
     local_ray()
     app = ServerApp()
@@ -62,3 +64,14 @@ def test_a_client_app_without_the_mod_stops_at_once_naming_it():
     out = _start(quickstart.app, nodes=3)  # the stock app: no fedveil_secagg_mod
     assert "lacks fedveil_secagg_mod" in out["error"], out
     assert "ClientApp(mods=[fedveil_secagg_mod])" in out["error"]
+
+
+@pytest.mark.flower
+def test_flower_dp_stops_before_the_release_that_would_pass_its_budget():
+    # Used to keep no budget: every round released whatever epsilon it reached.
+    probe = FlowerDP(clip=1.0, noise_multiplier=1.0)
+    one, two = (probe.epsilon(k, 3, 3, 1e-5) for k in (1, 2))
+    budget = (one + two) / 2
+    out = _start(flower_secagg_app.app, nodes=3, dp=FlowerDP(1.0, 1.0, budget=budget))
+    assert out["releases"] == 1
+    assert f"FlowerDP.budget = {budget:g}: release 2 would spend {two:.4g}" in out["error"]
