@@ -20,6 +20,7 @@ each with a message saying why.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log as flwr_log
 from flwr.server import Grid
 from flwr.serverapp import ServerApp
 
@@ -38,18 +40,27 @@ from fedveil.client.runtime import ClientRuntime
 from fedveil.config import SECTIONS, ConfigError, RunConfig, config_from_dict, load_config, to_toml
 from fedveil.protocol.flower_codec import KINDS, STOCK_EVALUATE, STOCK_TRAIN, message_type
 from fedveil.server.engine.flower_app import FlowerTransport
-from fedveil.server.engine.flower_secagg import FlowerDP, SecAggGrid, secure
+from fedveil.server.engine.flower_secagg import (
+    BudgetExhausted,
+    FlowerDP,
+    SecAggGrid,
+    SecureAggregationRefused,
+    secure,
+)
 from fedveil.server.engine.flower_secagg_strategies import StrategyRefused
 from fedveil.server.engine.flower_stock import StockCodec, protocol_needs
 from fedveil.server.engine.lifecycle import RunLifecycle
-from fedveil.server.engine.rounds import initial_model
+from fedveil.server.engine.rounds import RoundRecord, initial_model
 from fedveil.server.engine.runstore import RunStore
+from fedveil.server.engine.tracking import publishable_metrics
 from fedveil.tasks import Task, make_server_task, make_task
 
 __all__ = [
+    "BudgetExhausted",
     "FlowerDP",
     "RunFailed",
     "SecAggGrid",
+    "SecureAggregationRefused",
     "StrategyRefused",
     "client",
     "client_app",
@@ -137,6 +148,8 @@ def run_server(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
     device = resolve_device(cfg.device)
     task = make_server_task(cfg)
     cfg = _with_population(cfg, task)
+    if cfg.transport != "flower":  # the run's record names the transport that ran it
+        cfg = config_from_dict(_without_none({**cfg.to_dict(), "transport": "flower"}))
     store = RunStore(cfg.out)
     store.clear()
     store.write_config(to_toml(cfg))
@@ -147,7 +160,9 @@ def run_server(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
         stock=StockCodec(initial_model(task, cfg.seed)),
         protocol_needs=protocol_needs(cfg),
     )
-    engine = lifecycle.engine(transport, resume=False)
+    engine = lifecycle.engine(
+        transport, resume=False, on_round=_RoundLog(cfg.server.rounds, cfg.dp.mechanism != "none")
+    )
     summary = engine.run()
     summary.update(device=str(device), out=str(Path(cfg.out)))
     summary["wall_s"] = round(time.perf_counter() - start, 3)
@@ -158,6 +173,32 @@ def run_server(grid: Grid, cfg: RunConfig) -> dict[str, Any]:
             f"error: {summary.get('first_client_error')}"
         )
     return summary
+
+
+class _RoundLog:
+    """Each round's public figures in Flower's log, which `flwr run --stream` and
+    `flwr log` show: under DP only what metrics.jsonl publishes (epsilon, the server's
+    own evaluation), as for every other tracker."""
+
+    def __init__(self, rounds: int, dp: bool) -> None:
+        self.rounds, self.dp = rounds, dp
+
+    def __call__(self, record: RoundRecord) -> None:
+        values = publishable_metrics(record, dp=self.dp)
+        shown = [
+            f"{key} {values[key]:.4g}"
+            for key in ("test_accuracy", "test_loss", "train_loss", "epsilon", "cohort_aggregated")
+            if key in values
+        ]
+        status = record.public_json().get("status", "")
+        flwr_log(
+            logging.INFO,
+            "[fedveil] round %d/%d %s%s",
+            record.round,
+            self.rounds,
+            f"{status}: " if status else "",
+            ", ".join(shown),
+        )
 
 
 def _with_population(cfg: RunConfig, task: Task) -> RunConfig:

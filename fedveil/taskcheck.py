@@ -149,6 +149,7 @@ def _check_batch(
             f"({type(exc).__name__}: {exc}); expected model_fn() to accept input_shape "
             f"{task.input_shape} with a batch dimension"
         ) from None
+    _check_logits(task, out, y, where)
     try:
         loss = task.loss_fn(out, y)
     except Exception as exc:
@@ -170,6 +171,21 @@ def _check_batch(
     if not math.isfinite(value):
         raise TaskContractError(f"{where}: loss_fn returned {value}; expected a finite loss")
     model.zero_grad(set_to_none=True)
+
+
+def _check_logits(task: Task, out: Any, y: torch.Tensor, where: str) -> None:
+    """A classifier (integer labels, or the default cross-entropy) outputs one logit per
+    class: (batch, num_classes). Cross-entropy accepts any width >= the largest label, so
+    a wrong number of outputs would otherwise train silently."""
+    classifier = task.loss_fn is torch.nn.functional.cross_entropy or not y.is_floating_point()
+    if not classifier or not isinstance(out, torch.Tensor):
+        return
+    expected = (int(y.shape[0]), int(task.num_classes))
+    if tuple(out.shape) != expected:
+        raise TaskContractError(
+            f"{where}: the model outputs {_describe(out)}; expected (batch, num_classes) = "
+            f"{expected}: one logit per class, with num_classes = {task.num_classes}"
+        )
 
 
 def _describe(value: Any) -> str:

@@ -21,8 +21,11 @@ PROBE_TIMEOUT_S = 5.0
 GCS_RECONNECT_TIMEOUT_S = "20"
 
 
-class RayClusterUnreachable(RuntimeError):
-    """The configured Ray cluster does not answer (the run fails before training)."""
+class RayClusterUnreachable(ValueError):
+    """The configured Ray cluster does not answer (the run fails before training).
+
+    A ValueError: the user fixes it (the address, or a cluster to start), so the CLI
+    says it in one `fedveil: error:` line, exit 2, as it does configuration errors."""
 
 
 def client_resources(cfg: RunConfig) -> dict[str, float]:

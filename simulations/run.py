@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from fedveil.config import RunConfig, config_from_dict, to_toml, toml_text
+from fedveil.config import ConfigError, RunConfig, config_from_dict, load_config, to_toml, toml_text
+from fedveil.config.resume import CONFIG_FILE, check_resume
 from fedveil.privacy.secagg.identity import DerivedIdentities
 from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.rounds import RoundEngine, RoundRecord
@@ -106,12 +107,16 @@ def simulate(
     """
     start = time.perf_counter()
     device = resolve_device(cfg.device)
+    recorded = None
     if resume:
         require_checkpoint(Path(cfg.out))
+        recorded = recorded_config(Path(cfg.out))
     store = RunStore(cfg.out)
     prepared = prepare_task(cfg, device, given or {})
     cfg, task = prepared.cfg, prepared.task
-    open_run_dir(store, prepared, resume)
+    if recorded is not None:
+        check_resume(recorded, cfg)
+    open_run_dir(store, prepared, recorded)
     attempt = Attempt(cfg, task, device, store, resume=resume, on_round=on_round)
     if not resume:
         write_lineage(store.path, init_model, init_ref)
@@ -193,11 +198,24 @@ def config_record(prepared: PreparedTask) -> str:
     return header + toml_text(values)
 
 
-def open_run_dir(store: RunStore, prepared: PreparedTask, resume: bool) -> None:
-    if not resume:
+def recorded_config(out: Path) -> RunConfig:
+    """The config a run to resume was started with (its config.toml)."""
+    path = out / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(f"--resume: no {CONFIG_FILE} in {out}; nothing to resume")
+    return load_config(path)
+
+
+def open_run_dir(store: RunStore, prepared: PreparedTask, recorded: RunConfig | None) -> None:
+    """A new run clears the directory and records its config; a resumed run keeps its
+    config.toml, rewritten only to record a changed number of rounds (the run as it ran)."""
+    if recorded is None:
         store.clear()
         for name in PLOTS:
             (store.path / name).unlink(missing_ok=True)
+    elif recorded.server.rounds == prepared.cfg.server.rounds:
+        write_partition_report(store, prepared.task)
+        return
     store.write_config(config_record(prepared))
     write_partition_report(store, prepared.task)
 

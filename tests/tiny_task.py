@@ -59,3 +59,26 @@ def make_nan(cfg: RunConfig) -> Task:
 
     task.client_data = broken
     return task
+
+
+def make_unlearnable(cfg: RunConfig) -> Task:
+    """Ten classes whose labels are independent of the features: any model ends at chance
+    level (0.1, on a test set large enough that no seed strays far from it)."""
+    rng = np.random.default_rng(4321)
+    classes, n = 10, cfg.data.num_clients
+
+    def noise(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.tensor(rng.normal(size=(size, FEATURES)), dtype=torch.float32)
+        return x, torch.tensor(rng.integers(0, classes, size=size), dtype=torch.int64)
+
+    clients = [noise(40) for _ in range(n)]
+    return Task(
+        name="tiny-unlearnable",
+        input_shape=(FEATURES,),
+        num_classes=classes,
+        num_clients=n,
+        model_fn=lambda: nn.Sequential(nn.Linear(FEATURES, 16), nn.ReLU(), nn.Linear(16, classes)),
+        client_data=lambda cid: ClientData(*clients[cid]),
+        test_data=noise(5000),
+        client_sizes=np.array([40] * n),
+    )

@@ -295,7 +295,16 @@ def add_run(sub: argparse._SubParsersAction) -> None:
     m.add_argument("run_id")
     m.add_argument("-o", "--out", required=True, help="file to write")
     m.set_defaults(func=cmd_run_model)
-    for q in (s, ls, st, sp, m):
+    lg = rsub.add_parser("logs", help="a run's server log (admin token), as `flwr log` shows")
+    lg.add_argument("run_id")
+    lg.add_argument(
+        "--tail", type=int, default=200, metavar="N", help="the last N lines (default 200)"
+    )
+    lg.add_argument(
+        "--follow", action="store_true", help="keep printing new lines until the run ends"
+    )
+    lg.set_defaults(func=cmd_run_logs)
+    for q in (s, ls, st, sp, m, lg):
         add_api_args(q)
         q.add_argument("--json", action="store_true", help="print JSON")
 
@@ -385,6 +394,39 @@ def cmd_run_model(args: argparse.Namespace, api: ApiClient) -> int:
     Path(args.out).write_bytes(raw)
     print(f"wrote {len(raw)} bytes to {args.out}", file=sys.stderr)
     return 0
+
+
+@_api_call
+def cmd_run_logs(args: argparse.Namespace, api: ApiClient) -> int:
+    path = f"/runs/{args.run_id}/logs?tail={args.tail}"
+    _, raw = api.request("GET", path, admin=True)
+    text = raw.decode("utf-8", "replace")
+    sys.stdout.write(text)
+    seen = text.splitlines()
+    while args.follow:
+        run = api.json("GET", f"/runs/{args.run_id}")
+        time.sleep(0 if run["status"] in ("completed", "failed", "stopped") else 2)
+        _, raw = api.request("GET", path, admin=True)
+        lines = raw.decode("utf-8", "replace").splitlines()
+        new = _after(seen, lines)
+        if new:
+            sys.stdout.write("\n".join(new) + "\n")
+            sys.stdout.flush()
+        seen = lines
+        if run["status"] in ("completed", "failed", "stopped"):
+            break
+    return 0
+
+
+def _after(seen: list[str], lines: list[str]) -> list[str]:
+    """The lines of a later tail that follow what was already printed."""
+    if not seen:
+        return lines
+    last = seen[-1]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i] == last:
+            return lines[i + 1 :]
+    return lines
 
 
 # -- fedveil clients ---------------------------------------------------------------

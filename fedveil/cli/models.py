@@ -61,6 +61,8 @@ def cmd_models(args: argparse.Namespace) -> int:
     registry = open_registry(args.registry)
     action = args.models_command
     if action == "register":
+        from fedveil.server.registry.divergence import divergence
+
         version = registry.register(
             Path(args.run_dir),
             name=args.name,
@@ -68,6 +70,13 @@ def cmd_models(args: argparse.Namespace) -> int:
             parent=args.parent,
             same_users=not args.disjoint_users,
         )
+        diverged = divergence(version.card)
+        if diverged is not None:
+            print(
+                f"fedveil: warning: {version.ref}: the model diverged or learned nothing: "
+                f"{diverged}",
+                file=sys.stderr,
+            )
         _out(args, version.card, f"registered {version.ref}")
     elif action == "promote":
         registry.promote(args.name, args.version)

@@ -1,4 +1,7 @@
-"""A per-round progress bar with loss and accuracy (stderr, so --json stdout stays clean)."""
+"""A per-round progress bar with loss and accuracy (stderr, so --json stdout stays clean).
+
+On a terminal it redraws one line; when stderr is not a terminal (a log file, a pipe,
+CI) it writes one plain line per round instead, with no carriage returns."""
 
 from __future__ import annotations
 
@@ -11,8 +14,14 @@ from tqdm import tqdm
 
 class RoundProgress:
     def __init__(self, rounds: int, *, disable: bool = False) -> None:
+        self.rounds = rounds
+        self.lines = not disable and not sys.stderr.isatty()  # a log: plain lines
         self.bar = tqdm(
-            total=rounds, unit="round", file=sys.stderr, disable=disable, dynamic_ncols=True
+            total=rounds,
+            unit="round",
+            file=sys.stderr,
+            disable=disable or self.lines,
+            dynamic_ncols=True,
         )
         self.post: dict[str, str] = {}
         self._shown = 0.0
@@ -20,7 +29,7 @@ class RoundProgress:
     def clients(self, done: int, total: int) -> None:
         """Clients finished in the current exchange (redrawn at most 5 times a second)."""
         now = time.monotonic()
-        if done < total and now - self._shown < 0.2:
+        if self.lines or (done < total and now - self._shown < 0.2):
             return
         self._shown = now
         self.post["clients"] = f"{done}/{total}"
@@ -40,6 +49,10 @@ class RoundProgress:
         if dp:
             post["epsilon"] = f"{record.extra['epsilon']:.3g}"
         self.post = post
+        if self.lines:
+            shown = " ".join(f"{k} {v}" for k, v in post.items())
+            print(f"round {record.round}/{self.rounds} {shown}".rstrip(), file=sys.stderr)
+            return
         self.bar.set_postfix(post, refresh=False)
         self.bar.n = record.round
         self.bar.refresh()

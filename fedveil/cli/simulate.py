@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config import ConfigError, RunConfig, load_config
+from fedveil.config.resume import resume_config
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -62,6 +64,18 @@ SIMULATE_FLAGS: list[tuple[str, str, type, str]] = [
 ]
 
 
+def _flat_defaults() -> dict[str, Any]:
+    """'section.key' -> the schema's default, for --help (a built-in dataset's own
+    defaults, e.g. digits' MLP, are said when a run uses them)."""
+    flat: dict[str, Any] = {}
+    for section, values in load_config(None).to_dict().items():
+        if isinstance(values, dict):
+            flat.update({f"{section}.{k}": v for k, v in values.items()})
+        else:
+            flat[section] = values
+    return flat
+
+
 def _parse_set(items: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
@@ -78,11 +92,15 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
         help="run many clients on this machine",
         description="Simulate a federated run on this machine and write a run directory "
         "(config.toml, metrics.jsonl, model.safetensors, summary.json). Defaults: "
-        "Fashion-MNIST, 100 clients with Dirichlet(0.5) label skew, 20 per round, small CNN.",
+        "Fashion-MNIST, 100 clients with Dirichlet(0.5) label skew, 20 per round, small CNN; "
+        "another built-in dataset brings its own defaults for what is left unset.",
     )
     p.add_argument("--config", help="TOML file; flags below override it")
+    defaults = _flat_defaults()
     for flag, key, kind, text in SIMULATE_FLAGS:
-        p.add_argument(flag, dest=key, type=kind, default=None, help=f"{text} [{key}]")
+        shown = defaults.get(key)
+        default = "" if shown in (None, "") else f", default {shown}"
+        p.add_argument(flag, dest=key, type=kind, default=None, help=f"{text} [{key}{default}]")
     p.add_argument(
         "--set",
         action="append",
@@ -98,7 +116,10 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
         help="secure aggregation: the server learns only the sum [secagg.enabled]",
     )
     p.add_argument(
-        "--resume", action="store_true", help="continue the run in --out from its checkpoint"
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its checkpoint, under the run's own config.toml "
+        "(flags that conflict with it are refused)",
     )
     p.add_argument(
         "--init-model",
@@ -117,7 +138,14 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     overrides, given = command_line_settings(args)
-    cfg = resolve_config(args.config, overrides)
+    if args.resume:  # the run's own config.toml, never the defaults
+        from fedveil.simulations.run import require_checkpoint
+
+        out = _resume_dir(args.config, overrides)
+        require_checkpoint(Path(out))
+        cfg = resume_config(out, overrides)
+    else:
+        cfg = resolve_config(args.config, overrides)
     _check_privacy_plan(cfg)
     from fedveil.server.engine.tracking import check_tracking_available
 
@@ -144,6 +172,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         progress.close()
         print(f"fedveil: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        progress.close()
+        if (Path(cfg.out) / "checkpoint" / "state.pt").exists():
+            print(
+                f"fedveil: to continue: fedveil simulate --resume --out {shlex.quote(cfg.out)}",
+                file=sys.stderr,
+            )
+        raise
     finally:
         progress.close()
     if summary.get("stopped_reason"):
@@ -157,6 +193,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     return 0
+
+
+def _resume_dir(config: str | None, overrides: dict[str, Any]) -> str:
+    """Where the run to resume lives: --out, else the --config file's out, else the
+    default run directory."""
+    if "out" in overrides:
+        return str(overrides["out"])
+    return load_config(config).out
 
 
 def _init_model(given: str | None, registry: str | None) -> tuple[Path | None, str | None]:

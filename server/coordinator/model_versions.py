@@ -23,13 +23,16 @@ def register_finished_run(state_dir: Path, run_dir: Path, record: dict[str, Any]
     (`model_version`; a record that already names one, e.g. a drift evaluation's, is
     left alone). A run started from a registered version (`drift.parent` in its record)
     carries it as its parent: same devices, so the card sums epsilon over the lineage.
-    A run that cannot be registered (e.g. a ledger that fails verification) is logged
-    and left unregistered: the run itself stays completed."""
+    A run that cannot be registered (a ledger that fails verification, a model at
+    chance level) is logged and left unregistered, the reason in `model_version_error`:
+    the run itself stays completed."""
     if record.get("model_version"):
         return
     parent = (record.get("drift") or {}).get("parent")
     try:
-        version = coordinator_registry(state_dir).register(run_dir, parent=parent)
+        version = coordinator_registry(state_dir).register(
+            run_dir, parent=parent, refuse_diverged=True
+        )
     except Exception as error:  # registering must never stop the run supervisor
         log.warning("run %s: model not registered: %s", record.get("id"), error)
         record["model_version_error"] = str(error)

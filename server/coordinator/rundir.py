@@ -24,6 +24,7 @@ import json
 import os
 import re
 import secrets
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,8 @@ from fedveil.config import DeploySettings
 from fedveil.server.engine.runstore import atomic_write_bytes
 
 ROSTER_FILE = "secagg_roster.json"
+SERVER_LOG = "server.log"
+TAIL_BLOCK = 64 * 1024
 RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{2,63}$")
 ACTIVE = ("queued", "starting", "running")
 FINAL = ("completed", "failed", "stopped")
@@ -51,6 +54,35 @@ def read_json(path: Path, default: Any = None) -> Any:
     except json.JSONDecodeError:
         # Only possible if something else wrote the file; our writes are atomic.
         return default
+
+
+def tail_lines(path: Path, lines: int) -> str:
+    """The last `lines` lines of a text file, reading blocks back from its end."""
+    with path.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        end = f.tell()
+        data = b""
+        while end > 0 and data.count(b"\n") <= lines:
+            start = max(0, end - TAIL_BLOCK)
+            f.seek(start)
+            data = f.read(end - start) + data
+            end = start
+    return b"\n".join(data.splitlines()[-lines:]).decode("utf-8", "replace") + "\n"
+
+
+def config_dp(run_dir: Path) -> str:
+    """The run's dp.mechanism from its config.toml ('none' when absent or unreadable):
+    for runs recorded before run.json carried it."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    try:
+        values = tomllib.loads((run_dir / "config.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return "none"
+    return str(values.get("dp", {}).get("mechanism", "none"))
 
 
 def write_json(path: Path, value: Any) -> None:

@@ -34,10 +34,13 @@ from fedveil.server.coordinator.rundir import (
     FINAL,
     ROSTER_FILE,
     RUN_ID_RE,
+    SERVER_LOG,
     DeploySettings,
     RunDir,
+    config_dp,
     new_run_id,
     read_json,
+    tail_lines,
     write_json,
 )
 from fedveil.server.coordinator.settings import ServerSettings
@@ -292,6 +295,7 @@ class RunManager:
         record = rd.record()
         status = rd.status()
         rounds_done = self.count_rounds(rd.path)
+        metrics = rd.metrics()
         out = {
             "id": run_id,
             "name": record.get("name", ""),
@@ -303,8 +307,14 @@ class RunManager:
             # Rounds whose update changed the model; a completed run with none is no success.
             # Round status is public under DP, so this count reveals nothing more.
             "rounds_applied": sum(
-                r.get("applied") is True or r.get("status") == "applied" for r in rd.metrics()
+                r.get("applied") is True or r.get("status") == "applied" for r in metrics
             ),
+            # Aborted rounds (nothing released) are public under DP too, as round status.
+            "rounds_aborted": sum(r.get("status") == "aborted" for r in metrics),
+            # The run's DP mechanism ('none' when off): public, in its config.
+            "dp": record.get("dp") or config_dp(rd.path),
+            "model_version": record.get("model_version"),
+            "model_version_error": record.get("model_version_error"),
             "phase": status.get("phase") if record.get("status") == "running" else None,
             "clients_connected": status.get("connected"),
             "error": record.get("error"),
@@ -323,6 +333,14 @@ class RunManager:
             recv += fr.bytes_recv if fr else attempt.get("bytes_recv", 0)
         out["bytes_sent"], out["bytes_received"] = sent, recv
         return out if admin else without_paths(out)
+
+    def log_tail(self, run_id: str, lines: int) -> str:
+        """The last `lines` lines of the run's server log (the ServerApp's), read from the
+        end: a long log costs no more than the lines asked for."""
+        path = self.rundir(run_id).path / SERVER_LOG
+        if not path.is_file():
+            return ""
+        return tail_lines(path, lines)
 
     def list(self, admin: bool = False) -> list[dict[str, Any]]:
         return [self.view(rid, admin) for rid in self.run_ids()]
@@ -386,6 +404,7 @@ class RunManager:
                     "num_clients": cfg.data.num_clients,
                     "per_round": cfg.server.per_round,
                     "model": cfg.model.task or cfg.model.name,
+                    "dp": cfg.dp.mechanism,
                     "attempts": [],
                     "stop_requested": False,
                     "error": None,

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.app.message_type import MessageType
+from flwr.common.logger import log as flwr_log
 from flwr.server import Grid
 from flwr.supercore.run import Run
 
@@ -58,24 +59,46 @@ from fedveil.server.engine.transport import ClientFailure
 
 log = logging.getLogger("fedveil.flower")
 
+MIN_NODES = 3  # with 2, each would learn the other's update from the sum
 TRAIN_METRICS = ("train_loss",)  # Flower's quickstart apps' metric names
 EVALUATE_METRICS = ("eval_loss", "eval_acc")
+
+
+class SecureAggregationRefused(ValueError):
+    """The app is set up so that no secure round can succeed (too few nodes, or clients
+    without fedveil_secagg_mod): the run stops at the first exchange, saying the fix,
+    instead of aborting every round and exiting 0."""
+
+
+class BudgetExhausted(RuntimeError):
+    """The next release would take the run past FlowerDP's epsilon budget: nothing more
+    is released, and the strategy stops here."""
 
 
 @dataclass(frozen=True)
 class FlowerDP:
     """Central DP on the securely aggregated sum: each client's update clipped to L2 norm
     `clip`, the sum noised with N(0, (noise_multiplier * clip)^2), divided by the sampled
-    cohort size. Account it with fedveil.privacy.dp (fixed-size sampling, replace-one)."""
+    cohort size. Accounted with fedveil.privacy.dp (fixed-size sampling, replace-one).
+
+    `budget` (epsilon at `delta`): checked before each release; a release that would
+    exceed it is not made (BudgetExhausted). 0: no budget (the spent epsilon is still
+    logged each round)."""
 
     clip: float
     noise_multiplier: float
+    budget: float = 0.0
+    delta: float = 1e-5
 
     def __post_init__(self) -> None:
         for name in ("clip", "noise_multiplier"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"FlowerDP.{name} = {value!r}: must be a finite number > 0")
+        if not (isinstance(self.budget, (int, float)) and 0 <= self.budget < math.inf):
+            raise ValueError(f"FlowerDP.budget = {self.budget!r}: must be finite, >= 0")
+        if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
+            raise ValueError(f"FlowerDP.delta = {self.delta!r}: must be in (0, 1)")
 
     def epsilon(self, rounds: int, cohort: int, population: int, delta: float) -> float:
         """Epsilon at `delta` after `rounds` rounds of `cohort` clients sampled (fixed
@@ -204,6 +227,7 @@ class SecAggGrid(Grid):
         self._drawn: dict[tuple[str, int, int], list[int]] = {}  # next cohort (node ids)
         # What each secure exchange gave: aggregated clients (None under DP), or aborted.
         self.rounds: list[dict[str, Any]] = []
+        self.releases = 0  # DP releases made (each one charged)
 
     # -- Grid, delegated ------------------------------------------------------------------
     @property
@@ -294,6 +318,7 @@ class SecAggGrid(Grid):
         channel = self._channel(purpose)
         result = channel.collect(stages, requests, size + len(metrics), timeout, upcoming)
         if not isinstance(result, Aggregate):
+            _refuse_stock_clients(result.dropped.values())
             # Client errors name no one under DP (who dropped reveals participation).
             reasons = sorted(set(result.dropped.values()))[:3] if self.dp is None else []
             log.warning(
@@ -328,6 +353,7 @@ class SecAggGrid(Grid):
         if self.dp is None:
             mean, weight = total / agg.weight, float(agg.weight)
         else:  # noise on the sum, a fixed (public) denominator: the sampled cohort size
+            self._charge(sampled)
             noised = add_gaussian_noise(total[:size], self.dp.noise_multiplier, self.dp.clip)
             mean, weight = noised.astype(np.float64) / sampled, 1.0
         values: dict[str, float] = {self.strategy_weight_key: weight}
@@ -338,6 +364,26 @@ class SecAggGrid(Grid):
         if purpose == MessageType.TRAIN:
             out["arrays"] = ArrayRecord(_plus(model, mean[:size]))
         return out
+
+    def _charge(self, sampled: int) -> None:
+        """Before a DP release: its epsilon, checked against the budget, then logged."""
+        assert self.dp is not None
+        population = len(list(self.grid.get_node_ids()))
+        spent = self.dp.epsilon(self.releases + 1, sampled, population, self.dp.delta)
+        if self.dp.budget and not (spent <= self.dp.budget):  # NaN fails closed
+            raise BudgetExhausted(
+                f"FlowerDP.budget = {self.dp.budget:g}: release {self.releases + 1} would "
+                f"spend {spent:.4g} (delta {self.dp.delta:g}); nothing more is released"
+            )
+        self.releases += 1
+        flwr_log(
+            logging.INFO,
+            "[fedveil] release %d: epsilon %.4g of %s (delta %g)",
+            self.releases,
+            spent,
+            f"{self.dp.budget:g}" if self.dp.budget else "no budget",
+            self.dp.delta,
+        )
 
     def _pipelined(self, purpose: str) -> bool:
         """Whether the next round's key stages ride on this round's exchanges: training
@@ -359,6 +405,14 @@ class SecAggGrid(Grid):
         the next round's when pipelined (drawn now, assuming the same size: a round of
         another size discards the early key exchange and starts afresh)."""
         nodes = sorted(self.grid.get_node_ids())
+        if min(size, len(nodes)) < MIN_NODES:
+            raise SecureAggregationRefused(
+                f"secure aggregation needs at least {MIN_NODES} nodes per round; this "
+                f"{purpose} exchange has {min(size, len(nodes))} of {len(nodes)} connected "
+                "nodes. Run more SuperNodes (`flwr run . --federation-config "
+                f"num-supernodes={MIN_NODES}`, or options.num-supernodes in the federation), "
+                "or let the strategy sample at least 3 (fraction_train, min_train_nodes)"
+            )
         if size > len(nodes):
             raise ValueError(f"secure aggregation: a cohort of {size} from {len(nodes)} nodes")
         key = (purpose, len(nodes), size)
@@ -377,6 +431,20 @@ class SecAggGrid(Grid):
             return drawn, None
         self._drawn[key] = [nodes[i] for i in sampler.sample()]
         return drawn, self._drawn[key]
+
+
+def _refuse_stock_clients(reasons: Iterable[str]) -> None:
+    """A ClientApp without fedveil_secagg_mod runs its own train function on the
+    protocol's key stages, which carry no 'arrays' record: every such client fails with
+    KeyError 'arrays'. Say the fix once instead of aborting every round."""
+    stock = [r for r in reasons if "KeyError" in r and "arrays" in r]
+    if stock:
+        raise SecureAggregationRefused(
+            f"{len(stock)} clients answered secure aggregation's key stages with their own "
+            "train function (KeyError 'arrays'): their ClientApp lacks fedveil_secagg_mod. "
+            "Add it: `from fedveil.flower import fedveil_secagg_mod` and "
+            "`app = ClientApp(mods=[fedveil_secagg_mod])`"
+        )
 
 
 def _plus(model: ArrayRecord, mean: np.ndarray) -> dict[str, Array]:

@@ -44,16 +44,44 @@ def check_tracking_available(t: TrackingConfig) -> None:
             )
 
 
+MLFLOW_DB = "mlflow.db"
+
+
 def mlflow_tracking_uri(uri: str) -> str:
-    """A directory or 'file:DIR' becomes an absolute file URI (a local file store, found
-    again whatever the working directory); other URIs go to MLflow unchanged."""
+    """A directory becomes a SQLite store in it (DIR/mlflow.db: MLflow 3 reads it back
+    with no extra setting, where its file store needs MLFLOW_ALLOW_FILE_STORE); an
+    explicit 'file:DIR' stays a file store, as an absolute URI; other URIs (sqlite:,
+    http:, ...) go to MLflow unchanged."""
     scheme, sep, rest = uri.partition(":")
     if sep and len(scheme) > 1 and scheme.isalpha():
         if scheme.lower() != "file":
             return uri
         path = rest[2:] if rest.startswith("//") else rest
         return Path(path).expanduser().resolve().as_uri()
-    return Path(uri).expanduser().resolve().as_uri()
+    directory = Path(uri).expanduser().resolve()
+    return f"sqlite:///{directory / MLFLOW_DB}"
+
+
+def mlflow_artifact_root(uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside the SQLite store that a
+    directory became (DIR/artifacts; MLflow's default would be the working directory),
+    else MLflow's own choice."""
+    tracking = mlflow_tracking_uri(uri)
+    if not tracking.startswith("sqlite:///") or not tracking.endswith(f"/{MLFLOW_DB}"):
+        return None
+    if tracking != f"sqlite:///{Path(uri).expanduser().resolve() / MLFLOW_DB}":
+        return None  # an explicit sqlite: URI
+    return (Path(uri).expanduser().resolve() / "artifacts").as_uri()
+
+
+def tensorboard_run_dir(root: str, run_dir: Path) -> Path:
+    """One subdirectory of the TensorBoard root per run directory (its name and a short
+    hash of its absolute path), so that runs logged to one root are separate runs in
+    TensorBoard, and a resumed run continues its own."""
+    import hashlib
+
+    path = str(run_dir.expanduser().resolve())
+    return Path(root) / f"{run_dir.name}-{hashlib.sha256(path.encode()).hexdigest()[:8]}"
 
 
 def publishable_metrics(record: RoundRecord, *, dp: bool) -> dict[str, float]:
@@ -69,10 +97,27 @@ def publishable_metrics(record: RoundRecord, *, dp: bool) -> dict[str, float]:
     return out
 
 
+# Sections whose settings mean nothing while their switch is off: only the switch is
+# logged then. [audit] belongs to `fedveil privacy audit`, not to the run.
+_SWITCHES = {"poisoning": ("attack", "none"), "dp": ("mechanism", "none")}
+_ASYNC_ONLY = ("concurrency", "buffer", "staleness_exponent", "max_staleness", "ssp_bound")
+_ASYNC_ONLY += ("group_size", "max_participations")
+
+
 def run_params(cfg: RunConfig) -> dict[str, str]:
-    """The config as flat 'section.key' -> text (None left out, as in config.toml)."""
+    """The settings the run used, as flat 'section.key' -> text (None left out, as in
+    config.toml): a section switched off contributes its switch alone."""
+    values = cfg.to_dict()
+    values.pop("audit", None)
+    for section, (switch, off) in _SWITCHES.items():
+        if values[section][switch] == off:
+            values[section] = {switch: off}
+    if not values["secagg"]["enabled"]:
+        values["secagg"] = {"enabled": False}
+    if values["server"]["mode"] == "sync":
+        values["server"] = {k: v for k, v in values["server"].items() if k not in _ASYNC_ONLY}
     out: dict[str, str] = {}
-    for key, value in cfg.to_dict().items():
+    for key, value in values.items():
         if isinstance(value, dict):
             out.update({f"{key}.{k}": str(v) for k, v in value.items() if v is not None})
         elif value is not None:
@@ -127,6 +172,8 @@ class MlflowSink:
         tags: Mapping[str, str],
     ) -> None:
         tracking_uri = mlflow_tracking_uri(uri)
+        if mlflow_artifact_root(uri) is not None:  # the directory holding the SQLite store
+            Path(uri).expanduser().mkdir(parents=True, exist_ok=True)
         if tracking_uri.startswith("file:"):
             # MLflow 3 keeps the file store in maintenance mode and refuses it unless
             # allowed; a local file store is what `--mlflow DIR` asks for.
@@ -138,7 +185,11 @@ class MlflowSink:
         self.client = MlflowClient(tracking_uri=tracking_uri)
         found = self.client.get_experiment_by_name(experiment)
         experiment_id = (
-            found.experiment_id if found is not None else self.client.create_experiment(experiment)
+            found.experiment_id
+            if found is not None
+            else self.client.create_experiment(
+                experiment, artifact_location=mlflow_artifact_root(uri)
+            )
         )
         run = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
         self.run_id: str = run.info.run_id
@@ -178,7 +229,7 @@ class RunTracking:
         params = run_params(cfg)
         sinks: list[Sink] = []
         if t.tensorboard:
-            sinks.append(TensorBoardSink(t.tensorboard, params))
+            sinks.append(TensorBoardSink(str(tensorboard_run_dir(t.tensorboard, run_dir)), params))
         if t.mlflow_uri:
             tags = {"fedveil.run_dir": str(run_dir), "fedveil.dp": cfg.dp.mechanism}
             sinks.append(MlflowSink(t.mlflow_uri, t.mlflow_experiment, run_dir.name, params, tags))

@@ -73,6 +73,14 @@ def wrong_input_size(cfg: RunConfig) -> Task:
     return _task(model=lambda: nn.Sequential(nn.Linear(FEATURES + 2, CLASSES)))
 
 
+def too_many_logits(cfg: RunConfig) -> Task:
+    """num_classes = 2 with a model that outputs 3 logits: cross-entropy accepts it, so it
+    used to train with exit 0 and no warning."""
+    task = _task(model=lambda: nn.Sequential(nn.Linear(FEATURES, 3)))
+    task.num_classes = 2
+    return task
+
+
 def regression(cfg: RunConfig) -> Task:
     """Float targets are right here: the task brings its own loss (MSE)."""
 

@@ -58,6 +58,14 @@ def run_task(capsys, tmp_path: Path, task: str, *args: str) -> tuple[int, str, s
         ("returns_a_dict", ["returned dict, expected fedveil.tasks.Task"]),
         # Used to make every client fail (or a worker process die).
         ("wrong_input_size", ["forward pass failed on inputs of shape (32, 8)"]),
+        # Used to train silently: cross-entropy accepts 3 logits for 2 classes.
+        (
+            "too_many_logits",
+            [
+                "the model outputs float32 of shape (32, 3)",
+                "expected (batch, num_classes) = (32, 2)",
+            ],
+        ),
     ],
 )
 def test_a_broken_task_contract_is_named_before_the_run(capsys, tmp_path, task, says):

@@ -51,11 +51,16 @@ def _run(rid: str, status: str, done: int, applied: int, **extra: Any) -> dict[s
     }
 
 
+DIVERGED = "the model diverged or learned nothing: its test accuracy 0.1000 is at chance level"
 RUNS = [
-    _run("dp", "completed", 5, 4),
-    _run("empty", "completed", 3, 0),
+    _run("dp", "completed", 5, 4, dp="central", rounds_aborted=1),
+    _run("empty", "completed", 3, 0, rounds_aborted=3),
     _run("failed", "failed", 0, 0, error="a client failed its checks"),
     _run("plain", "completed", 5, 5),
+    # issue 30: a DP run before its first round, one that lost rounds, one that diverged
+    _run("fresh", "queued", 0, 0, dp="distributed"),
+    _run("aborted", "completed", 5, 3, rounds_aborted=2),
+    _run("diverged", "completed", 5, 5, model_version_error=DIVERGED),
 ]
 DROPS = {  # round: (dropped, drops by failed check)
     1: (0, {}),
@@ -91,7 +96,19 @@ DP_ROUNDS = [  # the public view of a DP run: a status per round, no counts
     for r in range(1, 6)
 ]
 EMPTY_ROUNDS = [{"round": r, "status": "aborted", "test_loss": 2.3} for r in range(1, 4)]
-ROUNDS = {"dp": DP_ROUNDS, "empty": EMPTY_ROUNDS, "failed": [], "plain": PLAIN_ROUNDS}
+ABORTED_ROUNDS = [
+    {**r, "status": "aborted", "applied": False} if r["round"] in (2, 4) else r
+    for r in PLAIN_ROUNDS
+]
+ROUNDS = {
+    "dp": DP_ROUNDS,
+    "empty": EMPTY_ROUNDS,
+    "failed": [],
+    "plain": PLAIN_ROUNDS,
+    "fresh": [],
+    "aborted": ABORTED_ROUNDS,
+    "diverged": PLAIN_ROUNDS,
+}
 
 
 def fixture_app(selected: str) -> FastAPI:
@@ -152,9 +169,9 @@ FLAGS = [
 ]
 
 
-def chromium(port: int, tmp_path: Path, *args: str) -> str:
+def chromium(port: int, tmp_path: Path, *args: str, path: str = "/dashboard") -> str:
     profile = tmp_path / f"profile-{time.monotonic_ns()}"
-    url = f"http://127.0.0.1:{port}/dashboard"
+    url = f"http://127.0.0.1:{port}{path}"
     done = subprocess.run(
         [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args, url],
         capture_output=True,
@@ -171,7 +188,7 @@ def pages(tmp_path_factory):
         pytest.skip("needs Chromium (apt-get install -y chromium)")
     tmp = tmp_path_factory.mktemp("dash")
     out = {}
-    for selected in ("plain", "dp", "failed", "empty"):
+    for selected in ("plain", "dp", "failed", "empty", "fresh", "aborted", "diverged"):
         server, port = _serve(fixture_app(selected))
         try:
             dom = chromium(port, tmp, "--dump-dom")
@@ -201,13 +218,17 @@ def test_progress_bars_show_the_share_of_rounds_done(pages):
         "empty": ("60", "60"),
         "failed": ("0", "0"),
         "plain": ("100", "100"),
+        "fresh": ("0", "0"),
+        "aborted": ("100", "100"),
+        "diverged": ("100", "100"),
     }
 
 
 def test_a_run_that_applied_nothing_gets_no_green_badge(pages):
     rows = _rows(pages["plain"][0])
     assert 'class="status completed"' in rows["plain"]
-    assert 'class="status completed"' in rows["dp"]  # 4 of its 5 public rounds applied
+    # 4 of its 5 public rounds applied, one aborted: not a plain success either
+    assert 'class="status completed-warn">completed, 1 aborted<' in rows["dp"]
     assert 'class="status completed-empty">completed, nothing applied<' in rows["empty"]
     assert 'class="status failed"' in rows["failed"]
     # The detail header says the same, from the public rounds' status alone.
@@ -272,3 +293,37 @@ def test_only_nodes_mapped_to_enrolled_clients_are_connected(tmp_path):
     # 104 was registered behind the coordinator's back; 103 is revoked; 102 is offline.
     assert registry.connected({101, 103, 104}) == 1
     assert registry.connected(set()) == 0
+
+
+def test_a_dp_run_before_its_first_round_says_dp_is_on(pages):
+    # Used to say "no privacy report: DP is off for this run".
+    dom = pages["fresh"][0]
+    assert 'data-empty="DP is on (distributed): no release yet' in dom
+    assert "DP is off" not in dom
+    assert 'data-link="privacy-report"' in dom
+
+
+def test_a_dp_run_links_its_privacy_report_and_a_plain_one_does_not(pages):
+    assert 'href="/runs/dp/privacy?format=html" data-link="privacy-report"' in pages["dp"][0]
+    assert 'data-link="privacy-report"' not in pages["plain"][0]
+
+
+def test_aborted_rounds_and_a_diverged_run_are_marked(pages):
+    rows = _rows(pages["plain"][0])
+    assert 'class="status completed-warn">completed, 2 aborted<' in rows["aborted"]
+    assert 'class="status completed-warn">completed, diverged<' in rows["diverged"]
+    assert re.search(r'class="warn" data-fact="aborted">aborted <b>2</b>', pages["aborted"][0])
+    dom = pages["diverged"][0]
+    assert 'data-fact="diverged">not registered: the model diverged or learned nothing' in dom
+
+
+def test_a_run_has_its_own_url(tmp_path):
+    if CHROMIUM is None:
+        pytest.skip("needs Chromium (apt-get install -y chromium)")
+    server, port = _serve(fixture_app("plain"))  # the page would select "plain" first
+    try:
+        dom = chromium(port, tmp_path, "--dump-dom", path="/dashboard/runs/aborted")
+    finally:
+        server.should_exit = True
+    assert re.search(r'id="run-title" class="mono">aborted<', dom), dom[:2000]
+    assert 'href="/dashboard/runs/aborted">link to this run<' in dom

@@ -116,7 +116,7 @@ def assert_same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) ->
 
 
 @pytest.mark.parametrize("privacy", PRIVACY_VARIANTS)
-def test_run_matches_the_simulation(deployment, tmp_path, privacy):
+def test_run_matches_the_simulation(deployment, tmp_path, privacy, capsys):
     dep = deployment
     rounds_n = 2 if privacy else 3
     toml = run_toml(
@@ -175,8 +175,29 @@ def test_run_matches_the_simulation(deployment, tmp_path, privacy):
         "/clients",
     ):
         assert path in spec["paths"], path
+    # The run's view says DP and aborted rounds (issue 30), and `fedveil run logs`
+    # prints the run's server log with the admin token, `flwr log`-style.
+    assert run["dp"] == ("central" if privacy else "none") and run["rounds_aborted"] == 0
+    assert run["model_version"] and run["model_version_error"] is None
+    assert "/runs/{run_id}/logs" in spec["paths"]
+    assert dep.http.get(f"/runs/{rid}/logs").status_code == 401  # admin only
+    cli_logs(dep, rid, capsys)
     kind = "secagg + central DP" if privacy else "plain"
     print(f"\n[e2e {kind}] 5 clients, {rounds_n} rounds: {elapsed:.1f} s from submission")
+
+
+def cli_logs(dep: Deployment, rid: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from fedveil.cli.main import main
+
+    api = ["--api", f"https://127.0.0.1:{dep.api_port}", "--ca", str(dep.certs / "ca.pem")]
+    token = ["--token-file", str(dep.root / "admin.token")]
+    capsys.readouterr()
+    assert main(["run", "logs", rid, "--tail", "5", *api, *token]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    whole = (dep.state / "runs" / rid / "server.log").read_text().splitlines()
+    assert shown == whole[-5:] and len(shown) == 5
+    assert main(["run", "logs", rid, "--tail", "0", *api, *token]) == 1  # out of range
+    assert "tail = 0: must be in [1, 10000]" in capsys.readouterr().err
 
 
 def check_secagg_and_central_dp(dep, rid, rounds, sim_dir, deployed, simulated) -> None:

@@ -8,7 +8,6 @@ more than metrics.jsonl does (RoundRecord.public_json).
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -28,9 +27,6 @@ mlflow_client = pytest.importorskip(
     "mlflow.tracking", reason="mlflow is not installed (pip install 'fedveil[tracking]')"
 )
 
-# Reading the file store back needs the same permission the tracker takes to write it.
-os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-
 
 def tracked_config(tmp_path: Path, **extra: object):
     values: dict[str, object] = {
@@ -49,7 +45,10 @@ def tracked_config(tmp_path: Path, **extra: object):
 
 
 def scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    acc = event_accumulator.EventAccumulator(str(log_dir))
+    """The scalars of the one run logged under the TensorBoard root (its own subdirectory)."""
+    runs = [d for d in log_dir.iterdir() if d.is_dir()]
+    assert len(runs) == 1, runs
+    acc = event_accumulator.EventAccumulator(str(runs[0]))
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
@@ -198,7 +197,8 @@ def test_tracking_is_off_by_default(tmp_path, monkeypatch):
 
 def test_a_directory_or_file_uri_is_a_local_store_found_from_anywhere(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert mlflow_tracking_uri("mlruns") == (tmp_path / "mlruns").as_uri()
+    # A directory is a SQLite store in it: MLflow 3 reads it back with no extra setting.
+    assert mlflow_tracking_uri("mlruns") == f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
     assert mlflow_tracking_uri("file:./mlruns") == (tmp_path / "mlruns").as_uri()
     assert mlflow_tracking_uri("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
 
@@ -221,3 +221,22 @@ def test_a_resumed_run_continues_the_event_steps_in_a_new_mlflow_run(tmp_path):
     assert [r.info.status for r in runs] == ["KILLED", "FINISHED"]
     steps = [[s for s, _ in metric_steps(client, r.info.run_id, "test_accuracy")] for r in runs]
     assert steps == [[1, 2], [3, 4]]
+
+
+def test_two_runs_get_a_tensorboard_run_each_and_log_only_the_settings_they_use(tmp_path):
+    # Used to write both runs' events into one directory, and to log all 105 settings
+    # (poisoning.*, audit.*, the async ones) whatever the run used.
+    first = tracked_config(tmp_path, **{"server.rounds": 1, "out": str(tmp_path / "a")})
+    second = tracked_config(tmp_path, **{"server.rounds": 1, "out": str(tmp_path / "b")})
+    simulate(first)
+    simulate(second)
+    runs = sorted(d.name for d in (tmp_path / "tb").iterdir())
+    assert len(runs) == 2 and runs[0].startswith("a-") and runs[1].startswith("b-")
+    client = mlflow_client.MlflowClient(tracking_uri=mlflow_tracking_uri(str(tmp_path / "mlruns")))
+    experiment = client.get_experiment_by_name("fedveil")
+    params = client.search_runs([experiment.experiment_id])[0].data.params
+    assert params["poisoning.attack"] == "none" and params["dp.mechanism"] == "none"
+    unused = [k for k in params if k.startswith(("poisoning.", "audit.", "dp.", "secagg."))]
+    assert sorted(unused) == ["dp.mechanism", "poisoning.attack", "secagg.enabled"]
+    assert "server.concurrency" not in params  # a sync run
+    assert params["client.lr"] and params["server.rounds"] == "1"

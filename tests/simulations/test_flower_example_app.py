@@ -137,6 +137,10 @@ def test_flwr_run_trains_the_example_app(tmp_path, flower_env):
     flwr_run(with_out(plain, out), app, flower_env)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds_applied"] == summary["rounds"] == 3, summary
+    assert summary["transport"] == "flower"  # used to say "inprocess"
+    # Each round's figures reach Flower's log stream (it used to show no round at all).
+    for n in (1, 2, 3):
+        assert f"[fedveil] round {n}/3 applied: test_accuracy" in log, log[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["cohort_aggregated"] for r in rows] == [2, 2, 2]
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]

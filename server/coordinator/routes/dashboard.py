@@ -26,6 +26,7 @@ def root() -> RedirectResponse:
 
 
 @router.get("/dashboard")
+@router.get("/dashboard/runs/{run_id}")  # one run's own URL: the same page, selecting it
 def dashboard() -> Response:
     html = (STATIC / "dashboard.html").read_bytes()
     return Response(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from fedveil.server.coordinator.routes.deps import ADMIN, ApiError, ServiceDep, run_or_404
 from fedveil.server.coordinator.runs import RunConflict, SubmissionError
@@ -68,3 +68,21 @@ def stop_run(run_id: str, service: ServiceDep) -> dict[str, Any]:
         return service.manager.stop(run_id)
     except RunConflict as exc:
         raise ApiError(409, str(exc)) from None
+
+
+MAX_LOG_LINES = 10_000
+
+
+@router.get(
+    "/runs/{run_id}/logs",
+    summary="The last lines of the run's server log (admin; text)",
+    dependencies=ADMIN,
+    response_class=PlainTextResponse,
+)
+def run_logs(run_id: str, service: ServiceDep, tail: int = 200) -> PlainTextResponse:
+    # Admin only: a server log names clients and their errors, which DP's public views
+    # withhold.
+    run_or_404(service, run_id)
+    if not 1 <= tail <= MAX_LOG_LINES:
+        raise ApiError(422, f"tail = {tail}: must be in [1, {MAX_LOG_LINES}]", "tail")
+    return PlainTextResponse(service.manager.log_tail(run_id, tail))

@@ -3,7 +3,12 @@
 "use strict";
 
 const COLORS = { blue: "#2563eb", green: "#16a34a", red: "#dc2626", amber: "#d97706", violet: "#7c3aed", grey: "#9ca3af" };
-const state = { selected: null };
+// A run's own URL: /dashboard/runs/<id> selects it (the page is the same).
+const RUN_PATH = "/dashboard/runs/";
+const state = {
+  selected: location.pathname.startsWith(RUN_PATH)
+    ? decodeURIComponent(location.pathname.slice(RUN_PATH.length)) : null,
+};
 
 async function getJSON(path) {
   const r = await fetch(path, { headers: { Accept: "application/json" } });
@@ -35,10 +40,22 @@ function roundApplied(r) {
   return r.applied === true || r.status === "applied";
 }
 
-// The status badge: a completed run that applied no update is not a success.
+// A run diverged when the registry refused its model as at chance level.
+function diverged(run) {
+  return typeof run.model_version_error === "string" && run.model_version_error.includes("learned nothing");
+}
+
+// The status badge: a completed run that applied no update, diverged, or lost rounds
+// is not a plain success.
 function runBadge(run) {
   if (run.status === "completed" && run.rounds_applied === 0) {
     return { cls: "completed-empty", text: "completed, nothing applied" };
+  }
+  if (run.status === "completed" && diverged(run)) {
+    return { cls: "completed-warn", text: "completed, diverged" };
+  }
+  if (run.status === "completed" && run.rounds_aborted > 0) {
+    return { cls: "completed-warn", text: `completed, ${run.rounds_aborted} aborted` };
   }
   return { cls: run.status, text: run.status + (run.phase ? ` · ${run.phase.replaceAll("_", " ")}` : "") };
 }
@@ -333,7 +350,11 @@ function renderRuns(runs) {
       el("td", {}, `${r.per_round ?? "?"} of ${r.num_clients ?? "?"}`),
       el("td", {}, fmtTime(r.created_at)),
     );
-    tr.addEventListener("click", () => { state.selected = r.id; refresh(); });
+    tr.addEventListener("click", () => {
+      state.selected = r.id;
+      history.replaceState(null, "", RUN_PATH + encodeURIComponent(r.id));
+      refresh();
+    });
     body.append(tr);
   }
 }
@@ -353,20 +374,30 @@ async function renderDetail(runs) {
   const dropped = rounds.some((r) => r.dropped != null) ? String(rounds.reduce((n, r) => n + (r.dropped || 0), 0)) : "—";
   const asyncView = asyncFacts(rounds);
   const xLabel = asyncView ? "model version" : "round";
+  // DP from the run's config (public), before any release; then from what was released.
+  const dpOn = (run.dp && run.dp !== "none") || (privacy && privacy.epsilon != null)
+    || rounds.some((r) => r.epsilon != null);
+  const aborted = run.rounds_aborted ?? rounds.filter((r) => r.status === "aborted").length;
+  const links = el("span", { class: "links" }, el("a", { href: RUN_PATH + encodeURIComponent(run.id) }, "link to this run"));
+  if (dpOn) {
+    links.append(" · ", el("a", { href: `/runs/${encodeURIComponent(run.id)}/privacy?format=html`, "data-link": "privacy-report" }, "privacy report"));
+  }
   const facts = document.getElementById("facts");
   facts.replaceChildren(
+    links,
     el("span", {}, "rounds ", el("b", {}, `${run.rounds_completed}/${run.rounds}`)),
     el("span", {}, "applied ", el("b", {}, String(rounds.filter(roundApplied).length))),
+    el("span", aborted > 0 ? { class: "warn", "data-fact": "aborted" } : { "data-fact": "aborted" }, "aborted ", el("b", {}, String(aborted))),
     el("span", {}, "test accuracy ", el("b", {}, last.test_accuracy != null ? last.test_accuracy.toFixed(4) : "—")),
     el("span", {}, "dropouts ", el("b", {}, dropped)),
     el("span", {}, "attempts ", el("b", {}, String((run.attempts || []).length))),
     el("span", {}, "traffic ", el("b", {}, `${((run.bytes_sent + run.bytes_received) / 1e6).toFixed(2)} MB`)),
     ...(asyncView || []),
     ...(run.error ? [el("span", { class: "error" }, run.error)] : []),
+    ...(diverged(run) ? [el("span", { class: "error", "data-fact": "diverged" }, `not registered: ${run.model_version_error}`)] : []),
   );
   // DP: a privacy report or epsilon per round; or rounds that carry no drop count at all.
-  const dp = (privacy && privacy.epsilon != null) || rounds.some((r) => r.epsilon != null)
-    || (rounds.length > 0 && !rounds.some((r) => r.dropped != null));
+  const dp = dpOn || (rounds.length > 0 && !rounds.some((r) => r.dropped != null));
   renderDrops(run, rounds, dp);
   drawChart(document.getElementById("chart-accuracy"), [
     { name: "central", color: COLORS.blue, points: seq(rounds, "test_accuracy") },
@@ -387,7 +418,11 @@ async function renderDetail(runs) {
   if (!eps.length && privacy && Number.isFinite(privacy.epsilon)) eps.push([run.rounds_completed, privacy.epsilon]);
   const privSeries = [{ name: "epsilon", color: COLORS.violet, points: eps }];
   if (Number.isFinite(budget)) privSeries.push({ name: "budget", color: COLORS.red, points: [[0, budget]], kind: "hline" });
-  drawChart(document.getElementById("chart-privacy"), privSeries, { yMin: 0, empty: "no privacy report: DP is off for this run" });
+  const noRelease = dpOn
+    ? `DP is on (${run.dp || "on"}): no release yet; epsilon appears after the first round`
+    : "no privacy report: DP is off for this run";
+  drawChart(document.getElementById("chart-privacy"), privSeries, { yMin: 0, empty: noRelease });
+  document.getElementById("chart-privacy").dataset.empty = eps.length ? "" : noRelease;
 }
 
 async function refresh() {

@@ -1,0 +1,65 @@
+"""The command line as a new user meets it (issue 30): --help shows the defaults, a log
+gets plain progress lines, and an error the user can fix is one line with exit 2."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from fedveil.cli.main import main
+
+
+def test_simulate_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for shown in (
+        "[server.rounds, default 60]",
+        "[data.num_clients, default 100]",
+        "[server.per_round, default 20]",
+        "[data.dataset, default fashion-mnist]",
+    ):
+        assert shown in text, shown
+
+
+def test_progress_in_a_log_is_plain_lines_without_carriage_returns(capsys, tmp_path):
+    # stderr captured by pytest is not a terminal, as a log file or CI is not.
+    args = ["simulate", "--task", "tiny_task:make", "--rounds", "3", "--per-round", "3"]
+    code = main([*args, "--out", str(tmp_path / "run"), "--set", "simulation.workers=1"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "\r" not in err
+    lines = [line for line in err.splitlines() if line.startswith("round ")]
+    assert [line.split()[1] for line in lines] == ["1/3", "2/3", "3/3"]
+    assert all("test_acc" in line for line in lines)
+
+
+def test_an_unreachable_ray_address_is_one_line_and_exit_2(capsys, tmp_path):
+    # Used to print a 24-line traceback and exit 1.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens once closed
+    code = main(
+        [
+            "simulate",
+            "--quiet",
+            "--task",
+            "tiny_task:make",
+            "--rounds",
+            "1",
+            "--transport",
+            "flower",
+            "--out",
+            str(tmp_path / "run"),
+            "--set",
+            f"simulation.ray_address=127.0.0.1:{port}",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith(
+        f"fedveil: error: simulation.ray_address = '127.0.0.1:{port}': cannot reach a Ray cluster"
+    ), err
+    assert "Traceback" not in err

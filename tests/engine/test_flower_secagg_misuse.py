@@ -1,0 +1,77 @@
+"""A Flower app set up so that no secure round can succeed stops at the first exchange,
+with the fix in one message (issue 30), on Flower's real simulation engine: Flower's
+default of 2 SuperNodes, and a ClientApp that forgot fedveil_secagg_mod. Both used to
+abort every round (about 1,800 log lines of KeyError 'arrays') and exit 0 with the
+initial model saved as the final one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flower_quickstart_app as quickstart
+import flower_secagg_app
+import pytest
+import torch
+from flwr.app import ArrayRecord, Context
+from flwr.server import Grid
+from flwr.serverapp import ServerApp
+from flwr.serverapp.strategy import FedAvg
+from flwr.simulation import run_simulation
+from local_ray import local_ray
+
+from fedveil.flower import BudgetExhausted, FlowerDP, SecureAggregationRefused, secure
+
+
+def _start(client_app: Any, nodes: int, dp: FlowerDP | None = None) -> dict[str, Any]:
+    """The app's own server, as a Flower user writes it with secure(); what it raised."""
+    out: dict[str, Any] = {}
+
+    def main(grid: Grid, context: Context) -> None:
+        strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=nodes)
+        torch.manual_seed(0)
+        wrapped = secure(grid, strategy, dp=dp)
+        try:
+            strategy.start(
+                grid=wrapped,
+                initial_arrays=ArrayRecord(quickstart.Net().state_dict()),
+                num_rounds=3,
+            )
+        except (SecureAggregationRefused, BudgetExhausted) as exc:
+            out["error"] = str(exc)
+        out["releases"] = wrapped.releases
+
+    local_ray()
+    app = ServerApp()
+    app.main()(main)
+    run_simulation(
+        server_app=app,
+        client_app=client_app,
+        num_supernodes=nodes,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+    )
+    return out
+
+
+@pytest.mark.flower
+def test_flowers_default_two_supernodes_stop_at_once_naming_the_fix():
+    out = _start(flower_secagg_app.app, nodes=2)
+    assert "secure aggregation needs at least 3 nodes per round" in out["error"]
+    assert "--federation-config num-supernodes=3" in out["error"]
+
+
+@pytest.mark.flower
+def test_a_client_app_without_the_mod_stops_at_once_naming_it():
+    out = _start(quickstart.app, nodes=3)  # the stock app: no fedveil_secagg_mod
+    assert "lacks fedveil_secagg_mod" in out["error"], out
+    assert "ClientApp(mods=[fedveil_secagg_mod])" in out["error"]
+
+
+@pytest.mark.flower
+def test_flower_dp_stops_before_the_release_that_would_pass_its_budget():
+    # Used to keep no budget: every round released whatever epsilon it reached.
+    probe = FlowerDP(clip=1.0, noise_multiplier=1.0)
+    one, two = (probe.epsilon(k, 3, 3, 1e-5) for k in (1, 2))
+    budget = (one + two) / 2
+    out = _start(flower_secagg_app.app, nodes=3, dp=FlowerDP(1.0, 1.0, budget=budget))
+    assert out["releases"] == 1
+    assert f"FlowerDP.budget = {budget:g}: release 2 would spend {two:.4g}" in out["error"]
