@@ -134,7 +134,7 @@ def test_flwr_run_trains_the_example_app(tmp_path, flower_env):
     shutil.copytree(EXAMPLE, app)
     plain, secure = tutorial_commands()
     out = tmp_path / "run"
-    flwr_run(with_out(plain, out), app, flower_env)
+    log = flwr_run(with_out(plain, out), app, flower_env)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds_applied"] == summary["rounds"] == 3, summary
     assert summary["transport"] == "flower"  # used to say "inprocess"
