@@ -31,19 +31,22 @@ import math
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.app.message_type import MessageType
 from flwr.common.logger import log as flwr_log
 from flwr.server import Grid
 from flwr.supercore.run import Run
 
-from fedveil.config import SecAggSection
+from fedveil.config import RunConfig, SecAggSection, load_config, to_toml
 from fedveil.privacy.dp.accounting import compute_epsilon
 from fedveil.privacy.dp.central import add_gaussian_noise
 from fedveil.privacy.dp.events import PrivacyEvent
+from fedveil.privacy.dp.signing import load_or_create_signer
 from fedveil.privacy.dp.vocabulary import CENTRAL_GAUSSIAN, FIXED, REPLACE_ONE, default_accountant
 from fedveil.privacy.encodings import QuantizedEncoding
 from fedveil.privacy.secagg import flower_run_id
@@ -53,6 +56,9 @@ from fedveil.protocol.fields import CLIP_NORM
 from fedveil.protocol.kinds import TRAINING_STAGE, Kind
 from fedveil.server.engine.aggregation import Aggregate
 from fedveil.server.engine.flower_secagg_strategies import check_strategy
+from fedveil.server.engine.privacy_report import ledger_path, write_privacy_report
+from fedveil.server.engine.privacy_stage import CentralDP
+from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.sampling import CohortSampler, SecretCohortSampler
 from fedveil.server.engine.secagg_channel import SecAggChannel
 from fedveil.server.engine.transport import ClientFailure
@@ -83,12 +89,19 @@ class FlowerDP:
 
     `budget` (epsilon at `delta`): checked before each release; a release that would
     exceed it is not made (BudgetExhausted). 0: no budget (the spent epsilon is still
-    logged each round)."""
+    logged each round).
+
+    `out`: a run directory for the privacy record `fedveil simulate` keeps: the signed
+    ledger (an entry written before each release), report.json / report.html, checked
+    by `fedveil privacy verify OUT`. It needs a `budget`, and `rounds` (the strategy's
+    num_rounds) to close the ledger as final after the last release."""
 
     clip: float
     noise_multiplier: float
     budget: float = 0.0
     delta: float = 1e-5
+    out: str = ""
+    rounds: int = 0
 
     def __post_init__(self) -> None:
         for name in ("clip", "noise_multiplier"):
@@ -99,6 +112,35 @@ class FlowerDP:
             raise ValueError(f"FlowerDP.budget = {self.budget!r}: must be finite, >= 0")
         if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
             raise ValueError(f"FlowerDP.delta = {self.delta!r}: must be in (0, 1)")
+        if not (isinstance(self.rounds, int) and self.rounds >= 0):
+            raise ValueError(f"FlowerDP.rounds = {self.rounds!r}: must be an int >= 0")
+        if self.out and not (self.budget > 0 and self.rounds > 0):
+            raise ValueError(
+                f"FlowerDP.out = {self.out!r}: a signed ledger needs a budget (budget > 0) "
+                "and the strategy's rounds (rounds = num_rounds)"
+            )
+
+    def run_config(self, cohort: int, population: int) -> RunConfig:
+        """The run as fedveil's config states it: central DP on fixed-size cohorts of
+        `cohort` from `population` nodes, under secure aggregation (what the ledger, the
+        report and `privacy verify` read)."""
+        return load_config(
+            None,
+            {
+                "data.num_clients": population,
+                "server.per_round": cohort,
+                "server.sampling": "fixed",
+                "server.rounds": max(self.rounds, 1),
+                "secagg.enabled": True,
+                "dp.mechanism": "central",
+                "dp.clip": float(self.clip),
+                "dp.noise_multiplier": float(self.noise_multiplier),
+                "dp.epsilon": float(self.budget),
+                "dp.delta": float(self.delta),
+                "transport": "flower",
+                "out": self.out,
+            },
+        )
 
     def epsilon(self, rounds: int, cohort: int, population: int, delta: float) -> float:
         """Epsilon at `delta` after `rounds` rounds of `cohort` clients sampled (fixed
@@ -228,6 +270,10 @@ class SecAggGrid(Grid):
         # What each secure exchange gave: aggregated clients (None under DP), or aborted.
         self.rounds: list[dict[str, Any]] = []
         self.releases = 0  # DP releases made (each one charged)
+        # Under DP, cohorts come from one secret key (OS CSPRNG), which the signed ledger
+        # commits to when FlowerDP.out keeps one.
+        self._cohort_key = secrets.token_bytes(32)
+        self._stage: CentralDP | None = None
 
     # -- Grid, delegated ------------------------------------------------------------------
     @property
@@ -352,6 +398,8 @@ class SecAggGrid(Grid):
         total = agg.total.numpy().astype(np.float64)
         if self.dp is None:
             mean, weight = total / agg.weight, float(agg.weight)
+        elif self.dp.out:  # the run's ledger: charged (budget first), then noised
+            mean, weight = self._release(total[:size], sampled), 1.0
         else:  # noise on the sum, a fixed (public) denominator: the sampled cohort size
             self._charge(sampled)
             noised = add_gaussian_noise(total[:size], self.dp.noise_multiplier, self.dp.clip)
@@ -364,6 +412,56 @@ class SecAggGrid(Grid):
         if purpose == MessageType.TRAIN:
             out["arrays"] = ArrayRecord(_plus(model, mean[:size]))
         return out
+
+    def _release(self, total: np.ndarray, sampled: int) -> np.ndarray:
+        """FlowerDP with a run directory: the same central-DP stage as fedveil's engine
+        (budget check, signed ledger entry, noise from the OS CSPRNG), then the report.
+        The ledger closes final after FlowerDP.rounds releases, or when the budget stops
+        the run."""
+        assert self.dp is not None
+        stage = self._dp_stage(sampled)
+        allowed, spent = stage.admits_next_round()
+        if not allowed:
+            stage.close("final", stage.last_round, reason="budget")
+            write_privacy_report(self.dp.out)
+            raise BudgetExhausted(
+                f"FlowerDP.budget = {self.dp.budget:g}: release {self.releases + 1} would "
+                f"spend {spent:.4g} (delta {self.dp.delta:g}); nothing more is released"
+            )
+        agg = Aggregate(torch.from_numpy(total.astype(np.float32)), float(sampled), [], 0.0)
+        release = stage.release(self.releases + 1, agg, total.size)
+        self.releases += 1
+        flwr_log(
+            logging.INFO,
+            "[fedveil] release %d: epsilon %.4g of %g (delta %g), ledger %s",
+            self.releases,
+            release.metrics["epsilon"],
+            self.dp.budget,
+            self.dp.delta,
+            ledger_path(Path(self.dp.out)),
+        )
+        if self.releases >= self.dp.rounds:
+            stage.close("final", self.releases)
+        write_privacy_report(self.dp.out)
+        return release.update.numpy().astype(np.float64)
+
+    def _dp_stage(self, sampled: int) -> CentralDP:
+        if self._stage is None:
+            assert self.dp is not None
+            population = len(list(self.grid.get_node_ids()))
+            cfg = self.dp.run_config(sampled, population)
+            store = RunStore(cfg.out)
+            store.write_config(to_toml(cfg))
+            self._stage = CentralDP(
+                cfg,
+                population,
+                ledger_path(store.path),
+                run_id=store.run_identity()["run_id"],
+                signer=load_or_create_signer(None),
+                private=store.append_private,
+                cohort_key=self._cohort_key,
+            )
+        return self._stage
 
     def _charge(self, sampled: int) -> None:
         """Before a DP release: its epsilon, checked against the budget, then logged."""
@@ -418,9 +516,8 @@ class SecAggGrid(Grid):
         key = (purpose, len(nodes), size)
         sampler = self._samplers.get(key)
         if sampler is None:
-            if self.dp is not None:
-                key_bytes = secrets.token_bytes(32)  # the OS CSPRNG: cohorts stay secret
-                sampler = SecretCohortSampler(len(nodes), "fixed", size, 1.0, key_bytes)
+            if self.dp is not None:  # the OS CSPRNG's key: cohorts stay secret
+                sampler = SecretCohortSampler(len(nodes), "fixed", size, 1.0, self._cohort_key)
             else:
                 sampler = CohortSampler(len(nodes), "fixed", size, 1.0, self.settings.seed)
             self._samplers[key] = sampler

@@ -6,6 +6,7 @@ initial model saved as the final one."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import flower_quickstart_app as quickstart
@@ -19,6 +20,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.simulation import run_simulation
 from local_ray import local_ray
 
+from fedveil.cli.main import main
 from fedveil.flower import BudgetExhausted, FlowerDP, SecureAggregationRefused, secure
 
 
@@ -67,11 +69,29 @@ def test_a_client_app_without_the_mod_stops_at_once_naming_it():
 
 
 @pytest.mark.flower
-def test_flower_dp_stops_before_the_release_that_would_pass_its_budget():
-    # Used to keep no budget: every round released whatever epsilon it reached.
+def test_flower_dp_keeps_a_signed_ledger_and_stops_before_passing_its_budget(tmp_path, capsys):
+    # Used to keep no budget, ledger or report: every round released whatever epsilon
+    # it reached, and nothing said epsilon.
     probe = FlowerDP(clip=1.0, noise_multiplier=1.0)
-    one, two = (probe.epsilon(k, 3, 3, 1e-5) for k in (1, 2))
-    budget = (one + two) / 2
-    out = _start(flower_secagg_app.app, nodes=3, dp=FlowerDP(1.0, 1.0, budget=budget))
-    assert out["releases"] == 1
-    assert f"FlowerDP.budget = {budget:g}: release 2 would spend {two:.4g}" in out["error"]
+    two, three = (probe.epsilon(k, 3, 3, 1e-5) for k in (2, 3))
+    budget = (two + three) / 2
+    run = tmp_path / "flower-dp"
+    dp = FlowerDP(1.0, 1.0, budget=budget, out=str(run), rounds=3)
+    out = _start(flower_secagg_app.app, nodes=3, dp=dp)
+    assert out["releases"] == 2
+    assert f"FlowerDP.budget = {budget:g}: release 3 would spend" in out["error"]
+    ledger = [json.loads(line) for line in (run / "privacy" / "ledger.jsonl").open()]
+    releases = [e for e in ledger if e.get("kind", "release") == "release" and "epsilon" in e]
+    assert len(releases) >= 2 and releases[-1]["epsilon"] == pytest.approx(two, rel=1e-6)
+    report = json.loads((run / "privacy" / "report.json").read_text())
+    assert report["ledger_state"] == "final" and report["verification"]["ok"]
+    assert (run / "privacy" / "report.html").is_file()
+    capsys.readouterr()
+    assert main(["privacy", "verify", str(run)]) == 0, capsys.readouterr()
+
+
+def test_flower_dp_refuses_a_ledger_without_budget_or_rounds():
+    with pytest.raises(ValueError, match="a signed ledger needs a budget"):
+        FlowerDP(1.0, 1.0, out="runs/x")
+    with pytest.raises(ValueError, match="rounds = num_rounds"):
+        FlowerDP(1.0, 1.0, budget=8.0, out="runs/x")
