@@ -62,8 +62,8 @@ def with_rounds(argv: list[str], rounds: int) -> list[str]:
 def test_first_simulation_tutorial(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     argvs = commands("tutorials/first-simulation.md")
-    assert [a[0] for a in argvs] == ["simulate", "data", "simulate"]
-    first, report, again = argvs
+    assert [a[0] for a in argvs] == ["simulate", "data", "simulate", "simulate"]
+    first, report, again, resume = argvs
     run([*with_rounds(first, 3), *QUICK], capsys)
     summary = json.loads(Path("runs/first/summary.json").read_text())
     assert summary["rounds"] == 3 and 0.0 <= summary["test_accuracy"] <= 1.0
@@ -74,6 +74,12 @@ def test_first_simulation_tutorial(tmp_path, monkeypatch, capsys):
     assert rerun["server"]["rounds"] == 2 and rerun["data"]["num_clients"] == 20
     # The page's "cat" and "head" lines read files that exist.
     assert Path("runs/first/metrics.jsonl").stat().st_size > 0
+    # Step 6: resume (of a finished run: nothing left to train), under its own config.
+    assert "--resume" in resume
+    recorded = Path("runs/first/config.toml").read_bytes()
+    run([*resume, *QUICK], capsys)
+    assert Path("runs/first/config.toml").read_bytes() == recorded
+    assert json.loads(Path("runs/first/summary.json").read_text())["rounds"] == 3
 
 
 @pytest.mark.slow
