@@ -19,8 +19,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from fedveil.ops.bearer import BearerToken
 from fedveil.server.serving.batching import DynamicBatcher
@@ -151,8 +153,11 @@ def create_app(
         headers = {"X-Fedveil-Model-Version": version.version}
         try:
             body = await _read_body(request, limits.max_body_bytes)
-            array, npz = decode(body, request.headers.get("content-type", ""))
-            x = check(array, version.info.input_shape, limits.max_batch)
+            # Decoding is CPU work bounded by the body and the limits; off the event
+            # loop, so a heavy request never stalls the health checks beside it.
+            x, npz = await run_in_threadpool(
+                _decoded, body, request.headers.get("content-type", ""), version, limits
+            )
         except InputError as exc:
             metrics.request(*key, 422, 0, time.perf_counter() - start)
             return JSONResponse({"detail": str(exc)}, status_code=422, headers=headers)
@@ -162,6 +167,14 @@ def create_app(
         return Response(content, media_type=media, headers=headers)
 
     return app
+
+
+def _decoded(
+    body: bytes, content_type: str, version: ServedVersion, limits: ServeLimits
+) -> tuple[np.ndarray, bool]:
+    shape = version.info.input_shape
+    array, npz = decode(body, content_type, shape, limits.max_batch)
+    return check(array, shape, limits.max_batch), npz
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
