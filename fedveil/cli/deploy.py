@@ -156,6 +156,13 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
         "--max-train-seconds", type=float, default=0.0, help="cap training time per round"
     )
     g.add_argument(
+        "--max-model-parameters",
+        type=int,
+        default=20_000_000,
+        help="refuse runs whose built-in model would have more parameters (counted "
+        "before it is built; default 20,000,000)",
+    )
+    g.add_argument(
         "--allow-app",
         action="append",
         default=[],
@@ -218,6 +225,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         max_local_steps=args.max_local_steps,
         max_train_seconds=args.max_train_seconds,
         allow_apps=tuple(args.allow_app),
+        max_model_parameters=args.max_model_parameters,
     )
     state = Path(args.state_dir or Path.home() / ".fedveil" / "client").expanduser()
     _service_logging(None, "client")
