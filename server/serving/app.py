@@ -1,7 +1,8 @@
 """The prediction service's HTTP API (FastAPI).
 
     POST /v1/models/{name}/predict   JSON {"inputs": [...]} or NPZ "inputs" -> outputs
-    GET  /models                     the names served, their versions and shares
+    GET  /models                     the names served, their versions and shares (needs
+                                     the token, as prediction does)
     GET  /healthz, /readyz           the process answers; every model's worker runs
     GET  /metrics                    Prometheus text (per version: requests, latency,
                                      merged batch sizes)
@@ -111,31 +112,45 @@ def create_app(
     async def prometheus() -> Response:
         return PlainTextResponse(metrics.text(), media_type=METRICS_TYPE)
 
+    def refused(request: Request) -> Response | None:
+        """The 401/403 answer when the server needs a token and the request lacks it."""
+        if token is None:
+            return None
+        status = token.check(request.headers.get("authorization"))
+        if status == 200:
+            return None
+        metrics.reject("unauthorized" if status == 401 else "forbidden")
+        return JSONResponse(
+            {"detail": "this server needs its token (Authorization: Bearer)"},
+            status_code=status,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
     @app.get("/models")
-    async def models() -> dict[str, object]:
-        return {
-            "models": [
-                {
-                    "name": s.name,
-                    "public": token is None,
-                    "versions": [v.describe(share) for v, share in s.versions],
-                }
-                for s in splits
-            ]
-        }
+    async def models(request: Request) -> Response:
+        # What is served (names, versions, guarantees) is for those who may query it.
+        denied = refused(request)
+        if denied is not None:
+            return denied
+        return JSONResponse(
+            {
+                "models": [
+                    {
+                        "name": s.name,
+                        "public": token is None,
+                        "versions": [v.describe(share) for v, share in s.versions],
+                    }
+                    for s in splits
+                ]
+            }
+        )
 
     @app.post("/v1/models/{name}/predict")
     async def predict(name: str, request: Request) -> Response:
         start = time.perf_counter()
-        if token is not None:
-            status = token.check(request.headers.get("authorization"))
-            if status != 200:
-                metrics.reject("unauthorized" if status == 401 else "forbidden")
-                return JSONResponse(
-                    {"detail": "prediction needs the server's token (Authorization: Bearer)"},
-                    status_code=status,
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
+        denied = refused(request)
+        if denied is not None:
+            return denied
         split = by_name.get(name)
         if split is None:
             metrics.reject("unknown_model")

@@ -42,12 +42,14 @@ class ServedVersion:
     info: ModelInfo
     source: str  # what the operator named: a path or name@version
     guarantee: str | None  # the DP guarantee in words; None: no DP guarantee
+    from_registry: bool = False  # `source` is a name@version reference, not a path
 
     def describe(self, share: float) -> dict[str, Any]:
         return {
             "version": self.version,
             "share": share,
-            "source": self.source,
+            # A registry reference; never a path on the server's disk.
+            "source": self.source if self.from_registry else None,
             **self.info.as_dict(),
             "dp_guarantee": self.guarantee,
         }
@@ -81,7 +83,13 @@ def _registry_version(ref: str, name: str | None, root: Path | None = None) -> S
         config = Path(mv.run_dir) / "config.toml"  # a custom task's function needs it
     model, info = load_model_file(Path(mv.model_path), config=config)
     return ServedVersion(
-        name or mv.name, str(mv.version), model, info, mv.ref, card_guarantee(mv.card)
+        name or mv.name,
+        str(mv.version),
+        model,
+        info,
+        mv.ref,
+        card_guarantee(mv.card),
+        from_registry=True,
     )
 
 
