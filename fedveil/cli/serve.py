@@ -38,7 +38,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--task",
-        help="for a FILE without fedveil metadata: MODEL, DATASET/MODEL or module:function",
+        help="for a FILE without fedveil metadata: MODEL, DATASET/MODEL or module:function; "
+        "a custom task's model (file, run directory or registry version) loads only with "
+        "its module:function named here (a model file never chooses code to import)",
     )
     p.add_argument("--name", help="the name to serve under [registry name, else the path's]")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1]")

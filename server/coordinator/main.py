@@ -274,7 +274,10 @@ def serve(settings: ServerSettings) -> int:
         sockets.append(_bind(s.serving.host, s.serving.port))
         port = sockets[-1].getsockname()[1]
         base = s.source.parent if s.source is not None else Path.cwd()
-        dispatch.apps[port] = promoted_app(s.serving, s.state_dir / REGISTRY_DIR, base)
+        # A promoted custom-task version loads only a task the operator allowed to run.
+        dispatch.apps[port] = promoted_app(
+            s.serving, s.state_dir / REGISTRY_DIR, base, allowed_tasks=s.allowed_tasks
+        )
         log.warning(
             "fedveil coordinator: prediction API on %s://%s:%d", s.scheme, s.serving.host, port
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import secrets
+import sys
 import zipfile
 from pathlib import Path
 
@@ -130,3 +131,31 @@ def test_json_value_count_checked_before_parsing() -> None:
     ok = b'{"note": "[[[[[[[[[[", "inputs": [[1, 2]]}'
     got, _ = decode(ok, "application/json", (2,), 4)
     assert got.tolist() == [[1.0, 2.0]]
+
+
+def test_a_model_file_never_chooses_code_to_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`fedveil serve --model model.safetensors` in a downloaded model's folder ran the
+    module its metadata named (task_ref), found in the current directory. Now nothing
+    is imported: the user must name the task."""
+    from fedveil.cli.main import main
+
+    module = f"fedveil_extra_task_{secrets.token_hex(4)}"
+    marker = tmp_path / "ran"
+    (tmp_path / f"{module}.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('pwned')\n"
+        "def make(cfg):\n    raise SystemExit('never')\n"
+    )
+    flat = FlatModel(build_model("mlp", (8,), 3))
+    meta = {"task_ref": f"{module}:make", "input_shape": "[8]", "num_classes": "3"}
+    flat.save(flat.get(), str(tmp_path / "model.safetensors"), metadata=meta)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDVEIL_SERVE_TOKEN", "t" * 32)
+    path_before = list(sys.path)
+    status = main(["serve", "--model", "model.safetensors", "--insecure", "--port", "0"])
+    assert status == 2
+    assert f"names the custom task '{module}:make'" in capsys.readouterr().err
+    assert not marker.exists(), "the model file's module was imported"
+    assert module not in sys.modules
+    assert sys.path == path_before  # the cwd was not put on sys.path
