@@ -43,6 +43,11 @@ def add_server(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", required=True, help="server.toml")
     p.add_argument(
+        "--state-dir",
+        help="where runs, logs and the registry live, instead of server.toml's state_dir "
+        "(the container image passes its volume, /var/lib/fedveil)",
+    )
+    p.add_argument(
         "--insecure",
         action="store_true",
         help="no TLS and no SuperNode authentication (warns; trusted test networks only)",
@@ -54,7 +59,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     from fedveil.server.coordinator.main import secure_state_dir, serve
     from fedveil.server.coordinator.settings import load_settings
 
-    settings = load_settings(args.config, insecure=args.insecure)
+    settings = load_settings(args.config, insecure=args.insecure, state_dir=args.state_dir)
     secure_state_dir(settings.state_dir)  # umask 077 before the first log file exists
     _service_logging(settings.state_dir, "service")
     return serve(settings)

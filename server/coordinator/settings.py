@@ -139,7 +139,11 @@ def settings_from_dict(
     )
 
 
-def load_settings(path: str | Path, *, insecure: bool = False) -> ServerSettings:
+def load_settings(
+    path: str | Path, *, insecure: bool = False, state_dir: str | Path | None = None
+) -> ServerSettings:
+    """server.toml at `path`; `state_dir` (fedveil server --state-dir) replaces its
+    state_dir, which is otherwise relative to the file's folder."""
     p = Path(path)
     try:
         raw = tomllib.loads(p.read_text())
@@ -149,4 +153,6 @@ def load_settings(path: str | Path, *, insecure: bool = False) -> ServerSettings
         raise ConfigError(f"--config {p}: not valid TOML ({exc})") from None
     settings = settings_from_dict(raw, p.resolve().parent, insecure=insecure)
     settings.source = p.resolve()
+    if state_dir:
+        settings.state_dir = Path(state_dir).expanduser().resolve()
     return settings
