@@ -234,6 +234,8 @@ def serve(settings: ServerSettings) -> int:
     """Run the coordinator until SIGTERM/SIGINT; returns the exit code."""
     import uvicorn
 
+    from fedveil.server.serving.connections import ConnectionLimits, guarded_http
+
     s = settings
     if s.tls.insecure:
         log.warning(
@@ -290,6 +292,14 @@ def serve(settings: ServerSettings) -> int:
         ssl_keyfile=None if s.tls.insecure else str(s.tls.key),
         # SuperNodes keep their connections open; do not wait long for them to close.
         timeout_graceful_shutdown=2,
+        # [connections]: per listener and per peer, and a deadline on each request.
+        http=guarded_http(
+            ConnectionLimits(
+                s.connections.max_per_listener,
+                s.connections.max_per_peer,
+                s.connections.request_timeout_s,
+            )
+        ),
     )
     server = uvicorn.Server(config)
     log.warning(
