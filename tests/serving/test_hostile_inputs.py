@@ -8,6 +8,7 @@ import io
 import json
 import secrets
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -159,3 +160,15 @@ def test_a_model_file_never_chooses_code_to_import(
     assert not marker.exists(), "the model file's module was imported"
     assert module not in sys.modules
     assert sys.path == path_before  # the cwd was not put on sys.path
+
+
+def test_json_checks_stay_linear_on_escapes() -> None:
+    """Escaped quotes with no closing quote made a string pattern backtrack quadratically;
+    brackets hidden in escaped strings still end in a 422, never a RecursionError."""
+    start = time.perf_counter()
+    with pytest.raises(InputError):
+        decode(b'{"inputs": "' + b'\\"' * 2_000_000, "application/json", (8,), 4)
+    assert time.perf_counter() - start < 5
+    hidden = b'{"x": "' + b"]" * 5000 + b'\\n", "inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    with pytest.raises(InputError, match="JSON nested too deep"):
+        decode(hidden, "application/json", (8,), 4)
