@@ -92,6 +92,9 @@ key = "certs/server.key"
 ca = "certs/ca.pem"
 [auth]
 admin_token_file = "admin.token"
+[connections]
+# Every emulated device comes from 127.0.0.1 (one peer): as many as the listener takes.
+max_per_peer = 512
 """
         )
         self.profile = profile

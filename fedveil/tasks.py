@@ -11,6 +11,8 @@ loss without editing fedveil.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -179,12 +181,27 @@ def builtin_task(cfg: RunConfig) -> Task:
     )
 
 
+def _find_in_cwd(module_name: str) -> None:
+    """A task the user named that is not installed is looked for in the current
+    directory: then, and only then, that directory is appended to sys.path (last, so
+    it never shadows an installed module). Nothing in the current directory is
+    importable otherwise; callers import only tasks the user named (a model file's
+    metadata never names one: server/serving/loading.py)."""
+    top = module_name.split(".", 1)[0]
+    cwd = os.getcwd()
+    try:
+        if cwd in sys.path or importlib.util.find_spec(top) is not None:
+            return
+        if importlib.machinery.PathFinder.find_spec(top, [cwd]) is not None:
+            sys.path.append(cwd)
+    except (ImportError, ValueError):
+        return  # import_module names the problem
+
+
 def load_task_function(ref: str) -> Callable[[RunConfig], Task]:
     """Import 'package.module:function'; errors name the reference."""
     module_name, _, func_name = ref.partition(":")
-    # Like uvicorn's app-dir: a task module in the current directory is found.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    _find_in_cwd(module_name)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

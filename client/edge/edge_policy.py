@@ -20,6 +20,10 @@ Either is checked, and capped, before any training:
 - max_local_epochs / max_local_steps: cap the work of one round.
 - max_train_seconds: cap one round's local training time; steps are capped
   from the measured time per step (a probe step before the first round).
+- max_model_parameters: the largest model this device builds for a run of a built-in
+  model (its parameters counted before any memory is allocated; the run's
+  `run_num_classes` must also cover this device's labels); a request asking more is
+  refused. `fedveil client --max-model-parameters`.
 - allow_apps: the Flower apps (FAB ids, `publisher/name`) whose runs this device
   takes part in besides the coordinator's own (fedveil/fedveil-service, always
   allowed); `fedveil client --allow-app NAME`. Whatever the app, the device runs
@@ -68,6 +72,7 @@ class LocalPolicy:
     max_local_steps: int = 0
     max_train_seconds: float = 0.0
     allow_apps: tuple[str, ...] = ()  # FAB ids allowed besides FAB_ID
+    max_model_parameters: int = 20_000_000  # a run's built-in model, counted before it is built
 
     def __post_init__(self) -> None:
         for app in self.allow_apps:
@@ -85,6 +90,10 @@ class LocalPolicy:
         for name in ("max_local_epochs", "max_local_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} = {getattr(self, name)}: must be >= 0")
+        if not 1 <= self.max_model_parameters <= 10**10:
+            raise ValueError(
+                f"max_model_parameters = {self.max_model_parameters}: must be in [1, 1e10]"
+            )
 
     def describe(self) -> str:
         parts = []

@@ -156,6 +156,7 @@ class EdgeClient:
                 f"this device's labels go up to {int(data.y.max())}; "
                 f"the run has {num_classes} classes"
             )
+        self._check_model_size(name, shape, num_classes)
         local = with_holdout(data, cfg.eval.client_holdout)
         build_model(name, shape, num_classes)  # fails here, with the model's own message
         return Task(
@@ -166,6 +167,23 @@ class EdgeClient:
             model_fn=lambda: build_model(name, shape, num_classes),
             client_data=lambda cid: local,
         )
+
+    def _check_model_size(self, name: str, shape: tuple[int, ...], num_classes: int) -> None:
+        """Refuse, before a byte is allocated, a model larger than this device accepts:
+        the request sets run_num_classes, the device's own limit bounds it."""
+        limit = self.policy.max_model_parameters
+        if not 1 <= num_classes <= limit:
+            raise MessageError(
+                f"run_num_classes = {num_classes}: this device accepts 1 to {limit} "
+                "(max_model_parameters, --max-model-parameters)"
+            )
+        with torch.device("meta"):  # shapes only: nothing is allocated
+            size = sum(p.numel() for p in build_model(name, shape, num_classes).parameters())
+        if not size <= limit:
+            raise MessageError(
+                f"model {name!r} with {num_classes} classes has {size} parameters; this "
+                f"device accepts at most {limit} (max_model_parameters, --max-model-parameters)"
+            )
 
     def _runtime_for(
         self, run_id: int, run_config: Mapping[str, Any], request: Envelope
@@ -322,6 +340,9 @@ def edge_from_node_config(node_config: Mapping[str, Any]) -> EdgeClient:
         max_train_seconds=float(node_config.get("max-train-seconds", 0.0)),
         allow_apps=tuple(str(node_config.get("allow-apps", "")).split()),
         max_dp_epsilon=float(node_config.get("max-dp-epsilon", 0.0)),
+        max_model_parameters=int(
+            node_config.get("max-model-parameters", LocalPolicy.max_model_parameters)
+        ),
     )
     state = node_config.get("state-dir")
     ledger = (

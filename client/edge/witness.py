@@ -19,8 +19,8 @@ from typing import Any
 
 from fedveil.privacy.dp.ledger import WITNESS_CONFIG_KEY, WITNESS_FIELDS, canonical_json
 
-_SAFE_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_HEX = re.compile(r"^[0-9a-f]+$")
+_SAFE_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # fullmatch: no "\n"
+_HEX = re.compile(r"[0-9a-f]+")
 
 
 class WitnessStore:
@@ -74,7 +74,7 @@ def parse_head(head_json: str) -> dict[str, Any]:
     if missing:
         raise ValueError(f"{WITNESS_CONFIG_KEY}: missing fields {missing}")
     run_id, seq = head["run_id"], head["seq"]
-    if not (isinstance(run_id, str) and _SAFE_RUN_ID.match(run_id)):
+    if not (isinstance(run_id, str) and _SAFE_RUN_ID.fullmatch(run_id)):
         raise ValueError(
             f"{WITNESS_CONFIG_KEY}: run_id={run_id!r} is invalid; allowed: 1-128 of "
             "[A-Za-z0-9._-], not starting with '.', '_' or '-'"
@@ -83,7 +83,7 @@ def parse_head(head_json: str) -> dict[str, Any]:
         raise ValueError(f"{WITNESS_CONFIG_KEY}: seq={seq!r} is invalid; allowed: an integer >= 1")
     for name, length in (("hash", 64), ("key_id", 32), ("signature", 128)):
         value = head[name]
-        if not (isinstance(value, str) and len(value) == length and _HEX.match(value)):
+        if not (isinstance(value, str) and len(value) == length and _HEX.fullmatch(value)):
             raise ValueError(
                 f"{WITNESS_CONFIG_KEY}: {name}={value!r} is invalid; allowed: {length} "
                 "lowercase hex digits"

@@ -43,6 +43,11 @@ def add_server(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", required=True, help="server.toml")
     p.add_argument(
+        "--state-dir",
+        help="where runs, logs and the registry live, instead of server.toml's state_dir "
+        "(the container image passes its volume, /var/lib/fedveil)",
+    )
+    p.add_argument(
         "--insecure",
         action="store_true",
         help="no TLS and no SuperNode authentication (warns; trusted test networks only)",
@@ -54,7 +59,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     from fedveil.server.coordinator.main import secure_state_dir, serve
     from fedveil.server.coordinator.settings import load_settings
 
-    settings = load_settings(args.config, insecure=args.insecure)
+    settings = load_settings(args.config, insecure=args.insecure, state_dir=args.state_dir)
     secure_state_dir(settings.state_dir)  # umask 077 before the first log file exists
     _service_logging(settings.state_dir, "service")
     return serve(settings)
@@ -171,6 +176,13 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
         "--max-train-seconds", type=float, default=0.0, help="cap training time per round"
     )
     g.add_argument(
+        "--max-model-parameters",
+        type=int,
+        default=20_000_000,
+        help="refuse runs whose built-in model would have more parameters (counted "
+        "before it is built; default 20,000,000)",
+    )
+    g.add_argument(
         "--allow-app",
         action="append",
         default=[],
@@ -236,6 +248,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         max_local_steps=args.max_local_steps,
         max_train_seconds=args.max_train_seconds,
         allow_apps=tuple(args.allow_app),
+        max_model_parameters=args.max_model_parameters,
     )
     state = Path(args.state_dir or Path.home() / ".fedveil" / "client").expanduser()
     _service_logging(None, "client")

@@ -31,7 +31,9 @@ def add_export(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--task",
-        help="for a model file without metadata: MODEL, DATASET/MODEL or module:function",
+        help="for a model file without metadata: MODEL, DATASET/MODEL or module:function; "
+        "a custom task's model (file or run directory) loads only with its module:function "
+        "named here (a model file never chooses code to import)",
     )
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     p.set_defaults(func=cmd_export)

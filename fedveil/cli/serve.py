@@ -38,7 +38,9 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--task",
-        help="for a FILE without fedveil metadata: MODEL, DATASET/MODEL or module:function",
+        help="for a FILE without fedveil metadata: MODEL, DATASET/MODEL or module:function; "
+        "a custom task's model (file, run directory or registry version) loads only with "
+        "its module:function named here (a model file never chooses code to import)",
     )
     p.add_argument("--name", help="the name to serve under [registry name, else the path's]")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1]")
@@ -70,6 +72,25 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         "--max-body-bytes", type=int, default=32 * 1024 * 1024, help="largest request body [32 MiB]"
     )
     p.add_argument(
+        "--max-connections",
+        type=int,
+        default=512,
+        help="open connections at most; more are closed at once [512]",
+    )
+    p.add_argument(
+        "--max-connections-per-peer",
+        type=int,
+        default=32,
+        help="open connections from one client address at most [32]",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a client has to send a whole request, headers and body; a slower "
+        "one is disconnected [60]",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         help="torch threads per forward pass [one per core but one, at least 1: the HTTP side "
@@ -84,6 +105,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # fewer requests/s for a small model on 2 cores). An explicit setting is kept.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from fedveil.server.serving.app import ServeLimits
+    from fedveil.server.serving.connections import ConnectionLimits
     from fedveil.server.serving.server import ServeSettings, serve
 
     settings = ServeSettings(
@@ -100,5 +122,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         limits=ServeLimits(args.max_batch, args.max_wait_ms, args.max_body_bytes, args.threads),
+        connections=ConnectionLimits(
+            args.max_connections, args.max_connections_per_peer, args.request_timeout
+        ),
     )
     return serve(settings)

@@ -129,6 +129,21 @@ class ServingSection:
 
 
 @dataclass
+class ConnectionsSection:
+    """Open connections and slow clients, for every port the coordinator serves."""
+
+    max_per_listener: int = spec(
+        512, lo=1, hi=1_000_000, help="open connections per port; more are closed at once"
+    )
+    max_per_peer: int = spec(
+        32, lo=1, hi=1_000_000, help="open connections per port from one client address"
+    )
+    request_timeout_s: float = spec(
+        120.0, lo=0.1, hi=3600.0, help="seconds to send a whole request (headers and body)"
+    )
+
+
+@dataclass
 class ServiceConfig:
     """`server.toml` as written: paths still relative to the file's directory."""
 
@@ -142,6 +157,7 @@ class ServiceConfig:
     secagg: ServiceSecAggSection = field(default_factory=ServiceSecAggSection)
     drift: DriftSection = field(default_factory=DriftSection)
     serving: ServingSection = field(default_factory=ServingSection)
+    connections: ConnectionsSection = field(default_factory=ConnectionsSection)
 
 
 SERVICE_SECTIONS: dict[str, type] = {
@@ -154,6 +170,7 @@ SERVICE_SECTIONS: dict[str, type] = {
     "secagg": ServiceSecAggSection,
     "drift": DriftSection,
     "serving": ServingSection,
+    "connections": ConnectionsSection,
 }
 
 
@@ -170,6 +187,11 @@ def service_config(raw: dict[str, Any]) -> ServiceConfig:
             raise ConfigError(
                 f"runs.allowed_tasks: {ref!r} must look like 'package.module:function'"
             )
+    if cfg.connections.max_per_peer > cfg.connections.max_per_listener:
+        raise ConfigError(
+            f"connections.max_per_peer = {cfg.connections.max_per_peer}: must be <= "
+            f"connections.max_per_listener = {cfg.connections.max_per_listener}"
+        )
     _check_host("serving.host", cfg.serving.host)
     if cfg.serving.enabled and not cfg.serving.models:
         raise ConfigError("serving.enabled = true needs serving.models (registry names)")

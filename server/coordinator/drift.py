@@ -22,6 +22,15 @@ evaluations' ledgers, so its card counts them in the lineage's composed epsilon
 The state (`<state_dir>/drift.json`; GET /drift, the dashboard) survives restarts: the run in
 flight, the last evaluation time, each evaluation's accuracy, threshold and outcome (and
 under DP its epsilon and the version's budget spent and left), and the charges per version.
+
+A submission is one durable step: before a drift run is submitted, the state on disk says
+so (`submitting`: kind, version, wall time, with a DP evaluation's reservation in the same
+write). A coordinator killed between the run's creation and the state's next write leaves
+that marker; the first look after a restart (`_reconcile`) finds the run it created (a
+drift run of that kind and version created since) and adopts it (an evaluation becomes
+the run in flight, its reservation bound to it; a retraining is taken as the one the
+closed evaluation asked for), or, when no run was created, drops the marker and cancels
+the reservation. No evaluation goes unsettled, and none is submitted twice.
 """
 
 from __future__ import annotations
@@ -137,6 +146,7 @@ class DriftMonitor:
         self.cfg, self.state_dir, self.manager, self.clock = settings, state_dir, manager, clock
         self.connected = connected
         self.path = state_dir / STATE_FILE
+        self._reconciled = False
 
     def state(self) -> dict[str, Any]:
         state = read_json(self.path) or {}
@@ -161,6 +171,10 @@ class DriftMonitor:
         if not self.cfg.enabled:
             return
         state = self.state()
+        if not self._reconciled:
+            self._reconciled = True
+            if state.get("submitting") and self._reconcile(state):
+                write_json(self.path, state)
         if state.get("pending"):
             if not self._close_pending(state):
                 return  # still running
@@ -202,7 +216,7 @@ class DriftMonitor:
             "name": f"drift evaluation of {version.ref}",
             "wait_for_clients": min(self.cfg.clients, num_clients),
         }
-        view = self._submit(values, EVALUATE, version.ref, str(version.model_path))
+        view = self._submit(state, values, EVALUATE, version.ref, str(version.model_path))
         log.info("drift: evaluating %s as run %s", version.ref, view["id"])
         return {"kind": EVALUATE, "run_id": view["id"], "version": version.ref}
 
@@ -225,9 +239,9 @@ class DriftMonitor:
         values = self._dp_evaluation_config(values, self._dp_cohort(values), ref)
         dp = {"plan": plan.to_dict(), "prior": budget.prior(ref), "budget": self.cfg.budget}
         charge = budget.reserve(ref, plan, self.clock())
-        write_json(self.path, state)  # the charge is on disk before the run exists
+        # The charge goes to disk with the submission marker, before the run exists (_submit).
         try:
-            view = self._submit(values, EVALUATE, ref, model, dp=dp)
+            view = self._submit(state, values, EVALUATE, ref, model, dp=dp)
         except (SubmissionError, OSError):
             budget.cancel(ref, charge)
             raise
@@ -310,6 +324,84 @@ class DriftMonitor:
         return tomllib.loads(config.read_text())
 
     def _submit(
+        self,
+        state: dict[str, Any],
+        values: dict[str, Any],
+        kind: str,
+        ref: str,
+        init: str,
+        *,
+        dp: dict[str, Any] | None = None,
+        files: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Submit a drift run, durably: the marker (and the state with it) is on disk
+        before the run exists; the caller's next write clears it (`_reconcile`)."""
+        state["submitting"] = {"kind": kind, "version": ref, "at": time.time(), "dp": bool(dp)}
+        write_json(self.path, state)
+        try:
+            view = self._submit_run(values, kind, ref, init, dp=dp, files=files)
+        except BaseException:
+            state["submitting"] = None  # nothing was created (the caller writes the state)
+            raise
+        state["submitting"] = None
+        return view
+
+    def _reconcile(self, state: dict[str, Any]) -> bool:
+        """After a restart with a submission marker on disk: adopt the run that submission
+        created, or cancel what it reserved; whether the state changed."""
+        marker = state["submitting"]
+        kind, ref = marker.get("kind"), marker.get("version")
+        known = {(state.get("pending") or {}).get("run_id")}
+        for entry in state["history"]:
+            known |= {entry.get("run_id"), entry.get("retrain_run")}
+        orphan = None
+        for rid in self.manager.run_ids():  # newest first
+            try:
+                record = self.manager.rundir(rid).record()
+            except (RunNotFound, OSError, ValueError):
+                continue
+            drift = record.get("drift") or {}
+            if (
+                rid not in known
+                and (drift.get("kind"), drift.get("parent")) == (kind, ref)
+                and float(record.get("created_at") or 0) >= float(marker.get("at") or 0) - 1
+            ):
+                orphan = rid
+                break
+        budget = DriftBudget(state)
+        unbound = [c for c in budget.counted(ref) if c.get("run_id") is None]
+        if orphan is None:
+            log.warning(
+                "drift: a %s of %s was being submitted at a crash; none was "
+                "created: nothing to adopt, its reservation cancelled",
+                kind,
+                ref,
+            )
+            for charge in unbound:
+                budget.cancel(ref, charge)
+            asked = [e for e in state["history"] if e.get("version") == ref]
+            if kind == RETRAIN and asked and not asked[-1].get("retrain_run"):
+                asked[-1]["retrain_error"] = "the coordinator stopped before submitting it"
+            state["submitting"] = None
+            return True
+        log.warning(
+            "drift: run %s (%s of %s) was submitted just before a crash: adopted", orphan, kind, ref
+        )
+        if kind == EVALUATE:
+            for charge in unbound[-1:]:
+                charge["run_id"] = orphan
+            state["pending"] = {"kind": EVALUATE, "run_id": orphan, "version": ref} | (
+                {"dp": True} if marker.get("dp") else {}
+            )
+        else:  # the evaluation that asked for it was closed in the same write as the marker
+            asked = [e for e in state["history"] if e.get("version") == ref]
+            if asked and asked[-1].get("below_threshold") and not asked[-1].get("retrain_run"):
+                asked[-1]["retrain_run"] = orphan
+            state["pending"] = {"kind": RETRAIN, "run_id": orphan, "version": ref}
+        state["submitting"] = None
+        return True
+
+    def _submit_run(
         self,
         values: dict[str, Any],
         kind: str,
@@ -440,7 +532,7 @@ class DriftMonitor:
         deploy = read_json(version.run_dir / "deploy.json") or {} if version.run_dir else {}
         deploy["name"] = f"retraining of {ref} (drift)"
         values["deploy"] = deploy
-        view = self._submit(values, RETRAIN, ref, str(version.model_path), files=files)
+        view = self._submit(state, values, RETRAIN, ref, str(version.model_path), files=files)
         log.warning(
             "drift: %s fell below %.3f; retraining as run %s", ref, self.cfg.threshold, view["id"]
         )

@@ -3,9 +3,15 @@
 
 - kind "evaluate": no training; the version is sent to up to `eval.federated_clients`
   connected devices, each evaluates it on its own held-out data. For a version without DP
-  the run's summary is the example-weighted federated accuracy and loss, with the devices
-  asked and answered. For a DP version (drift.json's "dp": the calibrated plan, the
-  version's evaluations charged before and its budget) the evaluation is a DP release
+  the run's summary is the federated accuracy and loss weighted by example counts, with
+  the devices asked and answered. A device's reply is refused unless its count is an
+  integer in [1, 10^7] and its accuracy in [0, 1] and loss finite and >= 0; each
+  device's weight is capped at the median count of the devices that answered
+  (`robust_summary`), so with k answers no device carries more than 1/ceil(k/2) of the
+  weight, and a device lying alone moves the accuracy by at most that much (the DP
+  path gives each device one unit of weight).
+  For a DP version (drift.json's "dp": the calibrated plan, the version's evaluations
+  charged before and its budget) the evaluation is a DP release
   (server/engine/secure_evaluation.py): under secure aggregation, charged to the run's
   signed ledger before unmasking, noised; the summary holds the noised means and the
   accounted figures only, the counts and exact sums go to the private annex.
@@ -15,6 +21,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
@@ -68,27 +75,65 @@ def evaluate_on_devices(
     request = Envelope(Kind.EVALUATE, 0, {}, {F.MODEL: weights})
     timeout = cfg.server.round_timeout or None
     replies = transport.exchange({cid: request for cid in chosen}, timeout)
-    examples, loss_sum, correct = 0, 0.0, 0.0
-    answered = 0
+    answers: list[tuple[int, Mapping[str, Any]]] = []
     for cid in chosen:
         reply = replies.get(cid)
         if reply is None or isinstance(reply, ClientFailure):
             log.info("drift evaluation: client %d failed: %s", cid, reply)
             continue
-        n = int(reply.config.get(F.NUM_EXAMPLES, 0))
-        if n > 0:
-            answered += 1
-            examples += n
-            loss_sum += float(reply.config[F.LOSS]) * n
-            correct += float(reply.config[F.ACCURACY]) * n
-    if not examples:
+        answers.append((cid, reply.config))
+    summary = robust_summary(answers)
+    if summary is None:
         raise RuntimeError(f"drift evaluation: none of the {k} devices asked returned a result")
+    return {**summary, "clients_asked": k}
+
+
+def checked_answer(config: Mapping[str, Any]) -> tuple[int, float, float]:
+    """(count, accuracy, loss) of one device's evaluation reply; ValueError naming the
+    field, its value and the range, for anything out of range, NaN or missing."""
+    from fedveil.protocol import fields as F
+    from fedveil.server.engine.aggregation import MAX_EXAMPLES
+
+    n = config.get(F.NUM_EXAMPLES)
+    if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_EXAMPLES):
+        raise ValueError(f"{F.NUM_EXAMPLES} = {n!r}: must be an integer in [1, {MAX_EXAMPLES}]")
+    try:
+        accuracy, loss = float(config[F.ACCURACY]), float(config[F.LOSS])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"accuracy/loss missing or not numbers ({exc!r})") from None
+    if not 0.0 <= accuracy <= 1.0:  # NaN fails too
+        raise ValueError(f"{F.ACCURACY} = {accuracy!r}: must be in [0, 1]")
+    if not 0.0 <= loss < math.inf:
+        raise ValueError(f"{F.LOSS} = {loss!r}: must be finite and >= 0")
+    return n, accuracy, loss
+
+
+def robust_summary(answers: list[tuple[int, Mapping[str, Any]]]) -> dict[str, Any] | None:
+    """Accuracy and loss over the valid answers, each device's weight min(its count, the
+    median count of the valid answers); None when no answer is valid."""
+    valid: list[tuple[int, float, float]] = []
+    refused = 0
+    for cid, config in answers:
+        try:
+            valid.append(checked_answer(config))
+        except ValueError as exc:
+            refused += 1
+            log.warning("drift evaluation: client %d's reply refused: %s", cid, exc)
+    if not valid:
+        return None
+    counts = sorted(n for n, _, _ in valid)
+    cap = counts[(len(counts) - 1) // 2]  # the lower median: a count some device reported
+    weights = [min(n, cap) for n, _, _ in valid]
+    total = sum(weights)
     return {
-        "federated_accuracy": correct / examples,
-        "federated_loss": loss_sum / examples,
-        "clients_asked": k,
-        "clients_answered": answered,
-        "examples": examples,
+        "federated_accuracy": sum(w * a for w, (_, a, _) in zip(weights, valid, strict=True))
+        / total,
+        "federated_loss": sum(w * loss for w, (_, _, loss) in zip(weights, valid, strict=True))
+        / total,
+        "clients_answered": len(valid),
+        "clients_refused": refused,
+        "examples": sum(counts),
+        "weight_cap": cap,
     }
 
 

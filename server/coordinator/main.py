@@ -234,6 +234,8 @@ def serve(settings: ServerSettings) -> int:
     """Run the coordinator until SIGTERM/SIGINT; returns the exit code."""
     import uvicorn
 
+    from fedveil.server.serving.connections import ConnectionLimits, guarded_http
+
     s = settings
     if s.tls.insecure:
         log.warning(
@@ -274,7 +276,10 @@ def serve(settings: ServerSettings) -> int:
         sockets.append(_bind(s.serving.host, s.serving.port))
         port = sockets[-1].getsockname()[1]
         base = s.source.parent if s.source is not None else Path.cwd()
-        dispatch.apps[port] = promoted_app(s.serving, s.state_dir / REGISTRY_DIR, base)
+        # A promoted custom-task version loads only a task the operator allowed to run.
+        dispatch.apps[port] = promoted_app(
+            s.serving, s.state_dir / REGISTRY_DIR, base, allowed_tasks=s.allowed_tasks
+        )
         log.warning(
             "fedveil coordinator: prediction API on %s://%s:%d", s.scheme, s.serving.host, port
         )
@@ -287,6 +292,14 @@ def serve(settings: ServerSettings) -> int:
         ssl_keyfile=None if s.tls.insecure else str(s.tls.key),
         # SuperNodes keep their connections open; do not wait long for them to close.
         timeout_graceful_shutdown=2,
+        # [connections]: per listener and per peer, and a deadline on each request.
+        http=guarded_http(
+            ConnectionLimits(
+                s.connections.max_per_listener,
+                s.connections.max_per_peer,
+                s.connections.request_timeout_s,
+            )
+        ),
     )
     server = uvicorn.Server(config)
     log.warning(

@@ -36,7 +36,8 @@ from fedveil.server.engine.runstore import atomic_write_bytes
 ROSTER_FILE = "secagg_roster.json"
 SERVER_LOG = "server.log"
 TAIL_BLOCK = 64 * 1024
-RUN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]{2,63}$")
+# fullmatch, never match with `$`: `$` also matches before a trailing newline.
+RUN_ID_RE = re.compile(r"[a-z0-9][a-z0-9-]{2,63}")
 ACTIVE = ("queued", "starting", "running")
 FINAL = ("completed", "failed", "stopped")
 
@@ -91,7 +92,7 @@ def write_json(path: Path, value: Any) -> None:
 
 class RunDir:
     def __init__(self, state_dir: Path, run_id: str) -> None:
-        if not RUN_ID_RE.match(run_id):
+        if not RUN_ID_RE.fullmatch(run_id):
             raise ValueError(f"run id {run_id!r}: not a fedveil run id")
         self.run_id = run_id
         self.path = Path(state_dir) / "runs" / run_id

@@ -276,13 +276,13 @@ class RunManager:
             (
                 p.name
                 for p in runs.iterdir()
-                if RUN_ID_RE.match(p.name) and (p / "run.json").exists()
+                if RUN_ID_RE.fullmatch(p.name) and (p / "run.json").exists()
             ),
             reverse=True,
         )
 
     def rundir(self, run_id: str) -> RunDir:
-        if not RUN_ID_RE.match(run_id):
+        if not RUN_ID_RE.fullmatch(run_id):
             raise RunNotFound(run_id)
         rd = RunDir(self.state_dir, run_id)
         if not rd.exists():

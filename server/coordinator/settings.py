@@ -18,6 +18,8 @@ the file's directory, so a deployment folder can be moved as a whole.
   [secagg]     roster                               client identity keys, which runs with
                                                     secagg.threat = 'malicious' need
                                                     (fedveil identity roster)
+  [connections] max_per_listener, max_per_peer,     open connections per port and per
+               request_timeout_s                    client address; seconds to send a request
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config import ConfigError
-from fedveil.config.service import DriftSection, ServingSection, service_config
+from fedveil.config.service import (
+    ConnectionsSection,
+    DriftSection,
+    ServingSection,
+    service_config,
+)
 from fedveil.ops.bearer import is_loopback  # noqa: F401 - re-exported for main.py
 
 if sys.version_info >= (3, 11):
@@ -74,6 +81,8 @@ class ServerSettings:
     drift: DriftSection = field(default_factory=DriftSection)
     # [serving]: the prediction service for promoted versions (serving/promoted.py)
     serving: ServingSection = field(default_factory=ServingSection)
+    # [connections]: open connections per port and per peer, request deadline
+    connections: ConnectionsSection = field(default_factory=ConnectionsSection)
 
     @property
     def superlink_address(self) -> str:
@@ -136,10 +145,15 @@ def settings_from_dict(
         secagg_roster=roster,
         drift=values.drift,
         serving=values.serving,
+        connections=values.connections,
     )
 
 
-def load_settings(path: str | Path, *, insecure: bool = False) -> ServerSettings:
+def load_settings(
+    path: str | Path, *, insecure: bool = False, state_dir: str | Path | None = None
+) -> ServerSettings:
+    """server.toml at `path`; `state_dir` (fedveil server --state-dir) replaces its
+    state_dir, which is otherwise relative to the file's folder."""
     p = Path(path)
     try:
         raw = tomllib.loads(p.read_text())
@@ -149,4 +163,6 @@ def load_settings(path: str | Path, *, insecure: bool = False) -> ServerSettings
         raise ConfigError(f"--config {p}: not valid TOML ({exc})") from None
     settings = settings_from_dict(raw, p.resolve().parent, insecure=insecure)
     settings.source = p.resolve()
+    if state_dir:
+        settings.state_dir = Path(state_dir).expanduser().resolve()
     return settings

@@ -11,16 +11,24 @@ Layout:
   private/             the operator's alone (dir 700, files 600), never served publicly:
     run.json           the run id and, under DP, the secret key cohorts are drawn from
     rounds.jsonl       each round's cohort, survivors, drop reasons, counts and aborts
+
+A JSONL record is appended whole or not at all: a write that fails (a full disk) is
+cut back to where it started before the error is raised. A line torn anyway (the
+process killed mid-write) is the file's last line; reading drops it, and a resume
+(`truncate_metrics`, `truncate_private`) rewrites the file without it and logs so.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import tempfile
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("fedveil.run")
 
 
 def atomic_write_bytes(path: Path, data: bytes, mode: int | None = None) -> None:
@@ -46,6 +54,55 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int | None = None) -> None
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def append_record(path: Path, record: dict[str, Any], mode: int) -> None:
+    """Append `record` as one JSON line, whole or not at all: if the write fails (ENOSPC,
+    EDQUOT, EIO) the file is cut back to its length before, then the error is raised."""
+    data = (json.dumps(record, sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+    try:
+        start = os.fstat(fd).st_size  # one writer per file: where this record begins
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        except OSError:
+            os.ftruncate(fd, start)  # frees space: succeeds on a full disk
+            raise
+    finally:
+        os.close(fd)
+
+
+def read_records(path: Path, *, say: bool = False) -> list[dict[str, Any]]:
+    """The JSON lines of `path` ([] if absent). A last line without its newline, or that
+    does not parse, is a torn append: dropped (logged if `say`). A bad line before the
+    last is corruption and raises ValueError naming the line."""
+    if not path.exists():
+        return []
+    text = path.read_text(errors="replace")
+    lines = text.split("\n")
+    tail = lines.pop()  # "" when the file ends with a newline
+    out: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            if number == len(lines) and not tail:
+                tail = line  # the last line, newline and all, yet cut: torn
+                break
+            raise ValueError(f"{path}: line {number} is not JSON (not a torn last line)") from None
+    if tail.strip() and say:
+        log.warning(
+            "%s: dropped a torn last line (%d bytes, no complete record): a write cut short "
+            "by a full disk or a crash",
+            path,
+            len(tail.encode()),
+        )
+    return out
 
 
 class RunStore:
@@ -77,23 +134,17 @@ class RunStore:
         atomic_write_bytes(self.path / "config.toml", toml_text.encode())
 
     def append_metrics(self, record: dict[str, Any]) -> None:
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_record(self.metrics_path, record, 0o644)
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        if not self.metrics_path.exists():
-            return []
-        out = []
-        for line in self.metrics_path.read_text().splitlines():
-            if line.strip():
-                out.append(json.loads(line))
-        return out
+        return read_records(self.metrics_path)
 
     def truncate_metrics(self, last_round: int) -> None:
-        """Drop lines of rounds after the checkpoint (written before a crash)."""
-        kept = [m for m in self.read_metrics() if m.get("round", 0) <= last_round]
+        """Drop lines of rounds after the checkpoint (written before a crash), and a
+        torn last line."""
+        kept = [
+            m for m in read_records(self.metrics_path, say=True) if m.get("round", 0) <= last_round
+        ]
         atomic_write_bytes(
             self.metrics_path, "".join(json.dumps(m, sort_keys=True) + "\n" for m in kept).encode()
         )
@@ -140,18 +191,10 @@ class RunStore:
 
     def append_private(self, record: dict[str, Any]) -> None:
         """One round's operator-only record (cohort, survivors, drop reasons, counts)."""
-        path = self.private_rounds_path
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        with os.fdopen(fd, "a") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        append_record(self.private_rounds_path, record, 0o600)
 
     def read_private(self) -> list[dict[str, Any]]:
-        path = self.path / "private" / "rounds.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return read_records(self.path / "private" / "rounds.jsonl")
 
     def truncate_private(self, last_round: int) -> None:
         """Drop private round lines after the checkpoint; charges stay (they were spent)."""
@@ -159,7 +202,7 @@ class RunStore:
             return
         kept = [
             m
-            for m in self.read_private()
+            for m in read_records(self.private_rounds_path, say=True)
             if m.get("round", 0) <= last_round or m.get("kind") == "charge"
         ]
         data = "".join(json.dumps(m, sort_keys=True) + "\n" for m in kept).encode()

@@ -6,6 +6,10 @@ Layout under the root (each file written atomically; a reader sees old or new, n
   <name>/v<N>/model.safetensors   the registry's own copy: the run may move or be deleted
   <name>/v<N>/card.json           the version's model card (card.py)
 
+Everything is private to the registry's owner, as a run's own files are: files 600,
+directories 700, whatever the umask (a model may be trained on private data; its card
+names the run and its ledger).
+
 Writers from several processes (the coordinator and an operator's CLI) serialise on the
 lock, so two registrations never take the same version number nor lose one another.
 """
@@ -28,11 +32,14 @@ from fedveil.server.engine.runstore import atomic_write_bytes
 REGISTRY_ENV = "FEDVEIL_REGISTRY"
 INDEX_SCHEMA = "fedveil.registry/1"
 MODEL_FILE = "model.safetensors"
+PRIVATE_FILE = 0o600  # as the run's own model.safetensors
+PRIVATE_DIR = 0o700
 CARD_FILE = "card.json"
 PRODUCTION = "production"  # the stage of a name's promoted version
 REGISTERED = "registered"  # every other version's
 LATEST = "latest"
-NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+# fullmatch, never match with `$`: `$` also matches before a trailing newline.
+NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 
 
 class RegistryError(ValueError):
@@ -51,7 +58,7 @@ def default_registry_root() -> Path:
 
 def check_name(name: str) -> str:
     """A model name: lower-case letters, digits, '.', '_' and '-', 1 to 64 characters."""
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise RegistryError(
             f"model name {name!r}: use 1 to 64 of a-z, 0-9, '.', '_' and '-', "
             "starting with a letter or digit"
@@ -81,6 +88,13 @@ class ModelVersion:
         return f"{self.name}@{self.version}"
 
 
+def _private_dir(path: Path) -> None:
+    """`path` (and missing parents) as a directory only its owner can enter: 700."""
+    path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        path.chmod(PRIVATE_DIR)
+
+
 class RegistryFiles:
     """The index and version directories under `root`, and the writers' lock."""
 
@@ -97,8 +111,8 @@ class RegistryFiles:
     @contextmanager
     def locked(self) -> Iterator[dict[str, Any]]:
         """The index, under the exclusive lock; what the block leaves in it is written back."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        self.root.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)  # an existing root is kept
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             index = self.read_index()
@@ -123,15 +137,16 @@ class RegistryFiles:
 
     def write_index(self, index: dict[str, Any]) -> None:
         data = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
-        atomic_write_bytes(self.index_path, data, mode=0o644)
+        atomic_write_bytes(self.index_path, data, mode=PRIVATE_FILE)
 
     def write_version(self, name: str, version: int, model: bytes, card: dict[str, Any]) -> Path:
         """The version's directory with its model copy and card; the model's path."""
         directory = self.version_dir(name, version)
-        directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(directory / MODEL_FILE, model, mode=0o644)
+        _private_dir(directory.parent)
+        _private_dir(directory)
+        atomic_write_bytes(directory / MODEL_FILE, model, mode=PRIVATE_FILE)
         card_bytes = (json.dumps(card, indent=2, sort_keys=True) + "\n").encode()
-        atomic_write_bytes(directory / CARD_FILE, card_bytes, mode=0o644)
+        atomic_write_bytes(directory / CARD_FILE, card_bytes, mode=PRIVATE_FILE)
         return directory / MODEL_FILE
 
     def read_card(self, name: str, version: int) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The prediction service's HTTP API (FastAPI).
 
     POST /v1/models/{name}/predict   JSON {"inputs": [...]} or NPZ "inputs" -> outputs
-    GET  /models                     the names served, their versions and shares
+    GET  /models                     the names served, their versions and shares (needs
+                                     the token, as prediction does)
     GET  /healthz, /readyz           the process answers; every model's worker runs
     GET  /metrics                    Prometheus text (per version: requests, latency,
                                      merged batch sizes)
@@ -19,8 +20,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from fedveil.ops.bearer import BearerToken
 from fedveil.server.serving.batching import DynamicBatcher
@@ -109,31 +112,45 @@ def create_app(
     async def prometheus() -> Response:
         return PlainTextResponse(metrics.text(), media_type=METRICS_TYPE)
 
+    def refused(request: Request) -> Response | None:
+        """The 401/403 answer when the server needs a token and the request lacks it."""
+        if token is None:
+            return None
+        status = token.check(request.headers.get("authorization"))
+        if status == 200:
+            return None
+        metrics.reject("unauthorized" if status == 401 else "forbidden")
+        return JSONResponse(
+            {"detail": "this server needs its token (Authorization: Bearer)"},
+            status_code=status,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
     @app.get("/models")
-    async def models() -> dict[str, object]:
-        return {
-            "models": [
-                {
-                    "name": s.name,
-                    "public": token is None,
-                    "versions": [v.describe(share) for v, share in s.versions],
-                }
-                for s in splits
-            ]
-        }
+    async def models(request: Request) -> Response:
+        # What is served (names, versions, guarantees) is for those who may query it.
+        denied = refused(request)
+        if denied is not None:
+            return denied
+        return JSONResponse(
+            {
+                "models": [
+                    {
+                        "name": s.name,
+                        "public": token is None,
+                        "versions": [v.describe(share) for v, share in s.versions],
+                    }
+                    for s in splits
+                ]
+            }
+        )
 
     @app.post("/v1/models/{name}/predict")
     async def predict(name: str, request: Request) -> Response:
         start = time.perf_counter()
-        if token is not None:
-            status = token.check(request.headers.get("authorization"))
-            if status != 200:
-                metrics.reject("unauthorized" if status == 401 else "forbidden")
-                return JSONResponse(
-                    {"detail": "prediction needs the server's token (Authorization: Bearer)"},
-                    status_code=status,
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
+        denied = refused(request)
+        if denied is not None:
+            return denied
         split = by_name.get(name)
         if split is None:
             metrics.reject("unknown_model")
@@ -151,8 +168,11 @@ def create_app(
         headers = {"X-Fedveil-Model-Version": version.version}
         try:
             body = await _read_body(request, limits.max_body_bytes)
-            array, npz = decode(body, request.headers.get("content-type", ""))
-            x = check(array, version.info.input_shape, limits.max_batch)
+            # Decoding is CPU work bounded by the body and the limits; off the event
+            # loop, so a heavy request never stalls the health checks beside it.
+            x, npz = await run_in_threadpool(
+                _decoded, body, request.headers.get("content-type", ""), version, limits
+            )
         except InputError as exc:
             metrics.request(*key, 422, 0, time.perf_counter() - start)
             return JSONResponse({"detail": str(exc)}, status_code=422, headers=headers)
@@ -162,6 +182,14 @@ def create_app(
         return Response(content, media_type=media, headers=headers)
 
     return app
+
+
+def _decoded(
+    body: bytes, content_type: str, version: ServedVersion, limits: ServeLimits
+) -> tuple[np.ndarray, bool]:
+    shape = version.info.input_shape
+    array, npz = decode(body, content_type, shape, limits.max_batch)
+    return check(array, shape, limits.max_batch), npz
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

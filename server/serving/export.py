@@ -207,9 +207,12 @@ def export_run(
     check_format(fmt)  # before loading: a missing exporter is said first
     source = Path(source)
     if source.is_dir():
-        if task is not None:
-            raise ExportError("--task applies to a model file, not to a run directory")
-        model, info = load_run_model(source)
+        if task is not None and ":" not in task:
+            raise ExportError(
+                "--task applies to a run directory only as the custom task module:function "
+                "it was trained with (a model file never chooses code to import)"
+            )
+        model, info = load_run_model(source, allowed_tasks=() if task is None else (task,))
     else:
         model, info = load_model_file(source, task)
     meta = {**info.metadata, "task": info.task, "model": info.model}

@@ -6,6 +6,13 @@
 Every check names the problem and the limit, so a client can fix its request: the body's
 size, its format, the dtype, the shape (one example is the model's input shape), the
 number of rows, and non-finite values (NaN, Inf).
+
+The work a request can cause is bounded before the expensive step (docs/how-to/
+hostile-inputs.md): an NPZ member's `.npy` header (dtype, shape, rows) is checked
+before anything is decompressed, and decompression stops at the byte count that
+header implies (counted as read: the zip's declared sizes can lie); a JSON body's
+nesting depth and number of values are counted on the raw bytes before it is parsed.
+`decode` is CPU work: the service runs it off the event loop.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import zipfile
 from typing import Any
 
@@ -20,27 +28,81 @@ import numpy as np
 
 NPZ_TYPE = "application/x-npz"
 JSON_TYPE = "application/json"
+NPZ_MEMBER = "inputs.npy"
+MAX_NPY_HEADER = 10_000  # bytes; numpy's own default for untrusted headers
+READ_CHUNK = 1 << 20
+# A JSON body is {"inputs": [example, ...]}: the object, the list of examples, then one
+# level per input dimension; this many more levels are allowed for other keys' values.
+JSON_SPARE_DEPTH = 2
+# A string without escapes: linear to strip (a pattern with escapes backtracks
+# quadratically on '"\\"\\"...' with no closing quote).
+_PLAIN_STRING = re.compile(rb'"[^"]*"')
 
 
 class InputError(ValueError):
     """A request the model cannot take; answered with 422 and this message."""
 
 
-def decode(body: bytes, content_type: str) -> tuple[np.ndarray, bool]:
-    """The request's inputs as an array, and whether the reply should be NPZ."""
+def decode(
+    body: bytes, content_type: str, input_shape: tuple[int, ...], max_rows: int
+) -> tuple[np.ndarray, bool]:
+    """The request's inputs as an array, and whether the reply should be NPZ. Refused
+    (InputError) before decompressing or parsing when the body declares more than
+    `max_rows` examples of `input_shape`, or nests deeper than such examples can."""
     kind = content_type.split(";", 1)[0].strip().lower()
     if kind == NPZ_TYPE:
-        return _decode_npz(body), True
+        return _decode_npz(body, input_shape, max_rows), True
     if kind in (JSON_TYPE, ""):
-        return _decode_json(body), False
+        return _decode_json(body, input_shape, max_rows), False
     raise InputError(f"Content-Type {kind!r}: send {JSON_TYPE} or {NPZ_TYPE}")
 
 
-def _decode_json(body: bytes) -> np.ndarray:
+def json_limits(body: bytes, max_depth: int, max_values: int) -> None:
+    """InputError unless `body`, outside its strings, nests at most `max_depth` deep
+    and has at most `max_values` commas (one fewer than its values): counted on the
+    bytes, so a deep or huge body costs one linear pass, never a parse."""
+    # Brackets and commas inside strings are not counted. A body with escapes (no
+    # prediction body needs one) is counted as it is: conservative for commas, and a
+    # depth it hides behind ']' in strings is still refused by the parser's own
+    # recursion limit (RecursionError -> InputError), never a crash.
+    stripped = body if b"\\" in body else _PLAIN_STRING.sub(b'""', body)
+    raw = np.frombuffer(stripped, dtype=np.uint8)
+    commas = int(np.count_nonzero(raw == ord(",")))
+    if commas > max_values:
+        raise InputError(
+            f"body: more than {max_values} values; a request takes at most that many "
+            "(rows x values per example, --max-batch)"
+        )
+    depth, deepest = 0, 0
+    for start in range(0, raw.size, READ_CHUNK):
+        part = raw[start : start + READ_CHUNK]
+        step = (part == ord("[")).astype(np.int32) + (part == ord("{"))
+        step -= (part == ord("]")).astype(np.int32) + (part == ord("}"))
+        if step.size:
+            running = np.cumsum(step) + depth
+            deepest = max(deepest, int(running.max()))
+            depth = int(running[-1])
+    if deepest > max_depth:
+        raise InputError(
+            f"body: JSON nested {deepest} deep; the limit is {max_depth} (an object, the "
+            "list of examples, one level per input dimension, and "
+            f"{JSON_SPARE_DEPTH} more)"
+        )
+
+
+def _decode_json(body: bytes, input_shape: tuple[int, ...], max_rows: int) -> np.ndarray:
+    per_example = math.prod(input_shape)
+    json_limits(
+        body,
+        max_depth=2 + len(input_shape) + JSON_SPARE_DEPTH,
+        max_values=2 * max_rows * max(per_example, 1) + 64,
+    )
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"body: not valid JSON ({exc})") from None
+    except RecursionError:  # depth hidden behind escaped strings: still never a 500
+        raise InputError("body: JSON nested too deep") from None
     if not isinstance(payload, dict) or "inputs" not in payload:
         raise InputError('body: expected a JSON object {"inputs": [[...], ...]}')
     inputs = payload["inputs"]
@@ -56,36 +118,88 @@ def _decode_json(body: bytes) -> np.ndarray:
         ) from None
 
 
-def _decode_npz(body: bytes) -> np.ndarray:
+def _decode_npz(body: bytes, input_shape: tuple[int, ...], max_rows: int) -> np.ndarray:
     try:
-        with np.load(io.BytesIO(body), allow_pickle=False) as npz:
-            if "inputs" not in npz.files:
-                raise InputError(f"NPZ body: no array 'inputs' (has {sorted(npz.files)})")
-            array = npz["inputs"]
+        with zipfile.ZipFile(io.BytesIO(body)) as archive:
+            names = archive.namelist()
+            if NPZ_MEMBER not in names:
+                shown = sorted(n.removesuffix(".npy") for n in names)[:20]
+                raise InputError(f"NPZ body: no array 'inputs' (has {shown})")
+            with archive.open(NPZ_MEMBER) as member:
+                dtype, shape, fortran = _npy_header(member)
+                _check_declared(dtype, shape, input_shape, max_rows)
+                size = math.prod(shape) * dtype.itemsize
+                data = _read_exactly(member, size)
     except InputError:
         raise
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError, NotImplementedError) as exc:
         raise InputError(f"NPZ body: not a readable .npz file ({exc})") from None
-    if array.dtype.kind not in "fiu":
+    array = np.frombuffer(data, dtype=dtype)
+    return array.reshape(shape[::-1]).T if fortran else array.reshape(shape)
+
+
+def _npy_header(member: Any) -> tuple[np.dtype, tuple[int, ...], bool]:
+    """The member's declared dtype, shape and order, from its `.npy` header alone."""
+    version = np.lib.format.read_magic(member)
+    if version == (1, 0):
+        read = np.lib.format.read_array_header_1_0
+    elif version in ((2, 0), (3, 0)):
+        read = np.lib.format.read_array_header_2_0
+    else:
+        raise InputError(f"NPZ body: .npy format version {version} is not supported")
+    shape, fortran, dtype = read(member, max_header_size=MAX_NPY_HEADER)
+    return np.dtype(dtype), tuple(int(d) for d in shape), bool(fortran)
+
+
+def _check_declared(
+    dtype: np.dtype, shape: tuple[int, ...], input_shape: tuple[int, ...], max_rows: int
+) -> None:
+    """The `check` rules, on what the header declares, before a byte is decompressed."""
+    if dtype.kind not in "fiu" or dtype.hasobject:
         raise InputError(
-            f"inputs: dtype {array.dtype} is not a real number type; send float32 "
+            f"inputs: dtype {dtype} is not a real number type; send float32 "
             "(float16/64 and integers are converted)"
         )
-    return array
+    _check_shape(shape, input_shape, max_rows)
+
+
+def _read_exactly(member: Any, size: int) -> bytes:
+    """`size` bytes of the member, counted as they are decompressed; anything short
+    or beyond is refused, so the zip's own size fields are never trusted."""
+    chunks, got = [], 0
+    while got < size:
+        chunk = member.read(min(READ_CHUNK, size - got))
+        if not chunk:
+            raise InputError(f"NPZ body: 'inputs' holds {got} bytes, its header declares {size}")
+        chunks.append(chunk)
+        got += len(chunk)
+    if member.read(1):
+        raise InputError(f"NPZ body: 'inputs' holds more than the {size} bytes its header declares")
+    return b"".join(chunks)
+
+
+def _check_shape(shape: tuple[int, ...], input_shape: tuple[int, ...], max_rows: int) -> None:
+    if tuple(shape[1:]) != tuple(input_shape) or len(shape) != len(input_shape) + 1:
+        raise InputError(
+            f"inputs: shape {list(shape)}, expected [N, "
+            f"{', '.join(str(d) for d in input_shape)}] (N examples of the model's input "
+            f"shape {list(input_shape)}, 1 <= N <= {max_rows})"
+        )
+    rows = int(shape[0])
+    if not 1 <= rows <= max_rows:
+        raise InputError(f"inputs: {rows} examples; a request takes 1 to {max_rows}")
 
 
 def check(array: np.ndarray, input_shape: tuple[int, ...], max_rows: int) -> np.ndarray:
     """The inputs as a contiguous float32 (N, *input_shape) array, 1 <= N <= max_rows,
     all finite; else InputError naming what is wrong."""
-    if tuple(array.shape[1:]) != tuple(input_shape) or array.ndim != len(input_shape) + 1:
+    _check_shape(tuple(array.shape), input_shape, max_rows)
+    if array.dtype.kind not in "fiu":
         raise InputError(
-            f"inputs: shape {list(array.shape)}, expected [N, "
-            f"{', '.join(str(d) for d in input_shape)}] (N examples of the model's input "
-            f"shape {list(input_shape)}, 1 <= N <= {max_rows})"
+            f"inputs: dtype {array.dtype} is not a real number type; send float32 "
+            "(float16/64 and integers are converted)"
         )
     rows = int(array.shape[0])
-    if not 1 <= rows <= max_rows:
-        raise InputError(f"inputs: {rows} examples; a request takes 1 to {max_rows}")
     out = np.ascontiguousarray(array, dtype=np.float32)
     finite = np.isfinite(out)
     if not finite.all():

@@ -6,6 +6,11 @@ A run writes `model.safetensors` with metadata that names the model (see
 set nor the test set is read. A custom task's model (metadata `task_ref`) comes from
 its task function, which builds whatever that task builds.
 
+A model file never chooses code to run: the `task_ref` its metadata names is imported
+only when the user named that same task (`allowed_tasks`: `fedveil serve --task
+module:function`, the coordinator's runs.allowed_tasks), else loading is refused
+saying how to allow it.
+
     load_run_model(RUN_DIR)            RUN_DIR/model.safetensors (+ RUN_DIR/config.toml)
     load_model_file(FILE, task=None)   a safetensors file; `task` when its metadata is
                                        missing or to override it
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,8 +56,11 @@ class ModelInfo:
         }
 
 
-def load_run_model(run_dir: Path) -> tuple[nn.Module, ModelInfo]:
-    """The final model of the run in `run_dir` (its model.safetensors), in eval mode."""
+def load_run_model(
+    run_dir: Path, *, allowed_tasks: Collection[str] = ()
+) -> tuple[nn.Module, ModelInfo]:
+    """The final model of the run in `run_dir` (its model.safetensors), in eval mode; a
+    custom task's only if it is in `allowed_tasks`."""
     run_dir = Path(run_dir)
     path = run_dir / MODEL_FILE
     if not path.is_file():
@@ -66,11 +75,17 @@ def load_run_model(run_dir: Path) -> tuple[nn.Module, ModelInfo]:
             f"{config}: no such file; a custom task's model ({meta['task_ref']}) is built by "
             f"its task function from the run's {CONFIG_FILE}"
         )
-    return load_model_file(path, config=config if config.is_file() else None)
+    return load_model_file(
+        path, config=config if config.is_file() else None, allowed_tasks=allowed_tasks
+    )
 
 
 def load_model_file(
-    path: Path, task: str | None = None, *, config: Path | None = None
+    path: Path,
+    task: str | None = None,
+    *,
+    config: Path | None = None,
+    allowed_tasks: Collection[str] = (),
 ) -> tuple[nn.Module, ModelInfo]:
     """A model from a safetensors file, in eval mode.
 
@@ -78,6 +93,8 @@ def load_model_file(
     model (`cnn`) or `DATASET/MODEL` (`fashion-mnist/cnn`; the input shape and classes
     come from the metadata, else from the dataset), or a custom task `module:function`.
     `config`: the run's config.toml, which a custom task's function is called with.
+    `allowed_tasks`: custom tasks the user named; a file whose metadata names another is
+    refused before anything is imported.
     """
     path = Path(path)
     if not path.is_file():
@@ -87,7 +104,15 @@ def load_model_file(
         if "model" in meta:
             return _load(path, meta, model_name=meta["model"])
         if "task_ref" in meta:
-            return _load(path, meta, task_ref=meta["task_ref"], config=config)
+            ref = meta["task_ref"]
+            if ref not in allowed_tasks:
+                raise ValueError(
+                    f"{path}: its metadata names the custom task {ref!r}; a model file never "
+                    "chooses code to import. If you trust that module, name it: "
+                    f"--task {ref} (fedveil serve/export), or runs.allowed_tasks in "
+                    "server.toml"
+                )
+            return _load(path, meta, task_ref=ref, config=config)
         raise ValueError(
             f"{path}: its metadata names no model (neither 'model' nor 'task_ref'); "
             "pass --task MODEL, DATASET/MODEL or module:function"

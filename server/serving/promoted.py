@@ -10,6 +10,7 @@ unless `serving.public`, and a warning when a public version has no DP guarantee
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -23,10 +24,16 @@ log = logging.getLogger("fedveil.serving")
 
 
 def promoted_app(
-    section: ServingSection, registry_root: Path, base: Path, *, recheck_s: float = 5.0
+    section: ServingSection,
+    registry_root: Path,
+    base: Path,
+    *,
+    recheck_s: float = 5.0,
+    allowed_tasks: Collection[str] = (),
 ) -> FastAPI:
     """The prediction API over the promoted versions of `section.models` in the registry at
-    `registry_root`; `base`: the directory server.toml's paths are relative to."""
+    `registry_root`; `base`: the directory server.toml's paths are relative to;
+    `allowed_tasks`: the custom tasks a version may load (runs.allowed_tasks)."""
     token = None
     if not section.public:
         if section.token_file is None:  # service_config refuses this; kept for callers
@@ -34,7 +41,13 @@ def promoted_app(
         path = (base / section.token_file).expanduser().resolve()
         token = BearerToken(read_token_file(path, "serving.token_file"), str(path))
     splits = [
-        PromotedVersion(registry_root, name, recheck_s=recheck_s, public=section.public)
+        PromotedVersion(
+            registry_root,
+            name,
+            recheck_s=recheck_s,
+            public=section.public,
+            allowed_tasks=allowed_tasks,
+        )
         for name in section.models
     ]
     for split in splits:

@@ -18,6 +18,7 @@ from pathlib import Path
 from fedveil.config import ConfigError
 from fedveil.ops.bearer import BearerToken, is_loopback, read_token_file
 from fedveil.server.serving.app import ServeLimits, create_app
+from fedveil.server.serving.connections import ConnectionLimits, guarded_http
 from fedveil.server.serving.metrics import ServingMetrics
 from fedveil.server.serving.versions import (
     NO_DP_WARNING,
@@ -46,6 +47,7 @@ class ServeSettings:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     limits: ServeLimits = field(default_factory=ServeLimits)
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
 
     def check(self) -> None:
         if self.insecure and not is_loopback(self.host):
@@ -129,6 +131,8 @@ def serve(settings: ServeSettings) -> int:
         ssl_certfile=None if settings.insecure else str(settings.tls_cert),
         ssl_keyfile=None if settings.insecure else str(settings.tls_key),
         timeout_graceful_shutdown=2,
+        # Connections bounded per listener and per peer, requests given a deadline.
+        http=guarded_http(settings.connections),
     )
     server = uvicorn.Server(config)
     versions = ", ".join(f"{v.version} ({share:.0%})" for v, share in split.versions)

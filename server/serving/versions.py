@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,12 +43,14 @@ class ServedVersion:
     info: ModelInfo
     source: str  # what the operator named: a path or name@version
     guarantee: str | None  # the DP guarantee in words; None: no DP guarantee
+    from_registry: bool = False  # `source` is a name@version reference, not a path
 
     def describe(self, share: float) -> dict[str, Any]:
         return {
             "version": self.version,
             "share": share,
-            "source": self.source,
+            # A registry reference; never a path on the server's disk.
+            "source": self.source if self.from_registry else None,
             **self.info.as_dict(),
             "dp_guarantee": self.guarantee,
         }
@@ -57,8 +60,9 @@ def load_version(spec: str, *, task: str | None = None, name: str | None = None)
     """Load RUN_DIR, FILE or name@version; `task` for a file without metadata, `name` to
     serve a path under another name (a registry version keeps its own)."""
     path = Path(spec)
+    allowed = named_tasks(task)
     if path.is_dir():
-        model, info = load_run_model(path)
+        model, info = load_run_model(path, allowed_tasks=allowed)
         label = path.resolve().name
         return ServedVersion(name or label, label, model, info, spec, run_guarantee(path))
     if path.is_file():
@@ -69,19 +73,37 @@ def load_version(spec: str, *, task: str | None = None, name: str | None = None)
         return ServedVersion(name or label, label, model, info, spec, guarantee)
     if "/" in spec or spec.endswith(".safetensors"):
         raise FileNotFoundError(f"--model {spec!r}: no such run directory or model file")
-    return _registry_version(spec, name)
+    return _registry_version(spec, name, allowed_tasks=allowed)
 
 
-def _registry_version(ref: str, name: str | None, root: Path | None = None) -> ServedVersion:
+def named_tasks(task: str | None) -> tuple[str, ...]:
+    """The custom task the user named (`--task module:function`), which a run directory
+    or registry version naming the same task may load; none otherwise."""
+    return (task,) if task is not None and ":" in task else ()
+
+
+def _registry_version(
+    ref: str,
+    name: str | None,
+    root: Path | None = None,
+    *,
+    allowed_tasks: Collection[str] = (),
+) -> ServedVersion:
     from fedveil.server.registry import Registry, default_registry_root
 
     mv = Registry(root if root is not None else default_registry_root()).resolve(ref)
     config = None
     if mv.run_dir is not None and (Path(mv.run_dir) / "config.toml").is_file():
         config = Path(mv.run_dir) / "config.toml"  # a custom task's function needs it
-    model, info = load_model_file(Path(mv.model_path), config=config)
+    model, info = load_model_file(Path(mv.model_path), config=config, allowed_tasks=allowed_tasks)
     return ServedVersion(
-        name or mv.name, str(mv.version), model, info, mv.ref, card_guarantee(mv.card)
+        name or mv.name,
+        str(mv.version),
+        model,
+        info,
+        mv.ref,
+        card_guarantee(mv.card),
+        from_registry=True,
     )
 
 
@@ -171,10 +193,18 @@ class PromotedVersion:
     and then swapped in (requests never wait for a load). None until one is promoted."""
 
     def __init__(
-        self, registry_root: Path, name: str, *, recheck_s: float = 5.0, public: bool = False
+        self,
+        registry_root: Path,
+        name: str,
+        *,
+        recheck_s: float = 5.0,
+        public: bool = False,
+        allowed_tasks: Collection[str] = (),
     ) -> None:
+        """`allowed_tasks`: the custom tasks a promoted version may load (the coordinator's
+        runs.allowed_tasks); a version of another custom task is not served."""
         self.name, self.root, self.recheck_s = name, Path(registry_root), recheck_s
-        self.public = public
+        self.public, self.allowed_tasks = public, tuple(allowed_tasks)
         self._current: ServedVersion | None = None
         self._stop = threading.Event()
         self.refresh()
@@ -204,7 +234,9 @@ class PromotedVersion:
         if promoted is None or (current is not None and current.version == str(promoted.version)):
             return
         try:
-            loaded = _registry_version(promoted.ref, None, self.root)
+            loaded = _registry_version(
+                promoted.ref, None, self.root, allowed_tasks=self.allowed_tasks
+            )
         except (ValueError, OSError) as exc:
             log.error("serving %s: cannot load %s (%s)", self.name, promoted.ref, exc)
             return

@@ -36,17 +36,21 @@ holdout = {HOLDOUT}
 
 
 def held_out_accuracy(model_path: str) -> float:
-    """What the devices should report: the version on the first 25% of each device's file."""
+    """What the devices should report: the version on the first 25% of each device's file,
+    combined as the coordinator combines them: each device's weight is its count, capped
+    at the median count (drift_run.robust_summary; was the plain example-weighted mean)."""
     model = build_model("mlp", (8,), 3)
     model.load_state_dict(load_file(model_path))
-    correct = total = 0
+    per_device = []
     for x, y in arrays(CLIENTS)[0]:
         k = max(1, round(HOLDOUT * len(x)))
         with torch.no_grad():
             pred = model.eval()(torch.from_numpy(x[:k])).argmax(1).numpy()
-        correct += int((pred == y[:k]).sum())
-        total += k
-    return correct / total
+        per_device.append((k, int((pred == y[:k]).sum()) / k))
+    counts = sorted(k for k, _ in per_device)
+    cap = counts[(len(counts) - 1) // 2]
+    weights = [min(k, cap) for k, _ in per_device]
+    return sum(w * a for w, (_, a) in zip(weights, per_device, strict=True)) / sum(weights)
 
 
 def promote_a_version(dep: Deployment, out: Path) -> ModelVersion:

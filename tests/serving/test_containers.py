@@ -114,6 +114,62 @@ def test_dockerfile_runs_unprivileged_with_a_healthcheck_where_it_serves(name: s
                 assert (ROOT / src).exists(), f"{name}: COPY {src}: no such path"
 
 
+def run_example(name: str) -> str:
+    """The `docker run` example in the Dockerfile's header, continuation lines joined."""
+    header = [ln[1:].strip() for ln in (DOCKER / name).read_text().splitlines() if ln[:1] == "#"]
+    text = re.sub(r"\\\s+", " ", "\n".join(header))
+    runs = [ln for ln in text.splitlines() if ln.startswith("docker run")]
+    assert len(runs) == 1, f"{name}: one docker run example expected, got {runs}"
+    return runs[0]
+
+
+@pytest.mark.parametrize("name", sorted(IMAGES))
+def test_each_container_mounts_only_the_certificates_it_needs(name: str) -> None:
+    """The examples mounted the whole certs/ (ca.key, every device's key) into every
+    container; each now mounts single files, and never a private key it does not use."""
+    mounts = re.findall(r"-v (\S+?):(\S+?)(?::ro)?(?:\s|$)", run_example(name))
+    sources = [src for src, _ in mounts]
+    assert sources, name
+    assert not [src for src in sources if src.rstrip("/").endswith("certs")], sources
+    assert not [src for src in sources if src.endswith("ca.key")], sources
+    keys = [src for src in sources if src.endswith(".key")]
+    expected_keys = {
+        "Dockerfile.coordinator": ["$PWD/certs/server.key"],
+        "Dockerfile.serve": ["$PWD/certs/server.key"],
+        "Dockerfile.device": ["$PWD/certs/clients/client-0.key"],
+    }
+    assert keys == expected_keys[name], (name, keys)
+
+
+def test_coordinator_state_is_in_its_volume(tmp_path: Path) -> None:
+    """server.toml's state_dir = "state" resolved next to the config (/etc/fedveil/state,
+    not the volume, unwritable by uid 10001); the image passes --state-dir, its volume,
+    which the image creates for that user."""
+    text = (DOCKER / "Dockerfile.coordinator").read_text()
+    instructions = dockerfile_instructions(text)
+    cmd = [rest for word, rest in instructions if word == "CMD"][-1]
+    assert '"--state-dir", "/var/lib/fedveil"' in cmd, cmd
+    assert "fedveil-state:/var/lib/fedveil" in run_example("Dockerfile.coordinator")
+    runs = " ".join(rest for word, rest in instructions if word == "RUN")
+    assert "--uid 10001" in runs and "-o fedveil -g fedveil -m 700 /var/lib/fedveil" in runs
+    # The flag as the image uses it: the state goes where it says, not beside the config.
+    from fedveil.server.coordinator.settings import load_settings
+
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "server.toml").write_text('state_dir = "state"\n[tls]\ninsecure = true\n')
+    assert load_settings(etc / "server.toml").state_dir == etc / "state"
+    volume = tmp_path / "volume"
+    assert load_settings(etc / "server.toml", state_dir=volume).state_dir == volume
+
+
+def test_serve_healthcheck_asks_readyz() -> None:
+    """/healthz says only that the process answers; /readyz that every model's worker runs."""
+    text = (DOCKER / "Dockerfile.serve").read_text()
+    assert "FEDVEIL_HEALTH_URL=https://127.0.0.1:8480/readyz" in text
+    assert "/healthz FEDVEIL_CA" not in text
+
+
 def _container_engine() -> str:
     for engine in ("docker", "podman"):
         exe = shutil.which(engine)

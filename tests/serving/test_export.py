@@ -133,12 +133,13 @@ def test_trained_custom_task_run_exports(tmp_path: Path, capsys: pytest.CaptureF
     simulate(load_config(None, overrides))
     from fedveil.server.serving.loading import load_run_model
 
-    model, _ = load_run_model(run)
+    # The custom task is named, as a user must (issue 31: no import because a file says).
+    model, _ = load_run_model(run, allowed_tasks=["tiny_task:make"])
     x = torch.randn(11, 8)
     with torch.no_grad():
         expected = model(x).numpy()
     for fmt in ("torchscript", "exported-program"):
-        written = export(capsys, str(run), "--format", fmt)
+        written = export(capsys, str(run), "--format", fmt, "--task", "tiny_task:make")
         path = Path(written["path"])
         assert path.parent == run
         if fmt == "torchscript":

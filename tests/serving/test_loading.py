@@ -61,7 +61,11 @@ def test_custom_task_model_from_its_task_function(tmp_path: Path) -> None:
         "out": str(tmp_path),
     }
     simulate(load_config(None, overrides))
-    model, info = load_run_model(tmp_path)
+    # A custom task's model loads only with the task named by the user (it was loaded
+    # because the file's metadata named it: issue 31).
+    with pytest.raises(ValueError, match="names the custom task 'tiny_task:make'"):
+        load_run_model(tmp_path)
+    model, info = load_run_model(tmp_path, allowed_tasks=["tiny_task:make"])
     assert (info.model, info.input_shape, info.num_classes) == ("tiny_task:make", (8,), 3)
     assert model(torch.randn(2, 8)).shape == (2, 3)
 

@@ -129,8 +129,14 @@ def test_predictions_token_and_bad_input(cnn_file: Path, tmp_path: Path) -> None
         assert metric(text, "fedveil_serve_batch_rows_count", **labels) == 4
         assert metric(text, "fedveil_serve_batch_rows_bucket", **labels, le="32") == 3
         assert metric(text, "fedveil_serve_request_seconds_count", **labels) == 7 + len(bad)
-        listed = json.loads(request(f"{url}/models")[2])["models"]
+        # /models needs the token too (it named the model file's absolute path, open).
+        assert request(f"{url}/models")[0] == 401
+        auth = {"Authorization": f"Bearer {token}"}
+        status, _, raw = request(f"{url}/models", headers=auth)
+        listed = json.loads(raw)["models"]
         assert [m["name"] for m in listed] == ["cnn"] and listed[0]["public"] is False
+        assert str(cnn_file.parent) not in raw.decode()  # no path on the server's disk
+        assert listed[0]["versions"][0]["source"] is None
         assert request(f"{url}/v1/models/other/predict", b"{}")[0] in (401, 404)
         assert token not in served.output()  # the secret never reaches the log
         # The page's client snippet, as it stands but for the address and the token.
@@ -176,6 +182,7 @@ def test_public_canary_split_counts_each_version(registry: Path, tmp_path: Path)
             assert metric(text, "fedveil_serve_rows_total", **labels) == 2 * count
         listed = json.loads(request(f"{s.url}/models")[2])["models"][0]
         assert [(v["version"], v["share"]) for v in listed["versions"]] == [("1", 0.5), ("2", 0.5)]
+        assert [v["source"] for v in listed["versions"]] == ["digits-demo@1", "digits-demo@2"]
         assert all(v["dp_guarantee"] is None for v in listed["versions"])
         out = s.output()
     # Public and without DP: warned in the log and on the start-up line.

@@ -246,3 +246,28 @@ def test_under_distributed_dp_every_device_refuses_a_plain_evaluation():
     ok = answer(other, request_message(to_content(evaluate_request()), "evaluate"), 1, central)
     assert not ok.has_error()
     assert from_content(ok.content).config["num_examples"] > 0
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmRSS:"))
+
+
+def test_a_request_cannot_make_the_device_build_a_huge_model(tmp_path):
+    """run_num_classes = 1e6 once raised a device's RSS by ~1 GB on one message, and the
+    runtime stayed cached. It is refused against the device's limit before anything is
+    built; nothing is kept, and the run's next honest request is served."""
+    data = DataSource(load_local_data(write_client_file(tmp_path, N, 1, "npz")))
+    edge = EdgeClient(data, 1)
+    before = _rss()
+    huge = train_request(run_num_classes=1_000_000)
+    with pytest.raises(MessageError, match="has 129001152 parameters; this device accepts at most"):
+        edge.handle(1, run_config(), huge)
+    with pytest.raises(MessageError, match=r"run_num_classes = 10000000000000: .* 1 to 20000000"):
+        edge.handle(1, run_config(), train_request(run_num_classes=10**13))
+    assert _rss() - before < 64 << 20
+    small = EdgeClient(data, 1, LocalPolicy(max_model_parameters=100))
+    with pytest.raises(MessageError, match="accepts at most 100 "):
+        small.handle(1, run_config(), train_request())
+    reply = edge.handle(1, run_config(), train_request())
+    assert reply.kind == "train" and reply.arrays

@@ -1,0 +1,74 @@
+"""Held connections against a real `fedveil serve` (uvicorn): a peer that opens more
+connections than its share and sends partial headers is cut off at once past the limit
+and, for what it holds, at the request deadline; everyone else is still served."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from serve_harness import predict_json, serving
+
+from fedveil.models import build_model
+from fedveil.params import FlatModel
+
+PER_PEER, TIMEOUT = 8, 2.0
+HELD = 30
+
+
+@pytest.fixture(scope="module")
+def mlp_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(3)
+    flat = FlatModel(build_model("mlp", (8,), 3))
+    path = tmp_path_factory.mktemp("model") / "mlp.safetensors"
+    meta = {"model": "mlp", "task": "blobs/mlp", "input_shape": "[8]", "num_classes": "3"}
+    flat.save(flat.get(), str(path), metadata=meta)
+    return path
+
+
+def closed(sock: socket.socket, wait: float) -> bool:
+    """Whether the server closed `sock` within `wait` seconds (EOF or reset)."""
+    sock.settimeout(wait)
+    try:
+        return sock.recv(1) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_held_connections_are_bounded_and_timed_out(mlp_file: Path, tmp_path: Path) -> None:
+    token = secrets.token_urlsafe(24)
+    (tmp_path / "token").write_text(token)
+    (tmp_path / "token").chmod(0o600)
+    args = ["--model", str(mlp_file), "--token-file", str(tmp_path / "token")]
+    args += ["--max-connections-per-peer", str(PER_PEER), "--request-timeout", str(TIMEOUT)]
+    with serving(args, tmp_path) as served:
+        host, port = served.url.removeprefix("http://").rsplit(":", 1)
+        held = []
+        for _ in range(HELD):  # another loopback address: another peer
+            s = socket.create_connection((host, int(port)), source_address=("127.0.0.2", 0))
+            s.sendall(b"POST /v1/models/mlp/predict HTTP/1.1\r\nHost: x\r\nContent-Le")
+            held.append(s)
+        started = time.monotonic()
+        time.sleep(0.5)  # well within the deadline
+        cut = [s for s in held if closed(s, 0.01)]
+        assert len(cut) == HELD - PER_PEER, f"{len(cut)} of {HELD} cut at once"
+        # Everyone else is served while the attacker holds its share.
+        status, _, reply = predict_json(served.url, "mlp", [[0.0] * 8], token)
+        assert status == 200 and len(reply["outputs"]) == 1
+        # What it holds is cut at the request deadline (uvicorn alone: never).
+        kept = [s for s in held if s not in cut]
+        late = [
+            s for s in kept if not closed(s, max(0.1, TIMEOUT + 3 - (time.monotonic() - started)))
+        ]
+        assert not late, f"{len(late)} partial requests still open after {TIMEOUT + 3} s"
+        for s in held:
+            s.close()
+        assert "connection from 127.0.0.2" in served.output()
+        status, _, _ = predict_json(served.url, "mlp", [[0.0] * 8], token)
+        assert status == 200
