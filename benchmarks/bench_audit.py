@@ -12,7 +12,7 @@ scaled by 1/4, and none (`AuditMechanism`, the harness's declared seam).
 
 The last line of stdout is one JSON object:
   broken_claimed_epsilon                 the ledger's epsilon in the broken runs
-  broken_lower_bound                     the 95% lower bound with the noise cut 4x
+  broken_lower_bound                     the audit's lower bound (f-DP, 99%) with the noise cut 4x
   broken_lower_bound_no_noise            ... with the noise off
   broken_estimate, broken_estimate_no_noise
   distributed_claimed_epsilon            the same config under distributed DP (Skellam shares

@@ -338,3 +338,24 @@ def test_a_distributed_dp_audit_on_flower_sums_the_held_out_canaries_shares(tmp_
         assert cohort["users"] + cohort["canaries"] == 16 == record["cohort_aggregated"]
         assert record["dropped"] == 0 and cohort["canaries_held_out"] <= cohort["canaries"]
     assert sum(c["canaries_held_out"] for c in cohorts) > 0
+
+
+def test_the_verdict_says_when_the_canary_count_cannot_refute_the_claim():
+    from fedveil.simulations.audit import verdict
+
+    fdp = {
+        "confidence": 0.99,
+        "correct": 500,
+        "guesses": 500,
+        "p_value": 0.2,
+        "ceiling_epsilon": 5.1,
+        "canaries": 1000,
+        "refuted": False,
+        "lower_bound_epsilon": 5.1,
+    }
+    text = verdict(8.0, fdp, {"epsilon": 4.6})
+    assert text.startswith("consistent at 99%")
+    assert "cannot refute any epsilon above 5.1 with 1000 canaries" in text
+    assert "so it cannot refute this claim (epsilon 8)" in text
+    refuted = verdict(8.0, {**fdp, "ceiling_epsilon": 9.8, "refuted": True, "p_value": 0.002}, {})
+    assert refuted.startswith("REFUTED at 99%") and "cannot refute this claim" not in refuted
