@@ -180,7 +180,8 @@ def fdp_audit(
     bounds: bool = True,
 ) -> FdpAudit:
     """Test the claim (`events` under `accountant`'s profile) on the canaries' `scores`.
-    `bounds=False` skips the lower bound's search (benchmarks that need only the test)."""
+    `bounds=False` skips the searches for the lower bound and the ceiling (NaN: for
+    benchmarks and tests that need only the test)."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence = {confidence}: must be in (0, 1)")
     grouped = group_events(events)
@@ -188,15 +189,16 @@ def fdp_audit(
     k, v = correct_guesses(scores, inserted)
     beta = 1 - confidence
     p = tail_bound(claimed_curve(grouped, accountant), m, k, v)
-    lower = math.nan
+    lower = ceiling = math.nan
     if bounds:
         refuted = _refutes(grouped, accountant, m, k, v, beta)
         lower = _largest_refuted_epsilon(grouped, delta, accountant, refuted)
+        ceiling = ceiling_epsilon(grouped, delta, accountant, m, confidence)
     return FdpAudit(
         p,
         p <= beta,
         lower,
-        ceiling_epsilon(grouped, delta, accountant, m, confidence),
+        ceiling,
         confidence,
         m,
         k,
