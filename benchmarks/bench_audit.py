@@ -12,7 +12,7 @@ scaled by 1/4, and none (`AuditMechanism`, the harness's declared seam).
 
 The last line of stdout is one JSON object:
   broken_claimed_epsilon                 the ledger's epsilon in the broken runs
-  broken_lower_bound                     the 95% lower bound with the noise cut 4x
+  broken_lower_bound                     the audit's lower bound (f-DP, 99%) with the noise cut 4x
   broken_lower_bound_no_noise            ... with the noise off
   broken_estimate, broken_estimate_no_noise
   distributed_claimed_epsilon            the same config under distributed DP (Skellam shares
@@ -23,7 +23,7 @@ The last line of stdout is one JSON object:
   distributed_correct_lower_bound        ... with the honest shares (one seed)
   correct_max_lower_over_accounted       largest lower bound / accounted epsilon over seeds
   correct_exceedances                    seeds whose lower bound exceeded the claim (chance
-                                         allows about 1 in 20 at 95%)
+                                         allows about 1 in 100 at 99%)
   correct_estimates                      each correct seed's estimate and interval
   audit_cost_ratio                       an audit in the clear (no DP) over the same run's
                                          plain wall time: the fastest of `repeat` audits over

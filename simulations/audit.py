@@ -1,10 +1,11 @@
 """`fedveil privacy audit`: the configured training run again, with canary clients, and the
 empirical epsilons they reveal.
 
-Canaries (Andrew et al., ICLR 2024, "One-shot Empirical Privacy Estimation for Federated
-Learning"): m random unit directions from a seed the auditor draws from the OS CSPRNG and
-never writes down. Each is inserted with probability 1/2 (Steinke, Nasr and Jagielski,
-NeurIPS 2023, "Privacy Auditing with One (1) Training Run"); the others are held out.
+Canaries: m Dirac canaries, each the clip norm on one coordinate of the update, at m
+distinct coordinates drawn from a seed the auditor draws from the OS CSPRNG and never
+writes down (`fedveil.privacy.audit.canaries`: exactly separable, one integer each; a
+model of d parameters supports d of them, and more are refused). Each is inserted with
+probability 1/2; the others are held out.
 Inserted canaries are extra client ids of the simulated population, sampled like users
 without changing the users' mechanism: under Poisson they get the users' rate q, under
 fixed-size sampling the cohort grows in proportion. A canary's runtime is the ordinary
@@ -19,8 +20,12 @@ held-out canary is sampled like the others and takes part in secure aggregation 
 update zeroed, so its Skellam noise share is in the sum whether or not it is inserted
 (the neighbouring runs differ in one client's update, not in who adds noise).
 
-After the run the released model deltas are scored against every canary (cosines) and
-`fedveil.privacy.audit` turns the scores into the estimate and the lower bound.
+After the run each canary's statistic, fixed in advance, is the sum over rounds of the
+released updates' projection on its coordinate (final minus initial model there), and
+`fedveil.privacy.audit` turns the statistics into the verdict: the one-run f-DP test of
+the ledger's own trade-off curve at 99% (with the ceiling this canary count reaches),
+the Steinke-Nasr-Jagielski bound with its delta term as a second, conservative line,
+and the one-shot estimate.
 
 An audit is a run of its own: its directory is marked `audit: true`, and no model file is
 written there, so its model can never be published. Audits run in simulation only.
@@ -29,7 +34,6 @@ written there, so its model can never be published. Audits run in simulation onl
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import logging
 import math
@@ -48,15 +52,18 @@ from fedveil.client.training import LocalResult, LocalTraining, LossFn
 from fedveil.config import RunConfig, config_from_dict, to_toml
 from fedveil.params import FlatModel
 from fedveil.privacy.audit import (
-    canary_directions,
-    cosine_scores,
+    dirac_coordinates,
     estimate_epsilon,
-    max_round_scores,
+    fdp_audit,
     one_run_lower_bound,
+    projection_sums,
+    supported_canaries,
 )
-from fedveil.privacy.audit.canaries import new_secret_seed
+from fedveil.privacy.audit.canaries import HELD_OUT, new_secret_seed
+from fedveil.privacy.audit.fdp import CONFIDENCE
 from fedveil.privacy.dp.html_report import audit_html, render_audit_page
 from fedveil.privacy.dp.report import audit_section
+from fedveil.privacy.dp.vocabulary import PLD, supported_accountants
 from fedveil.privacy.encodings import SkellamEncoding
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
@@ -73,8 +80,7 @@ from fedveil.tasks import ClientData, Task
 log = logging.getLogger("fedveil.audit")
 
 AUDIT_FILE = Path("privacy") / "audit.json"
-# Each lower bound (final model, all rounds) at 97.5%: their max holds at 95% (Bonferroni).
-VARIANTS = ("final_model", "all_rounds")
+MIN_CANARIES = 4  # one guess each way (fdp.guesses_for)
 
 
 class AuditRefused(ValueError):
@@ -137,8 +143,8 @@ def _cut_shares(runtimes: Sequence[ClientRuntime], engine: RoundEngine, scale: f
 
 @dataclass
 class CanaryTrainer:
-    """The canary clients' `Trainer`: the update is the client's direction (its only
-    'example', see `CanaryTask`) scaled to `norm`; nothing is trained."""
+    """The canary clients' `Trainer`: the update is `norm` on the client's coordinate (its
+    only 'example', see `canary_task`; HELD_OUT: a zero update); nothing is trained."""
 
     norm: float
 
@@ -152,25 +158,29 @@ class CanaryTrainer:
         loss_fn: LossFn,
         generator: torch.Generator,
     ) -> LocalResult:
-        # Just inside the clip norm, so clipping leaves the direction exactly as it is.
-        delta = x[0].to(model.device, torch.float32) * (self.norm * (1 - 1e-6))
+        delta = torch.zeros(global_vector.numel(), dtype=torch.float32, device=model.device)
+        coordinate = int(x[0, 0])
+        if coordinate != HELD_OUT:
+            # Just inside the clip norm, so clipping leaves the canary exactly as it is.
+            delta[coordinate] = self.norm * (1 - 1e-6)
         return LocalResult(delta, 1, 1, 0.0)
 
 
-def canary_rows(directions: np.ndarray, inserted: np.ndarray, zero_out: bool) -> np.ndarray:
-    """The canary clients' updates, one row each: the inserted canaries' directions; under
-    zero-out adjacency every canary, the held-out ones with a zero row (they take part
-    and send their noise share, but their update is zeroed)."""
+def canary_rows(coordinates: np.ndarray, inserted: np.ndarray, zero_out: bool) -> np.ndarray:
+    """The canary clients' coordinates, one each: the inserted canaries'; under zero-out
+    adjacency every canary, the held-out ones HELD_OUT (they take part and send their
+    noise share, but their update is zeroed)."""
     if zero_out:
-        return directions * inserted[:, None]
-    return directions[inserted]
+        return np.where(inserted, coordinates, HELD_OUT)
+    return coordinates[inserted]
 
 
-def canary_task(users: Task, directions: np.ndarray) -> Task:
-    """The population the engine samples: the users, then one client per canary row
-    (ids users.num_clients + i, see `canary_rows`), whose single 'example' is its row."""
+def canary_task(users: Task, coordinates: np.ndarray) -> Task:
+    """The population the engine samples: the users, then one client per canary
+    coordinate (ids users.num_clients + i, see `canary_rows`), whose single 'example' is
+    its coordinate (one integer: no canary holds a model-sized vector)."""
     n = users.num_clients
-    canaries = torch.from_numpy(np.ascontiguousarray(directions, dtype=np.float32))
+    canaries = torch.from_numpy(np.asarray(coordinates, dtype=np.int64)).reshape(-1, 1)
     label = torch.zeros(1, dtype=torch.int64)  # shared: nothing reads or writes it
 
     def client_data(cid: int) -> ClientData:
@@ -180,9 +190,9 @@ def canary_task(users: Task, directions: np.ndarray) -> Task:
 
     sizes = None
     if users.client_sizes is not None:
-        sizes = np.concatenate([users.client_sizes, np.ones(len(directions), dtype=np.int64)])
+        sizes = np.concatenate([users.client_sizes, np.ones(len(coordinates), dtype=np.int64)])
     return dataclasses.replace(
-        users, num_clients=n + len(directions), client_data=client_data, client_sizes=sizes
+        users, num_clients=n + len(coordinates), client_data=client_data, client_sizes=sizes
     )
 
 
@@ -295,8 +305,10 @@ class AuditRuntimeFactory:
         from fedveil.tasks import make_task
 
         users = make_task(self.users_cfg)
-        directions = canary_directions(self._seed, self._inserted.size, self.dim)
-        rows = canary_rows(directions, self._inserted, self.audit_cfg.dp.mechanism == "distributed")
+        coordinates = dirac_coordinates(self._seed, self._inserted.size, self.dim)
+        rows = canary_rows(
+            coordinates, self._inserted, self.audit_cfg.dp.mechanism == "distributed"
+        )
         task = canary_task(users, rows)
         canaries = ClientRuntime(
             task, "cpu", run_config=self.audit_cfg, trainer=CanaryTrainer(self.audit_cfg.dp.clip)
@@ -323,11 +335,25 @@ class AuditPlan:
         return int(self.inserted.size if self.zero_out else self.inserted.sum())
 
 
-def plan_audit(cfg: RunConfig, users: int, canaries: int, *, out: str) -> AuditPlan:
+def plan_audit(
+    cfg: RunConfig, users: int, canaries: int, *, out: str, dim: int | None = None
+) -> AuditPlan:
     """The audit run's config: the population grows by the inserted canaries and the
-    users' sampling is unchanged. Refuses (naming the field) what cannot be audited."""
-    if canaries < 1:
-        raise AuditRefused(f"audit.canaries = {canaries}: must be >= 1")
+    users' sampling is unchanged. Refuses (naming the field) what cannot be audited,
+    including more canaries than the model's `dim` parameters can keep apart."""
+    if canaries < MIN_CANARIES:
+        raise AuditRefused(
+            f"audit.canaries = {canaries}: must be >= {MIN_CANARIES} (one guess each way)"
+        )
+    if dim is not None and canaries > supported_canaries(dim):
+        raise AuditRefused(
+            f"audit.canaries = {canaries}: the model has {dim} parameters, so it supports at "
+            f"most {supported_canaries(dim)} canaries (each needs a coordinate of its own; "
+            "more cannot be kept apart, and canaries that interfere pass a mechanism with "
+            "far too little noise). Use --canaries <= "
+            f"{supported_canaries(dim)}; the ceiling printed by the audit says what that "
+            "canary count can refute"
+        )
     if cfg.audit.target != "simulation":
         raise AuditRefused(
             f"audit.target = {cfg.audit.target!r}: an audit against real devices is a further "
@@ -381,7 +407,7 @@ def run_audit(
     canaries: int,
     out: str | Path,
     mechanism: AuditMechanism | None = None,
-    confidence: float = 0.95,
+    confidence: float = CONFIDENCE,
 ) -> dict[str, Any]:
     """Run `cfg` with `canaries` canaries into the audit directory `out`; write and return
     privacy/audit.json's content. `mechanism`: the test seam (see AuditMechanism)."""
@@ -389,15 +415,15 @@ def run_audit(
     device = resolve_device(cfg.device)
     prepared = prepare_task(cfg, device, {})
     users_task = prepared.task
-    plan = plan_audit(prepared.cfg, users_task.num_clients, canaries, out=str(out))
+    model_size = sum(p.numel() for p in users_task.model_fn().parameters())
+    plan = plan_audit(prepared.cfg, users_task.num_clients, canaries, out=str(out), dim=model_size)
     store = RunStore(str(out))
     store.clear()
     store.write_config(to_toml(plan.cfg))
-    model_size = sum(p.numel() for p in users_task.model_fn().parameters())
     t_directions = time.perf_counter()
-    directions = canary_directions(plan.seed, canaries, model_size)
+    coordinates = dirac_coordinates(plan.seed, canaries, model_size)
     t_run = time.perf_counter()
-    task = canary_task(users_task, canary_rows(directions, plan.inserted, plan.zero_out))
+    task = canary_task(users_task, canary_rows(coordinates, plan.inserted, plan.zero_out))
     run = RunLifecycle(plan.cfg, task, store, device=device)
     cut_shares: float | None = None
     if mechanism is not None and mechanism.noise_scale != 1.0:
@@ -413,11 +439,15 @@ def run_audit(
             run.privacy = _ScaledNoise(run.privacy, mechanism.noise_scale)  # type: ignore[assignment]
     clip = plan.cfg.dp.clip
     runtime = ClientRuntime(task, "cpu", run_config=plan.cfg, trainer=CanaryTrainer(clip))
-    snapshots: list[np.ndarray] = []  # the released model after each round
+    # The released model before the first round and after the last: the statistic
+    # telescopes, so no per-round copy of the model is kept. The rounds are counted.
+    snapshots: list[np.ndarray] = []
+    rounds: list[int] = []
     built: list[RoundEngine] = []
 
-    def snapshot(_record: RoundRecord) -> None:
-        snapshots.append(built[0].weights.detach().cpu().double().numpy().copy())
+    def snapshot(record: RoundRecord) -> None:
+        rounds.append(record.round)
+        snapshots[1:] = [built[0].weights.detach().cpu().double().numpy().copy()]
 
     def build(transport: Any) -> RoundEngine:
         built.append(run.engine(transport, on_round=snapshot, resume=False))
@@ -449,12 +479,12 @@ def run_audit(
                 _cut_shares([inner.lane.runtime, runtime], engine, cut_shares)
             summary = engine.run()
     t_analysis = time.perf_counter()
-    result = _analyse(plan, directions, snapshots, recorder, run, confidence)
+    result = _analyse(plan, coordinates, snapshots, len(rounds), recorder, run, confidence)
     end = time.perf_counter()
     result["wall_s"] = round(end - start, 3)
-    # Where an audit's time goes (the cost of canaries: directions, the run, the scoring).
+    # Where an audit's time goes (the cost of canaries: their coordinates, the run, the scoring).
     result["timings_s"] = {
-        "directions": round(t_run - t_directions, 3),
+        "canaries": round(t_run - t_directions, 3),
         "run": round(t_analysis - t_run, 3),
         "analysis": round(end - t_analysis, 3),
     }
@@ -496,52 +526,55 @@ def write_audit_report(privacy_dir: Path, result: Mapping[str, Any]) -> None:
 
 def _analyse(
     plan: AuditPlan,
-    directions: np.ndarray,
+    coordinates: np.ndarray,
     snapshots: list[np.ndarray],
+    rounds: int,
     transport: CanaryTransport | CohortRecorder,
     run: RunLifecycle,
     confidence: float,
 ) -> dict[str, Any]:
-    deltas = [b - a for a, b in itertools.pairwise(snapshots)]
-    if not deltas:
+    if rounds == 0 or len(snapshots) < 2:
         raise AuditRefused("the audit run released no round: nothing to score")
     delta = plan.cfg.dp.delta
-    scores = {
-        "final_model": cosine_scores(directions, snapshots[-1] - snapshots[0]),
-        "all_rounds": max_round_scores(directions, deltas),
-    }
+    scores = projection_sums(coordinates, snapshots[0], snapshots[-1])
     inserted = plan.inserted
-    estimates, bounds = {}, {}
-    for name in VARIANTS:
-        s = scores[name]
-        if inserted.sum() >= 2 and (~inserted).sum() >= 2:
-            estimates[name] = estimate_epsilon(s[inserted], s[~inserted], delta).to_json()
-        bounds[name] = one_run_lower_bound(
-            s, inserted, confidence=1 - (1 - confidence) / len(VARIANTS)
-        ).to_json()
-    best_est = max(estimates, key=lambda k: estimates[k]["epsilon"], default=None)
-    best_lb = max(bounds, key=lambda k: bounds[k]["epsilon"])
+    m = int(inserted.size)
+    estimate = None
+    if inserted.sum() >= 2 and (~inserted).sum() >= 2:
+        estimate = estimate_epsilon(scores[inserted], scores[~inserted], delta).to_json()
     accounted = None if run.privacy is None else float(run.privacy.epsilon())
-    lower = float(bounds[best_lb]["epsilon"])
+    fdp: dict[str, Any] | None = None
+    if run.privacy is not None:
+        events, accountant = claim_of(run, plan.cfg)
+        fdp = fdp_audit(scores, inserted, events, delta, accountant, confidence=confidence)
+        fdp = fdp.to_json() | {"accountant": accountant}
+    steinke = one_run_lower_bound(
+        scores, inserted, confidence=confidence, delta=delta if run.privacy is not None else 0.0
+    ).to_json()
+    lower = float(fdp["lower_bound_epsilon"]) if fdp is not None else float(steinke["epsilon"])
+    refuted = fdp is not None and bool(fdp["refuted"])
     result: dict[str, Any] = {
         "audit": True,
         "accounted_epsilon": accounted,
         "delta": delta if run.privacy is not None else None,
-        "estimated_epsilon": None if best_est is None else estimates[best_est]["epsilon"],
-        "estimated_epsilon_interval": None if best_est is None else estimates[best_est]["interval"],
-        "estimated_variant": best_est,
+        "statistic": "sum over rounds of each Dirac canary's projection (final - initial)",
+        "estimated_epsilon": None if estimate is None else estimate["epsilon"],
+        "estimated_epsilon_interval": None if estimate is None else estimate["interval"],
+        "estimate": estimate,
         "lower_bound_epsilon": lower,
         "lower_bound_confidence": confidence,
-        "lower_bound_variant": best_lb,
-        "estimates": estimates,
-        "lower_bounds": bounds,
-        "canaries": int(inserted.size),
+        "lower_bound_method": "f-DP" if fdp is not None else "Steinke-Nasr-Jagielski",
+        "ceiling_epsilon": None if fdp is None else fdp["ceiling_epsilon"],
+        "fdp": fdp,
+        "steinke": steinke,
+        "canaries": m,
+        "canaries_supported": supported_canaries(int(snapshots[0].size)),
         "canaries_inserted": int(inserted.sum()),
         "canaries_held_out": int((~inserted).sum()),
         "users": plan.users,
         "sampling": plan.cfg.server.sampling,
         "sampling_rate": plan.rate,
-        "rounds": len(deltas),
+        "rounds": rounds,
         # Data-independent: the share a cohort holds in expectation (q is the same for
         # users and canaries). Realised cohorts reveal participation: see cohort_rows.
         "canary_share_expected": plan.population_canaries / (plan.users + plan.population_canaries),
@@ -549,11 +582,24 @@ def _analyse(
         # their noise share with a zero update.
         "held_out_canaries_take_part": plan.zero_out,
         "cohorts": cohort_rows(transport, plan),
-        "histograms": {name: _histograms(scores[name], inserted) for name in VARIANTS},
-        "refuted": accounted is not None and lower > accounted,
-        "verdict": verdict(accounted, lower),
+        "histograms": {"projection_sum": _histograms(scores, inserted)},
+        "refuted": refuted,
+        "verdict": verdict(accounted, fdp, steinke),
     }
     return result
+
+
+def claim_of(run: RunLifecycle, cfg: RunConfig) -> tuple[list[Any], str]:
+    """The ledger's claim as the audit tests it: the run's privacy events, and the
+    accountant whose profile gives the trade-off curve (the PLD for central DP wherever
+    it models the sampling, else the run's own sound accountant, e.g. skellam_rdp)."""
+    assert run.privacy is not None
+    budget = run.privacy.budget
+    events = list(budget.history)
+    sampling, neighbouring = events[0].sampling, events[0].neighbouring
+    if cfg.dp.mechanism == "central" and PLD in supported_accountants(sampling, neighbouring):
+        return events, PLD
+    return events, budget.accountant
 
 
 def cohort_rows(
@@ -575,21 +621,39 @@ def cohort_rows(
     return rows
 
 
-def verdict(accounted: float | None, lower: float) -> str:
-    """The audit's finding in one plain sentence."""
-    if accounted is None:
+def verdict(
+    accounted: float | None, fdp: Mapping[str, Any] | None, steinke: Mapping[str, Any]
+) -> str:
+    """The audit's finding in plain sentences: the f-DP test of the claim, and the most
+    this audit could ever refute."""
+    if accounted is None or fdp is None:
         return (
-            "no accounted epsilon: this run has no DP, so there is no claim to compare the "
-            f"estimate and the lower bound ({lower:.3g}) with"
+            "no accounted epsilon: this run has no DP, so there is no claim to test; the "
+            f"Steinke-Nasr-Jagielski lower bound is {float(steinke['epsilon']):.3g}"
         )
-    if lower > accounted:
+    level = f"{float(fdp['confidence']):.0%}"
+    seen = (
+        f"{fdp['correct']} of {fdp['guesses']} guesses right, which the claimed mechanism "
+        f"allows with probability at most {float(fdp['p_value']):.3g}"
+    )
+    ceiling = float(fdp["ceiling_epsilon"])
+    limit = f"this audit cannot refute any epsilon above {ceiling:.3g} with {fdp['canaries']} "
+    limit += "canaries"
+    if ceiling <= accounted:
+        limit += (
+            f", so it cannot refute this claim (epsilon {accounted:.3g}) whatever the "
+            "mechanism does: more canaries raise the ceiling"
+        )
+    if fdp["refuted"]:
         return (
-            f"REFUTED: the 95% lower bound {lower:.3g} exceeds the accounted epsilon "
-            f"{accounted:.3g}; the running mechanism does not deliver what the ledger claims"
+            f"REFUTED at {level}: {seen}; the running mechanism does not deliver the "
+            f"accounted epsilon {accounted:.3g} (it leaks at least as much as a claim of "
+            f"epsilon {float(fdp['lower_bound_epsilon']):.3g}). {limit[0].upper()}{limit[1:]}."
         )
     return (
-        f"consistent: the lower bound {lower:.3g} does not exceed the accounted epsilon "
-        f"{accounted:.3g}"
+        f"consistent at {level}: {seen} (the lower bound {float(fdp['lower_bound_epsilon']):.3g}"
+        f" does not exceed the accounted epsilon {accounted:.3g}). "
+        f"{limit[0].upper()}{limit[1:]}."
     )
 
 

@@ -282,19 +282,29 @@ def cmd_attack_model_inversion(args: argparse.Namespace) -> int:
 def _add_audit(psub: argparse._SubParsersAction) -> None:
     aud = psub.add_parser(
         "audit",
-        help="canary audit: the accounted epsilon next to an empirical estimate and a 95%% "
-        "lower bound; exit 1 when the bound refutes the claim",
+        help="canary audit: test the accounted epsilon's trade-off curve (f-DP, 99%%), "
+        "with the ceiling the canary count reaches; exit 1 when the claim is refuted",
         description="Run the config's training again in simulation with canary clients "
-        "(random unit updates at the clip norm, each inserted with probability 1/2), into "
-        "the audit's own run directory, and write privacy/audit.json there: the accounted "
-        "epsilon (an upper bound, from the ledger), the one-shot estimate (Andrew et al. "
-        "2024; not a bound) with its interval, and the one-run 95% lower bound (Steinke, "
-        "Nasr and Jagielski 2023; sound, but loose). Exit 0 when consistent (or no DP), 1 "
-        "when the lower bound exceeds the accounted epsilon.",
+        "(Dirac canaries: the clip norm on one coordinate each, each inserted with "
+        "probability 1/2), into the audit's own run directory, and write "
+        "privacy/audit.json there. The statistic, fixed in advance, is each canary's "
+        "projection summed over rounds; the auditor guesses 'inserted' for the quarter "
+        "of canaries with the highest and 'held out' for the quarter with the lowest. "
+        "Verdict: the one-run f-DP test (Mahloujifar, Melis and Chaudhuri 2025) of the "
+        "trade-off curve of the accountant's own privacy profile at the ledger's noise "
+        "and sampling, at 99%, with the lower bound it gives and the ceiling: no epsilon "
+        "above it can be refuted with this many canaries. Beside it: the Steinke, Nasr "
+        "and Jagielski 2023 bound with its delta term (conservative) and the one-shot "
+        "estimate (Andrew et al. 2024; not a bound). A model of d parameters supports at "
+        "most d canaries; more are refused. Exit 0 when consistent (or no DP), 1 when "
+        "refuted.",
     )
     aud.add_argument("--config", required=True, metavar="FILE", help="the run config (TOML)")
     aud.add_argument(
-        "--canaries", type=int, metavar="N", help="canaries (default: [audit] canaries, 1000)"
+        "--canaries",
+        type=int,
+        metavar="N",
+        help="canaries (default: [audit] canaries, 1000); at most the model's parameter count",
     )
     aud.add_argument(
         "--out",

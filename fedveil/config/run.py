@@ -347,8 +347,8 @@ class AuditSection:
         1000,
         lo=1,
         hi=1_000_000,
-        help="canaries, each inserted with probability 1/2 (the rest held out); the 95% "
-        "lower bound cannot exceed about 5.8 at 1000",
+        help="canaries, each inserted with probability 1/2 (the rest held out); at most the "
+        "model's parameter count; the audit prints the highest epsilon this many can refute",
     )
     out: str = spec("", help="the audit's own run directory; '': <out>-audit")
     target: str = spec(

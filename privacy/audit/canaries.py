@@ -1,10 +1,14 @@
-"""Canary directions and their scores against released model deltas.
+"""Dirac canaries: each canary's update is the clip norm on one coordinate of the model.
 
-A canary's update is a fixed random unit direction (Andrew et al., ICLR 2024, Sec. 3):
-in high dimension independent random directions are nearly orthogonal to each other and
-to the users' updates, so the cosine between a released delta and a canary measures how
-much of that canary the release carries. The directions come from a seed the auditor
-keeps secret; the seed itself comes from the OS CSPRNG (see `new_secret_seed`).
+Distinct coordinates make the canaries exactly separable (no canary leaks into another's
+statistic, however many there are), so a model of dimension d supports at most d of
+them; and a canary costs one integer, not a d-vector (the random unit directions of
+Andrew et al. held m x d floats: about 1.3 GB for 2,000 canaries on the CNN). The
+coordinates come from a seed the auditor keeps secret; the seed itself comes from the
+OS CSPRNG (see `new_secret_seed`).
+
+The statistic, fixed before the run: the sum over rounds of each canary's projection of
+the released update, i.e. its coordinate of the final model minus the initial one.
 """
 
 from __future__ import annotations
@@ -13,36 +17,36 @@ import secrets
 
 import numpy as np
 
+HELD_OUT = -1  # a zero-out canary's coordinate: it takes part with a zero update
+
 
 def new_secret_seed() -> int:
     """A 128-bit seed from the OS CSPRNG: the auditor's secret, never written to logs."""
     return secrets.randbits(128)
 
 
-def canary_directions(seed: int, count: int, dim: int) -> np.ndarray:
-    """`count` independent unit vectors in R^dim (rows), a function of `seed` only."""
+def supported_canaries(dim: int) -> int:
+    """How many Dirac canaries a model of `dim` parameters supports: one coordinate each."""
+    return dim
+
+
+def dirac_coordinates(seed: int, count: int, dim: int) -> np.ndarray:
+    """`count` distinct coordinates of R^dim, a function of `seed` only."""
     if count < 1:
         raise ValueError(f"canary count = {count}: must be >= 1")
     if dim < 1:
         raise ValueError(f"model dimension = {dim}: must be >= 1")
+    if count > supported_canaries(dim):
+        raise ValueError(
+            f"canary count = {count}: a model of {dim} parameters supports at most "
+            f"{supported_canaries(dim)} Dirac canaries (one coordinate each)"
+        )
     rng = np.random.default_rng(np.random.SeedSequence(seed))
-    gauss = rng.standard_normal((count, dim))
-    gauss /= np.linalg.norm(gauss, axis=1, keepdims=True)  # in place: no second copy
-    return gauss
+    return rng.choice(dim, size=count, replace=False).astype(np.int64)
 
 
-def cosine_scores(directions: np.ndarray, delta: np.ndarray) -> np.ndarray:
-    """cos(delta, c_i) for each canary row c_i (unit rows); 0 for a zero delta."""
-    norm = float(np.linalg.norm(delta))
-    if norm == 0.0:
-        return np.zeros(directions.shape[0])
-    return directions @ np.asarray(delta, dtype=np.float64) / norm
-
-
-def max_round_scores(directions: np.ndarray, deltas: list[np.ndarray]) -> np.ndarray:
-    """The all-rounds statistic: for each canary the largest cosine with any round's
-    released delta (Andrew et al., ICLR 2024, "all iterates" variant: the adversary who
-    sees every round's model takes the max over rounds)."""
-    if not deltas:
-        raise ValueError("no released rounds to score")
-    return np.max(np.stack([cosine_scores(directions, d) for d in deltas]), axis=0)
+def projection_sums(coordinates: np.ndarray, initial: np.ndarray, final: np.ndarray) -> np.ndarray:
+    """Each canary's statistic: the sum over rounds of the released updates' projections
+    on its coordinate, which telescopes to final - initial there."""
+    coordinates = np.asarray(coordinates, np.int64)
+    return np.asarray(final, np.float64)[coordinates] - np.asarray(initial, np.float64)[coordinates]

@@ -221,19 +221,27 @@ def _opacus_prv_epsilon(grouped: tuple[PrivacyEvent, ...], delta: float) -> floa
 
 
 def _pld_epsilon(grouped: tuple[PrivacyEvent, ...], delta: float) -> float:
+    return _finite_or_inf(composed_pld(grouped).get_epsilon_for_delta(delta))
+
+
+def composed_pld(events: Iterable[PrivacyEvent], discretization: float = PLD_DISCRETIZATION) -> Any:
+    """The composed dp-accounting PLD the 'pld' accountant computes epsilon from (its
+    privacy profile is what `fedveil.privacy.audit.tradeoff` audits against). A coarser
+    `discretization` is faster and, rounding pessimistically, still an upper bound."""
     # The PLD of each constant-parameter block is cached: when z varies per round
     # (distributed DP with dropouts) only the block that grew is rebuilt (~1 s), and
     # composing the cached blocks is a few FFTs.
     total = None
-    for event in grouped:
-        block = _pld_block(event)
+    for event in group_events(events):
+        block = _pld_block(event, discretization)
         total = block if total is None else total.compose(block)
-    assert total is not None
-    return _finite_or_inf(total.get_epsilon_for_delta(delta))
+    if total is None:
+        raise ValueError("no privacy events: nothing to compose")
+    return total
 
 
 @lru_cache(maxsize=64)
-def _pld_block(event: PrivacyEvent) -> Any:
+def _pld_block(event: PrivacyEvent, discretization: float = PLD_DISCRETIZATION) -> Any:
     from dp_accounting.pld import privacy_loss_distribution
 
     # The same constructions dp-accounting's PLDAccountant uses for (Poisson-sampled)
@@ -243,12 +251,12 @@ def _pld_block(event: PrivacyEvent) -> Any:
     if event.sampling_rate >= 1.0:
         return privacy_loss_distribution.from_gaussian_mechanism(
             standard_deviation=event.noise_multiplier / math.sqrt(event.steps),
-            value_discretization_interval=PLD_DISCRETIZATION,
+            value_discretization_interval=discretization,
             neighboring_relation=relation,
         )
     return privacy_loss_distribution.from_gaussian_mechanism(
         standard_deviation=event.noise_multiplier,
-        value_discretization_interval=PLD_DISCRETIZATION,
+        value_discretization_interval=discretization,
         sampling_prob=event.sampling_rate,
         neighboring_relation=relation,
     ).self_compose(event.steps)

@@ -338,8 +338,13 @@ def audit_html(section: Mapping[str, Any]) -> str:
             explained.get("estimated", ""),
         ),
         (
-            "Lower bound (95%)",
-            f"{float(section.get('lower_bound_epsilon') or 0.0):.4g}",
+            f"Lower bound (f-DP, {float(section.get('lower_bound_confidence') or 0.99):.0%})",
+            f"{float(section.get('lower_bound_epsilon') or 0.0):.4g}"
+            + (
+                ""
+                if section.get("ceiling_epsilon") is None
+                else f" (ceiling {float(section['ceiling_epsilon']):.3g})"
+            ),
             explained.get("lower_bound", ""),
         ),
     ]
@@ -365,7 +370,7 @@ def audit_html(section: Mapping[str, Any]) -> str:
             f'<table class="summary headline audit"><tr>{row}</tr></table>',
             f'<p class="{cls}"><b>{escape(str(section.get("verdict", "")))}</b></p>',
             f"<p>{escape(share_text)}</p>",
-            "<h3>Canary scores (cosine with the released model deltas)</h3>",
+            "<h3>Canary statistics (each canary's projection, summed over rounds)</h3>",
             *charts,
         ]
     )
@@ -374,9 +379,11 @@ def audit_html(section: Mapping[str, Any]) -> str:
 def _histogram_chart(name: str, hist: Mapping[str, Any]) -> str:
     edges = _floats(hist["edges"])
     centres = [(edges[i] + edges[i + 1]) / 2 for i in range(len(edges) - 1)]
-    title = {"final_model": "Final model", "all_rounds": "All rounds (max over rounds)"}.get(
-        name, name
-    )
+    title = {
+        "final_model": "Final model",
+        "all_rounds": "All rounds (max over rounds)",
+        "projection_sum": "Sum over rounds of the projection",
+    }.get(name, name)
     return line_chart(
         f"{title}: canary score histogram",
         centres,

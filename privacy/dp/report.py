@@ -405,10 +405,14 @@ AUDIT_EXPLAINED = {
     "inserted canaries are from held-out ones in the released models, read as a Gaussian "
     "test. Near the accounted figure means the noise is doing its job; far above it means "
     "something leaks more than claimed.",
-    "lower_bound": "A proven lower bound at 95% confidence (Steinke, Nasr and Jagielski "
-    "2023): an adversary guessing which canaries were inserted did this well. Sound, but "
-    "loose: it can only refute claims, and never exceeds about 5.8 with 1000 canaries. If "
-    "it exceeds the accounted epsilon, the running code does not deliver its claim.",
+    "lower_bound": "A proven lower bound at 99% confidence from the one-run f-DP audit "
+    "(Mahloujifar, Melis and Chaudhuri 2025): an adversary guessing which canaries were "
+    "inserted did this well, which no mechanism with less leakage than this epsilon's "
+    "(the run's own noise, scaled) allows. The test is against the accountant's own "
+    "trade-off curve; if it refutes it, the running code does not deliver its claim. It "
+    "can never exceed the ceiling the canary count reaches. The Steinke, Nasr and "
+    "Jagielski bound (delta term included) is reported beside it as a second, "
+    "conservative line.",
 }
 
 
@@ -421,6 +425,9 @@ def audit_section(audit: Mapping[str, Any]) -> dict[str, Any]:
         "estimated_epsilon": audit.get("estimated_epsilon"),
         "estimated_epsilon_interval": interval,
         "lower_bound_epsilon": audit.get("lower_bound_epsilon"),
+        "lower_bound_confidence": audit.get("lower_bound_confidence"),
+        "ceiling_epsilon": audit.get("ceiling_epsilon"),
+        "steinke_lower_bound_epsilon": (audit.get("steinke") or {}).get("epsilon"),
         "delta": audit.get("delta"),
         "explained": dict(AUDIT_EXPLAINED),
         "verdict": audit.get("verdict"),
@@ -448,8 +455,9 @@ def audit_lines(audit: Mapping[str, Any]) -> list[str]:
             else f"{estimate:.4g}"
             + ("" if not interval else f" (95% interval {interval[0]:.3g} to {interval[1]:.3g})")
         ),
-        f"lower bound (95% confidence): {audit.get('lower_bound_epsilon', 0.0):.4g}",
-        f"canaries: {audit.get('canaries')} ({audit.get('canaries_inserted')} inserted); "
+        *_bound_lines(audit),
+        f"canaries: {audit.get('canaries')} ({audit.get('canaries_inserted')} inserted; the "
+        f"model supports up to {audit.get('canaries_supported')}); "
         + (
             f"canary share of cohorts {min(shares):.1%} to {max(shares):.1%}"
             if shares
@@ -458,6 +466,28 @@ def audit_lines(audit: Mapping[str, Any]) -> list[str]:
         ),
         str(audit.get("verdict", "")),
     ]
+    return lines
+
+
+def _bound_lines(audit: Mapping[str, Any]) -> list[str]:
+    level = f"{float(audit.get('lower_bound_confidence') or 0.99):.0%}"
+    steinke = audit.get("steinke") or {}
+    lines = []
+    fdp = audit.get("fdp")
+    if fdp:
+        lines.append(
+            f"f-DP test of the claim ({level}): {fdp['correct']} of {fdp['guesses']} guesses "
+            f"right, p <= {float(fdp['p_value']):.3g}; lower bound "
+            f"{float(audit.get('lower_bound_epsilon') or 0.0):.4g}"
+        )
+        lines.append(
+            f"ceiling: this audit cannot refute any epsilon above "
+            f"{float(fdp['ceiling_epsilon']):.4g} with {fdp['canaries']} canaries"
+        )
+    lines.append(
+        f"Steinke-Nasr-Jagielski lower bound ({level}, delta term included): "
+        f"{float(steinke.get('epsilon', 0.0)):.4g}"
+    )
     return lines
 
 

@@ -69,7 +69,7 @@ def test_an_honest_run_is_not_refuted_and_its_dir_is_marked_an_audit(tmp_path):
     public = json.loads((out / "privacy" / "report.json").read_text())
     assert public["audit"]["cohorts"] == []
     assert '"canary_share":' not in (out / "privacy" / "audit.json").read_text()
-    hist = result["histograms"]["final_model"]
+    hist = result["histograms"]["projection_sum"]
     assert sum(hist["inserted"]) == inserted and sum(hist["held_out"]) == 300 - inserted
 
 
@@ -147,14 +147,15 @@ def test_cli_audit_of_a_run_without_dp_exits_0_and_writes_the_report(tmp_path, c
     code = main(["privacy", "audit", "--config", str(toml), "--canaries", "30"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "none: this run has no DP" in out and "lower bound (95% confidence)" in out
+    assert "none: this run has no DP" in out
+    assert "Steinke-Nasr-Jagielski lower bound (99%, delta term included)" in out
     audit_dir = tmp_path / "run-audit"  # the default: <out>-audit, never the run's own
     assert (audit_dir / "privacy" / "audit.json").exists()
     assert not (tmp_path / "run").exists()
     report = json.loads((audit_dir / "privacy" / "report.json").read_text())
     assert report["audit"]["accounted_epsilon"] is None
     html = (audit_dir / "privacy" / "report.html").read_text()
-    assert "Canary audit: three epsilons" in html and html.count("<svg") == 2
+    assert "Canary audit: three epsilons" in html and html.count("<svg") == 1
 
 
 def test_cli_audit_refutes_a_mechanism_without_noise_and_exits_1(tmp_path, capsys):
@@ -168,14 +169,37 @@ def test_cli_audit_refutes_a_mechanism_without_noise_and_exits_1(tmp_path, capsy
     code = cmd_audit(args, mechanism=AuditMechanism(noise_scale=0.0))
     captured = capsys.readouterr()
     assert code == 1
-    assert "REFUTED" in captured.err and "exceeds the accounted epsilon" in captured.err
+    assert "REFUTED at 99%" in captured.err and "150 of 150 guesses right" in captured.err
+    assert "f-DP test of the claim (99%)" in captured.out and "ceiling:" in captured.out
     report = json.loads((tmp_path / "audit" / "privacy" / "report.json").read_text())
     assert report["audit"]["refuted"] is True
     assert report["audit"]["lower_bound_epsilon"] > report["audit"]["accounted_epsilon"]
     assert report["audit"]["estimated_epsilon"] > 10  # the estimate sees it too
     assert "budget_epsilon" in report, "joined to the audit run's own DP report"
     html = (tmp_path / "audit" / "privacy" / "report.html").read_text()
-    assert "Lower bound (95%)" in html and 'class="bad"' in html
+    assert "Lower bound (f-DP, 99%)" in html and 'class="bad"' in html
+
+
+def test_more_canaries_than_the_model_can_keep_apart_are_refused(tmp_path, capsys):
+    """Issue 28: 2,000 canaries on a 610-parameter logistic regression interfered and
+    passed a mechanism with 1000x too little noise. A canary needs a coordinate of its
+    own: the tiny task's 195 parameters support 195, and the refusal says so."""
+    from fedveil.cli.main import main
+
+    values = {
+        "model.task": "tiny_task:make",
+        "data.num_clients": 12,
+        "server.per_round": 6,
+        "server.rounds": 2,
+        "device": "cpu",
+        "out": str(tmp_path / "run"),
+    }
+    toml = write_toml(tmp_path / "run.toml", values)
+    code = main(["privacy", "audit", "--config", str(toml), "--canaries", "196"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "audit.canaries = 196" in err and "supports at most 195 canaries" in err
+    assert not (tmp_path / "run-audit" / "privacy" / "audit.json").exists()
 
 
 def test_cli_refuses_zero_canaries_naming_the_field(tmp_path, capsys):
@@ -314,3 +338,24 @@ def test_a_distributed_dp_audit_on_flower_sums_the_held_out_canaries_shares(tmp_
         assert cohort["users"] + cohort["canaries"] == 16 == record["cohort_aggregated"]
         assert record["dropped"] == 0 and cohort["canaries_held_out"] <= cohort["canaries"]
     assert sum(c["canaries_held_out"] for c in cohorts) > 0
+
+
+def test_the_verdict_says_when_the_canary_count_cannot_refute_the_claim():
+    from fedveil.simulations.audit import verdict
+
+    fdp = {
+        "confidence": 0.99,
+        "correct": 500,
+        "guesses": 500,
+        "p_value": 0.2,
+        "ceiling_epsilon": 5.1,
+        "canaries": 1000,
+        "refuted": False,
+        "lower_bound_epsilon": 5.1,
+    }
+    text = verdict(8.0, fdp, {"epsilon": 4.6})
+    assert text.startswith("consistent at 99%")
+    assert "cannot refute any epsilon above 5.1 with 1000 canaries" in text
+    assert "so it cannot refute this claim (epsilon 8)" in text
+    refuted = verdict(8.0, {**fdp, "ceiling_epsilon": 9.8, "refuted": True, "p_value": 0.002}, {})
+    assert refuted.startswith("REFUTED at 99%") and "cannot refute this claim" not in refuted

@@ -7,12 +7,11 @@ import pytest
 from scipy.stats import norm
 
 from fedveil.privacy.audit import (
-    canary_directions,
-    cosine_scores,
+    dirac_coordinates,
     estimate_epsilon,
     gaussian_pair_epsilon,
     hockey_stick,
-    max_round_scores,
+    projection_sums,
 )
 
 
@@ -56,23 +55,23 @@ def test_estimate_recovers_a_known_gaussian_mechanism_with_an_interval():
     assert nothing.epsilon_unequal_variance > nothing.epsilon
 
 
-def test_canaries_are_unit_seeded_and_nearly_orthogonal():
-    a = canary_directions(7, 50, 4000)
-    assert np.allclose(np.linalg.norm(a, axis=1), 1.0)
-    assert np.array_equal(a, canary_directions(7, 50, 4000))
-    assert not np.array_equal(a, canary_directions(8, 50, 4000))
-    gram = a @ a.T - np.eye(50)
-    assert np.abs(gram).max() < 0.1
+def test_dirac_canaries_are_seeded_distinct_and_at_most_one_per_coordinate():
+    a = dirac_coordinates(7, 50, 4000)
+    assert len(set(a.tolist())) == 50 and a.min() >= 0 and a.max() < 4000
+    assert np.array_equal(a, dirac_coordinates(7, 50, 4000))
+    assert not np.array_equal(a, dirac_coordinates(8, 50, 4000))
+    assert len(set(dirac_coordinates(1, 610, 610).tolist())) == 610
+    with pytest.raises(ValueError, match="supports at most 610 Dirac canaries"):
+        dirac_coordinates(1, 2000, 610)
 
 
-def test_scores_find_the_inserted_canaries():
-    c = canary_directions(3, 20, 2000)
-    delta = c[:10].sum(axis=0)
-    scores = cosine_scores(c, delta)
-    assert scores[:10].min() > scores[10:].max()
-    per_round = max_round_scores(c, [c[0], c[1]])
-    assert per_round[0] == pytest.approx(1.0) and per_round[1] == pytest.approx(1.0)
-    assert np.all(cosine_scores(c, np.zeros(2000)) == 0)
+def test_the_statistic_finds_the_inserted_canaries_without_interference():
+    c = dirac_coordinates(3, 20, 2000)
+    initial = np.zeros(2000)
+    final = initial.copy()
+    final[c[:10]] += 1.0  # the inserted canaries, summed over rounds
+    scores = projection_sums(c, initial, final)
+    assert np.array_equal(scores, [1.0] * 10 + [0.0] * 10)
 
 
 def test_the_bootstraps_fast_equal_variance_path_is_the_general_one_bit_for_bit():

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from fedveil.privacy.audit import binomial_epsilon_bound, one_run_lower_bound
+from fedveil.privacy.audit import binomial_epsilon_bound, one_run_lower_bound, steinke_tail
 
 
 def test_all_guesses_right_at_1000_gives_about_5_8():
@@ -42,9 +42,27 @@ def test_random_scores_give_about_zero_and_perfect_scores_the_maximum():
     random = one_run_lower_bound(rng.standard_normal(1000), included)
     assert random.epsilon < 0.5
     perfect = one_run_lower_bound(included.astype(float) + 0.01 * rng.random(1000), included)
-    # Perfect separation: all guesses right; the Bonferroni factor costs a little.
-    assert perfect.correct == perfect.guesses
-    assert 4.5 < perfect.epsilon < 5.9
+    # Perfect separation: all 500 guesses (a quarter each way) right, at 99%.
+    assert perfect.correct == perfect.guesses == 500
+    assert perfect.epsilon == pytest.approx(binomial_epsilon_bound(500, 500, 0.01))
+
+
+def test_the_delta_term_is_included_and_caps_what_more_canaries_reach():
+    # Issue 28: with p = beta + 2 m delta alpha, perfect guessing at delta = 1e-5 and 99%
+    # reaches about 5.9 at 5,000 canaries and no more at 15,000 (the term grows with m),
+    # where the pure-DP statement would claim 7.4: the bound never gets to epsilon 8.
+    reached = {}
+    for m in (5000, 15000):
+        pure = binomial_epsilon_bound(m // 2, m // 2, 0.01)
+        reached[m] = binomial_epsilon_bound(m // 2, m // 2, 0.01, canaries=m, delta=1e-5)
+        assert reached[m] < pure
+        tail = steinke_tail(reached[m], m // 2, m // 2, m, 1e-5)
+        assert tail <= 0.01 < steinke_tail(reached[m] + 1e-3, m // 2, m // 2, m, 1e-5)
+    assert pure > 7.0
+    assert 5.5 < reached[5000] < 6.0 and reached[15000] < 6.0
+    included = np.arange(2000) % 2 == 0
+    bound = one_run_lower_bound(included.astype(float), included, delta=1e-5)
+    assert bound.to_json()["delta_used"] == 1e-5 and bound.epsilon < 5.5
 
 
 def test_a_lower_bound_never_exceeds_a_true_mechanisms_epsilon_by_much():
