@@ -147,6 +147,15 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
         "--min-dp-noise", type=float, default=0.0, help="refuse rounds with less local DP noise"
     )
     g.add_argument(
+        "--max-own-share-epsilon",
+        type=float,
+        default=0.0,
+        help="under distributed DP, refuse rounds that would bring this device's "
+        "own-share-only epsilon against the coordinator (its own noise share alone: the "
+        "figure if every other cohort member is the coordinator's) above this (0: no cap; "
+        "the figure is logged either way)",
+    )
+    g.add_argument(
         "--max-local-epochs", type=int, default=0, help="cap local epochs per round (0: none)"
     )
     g.add_argument(
@@ -218,6 +227,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         max_local_steps=args.max_local_steps,
         max_train_seconds=args.max_train_seconds,
         allow_apps=tuple(args.allow_app),
+        max_own_share_epsilon=args.max_own_share_epsilon,
     )
     state = Path(args.state_dir or Path.home() / ".fedveil" / "client").expanduser()
     _service_logging(None, "client")
