@@ -23,7 +23,6 @@ the field, what the request asked and what the plan says; it comes before any tr
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -91,10 +90,9 @@ class PinnedPlan:
             )
         check_skellam_params(SkellamEncoding.requested_params(msg), self.plan.params)
         clip = config.get(F.CLIP_NORM, _MISSING)
+        # Exactly dp.clip: both sides read it from the same config text (a NaN is unequal).
         same_clip = (
-            isinstance(clip, (int, float))
-            and not isinstance(clip, bool)
-            and math.isclose(clip, self.clip_norm, rel_tol=1e-9, abs_tol=0.0)
+            isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip == self.clip_norm
         )
         if not same_clip:
             raise PlanRefusal(

@@ -233,7 +233,7 @@ class ClientRuntime:
     def _train_update(self, client_id: int, msg: Envelope) -> tuple[dict[str, Any], torch.Tensor]:
         """Train on the client's data; the reply fields and the (clipped) update."""
         hp = parse_training(msg)
-        seed = msg.get(F.SEED, int)
+        seed = request_int(msg.config, F.SEED, at_least=0, where=f"{msg.kind} message")
         global_vector = self._global(msg)
         data = self.task.client_data(client_id)
         where = f"{msg.kind} message"

@@ -11,6 +11,7 @@ import torch
 import tiny_task
 from fedveil.client.runtime import ClientRuntime
 from fedveil.config import RunConfig
+from fedveil.privacy.encodings import QuantizedEncoding
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.numbers import request_int, request_number
 
@@ -73,3 +74,15 @@ def test_the_client_runtime_refuses_a_non_number_naming_it(field, value):
     with pytest.raises(MessageError, match=f"field '{field}' = {value!r}"):
         runtime.handle(0, msg, {})
     assert math.isfinite(runtime.handle(0, train_request(), {}).config["loss"])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("enc.clip_range", NAN), ("enc.clip_range", INF), ("enc.levels", 1), ("enc.max_weight", 0)],
+)
+def test_the_quantized_encoding_a_client_rebuilds_refuses_a_non_number(field, value):
+    config = {"enc.clip_range": 1.0, "enc.levels": 16, "enc.max_clients": 4, "enc.max_weight": 1}
+    assert QuantizedEncoding.from_request(Envelope("secagg.masked_input", 1, config)).levels == 16
+    msg = Envelope("secagg.masked_input", 1, {**config, field: value})
+    with pytest.raises(MessageError, match=f"field '{field}' = {value!r}"):
+        QuantizedEncoding.from_request(msg)

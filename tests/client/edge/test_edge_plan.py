@@ -160,6 +160,9 @@ def test_a_device_refuses_a_masked_input_that_is_not_its_plan(name):
         assert_refused(send(edges[cid], msg, config), *named)
         honest = send(edges[cid], honest_masked_input(request, plan), config)
         assert not honest.has_error(), honest.error.reason
+        # Only the masked Skellam vector leaves: no loss, example count or weight beside it.
+        sent = from_content(honest.content)
+        assert all(key.startswith(F.SA) for key in [*sent.config, *sent.arrays]), sent.config
 
 
 def test_a_device_refuses_a_plain_train_under_distributed_dp():
