@@ -7,7 +7,6 @@ are thin adapters around it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -34,10 +33,13 @@ from fedveil.privacy.secagg.identity import ClientIdentity
 from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.kinds import SECAGG, Kind
+from fedveil.protocol.numbers import request_int, request_number
 from fedveil.protocol.riders import detach, join_replies
 from fedveil.tasks import Task
 
 if TYPE_CHECKING:
+    from fedveil.client.own_share import OwnShareAccount
+    from fedveil.client.plan_pin import PinnedPlan
     from fedveil.config import RunConfig
     from fedveil.privacy.dp.plan import DistributedDpPlan
 
@@ -52,14 +54,29 @@ def client_generator(seed: int, round_num: int, client_id: int) -> torch.Generat
     return g
 
 
+# The hyper-parameters' limits (as the run config's validator has them for the server): a
+# request outside them, or with a non-number, is refused naming the field.
+_TRAINING_LIMITS: dict[str, dict[str, Any]] = {
+    F.LOCAL_EPOCHS: {"at_least": 0},
+    F.LOCAL_STEPS: {"at_least": 0},
+    F.BATCH_SIZE: {"at_least": 1},
+    F.LR: {"above": 0.0},
+    F.MOMENTUM: {"at_least": 0.0, "at_most": 1.0},
+    F.WEIGHT_DECAY: {"at_least": 0.0},
+    F.PROX_MU: {"at_least": 0.0},
+}
+
+
 def parse_training(msg: Envelope) -> LocalTraining:
     values: dict[str, Any] = {}
+    where = f"{msg.kind} message"
     for key, kind in TRAIN_FIELDS:
-        v = msg.get(key, (int, float) if kind is float else int)
-        values[key] = kind(v)
+        limits = _TRAINING_LIMITS.get(key, {})
+        if kind is int:
+            values[key] = request_int(msg.config, key, where=where, **limits)
+        else:
+            values[key] = request_number(msg.config, key, where=where, **limits)
     hp = LocalTraining(**values)
-    if hp.batch_size < 1 or hp.lr <= 0 or hp.local_epochs < 0 or hp.local_steps < 0:
-        raise MessageError(f"train message: hyper-parameters out of range: {hp}")
     if hp.local_epochs == 0 and hp.local_steps == 0:
         raise MessageError("train message: local_epochs and local_steps are both 0")
     return hp
@@ -77,8 +94,11 @@ class ClientRuntime:
     `flower_run_id`): secure-aggregation sessions naming another run are refused.
     `run_config` is the run's config as this client holds it (in simulation the run's own,
     on a device the one it accepted): under distributed DP the client computes the run's
-    noise-share parameters and survivor floor from it, refuses a server that asks for
-    others, and reveals no unmasking share below that floor. `trainer` runs local training
+    noise-share parameters and survivor floor from it, refuses any request that is not
+    that plan (client/plan_pin.py: encoding, noise, clip, weighting, kind), and reveals
+    no unmasking share below that floor. `max_own_share_epsilon`: refuse a masked input
+    that would bring a client's own-share-only epsilon against the coordinator above
+    this (client/own_share.py; None: no cap). `trainer` runs local training
     (the in-process engine passes one that hands back results it computed for several
     clients at once: same signature, same arithmetic). `dp_sgd_budget`: a device's own
     DP-SGD accounting (client/dpsgd_budget.py), charged before each DP-SGD round."""
@@ -94,6 +114,7 @@ class ClientRuntime:
         on_ledger_head: Callable[[str], None] | None = None,
         trainer: Trainer = train_local,
         dp_sgd_budget: DpSgdBudget | None = None,
+        max_own_share_epsilon: float | None = None,
     ) -> None:
         self.task = task
         self.identities = identities
@@ -102,6 +123,10 @@ class ClientRuntime:
         # Receives the privacy-ledger head a request carries (a device keeps it as a witness).
         self.on_ledger_head = on_ledger_head
         self._dp_plan: DistributedDpPlan | None = None
+        self._pin: PinnedPlan | None = None
+        # Under distributed DP: each client's own-share-only epsilon, capped (client/own_share.py).
+        self.max_own_share_epsilon = max_own_share_epsilon
+        self.own_share: OwnShareAccount | None = None
         self.model = FlatModel(task.model_fn(), device)
         self.trainer = trainer
         self.dp_sgd_budget = dp_sgd_budget
@@ -131,13 +156,13 @@ class ClientRuntime:
                 self.on_ledger_head(head)
             except ValueError as exc:
                 raise MessageError(str(exc)) from None
+        self._enforce_plan(client_id, msg)
         if msg.kind == Kind.HELLO:
             hello = {F.CLIENT_ID: client_id, F.SIZE: self.model.size}
             return Envelope(Kind.HELLO, msg.round, hello)
         if msg.kind == Kind.TRAIN:
             return self._train(client_id, msg)
         if msg.kind == Kind.EVALUATE:
-            self._refuse_clear_evaluation()
             return self._evaluate(client_id, msg)
         if msg.kind.startswith(SECAGG):
             from fedveil.client.secagg_stages import handle_secagg
@@ -156,6 +181,37 @@ class ClientRuntime:
             )
         raise MessageError(f"unknown message kind {msg.kind!r}")
 
+    def _enforce_plan(self, client_id: int, msg: Envelope) -> None:
+        """Under distributed DP, refuse what is not the plan this client holds, whatever the
+        request says (client/plan_pin.py), and a masked input past its own-share cap."""
+        if self.run_config is None or self.run_config.dp.mechanism != "distributed":
+            return
+        from fedveil.client.plan_pin import refuse_in_the_clear
+
+        refuse_in_the_clear(msg)
+        if msg.kind == Kind.SECAGG_MASKED_INPUT:
+            pin = self.pinned_plan()
+            assert pin is not None and self.own_share is not None
+            pin.check_masked_input(msg)
+            self.own_share.admit(client_id)
+
+    def pinned_plan(self) -> PinnedPlan | None:
+        """The distributed-DP plan this client holds and checks every request against
+        (None: the run is not distributed DP, or this client was given no run config)."""
+        plan = self.distributed_dp_plan()
+        if plan is None:
+            return None
+        if self._pin is None:
+            from fedveil.client.own_share import OwnShareAccount
+            from fedveil.client.plan_pin import PinnedPlan
+
+            assert self.run_config is not None
+            self.own_share = OwnShareAccount(
+                plan, self.run_config.dp.delta, self.max_own_share_epsilon
+            )
+            self._pin = PinnedPlan(plan, float(self.run_config.dp.clip))
+        return self._pin
+
     def distributed_dp_plan(self) -> DistributedDpPlan | None:
         """The run's distributed-DP plan as this client computes it from its own run config
         (once per run); None when the run is not distributed DP or no config was given."""
@@ -173,19 +229,6 @@ class ClientRuntime:
                 raise MessageError(f"this client's distributed-DP plan: {exc}") from None
         return self._dp_plan
 
-    def _refuse_clear_evaluation(self) -> None:
-        """Under distributed DP no plain evaluation leaves this client, whatever the server
-        asks: the epsilon stated against the coordinator assumes it sees only sums carrying
-        honest clients' noise, and a plain reply is this client's own accuracy and loss."""
-        cfg = self.run_config
-        if cfg is not None and cfg.dp.mechanism == "distributed":
-            raise MessageError(
-                "this client's run has dp.mechanism = 'distributed' (in the run config it "
-                "accepted): a plain evaluate request would hand the coordinator its "
-                "held-out accuracy, loss and example count in the clear, outside the "
-                "epsilon stated against the coordinator, so it is refused"
-            )
-
     def _global(self, msg: Envelope) -> torch.Tensor:
         return msg.tensor(F.MODEL, numel=self.model.size)
 
@@ -196,12 +239,16 @@ class ClientRuntime:
     def _train_update(self, client_id: int, msg: Envelope) -> tuple[dict[str, Any], torch.Tensor]:
         """Train on the client's data; the reply fields and the (clipped) update."""
         hp = parse_training(msg)
-        seed = msg.get(F.SEED, int)
+        seed = request_int(msg.config, F.SEED, at_least=0, where=f"{msg.kind} message")
         global_vector = self._global(msg)
         data = self.task.client_data(client_id)
-        dp_noise = float(msg.config.get(F.DP_SGD_NOISE, 0.0) or 0.0)
+        where = f"{msg.kind} message"
+        # A NaN must not switch DP-SGD off: the noise is a finite number >= 0 or refused.
+        dp_noise = request_number(
+            msg.config, F.DP_SGD_NOISE, at_least=0.0, default=0.0, where=where
+        )
         if dp_noise > 0:
-            clip = float(msg.get(F.DP_SGD_CLIP, (int, float)))
+            clip = request_number(msg.config, F.DP_SGD_CLIP, above=0.0, where=where)
             reply = dp_sgd_reply(msg.config)  # refuses example weighting before training
             if self.dp_sgd_budget is not None:  # charged from this client's own n
                 rate, steps = dp_sgd_plan(hp, len(data))
@@ -240,9 +287,7 @@ class ClientRuntime:
                 F.LOSS: result.loss,
                 F.STEPS: result.steps,
             }
-        clip = float(msg.config.get(F.CLIP_NORM, 0.0) or 0.0)
-        if clip < 0 or not math.isfinite(clip):
-            raise MessageError(f"train message: clip_norm = {clip}: must be a finite number >= 0")
+        clip = request_number(msg.config, F.CLIP_NORM, at_least=0.0, default=0.0, where=where)
         if clip > 0:
             # User-level DP: the update's L2 norm is bounded by C on the client, because
             # the server may only ever see the sum. The one clip of the update: encoders
@@ -290,7 +335,7 @@ class ClientRuntime:
         """(accuracy, loss clipped to the request's cap and scaled) in [0, 1]^2 with weight 1,
         clamped here whatever the request says: one client moves the secure sum by a vector of
         L2 norm <= sqrt(3) (privacy/dp/evaluation.py). Nothing else leaves the client."""
-        cap = float(msg.get(F.EVAL_LOSS_CAP, (int, float)))
+        cap = request_number(msg.config, F.EVAL_LOSS_CAP, above=0.0, where="evaluation")
         loss, acc, n = self._local_evaluation(client_id, msg)
         if n == 0:
             raise MessageError("evaluation: this client holds no examples to evaluate on")

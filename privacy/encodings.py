@@ -37,6 +37,7 @@ from fedveil.protocol.fields import (
     UNCLIPPED,
     WEIGHT,
 )
+from fedveil.protocol.numbers import request_int, request_number
 
 from .dp import SkellamEncoder, SkellamParams
 from .secagg import Quantizer, SecAggAborted
@@ -127,10 +128,10 @@ class QuantizedEncoding:
     @classmethod
     def from_request(cls, msg: Envelope) -> QuantizedEncoding:
         return cls(
-            clip_range=float(msg.get(CLIP_RANGE, (int, float))),
-            levels=msg.get(LEVELS, int),
-            max_clients=msg.get(MAX_CLIENTS, int),
-            max_weight=msg.get(MAX_WEIGHT, int),
+            clip_range=request_number(msg.config, CLIP_RANGE, above=0.0, where=msg.kind),
+            levels=request_int(msg.config, LEVELS, at_least=2, where=msg.kind),
+            max_clients=request_int(msg.config, MAX_CLIENTS, at_least=1, where=msg.kind),
+            max_weight=request_int(msg.config, MAX_WEIGHT, at_least=1, where=msg.kind),
         )
 
     def encode(
@@ -206,7 +207,7 @@ class SkellamEncoding:
     @classmethod
     def from_request(cls, msg: Envelope, params: SkellamParams) -> SkellamEncoding:
         """The request's encoding with `params`: the client's own, never the server's."""
-        return cls(params, msg.get(ROTATION_SEED, int))
+        return cls(params, request_int(msg.config, ROTATION_SEED, at_least=0, where=msg.kind))
 
     def encode(self, vector: np.ndarray) -> np.ndarray:
         return SkellamEncoder(self.params, self.rotation_seed).encode(vector)

@@ -12,11 +12,17 @@ Either is checked, and capped, before any training:
   <= this bound (`clip_norm` in the request, as DP rounds ask), so this
   device's influence on any release is bounded whatever the server does.
 - min_dp_noise: refuse rounds whose local DP-SGD noise multiplier
-  (`dp_sgd_noise`, from the run's client.dp_sgd_noise) is below this level.
+  (`dp_sgd_noise`, from the run's client.dp_sgd_noise) is below this level, or is not a
+  finite number (NaN, infinity, missing, a string: fedveil.protocol.numbers, whose
+  checks a non-number fails).
 - max_dp_epsilon: the device's own cap on its example-level DP-SGD epsilon, composed
   over every round it trained (client/dpsgd_budget.py, at delta dp_delta): a training
   request without DP-SGD noise (its epsilon is unbounded) is refused here, and a DP-SGD
   round that would take the device past the cap is refused before training.
+- max_own_share_epsilon: under distributed DP, refuse a masked input that would bring
+  this device's own-share-only epsilon against the coordinator (its own Skellam share
+  alone: the figure if every other cohort member is the coordinator's) above this cap
+  (client/own_share.py; 0: no cap, the figure is still logged).
 - max_local_epochs / max_local_steps: cap the work of one round.
 - max_train_seconds: cap one round's local training time; steps are capped
   from the measured time per step (a probe step before the first round).
@@ -34,9 +40,10 @@ A masked-input stage that asks for an evaluation (a DP drift evaluation) trains
 nothing: the device sends its own accuracy and capped loss, each clamped to
 [0, 1] with weight 1, so none of the training checks apply to it.
 Under distributed DP (the run config the device accepted says dp.mechanism =
-'distributed') every client refuses a plain `evaluate` whatever its flags
-(client/runtime.py): the epsilon stated against the coordinator assumes it sees only
-noised sums.
+'distributed') every client refuses, whatever its flags, a plain `train` or `evaluate`
+and any masked input that is not the plan it computed from that config (encoding, noise
+parameters, clip, weighting, kind: client/plan_pin.py): the epsilon stated against the
+coordinator assumes it sees only sums carrying the plan's noise shares.
 A rider (the next round's key stage riding on this round's message, protocol/riders.py)
 may only be a key, consistency or unmasking stage: nothing that computes on this
 device's data rides past the checks of `apply`, which see the request's own kind.
@@ -47,6 +54,7 @@ drops it from that round, and the device stays connected for the next one.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fedveil.client.dpsgd_budget import DEFAULT_DELTA
@@ -54,6 +62,7 @@ from fedveil.protocol.deployment import CLIENTAPP_REF, FAB_ID
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import BATCH_SIZE, CLIP_NORM, DP_SGD_NOISE, LOCAL_EPOCHS, LOCAL_STEPS
 from fedveil.protocol.kinds import MESSAGE_KINDS, Kind, trains
+from fedveil.protocol.numbers import request_int, request_number
 from fedveil.protocol.riders import detach
 
 
@@ -73,6 +82,7 @@ class LocalPolicy:
     max_train_seconds: float = 0.0
     allow_apps: tuple[str, ...] = ()  # FAB ids allowed besides FAB_ID
     max_model_parameters: int = 20_000_000  # a run's built-in model, counted before it is built
+    max_own_share_epsilon: float = 0.0  # 0: no cap (client/own_share.py)
 
     def __post_init__(self) -> None:
         for app in self.allow_apps:
@@ -83,7 +93,8 @@ class LocalPolicy:
                 )
         if not (0 < self.dp_delta < 1):
             raise ValueError(f"dp_delta = {self.dp_delta!r}: must be in (0, 1)")
-        for name in ("min_dp_noise", "max_train_seconds", "max_clip_norm", "max_dp_epsilon"):
+        caps = ("min_dp_noise", "max_train_seconds", "max_clip_norm", "max_dp_epsilon")
+        for name in (*caps, "max_own_share_epsilon"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} = {v!r}: must be a finite number >= 0")
@@ -111,6 +122,8 @@ class LocalPolicy:
             parts.append(f"<= {self.max_local_steps} local steps")
         if self.max_train_seconds:
             parts.append(f"<= {self.max_train_seconds:g} s of training")
+        if self.max_own_share_epsilon:
+            parts.append(f"own-share-only epsilon <= {self.max_own_share_epsilon:g}")
         if self.allow_apps:
             parts.append(f"also runs apps {', '.join(self.allow_apps)}")
         return ", ".join(parts) or "none"
@@ -171,24 +184,23 @@ class LocalPolicy:
                 "the server asked for an update in the clear"
             )
         if self.max_clip_norm > 0:
-            clip = config.get(CLIP_NORM)
-            ok = isinstance(clip, (int, float)) and not isinstance(clip, bool)
-            if not ok or not 0 < clip <= self.max_clip_norm:
-                raise PolicyRefusal(
-                    f"local policy: this device sends only updates clipped to L2 norm <= "
-                    f"{self.max_clip_norm:g}; the server asked for clip_norm = {clip!r}"
-                )
+            _policy_number(
+                config,
+                CLIP_NORM,
+                "this device sends only updates clipped to an L2 norm in "
+                f"(0, {self.max_clip_norm:g}] (--max-clip-norm)",
+                above=0.0,
+                at_most=self.max_clip_norm,
+            )
         if self.min_dp_noise > 0:
-            noise = config.get(DP_SGD_NOISE)
-            if (
-                not isinstance(noise, (int, float))
-                or isinstance(noise, bool)
-                or noise < self.min_dp_noise
-            ):
-                raise PolicyRefusal(
-                    f"local policy: local DP noise multiplier {noise!r} is below this "
-                    f"device's minimum {self.min_dp_noise}"
-                )
+            # A NaN, an infinity, a string or a missing field fails this check too.
+            _policy_number(
+                config,
+                DP_SGD_NOISE,
+                "this device trains only with local DP-SGD noise "
+                f"multiplier >= {self.min_dp_noise:g} (--min-dp-noise)",
+                at_least=self.min_dp_noise,
+            )
         self._check_dp_sgd_on(config)
         steps = planned_steps(request, num_examples)
         if steps is None:
@@ -234,6 +246,15 @@ class LocalPolicy:
             )
 
 
+def _policy_number(config: Mapping[str, object], field: str, rule: str, **limits: float) -> float:
+    """A request number checked against this device's limit (fedveil.protocol.numbers), or
+    a PolicyRefusal naming the field, the value, the limit and the rule."""
+    try:
+        return request_number(config, field, where="local policy", **limits)
+    except MessageError as exc:
+        raise PolicyRefusal(f"{exc}: {rule}") from None
+
+
 def _is_fab_id(app: str) -> bool:
     publisher, slash, name = app.partition("/")
     return bool(slash and publisher and name and "/" not in name and app.strip() == app)
@@ -243,10 +264,9 @@ def planned_steps(request: Envelope, num_examples: int) -> int | None:
     """The local steps a training request asks for (None if its fields are malformed)."""
     config = request.config
     try:
-        steps, epochs, batch = (int(config[k]) for k in (LOCAL_STEPS, LOCAL_EPOCHS, BATCH_SIZE))
-    except (KeyError, TypeError, ValueError):
-        return None
-    if batch < 1:
+        steps, epochs = (request_int(config, k, at_least=0) for k in (LOCAL_STEPS, LOCAL_EPOCHS))
+        batch = request_int(config, BATCH_SIZE, at_least=1)
+    except MessageError:
         return None
     if steps > 0:
         return steps

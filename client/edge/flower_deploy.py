@@ -207,6 +207,7 @@ class EdgeClient:
                 dp_sgd_budget=None
                 if self.dp_sgd_ledger is None
                 else self.dp_sgd_ledger.for_run(str(run_id)),
+                max_own_share_epsilon=self.policy.max_own_share_epsilon or None,
             )
             self._num_examples = len(task.client_data(self.client_id))
         except MessageError:
@@ -222,6 +223,13 @@ class EdgeClient:
             runtime.model.size,
             self._num_examples,
         )
+        if cfg.dp.mechanism == "distributed":
+            try:
+                runtime.pinned_plan()
+            except MessageError as exc:  # each masked input is refused with this reason
+                log.warning("run %d: %s", run_id, exc)
+            else:
+                log.info("run %d: %s", run_id, own_share_plan_line(runtime, cfg))
         return runtime
 
     # -- per message ---------------------------------------------------------
@@ -254,6 +262,19 @@ class EdgeClient:
                 request.round,
             )
         elif training:
+            if request.kind == Kind.SECAGG_MASKED_INPUT and runtime.own_share is not None:
+                account = runtime.own_share
+                done = account.participations.get(self.client_id, 0)
+                log.info(
+                    "run %d round %d: own-share-only epsilon against the coordinator after "
+                    "%d participations: %.4g (stated, at the plan's %d honest shares: %.4g)",
+                    run_id,
+                    request.round,
+                    done,
+                    account.epsilon(done),
+                    account.plan.min_honest,
+                    account.stated_epsilon(done),
+                )
             elapsed = time.perf_counter() - start
             steps = planned_steps(request, self._num_examples)
             if steps:
@@ -283,6 +304,24 @@ class EdgeClient:
         loss.backward()
         module.zero_grad(set_to_none=True)
         return max(time.perf_counter() - start, 1e-6)
+
+
+def own_share_plan_line(runtime: ClientRuntime, cfg: RunConfig) -> str:
+    """The device's own-share-only figures for a distributed-DP run (client/own_share.py)."""
+    account = runtime.own_share
+    assert account is not None
+    plan = account.plan
+    rounds = cfg.server.rounds
+    cap = account.cap
+    return (
+        f"distributed DP: the plan states z = {plan.noise_multiplier:.4g} per release at "
+        f"{plan.min_honest} honest noise shares (secagg.adversarial_rate = "
+        f"{cfg.secagg.adversarial_rate:g}); this device's own share alone is z = "
+        f"{account.own_z:.4g}. Against the coordinator, taking part in {rounds} rounds: "
+        f"{account.stated_epsilon(rounds):.4g} as stated, {account.epsilon(rounds):.4g} "
+        "own-share-only (every other cohort member the coordinator's); "
+        + (f"cap {cap:g} (--max-own-share-epsilon)" if cap else "no cap set")
+    )
 
 
 def answer(
@@ -343,6 +382,7 @@ def edge_from_node_config(node_config: Mapping[str, Any]) -> EdgeClient:
         max_model_parameters=int(
             node_config.get("max-model-parameters", LocalPolicy.max_model_parameters)
         ),
+        max_own_share_epsilon=float(node_config.get("max-own-share-epsilon", 0.0)),
     )
     state = node_config.get("state-dir")
     ledger = (

@@ -167,6 +167,15 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
         help="the delta at which --max-dp-epsilon and the logged DP-SGD epsilon are stated",
     )
     g.add_argument(
+        "--max-own-share-epsilon",
+        type=float,
+        default=0.0,
+        help="under distributed DP, refuse rounds that would bring this device's "
+        "own-share-only epsilon against the coordinator (its own noise share alone: the "
+        "figure if every other cohort member is the coordinator's) above this (0: no cap; "
+        "the figure is logged either way)",
+    )
+    g.add_argument(
         "--max-local-epochs", type=int, default=0, help="cap local epochs per round (0: none)"
     )
     g.add_argument(
@@ -249,6 +258,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         max_train_seconds=args.max_train_seconds,
         allow_apps=tuple(args.allow_app),
         max_model_parameters=args.max_model_parameters,
+        max_own_share_epsilon=args.max_own_share_epsilon,
     )
     state = Path(args.state_dir or Path.home() / ".fedveil" / "client").expanduser()
     _service_logging(None, "client")

@@ -36,6 +36,13 @@ _TRUST = {
         "the clients that secagg.adversarial_rate allows to be corrupt, still carry the "
         "calibrated number of noise shares; clients colluding with the server can subtract "
         "their own shares.",
+        "secagg.adversarial_rate is an assumption about enrolment, which no protocol "
+        "checks: the operator enrols the devices, so an operator who is also the "
+        "coordinator can fill a cohort with devices it controls. The epsilon stated "
+        "against the coordinator holds only while at most that fraction of every cohort "
+        "is the coordinator's; if every other member is, a client is protected by its own "
+        "noise share alone (z / sqrt(min_honest) per release), a larger epsilon that each "
+        "device computes, logs and may cap (fedveil client --max-own-share-epsilon).",
         "Clients are trusted to clip, round and add their noise share as specified; the "
         "secure aggregation protocol is trusted to reveal only the modular sum.",
     ],
