@@ -558,6 +558,15 @@ def _check_dp_soundness(cfg: RunConfig) -> None:
                 f"dp.accountant = {dp.accountant!r}: not sound for distributed DP (Skellam); "
                 "use 'auto' or 'skellam_rdp'"
             )
+    elif dp.neighbouring == "add_remove" and sampling == "poisson" and cfg.secagg.enabled:
+        # The rule of privacy/dp/vocabulary.REFUSED_NEIGHBOURING.
+        raise ConfigError(
+            "dp.neighbouring = 'add_remove' with dp.mechanism = 'central', secagg.enabled = "
+            "true and server.sampling = 'poisson': refused. Whether a secure-aggregation "
+            "round aborts depends on how many sampled clients survive, and that public abort "
+            "status then depends on whether the target was sampled, which add/remove does "
+            "not account for; use 'auto' (zero_out under secure aggregation) or 'zero_out'"
+        )
     elif dp.accountant == "skellam_rdp":
         raise ConfigError(
             "dp.accountant = 'skellam_rdp': only for dp.mechanism = 'distributed'; "

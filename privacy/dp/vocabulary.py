@@ -77,16 +77,41 @@ def sound_accountants(mechanism: str, sampling: str, neighbouring: str) -> tuple
     return tuple(a for a in supported if a != SKELLAM_RDP)
 
 
-def default_neighbouring(mechanism: str, sampling: str) -> str:
+# Relations an accountant models but a run may not use, because the run publishes
+# something the relation does not cover: (mechanism, sampling, neighbouring, secure
+# aggregation) -> why. Under central DP with secure aggregation and Poisson sampling a
+# round aborts when too few sampled clients survive to unmask; that abort status is
+# public and depends on whether the target was sampled, which add/remove (the target
+# absent from the round) does not account for; zero-out keeps the target in the round.
+# fedveil/config/run.py refuses the same combinations (the core cannot import this).
+REFUSED_NEIGHBOURING: dict[tuple[str, str, str, bool], str] = {
+    (CENTRAL_GAUSSIAN, POISSON, ADD_REMOVE, True): (
+        "the public abort status of a secure-aggregation round depends on whether the "
+        "target was sampled; use zero_out"
+    ),
+}
+
+
+def neighbouring_refusal(
+    mechanism: str, sampling: str, neighbouring: str, secure_aggregation: bool
+) -> str | None:
+    """Why this relation is refused for the run (None: it is not)."""
+    return REFUSED_NEIGHBOURING.get((mechanism, sampling, neighbouring, secure_aggregation))
+
+
+def default_neighbouring(mechanism: str, sampling: str, secure_aggregation: bool = False) -> str:
     """What `auto` means for dp.neighbouring.
 
-    Central DP keeps add/remove (Poisson) and replace-one (fixed), so existing
-    central-DP epsilons do not change. Distributed DP uses zero-out under Poisson
-    sampling (the target's honest noise share stays) and replace-one for fixed-size.
+    Fixed-size sampling: replace-one. Poisson: zero-out for distributed DP (the target's
+    honest noise share stays) and whenever updates travel through secure aggregation
+    (REFUSED_NEIGHBOURING); add/remove for central DP in the clear, so its existing
+    epsilons do not change.
     """
     if sampling == FIXED:
         return REPLACE_ONE
-    return ZERO_OUT if mechanism == DISTRIBUTED_SKELLAM else ADD_REMOVE
+    if mechanism == DISTRIBUTED_SKELLAM or secure_aggregation:
+        return ZERO_OUT
+    return ADD_REMOVE
 
 
 def default_accountant(mechanism: str, sampling: str, neighbouring: str) -> str:

@@ -326,3 +326,68 @@ def test_individual_epsilons_for_many_clients_and_the_summary():
     assert sum(row["clients"] for row in summary["histogram"]) == 1000
     with pytest.raises(ValueError, match="not model"):
         individual_epsilon([PrivacyEvent(1.0, 0.1)], 1e-5)  # add/remove: refused
+
+
+# ------------------------------- add/remove beside secure aggregation's abort
+CENTRAL_SECAGG_POISSON = {
+    "dp.mechanism": "central",
+    "dp.epsilon": 8,
+    "secagg.enabled": True,
+    "server.sampling": "poisson",
+}
+
+
+def test_run_config_refuses_add_remove_with_central_dp_secagg_and_poisson():
+    # The public abort status depends on whether the target was sampled.
+    with pytest.raises(ConfigError) as error:
+        load_config(None, {**CENTRAL_SECAGG_POISSON, "dp.neighbouring": "add_remove"})
+    message = str(error.value)
+    assert message.startswith("dp.neighbouring = 'add_remove' with dp.mechanism = 'central'")
+    assert "abort status" in message and "'zero_out'" in message
+    # What stays accepted: auto (zero_out here), explicit zero_out, and add/remove where
+    # no secure-aggregation round can abort on who was sampled.
+    assert load_config(None, CENTRAL_SECAGG_POISSON).dp.neighbouring == "auto"
+    assert load_config(None, {**CENTRAL_SECAGG_POISSON, "dp.neighbouring": "zero_out"})
+    clear = {**CENTRAL_SECAGG_POISSON, "secagg.enabled": False, "dp.neighbouring": "add_remove"}
+    assert load_config(None, clear).dp.neighbouring == "add_remove"
+
+
+def test_every_refused_relation_of_the_rule_table_is_refused_by_the_validator():
+    from fedveil.privacy.dp.plan import dp_config, resolve_neighbouring
+    from fedveil.privacy.dp.vocabulary import REFUSED_NEIGHBOURING, default_neighbouring
+
+    names = {"central_gaussian": "central", SKELLAM: "distributed"}
+    assert REFUSED_NEIGHBOURING
+    for mechanism, sampling, neighbouring, secagg in REFUSED_NEIGHBOURING:
+        values = {
+            "dp.mechanism": names[mechanism],
+            "dp.epsilon": 8,
+            "secagg.enabled": secagg,
+            "server.sampling": sampling,
+        }
+        with pytest.raises(ConfigError, match=rf"dp\.neighbouring = '{neighbouring}'"):
+            load_config(None, {**values, "dp.neighbouring": neighbouring})
+        # `auto` never resolves to a refused relation, in the plan or the vocabulary.
+        cfg = load_config(None, values)
+        assert resolve_neighbouring(cfg) != neighbouring
+        assert default_neighbouring(mechanism, sampling, secagg) != neighbouring
+        assert dp_config(cfg, 100).neighbouring == resolve_neighbouring(cfg)
+
+
+def test_cli_simulate_refuses_add_remove_with_central_dp_secagg_and_poisson(tmp_path, tiny_env):
+    env = dict(tiny_env, FEDVEIL_DATA=str(tmp_path / "nothing"))
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "fedveil.cli.main", "simulate", "--out", str(tmp_path / "r")),
+            *("--dp", "central", "--secagg", "--epsilon", "8"),
+            *("--set", "server.sampling=poisson", "--set", "dp.neighbouring=add_remove"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "dp.neighbouring = 'add_remove' with dp.mechanism = 'central'" in proc.stderr
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
