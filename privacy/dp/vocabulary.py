@@ -31,10 +31,19 @@ PRV = "prv"  # Opacus privacy random variables
 RDP = "rdp"  # Opacus Renyi DP
 DPA_RDP = "dpa_rdp"  # Google dp-accounting Renyi DP (the only one for fixed-size sampling)
 # RDP from the Skellam curve (Gaussian-equivalent z) amplified with bounds that hold
-# for ANY mechanism (subsampled_rdp.py): the only accountant sound for distributed DP.
+# for ANY mechanism (subsampled_rdp.py), at integer Renyi orders only, the orders
+# Agarwal, Kairouz and Liu's Skellam bound is proven for: the only accountant sound
+# for distributed DP.
+SKELLAM_RDP_INTEGER = "skellam_rdp_integer"
+# The same at the fractional orders 1.1-10.9 as well (dp-accounting's grid), where the
+# Skellam bound is not proven. Ledgers written before skellam_rdp_integer name it; they
+# still verify as what they were, recomputed with it. No new run uses it.
 SKELLAM_RDP = "skellam_rdp"
 AUTO = "auto"
-ACCOUNTANTS = (PLD, PRV, RDP, DPA_RDP, SKELLAM_RDP)
+ACCOUNTANTS = (PLD, PRV, RDP, DPA_RDP, SKELLAM_RDP_INTEGER, SKELLAM_RDP)
+SKELLAM_ACCOUNTANTS = (SKELLAM_RDP_INTEGER, SKELLAM_RDP)
+# Accountants only old ledgers name -> the one a new run uses in their place.
+LEGACY_ACCOUNTANTS: dict[str, str] = {SKELLAM_RDP: SKELLAM_RDP_INTEGER}
 
 # Which accountants model which (sampling, neighbouring) pair. Opacus models Poisson
 # add/remove (and so zero-out, below); dp-accounting's PLD adds Poisson replace-one and zero-out
@@ -45,12 +54,12 @@ ACCOUNTANTS = (PLD, PRV, RDP, DPA_RDP, SKELLAM_RDP)
 # which a distributed mechanism's noise variance is the same in both worlds.
 SUPPORTED_ACCOUNTANTS: dict[tuple[str, str], tuple[str, ...]] = {
     (POISSON, ADD_REMOVE): (PLD, PRV, RDP, DPA_RDP),
-    (POISSON, REPLACE_ONE): (PLD, SKELLAM_RDP),
+    (POISSON, REPLACE_ONE): (PLD, SKELLAM_RDP_INTEGER),
     # Opacus' RDP and PRV last: with central noise zero-out composes exactly as
     # add/remove (same pair of output distributions), so they model it too; asynchronous
     # DP (participation.py) accounts its unsampled releases with Opacus' RDP.
-    (POISSON, ZERO_OUT): (PLD, DPA_RDP, SKELLAM_RDP, RDP, PRV),
-    (FIXED, REPLACE_ONE): (DPA_RDP, SKELLAM_RDP),
+    (POISSON, ZERO_OUT): (PLD, DPA_RDP, SKELLAM_RDP_INTEGER, RDP, PRV),
+    (FIXED, REPLACE_ONE): (DPA_RDP, SKELLAM_RDP_INTEGER),
 }
 
 
@@ -59,22 +68,34 @@ def supported_accountants(sampling: str, neighbouring: str) -> tuple[str, ...]:
     return SUPPORTED_ACCOUNTANTS.get((sampling, neighbouring), ())
 
 
+def legacy_twins(accountants: tuple[str, ...]) -> tuple[str, ...]:
+    """The legacy accountants whose successors are among `accountants`."""
+    return tuple(old for old, new in LEGACY_ACCOUNTANTS.items() if new in accountants)
+
+
+def verifiable_accountants(mechanism: str, sampling: str, neighbouring: str) -> tuple[str, ...]:
+    """What a ledger may name for this setting: the sound accountants, and the legacy
+    ones old ledgers name in their place (a ledger verifies as what it was)."""
+    sound = sound_accountants(mechanism, sampling, neighbouring)
+    return sound + legacy_twins(sound)
+
+
 def sound_accountants(mechanism: str, sampling: str, neighbouring: str) -> tuple[str, ...]:
     """Accountants whose epsilon is a proven upper bound for this mechanism and setting.
 
     Distributed Skellam is only dominated by a Gaussian at the level of RDP curves
-    (skellam.py), and its noise grows with the cohort, so only skellam_rdp (that curve,
-    amplified by bounds valid for any mechanism) is sound for it; and never under
-    add/remove, where the target's noise share leaves with it (a change of variance,
-    which no shift-based bound covers). The Gaussian mechanisms use the tight
-    Gaussian-specific accountants; skellam_rdp is not offered for them.
+    (skellam.py), and its noise grows with the cohort, so only skellam_rdp_integer (that
+    curve at integer orders, amplified by bounds valid for any mechanism) is sound for
+    it; and never under add/remove, where the target's noise share leaves with it (a
+    change of variance, which no shift-based bound covers). The Gaussian mechanisms use the tight
+    Gaussian-specific accountants; the Skellam accountants are not offered for them.
     """
     supported = supported_accountants(sampling, neighbouring)
     if mechanism == DISTRIBUTED_SKELLAM:
         if neighbouring == ADD_REMOVE:
             return ()
-        return tuple(a for a in supported if a == SKELLAM_RDP)
-    return tuple(a for a in supported if a != SKELLAM_RDP)
+        return tuple(a for a in supported if a in SKELLAM_ACCOUNTANTS)
+    return tuple(a for a in supported if a not in SKELLAM_ACCOUNTANTS)
 
 
 # Relations an accountant models but a run may not use, because the run publishes

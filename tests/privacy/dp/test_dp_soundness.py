@@ -61,7 +61,7 @@ def test_dpconfig_refuses_accountants_unsound_for_skellam(accountant):
         skellam_config(accountant=accountant)
     message = str(error.value)
     assert message.startswith(f"DpConfig.accountant={accountant!r} is invalid; allowed: ")
-    assert "('skellam_rdp',) for mechanism 'distributed_skellam'" in message
+    assert "('skellam_rdp_integer',) for mechanism 'distributed_skellam'" in message
 
 
 @pytest.mark.parametrize(
@@ -87,7 +87,7 @@ def test_compute_epsilon_refuses_pld_for_skellam_when_told_the_mechanism():
     assert compute_epsilon([event], 1e-5, "pld") > 0  # Gaussian events: fine
     with pytest.raises(ValueError, match="not sound for mechanism='distributed_skellam'"):
         compute_epsilon([event], 1e-5, "pld", mechanism=SKELLAM)
-    assert compute_epsilon([event], 1e-5, "skellam_rdp", mechanism=SKELLAM) > 0
+    assert compute_epsilon([event], 1e-5, "skellam_rdp_integer", mechanism=SKELLAM) > 0
 
 
 def distributed(**overrides):
@@ -102,7 +102,7 @@ def test_run_config_refuses_unsound_accountants_for_distributed_dp(accountant):
         distributed(**{"dp.accountant": accountant})
     assert str(error.value) == (
         f"dp.accountant = {accountant!r}: not sound for distributed DP (Skellam); "
-        "use 'auto' or 'skellam_rdp'"
+        "use 'auto' or 'skellam_rdp_integer'"
     )
 
 
@@ -111,11 +111,15 @@ def test_run_config_refuses_add_remove_and_fixed_zero_out():
         distributed(**{"dp.neighbouring": "add_remove", "server.sampling": "poisson"})
     with pytest.raises(ConfigError, match=r"dp\.neighbouring = 'zero_out' with server\.sampling"):
         distributed(**{"dp.neighbouring": "zero_out", "server.sampling": "fixed"})
-    with pytest.raises(ConfigError, match=r"dp\.accountant = 'skellam_rdp': only for"):
+    with pytest.raises(ConfigError, match=r"dp\.accountant = 'skellam_rdp_integer': only for"):
         load_config(
-            None, {"dp.mechanism": "central", "dp.epsilon": 8, "dp.accountant": "skellam_rdp"}
+            None,
+            {"dp.mechanism": "central", "dp.epsilon": 8, "dp.accountant": "skellam_rdp_integer"},
         )
-    assert distributed(**{"dp.accountant": "skellam_rdp"}).dp.accountant == "skellam_rdp"
+    assert (
+        distributed(**{"dp.accountant": "skellam_rdp_integer"}).dp.accountant
+        == "skellam_rdp_integer"
+    )
     poisson = {"dp.neighbouring": "zero_out", "server.sampling": "poisson"}
     assert distributed(**poisson).dp.neighbouring == "zero_out"
 
@@ -144,15 +148,15 @@ def test_auto_resolves_per_mechanism():
     assert default_neighbouring(SKELLAM, "fixed") == "replace_one"
     assert default_neighbouring("central_gaussian", "poisson") == "add_remove"
     assert default_neighbouring("central_gaussian", "fixed") == "replace_one"
-    assert default_accountant(SKELLAM, "poisson", "zero_out") == "skellam_rdp"
-    assert default_accountant(SKELLAM, "fixed", "replace_one") == "skellam_rdp"
+    assert default_accountant(SKELLAM, "poisson", "zero_out") == "skellam_rdp_integer"
+    assert default_accountant(SKELLAM, "fixed", "replace_one") == "skellam_rdp_integer"
     assert default_accountant("central_gaussian", "poisson", "add_remove") == "pld"
     assert default_accountant("central_gaussian", "fixed", "replace_one") == "dpa_rdp"
     assert sound_accountants(SKELLAM, "poisson", "add_remove") == ()
-    assert sound_accountants(SKELLAM, "poisson", "zero_out") == ("skellam_rdp",)
-    assert "skellam_rdp" not in sound_accountants("central_gaussian", "poisson", "zero_out")
+    assert sound_accountants(SKELLAM, "poisson", "zero_out") == ("skellam_rdp_integer",)
+    assert "skellam_rdp_integer" not in sound_accountants("central_gaussian", "poisson", "zero_out")
     fixed = skellam_config(sampling="fixed", population_size=100, cohort_size=10)
-    assert (fixed.neighbouring, fixed.accountant_name) == ("replace_one", "skellam_rdp")
+    assert (fixed.neighbouring, fixed.accountant_name) == ("replace_one", "skellam_rdp_integer")
     central = DpConfig(**{**skellam_config().to_dict(), "mechanism": "central_gaussian"})
     assert (central.neighbouring, central.accountant_name) == ("zero_out", "pld")
     assert (
@@ -164,8 +168,11 @@ def test_auto_resolves_per_mechanism():
 def test_calibration_uses_the_sound_accountant_for_skellam():
     z = calibrate_noise_multiplier(4.0, 1e-5, 50, 0.1, mechanism=SKELLAM)
     event = PrivacyEvent(z, 0.1, 50, neighbouring="zero_out")
-    assert compute_epsilon([event], 1e-5, "skellam_rdp") <= 4.0
-    assert compute_epsilon([replace(event, noise_multiplier=z * 0.99)], 1e-5, "skellam_rdp") > 4
+    assert compute_epsilon([event], 1e-5, "skellam_rdp_integer") <= 4.0
+    assert (
+        compute_epsilon([replace(event, noise_multiplier=z * 0.99)], 1e-5, "skellam_rdp_integer")
+        > 4
+    )
     with pytest.raises(ValueError, match="not sound"):
         calibrate_noise_multiplier(4.0, 1e-5, 50, 0.1, mechanism=SKELLAM, accountant="pld")
     with pytest.raises(ValueError, match="no accountant is sound"):
@@ -174,7 +181,7 @@ def test_calibration_uses_the_sound_accountant_for_skellam():
         4.0, 1e-5, 50, 0.1, sampling="fixed", population_size=100, mechanism=SKELLAM
     )
     fixed_event = PrivacyEvent(fixed, 0.1, 50, "fixed", "replace_one", 100)
-    assert compute_epsilon([fixed_event], 1e-5, "skellam_rdp") <= 4.0
+    assert compute_epsilon([fixed_event], 1e-5, "skellam_rdp_integer") <= 4.0
 
 
 # ------------------------------------------------------ central DP unchanged
@@ -296,8 +303,8 @@ def test_individual_epsilon_is_the_unamplified_composition():
     ]
     unsampled = [replace(e, sampling_rate=1.0) for e in events]
     value = individual_epsilon(events, 1e-5)
-    assert value == compute_epsilon(unsampled, 1e-5, "skellam_rdp")
-    assert value > compute_epsilon(events, 1e-5, "skellam_rdp")  # no amplification
+    assert value == compute_epsilon(unsampled, 1e-5, "skellam_rdp_integer")
+    assert value > compute_epsilon(events, 1e-5, "skellam_rdp_integer")  # no amplification
     # Sandwiched between the exact Gaussian epsilon and the zCDP conversion.
     rho = sum(1 / (2 * e.noise_multiplier**2) for e in events)
     assert value <= rho + 2 * math.sqrt(rho * math.log(1e5))
