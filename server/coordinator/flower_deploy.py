@@ -110,10 +110,8 @@ def _log_round(record: RoundRecord, private: bool) -> None:
             record.dropped,
             record.duration_s,
         )
-    else:  # counts reveal participation: the private annex has them
-        log.info(
-            "round %d: %s, %.2f s", record.round, record.extra.get("status"), record.duration_s
-        )
+    else:  # counts and durations reveal participation: the private annex has them
+        log.info("round %d: %s", record.round, record.extra.get("status"))
 
 
 def _wait_for_clients(
