@@ -101,13 +101,12 @@ class DriftSection:
         help="DP versions: the most epsilon the evaluations of one version may compose to",
     )
     device_budget: float = spec(
-        8.0,
+        0.0,
         lo=0.0,
-        lo_open=True,
         hi=1000.0,
         help="DP versions: the most epsilon the drift evaluations that may ask one enrolled "
         "device compose to, across every version evaluated (a version registered again "
-        "does not start it afresh)",
+        "does not start it afresh); 0: drift.budget",
     )
     loss_cap: float = spec(
         5.0,
@@ -193,7 +192,7 @@ def service_config(raw: dict[str, Any]) -> ServiceConfig:
             f"drift.budget = {cfg.drift.budget:g}: must be >= drift.epsilon = "
             f"{cfg.drift.epsilon:g} (the budget must pay for one evaluation)"
         )
-    if cfg.drift.device_budget < cfg.drift.epsilon:
+    if cfg.drift.device_budget and cfg.drift.device_budget < cfg.drift.epsilon:
         raise ConfigError(
             f"drift.device_budget = {cfg.drift.device_budget:g}: must be >= drift.epsilon = "
             f"{cfg.drift.epsilon:g} (a device's budget must pay for one evaluation)"

@@ -44,6 +44,7 @@ from fedveil.privacy.secagg.feasibility import MIN_CLIENTS, smallest_feasible_gr
 from fedveil.server.coordinator.drift_budget import DriftBudget
 from fedveil.server.coordinator.drift_devices import (
     counted_charges,
+    device_cap,
     enrolled_devices,
     most_charged_device,
 )
@@ -138,7 +139,7 @@ class DriftMonitor:
         return {
             **state,
             # The most-charged device's epsilon across every version (drift_devices.py).
-            "devices": devices.to_dict(self.cfg.device_budget),
+            "devices": devices.to_dict(device_cap(self.cfg)),
             "enabled": self.cfg.enabled,
             "model": self.cfg.model,
             "interval_s": self.cfg.interval_s,
@@ -148,7 +149,7 @@ class DriftMonitor:
                 "epsilon": self.cfg.epsilon,
                 "delta": self.cfg.delta,
                 "budget": self.cfg.budget,
-                "device_budget": self.cfg.device_budget,
+                "device_budget": device_cap(self.cfg),
                 "loss_cap": self.cfg.loss_cap,
             },
         }
@@ -248,12 +249,12 @@ class DriftMonitor:
         past drift.device_budget, composed across every version's evaluations."""
         charges = counted_charges(state)
         after = most_charged_device(charges, self.cfg.delta, plus=plan, asked=asked)
-        if not (after.epsilon <= self.cfg.device_budget):
+        if not (after.epsilon <= device_cap(self.cfg)):
             spent = most_charged_device(charges, self.cfg.delta)
             raise DriftRefused(
                 f"drift evaluation of {ref} refused: the drift evaluations of every version "
                 f"have spent epsilon {spent.epsilon:.4g} of a device's drift.device_budget = "
-                f"{self.cfg.device_budget:g} ({spent.evaluations} evaluations could ask it), "
+                f"{device_cap(self.cfg):g} ({spent.evaluations} evaluations could ask it), "
                 f"and one more (drift.epsilon = {self.cfg.epsilon:g}) would compose to "
                 f"{after.epsilon:.4g} > drift.device_budget; nothing is sent to the devices. "
                 "A new version, or the same model registered again, does not reset it"
@@ -437,7 +438,7 @@ class DriftMonitor:
             device_epsilon_spent_max=most_charged_device(
                 counted_charges(state), self.cfg.delta
             ).epsilon,
-            device_budget=self.cfg.device_budget,
+            device_budget=device_cap(self.cfg),
         )
         if summary.get("federated_loss") is not None:
             entry["loss"] = float(summary["federated_loss"])

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedveil.config.service import DriftSection
 from fedveil.privacy.dp.evaluation import EvaluationPlan, composed_epsilon, evaluation_event
 from fedveil.server.coordinator.clients import ClientRegistry
 from fedveil.server.coordinator.drift_budget import COUNTED
@@ -46,6 +47,12 @@ class DeviceSpend:
             "budget_left": max(0.0, budget - self.epsilon),
             "evaluations_max": self.evaluations,
         }
+
+
+def device_cap(settings: DriftSection) -> float:
+    """drift.device_budget, 0 resolved: the per-version budget (a device then spends no
+    more across all versions than one version's evaluations may)."""
+    return settings.device_budget or settings.budget
 
 
 def enrolled_devices(state_dir: Path) -> list[int] | None:

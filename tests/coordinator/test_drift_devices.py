@@ -14,7 +14,7 @@ import pytest
 from fedveil.config import ConfigError
 from fedveil.privacy.dp.evaluation import composed_epsilon
 from fedveil.server.coordinator.drift import DriftMonitor, evaluation_plan
-from fedveil.server.coordinator.drift_devices import most_charged_device
+from fedveil.server.coordinator.drift_devices import device_cap, most_charged_device
 from fedveil.server.coordinator.runs import RunManager
 from fedveil.server.coordinator.settings import settings_from_dict
 from fedveil.server.registry import Registry
@@ -66,13 +66,16 @@ def test_device_budget_is_a_checked_setting(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"drift\.device_budget = 0\.5: must be >= drift\."):
         settings_from_dict(raw, tmp_path)
     raw["drift"] = {"device_budget": -1.0}
-    with pytest.raises(ConfigError, match=r"drift\.device_budget = -1\.0: must be > 0"):
+    with pytest.raises(ConfigError, match=r"drift\.device_budget = -1\.0: must be >= 0"):
         settings_from_dict(raw, tmp_path)
     raw["drift"] = {"device_budget": float("nan")}
     with pytest.raises(ConfigError, match=r"drift\.device_budget"):
         settings_from_dict(raw, tmp_path)
-    raw["drift"] = {}
-    assert settings_from_dict(raw, tmp_path).drift.device_budget == 8.0
+    raw["drift"] = {"budget": 3.0}
+    drift = settings_from_dict(raw, tmp_path).drift
+    assert drift.device_budget == 0.0 and device_cap(drift) == 3.0  # 0: drift.budget
+    raw["drift"] = {"budget": 3.0, "device_budget": 8.0}
+    assert device_cap(settings_from_dict(raw, tmp_path).drift) == 8.0
 
 
 def _enrol(state_dir: Path, ids: list[int]) -> None:
@@ -87,7 +90,8 @@ def _enrol(state_dir: Path, ids: list[int]) -> None:
 
 def test_the_same_model_registered_again_does_not_start_a_fresh_device_budget(tmp_path):
     settings, version = dp_version(
-        tmp_path, {"clients": 3, "epsilon": 1.0, "delta": DELTA, "budget": 3.0}
+        tmp_path,
+        {"clients": 3, "epsilon": 1.0, "delta": DELTA, "budget": 3.0, "device_budget": 8.0},
     )
     _enrol(settings.state_dir, DEVICES)
     # Two earlier versions of the model, each evaluated 7 times by the same devices.
@@ -101,7 +105,7 @@ def test_the_same_model_registered_again_does_not_start_a_fresh_device_budget(tm
 
     manager = RunManager(settings, link=None)  # a submission would fail loudly
     monitor = DriftMonitor(settings.drift, settings.state_dir, manager, connected=lambda: 6)
-    # 14 evaluations compose to 4.22 per device; the default device budget (8.0) pays one more.
+    # 14 evaluations compose to 4.22 per device; a device budget of 8.0 pays one more.
     monitor.tick()
     state = monitor.state()
     assert state["refused"] is None and state["pending"]["version"] == again.ref
