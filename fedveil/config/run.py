@@ -244,9 +244,10 @@ class DpSection:
     )
     accountant: str = spec(
         "auto",
-        choices=("auto", "pld", "prv", "rdp", "dpa_rdp", "skellam_rdp"),
+        choices=("auto", "pld", "prv", "rdp", "dpa_rdp", "skellam_rdp_integer", "skellam_rdp"),
         help="privacy accountant; auto: pld (central, Poisson), dpa_rdp (central, fixed), "
-        "skellam_rdp (distributed: the only one sound for Skellam noise)",
+        "skellam_rdp_integer (distributed: the only one sound for Skellam noise, at integer "
+        "Renyi orders); skellam_rdp (fractional orders, not proven) only verifies old ledgers",
     )
     adaptive_clip: bool = spec(False, help="adapt C toward a quantile of update norms")
     target_quantile: float = spec(0.5, lo=0.0, hi=1.0, help="adaptive clipping target quantile")
@@ -560,14 +561,29 @@ def _check_dp_soundness(cfg: RunConfig) -> None:
                 "dp.neighbouring = 'add_remove': not sound for distributed DP (the target's "
                 f"noise share leaves with it); use 'auto' or {fix!r}"
             )
-        if dp.accountant not in ("auto", "skellam_rdp"):
+        if dp.accountant == "skellam_rdp":
+            raise ConfigError(
+                "dp.accountant = 'skellam_rdp': evaluates the Skellam bound at fractional "
+                "Renyi orders, for which it is not proven; kept only so that old ledgers "
+                "verify as what they were. Use 'auto' or 'skellam_rdp_integer'"
+            )
+        if dp.accountant not in ("auto", "skellam_rdp_integer"):
             raise ConfigError(
                 f"dp.accountant = {dp.accountant!r}: not sound for distributed DP (Skellam); "
-                "use 'auto' or 'skellam_rdp'"
+                "use 'auto' or 'skellam_rdp_integer'"
             )
-    elif dp.accountant == "skellam_rdp":
+    elif dp.neighbouring == "add_remove" and sampling == "poisson" and cfg.secagg.enabled:
+        # The rule of privacy/dp/vocabulary.REFUSED_NEIGHBOURING.
         raise ConfigError(
-            "dp.accountant = 'skellam_rdp': only for dp.mechanism = 'distributed'; "
+            "dp.neighbouring = 'add_remove' with dp.mechanism = 'central', secagg.enabled = "
+            "true and server.sampling = 'poisson': refused. Whether a secure-aggregation "
+            "round aborts depends on how many sampled clients survive, and that public abort "
+            "status then depends on whether the target was sampled, which add/remove does "
+            "not account for; use 'auto' (zero_out under secure aggregation) or 'zero_out'"
+        )
+    elif dp.accountant in ("skellam_rdp_integer", "skellam_rdp"):
+        raise ConfigError(
+            f"dp.accountant = {dp.accountant!r}: only for dp.mechanism = 'distributed'; "
             "use 'auto' for central DP"
         )
 

@@ -100,6 +100,14 @@ class DriftSection:
         hi=1000.0,
         help="DP versions: the most epsilon the evaluations of one version may compose to",
     )
+    device_budget: float = spec(
+        0.0,
+        lo=0.0,
+        hi=1000.0,
+        help="DP versions: the most epsilon the drift evaluations that may ask one enrolled "
+        "device compose to, across every version evaluated (a version registered again "
+        "does not start it afresh); 0: drift.budget",
+    )
     loss_cap: float = spec(
         5.0,
         lo=0.0,
@@ -205,6 +213,11 @@ def service_config(raw: dict[str, Any]) -> ServiceConfig:
         raise ConfigError(
             f"drift.budget = {cfg.drift.budget:g}: must be >= drift.epsilon = "
             f"{cfg.drift.epsilon:g} (the budget must pay for one evaluation)"
+        )
+    if cfg.drift.device_budget and cfg.drift.device_budget < cfg.drift.epsilon:
+        raise ConfigError(
+            f"drift.device_budget = {cfg.drift.device_budget:g}: must be >= drift.epsilon = "
+            f"{cfg.drift.epsilon:g} (a device's budget must pay for one evaluation)"
         )
     return cfg
 

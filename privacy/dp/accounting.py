@@ -26,7 +26,10 @@ from .vocabulary import (
     PRV,
     RDP,
     REPLACE_ONE,
+    SKELLAM_ACCOUNTANTS,
     SKELLAM_RDP,
+    SKELLAM_RDP_INTEGER,
+    legacy_twins,
     sound_accountants,
     supported_accountants,
 )
@@ -77,15 +80,15 @@ def compute_epsilon(
     ((sampling, neighbouring),) = relations
     if accountant not in ACCOUNTANTS:
         raise ValueError(f"accountant={accountant!r} is invalid; allowed: {ACCOUNTANTS}")
-    if accountant not in supported_accountants(sampling, neighbouring):
+    supported = supported_accountants(sampling, neighbouring)
+    if accountant not in supported + legacy_twins(supported):
         allowed = supported_accountants(sampling, neighbouring)
         raise ValueError(
             f"accountant={accountant!r} does not model sampling={sampling!r} with "
             f"neighbouring={neighbouring!r}; allowed: {allowed}"
         )
-    if mechanism is not None and accountant not in sound_accountants(
-        mechanism, sampling, neighbouring
-    ):
+    sound = sound_accountants(mechanism, sampling, neighbouring) if mechanism else ()
+    if mechanism is not None and accountant not in sound + legacy_twins(sound):
         allowed = sound_accountants(mechanism, sampling, neighbouring)
         raise ValueError(
             f"accountant={accountant!r} is not sound for mechanism={mechanism!r} with "
@@ -94,7 +97,9 @@ def compute_epsilon(
     return _cached_epsilon(grouped, float(delta), accountant)
 
 
-def individual_epsilon(events: Sequence[PrivacyEvent], delta: float) -> float:
+def individual_epsilon(
+    events: Sequence[PrivacyEvent], delta: float, accountant: str = SKELLAM_RDP_INTEGER
+) -> float:
     """One client's epsilon against an adversary who knows the cohorts (the coordinator).
 
     Composes the client's OWN releases (the rounds it took part in) without sampling
@@ -103,15 +108,18 @@ def individual_epsilon(events: Sequence[PrivacyEvent], delta: float) -> float:
     when each round's noise is fixed before the round). Uses the Skellam RDP curve
     alpha / (2 z^2) of each event's Gaussian-equivalent z (skellam_rdp at q = 1), so
     it is sound for distributed Skellam and, a fortiori, for Gaussian noise. The events'
-    neighbouring relation must be zero_out or replace_one (not add_remove).
+    neighbouring relation must be zero_out or replace_one (not add_remove). `accountant`:
+    skellam_rdp_integer, or the legacy skellam_rdp to recompute an old ledger's bound.
     """
+    if accountant not in SKELLAM_ACCOUNTANTS:
+        raise ValueError(f"accountant={accountant!r} is invalid; allowed: {SKELLAM_ACCOUNTANTS}")
     unsampled = [
         replace(event, sampling_rate=1.0, sampling=POISSON, population_size=None)
         for event in events
     ]
     if not unsampled:
         return 0.0
-    return compute_epsilon(unsampled, delta, SKELLAM_RDP)
+    return compute_epsilon(unsampled, delta, accountant)
 
 
 @lru_cache(maxsize=512)
@@ -124,21 +132,30 @@ def _cached_epsilon(grouped: tuple[PrivacyEvent, ...], delta: float, accountant:
         return _opacus_prv_epsilon(grouped, delta)
     if accountant == PLD:
         return _pld_epsilon(grouped, delta)
-    if accountant == SKELLAM_RDP:
-        return _skellam_rdp_epsilon(grouped, delta)
+    if accountant in SKELLAM_ACCOUNTANTS:
+        return _skellam_rdp_epsilon(grouped, delta, accountant)
     return _dpa_rdp_epsilon(grouped, delta)
 
 
-def _skellam_rdp_epsilon(grouped: tuple[PrivacyEvent, ...], delta: float) -> float:
-    from .subsampled_rdp import DEFAULT_ORDERS, rdp_to_epsilon
+def skellam_orders(accountant: str = SKELLAM_RDP_INTEGER) -> tuple[float, ...]:
+    """The Renyi orders a Skellam accountant evaluates: integer ones (skellam_rdp_integer),
+    or the legacy grid with fractional orders (skellam_rdp, old ledgers only)."""
+    from .subsampled_rdp import INTEGER_ORDERS, LEGACY_FRACTIONAL_ORDERS
 
-    rdp = sum(event.steps * skellam_rdp_curve(event) for event in grouped)
+    return LEGACY_FRACTIONAL_ORDERS if accountant == SKELLAM_RDP else INTEGER_ORDERS
+
+
+def _skellam_rdp_epsilon(grouped: tuple[PrivacyEvent, ...], delta: float, accountant: str) -> float:
+    from .subsampled_rdp import rdp_to_epsilon
+
+    rdp = sum(event.steps * skellam_rdp_curve(event, accountant) for event in grouped)
+    orders = np.asarray(skellam_orders(accountant), dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
-        return _finite_or_inf(rdp_to_epsilon(np.asarray(DEFAULT_ORDERS), rdp, delta))
+        return _finite_or_inf(rdp_to_epsilon(orders, rdp, delta))
 
 
-def skellam_rdp_curve(event: PrivacyEvent) -> np.ndarray:
-    """Per-step RDP of `event` under skellam_rdp, at subsampled_rdp.DEFAULT_ORDERS.
+def skellam_rdp_curve(event: PrivacyEvent, accountant: str = SKELLAM_RDP_INTEGER) -> np.ndarray:
+    """Per-step RDP of `event` under a Skellam accountant, at its `skellam_orders`.
 
     The base curve is alpha / (2 z^2) with z the Gaussian-equivalent noise multiplier
     (skellam.py); under replace-one two outputs differ by 2B, so z/2 (the events.py
@@ -147,16 +164,23 @@ def skellam_rdp_curve(event: PrivacyEvent) -> np.ndarray:
     Kasiviswanathan's general bound.
     """
     return _skellam_rdp_curve(
-        event.noise_multiplier, event.sampling_rate, event.sampling, event.neighbouring
+        event.noise_multiplier,
+        event.sampling_rate,
+        event.sampling,
+        event.neighbouring,
+        skellam_orders(accountant),
     )
 
 
 @lru_cache(maxsize=4096)
 def _skellam_rdp_curve(
-    noise_multiplier: float, sampling_rate: float, sampling: str, neighbouring: str
+    noise_multiplier: float,
+    sampling_rate: float,
+    sampling: str,
+    neighbouring: str,
+    grid: tuple[float, ...],
 ) -> np.ndarray:
     from .subsampled_rdp import (
-        DEFAULT_ORDERS,
         gaussian_curve,
         poisson_mixture_rdp,
         without_replacement_general_rdp,
@@ -164,7 +188,7 @@ def _skellam_rdp_curve(
 
     z = noise_multiplier / 2 if neighbouring == REPLACE_ONE else noise_multiplier
     base = gaussian_curve(z)
-    orders = np.asarray(DEFAULT_ORDERS, dtype=np.float64)
+    orders = np.asarray(grid, dtype=np.float64)
     if sampling_rate >= 1.0:
         curve = base(orders)
     elif sampling == FIXED:

@@ -351,15 +351,30 @@ def _unaccounted_statistics(mechanism: str) -> list[dict[str, str]]:
     """Side channels that are published unaccounted, and what stays in the private annex.
     Under distributed DP federated evaluation is not in the annex but refused: the
     coordinator, whom that epsilon is stated against, would read it in the clear."""
-    timing = {
-        "name": "round duration, clients connected",
-        "protection": "not accounted: timing and device availability are side "
-        "channels, not computed from client data",
-    }
+    timing = [
+        {
+            "name": "round duration (duration_s), the run's wall time (wall_s)",
+            "protection": "private annex only, not published: a round lasts as long as its "
+            "slowest sampled client, so its duration reveals who was sampled "
+            "(privacy/dp/public_time.py); summary.json leaves the wall time out",
+        },
+        {
+            "name": "timestamps (ledger entries; TensorBoard wall times; MLflow metric "
+            "timestamps, run start and end)",
+            "protection": "coarsened: each is the UTC hour its writer opened in, one value "
+            "for the whole attempt, so no two published times measure a round. Not "
+            "covered: an observer who watches the records appear while the run runs",
+        },
+        {
+            "name": "clients connected",
+            "protection": "not accounted: device availability is a side channel, not "
+            "computed from client data",
+        },
+    ]
     annex = "private annex only (private/rounds.jsonl, mode 600): not published"
     if mechanism != DISTRIBUTED_SKELLAM:
         return [
-            timing,
+            *timing,
             {
                 "name": "cohort and survivor counts, drop reasons, clients' training loss, "
                 "federated evaluation",
@@ -367,7 +382,7 @@ def _unaccounted_statistics(mechanism: str) -> list[dict[str, str]]:
             },
         ]
     return [
-        timing,
+        *timing,
         {
             "name": "cohort and survivor counts, drop reasons, clients' training loss",
             "protection": annex,

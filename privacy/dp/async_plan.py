@@ -51,20 +51,20 @@ from .calibration import calibrate_noise_multiplier
 from .config import DpConfig
 from .participation import cap_bound
 from .plan import MECHANISM_NAMES
-from .vocabulary import PLD, POISSON, RDP, REPLACE_ONE, SKELLAM_RDP
+from .vocabulary import PLD, POISSON, RDP, REPLACE_ONE, SKELLAM_RDP_INTEGER
 
 if TYPE_CHECKING:
     from .plan import DistributedDpPlan
 
 
 def async_accountant(cfg: RunConfig, neighbouring: str) -> str:
-    """dp.accountant, 'auto' resolved: distributed DP's only sound one (skellam_rdp);
+    """dp.accountant, 'auto' resolved: distributed DP's only sound one (skellam_rdp_integer);
     for central DP Opacus' RDP under zero-out, PLD under replace-one (Opacus does not
     model replace-one's 2C distance)."""
     if cfg.dp.accountant != "auto":
         return cfg.dp.accountant
     if cfg.dp.mechanism == "distributed":
-        return SKELLAM_RDP
+        return SKELLAM_RDP_INTEGER
     return PLD if neighbouring == REPLACE_ONE else RDP
 
 

@@ -28,7 +28,6 @@ how often the busiest client took part. Entries without `schema` are schema 1
 
 from __future__ import annotations
 
-import datetime as _dt
 import fcntl
 import hashlib
 import json
@@ -40,6 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedveil.protocol.fields import LEDGER_HEAD
+
+from .public_time import PublicClock
 
 if TYPE_CHECKING:
     from .signing import LedgerSigner
@@ -213,6 +214,9 @@ class Ledger:
     ) -> None:
         self.path = Path(path)
         self.signer = signer
+        # A public DP ledger stamps every entry with the hour this writer opened in: no
+        # two timestamps measure a round's duration (public_time.py).
+        self._clock = PublicClock(dp=True)
         self._entries: list[dict[str, Any]] = []
         self._size = 0  # bytes this writer has seen: detects a second writer
         if self.path.exists():
@@ -359,7 +363,7 @@ class Ledger:
         if self.run_id is None:
             self.run_id = secrets.token_hex(16)
         entry = dict(body)
-        entry.setdefault("timestamp", _utc_now())
+        entry.setdefault("timestamp", self._clock.iso())
         entry["run_id"] = self.run_id
         entry["kind"] = kind
         entry["seq"] = len(self._entries) + 1
@@ -439,7 +443,3 @@ def _fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")

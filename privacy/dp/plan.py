@@ -29,7 +29,12 @@ from fedveil.config.async_mode import resolved_group_size
 from .calibration import calibrate_noise_multiplier
 from .config import DpConfig
 from .skellam import SkellamParams
-from .vocabulary import ADD_REMOVE, FIXED, POISSON, REPLACE_ONE, ZERO_OUT
+from .vocabulary import (
+    FIXED,
+    POISSON,
+    default_neighbouring,
+    neighbouring_refusal,
+)
 
 MECHANISM_NAMES = {"central": "central_gaussian", "distributed": "distributed_skellam"}
 
@@ -42,11 +47,8 @@ def resolve_neighbouring(cfg: RunConfig) -> str:
     whether it aborts, and under add/remove that count reveals participation; zero-out
     keeps the target in the round with a zero update), add/remove otherwise.
     """
-    if cfg.dp.neighbouring != "auto":
-        return cfg.dp.neighbouring
-    if cfg.server.sampling == FIXED:
-        return REPLACE_ONE
-    return ZERO_OUT if cfg.secagg.enabled else ADD_REMOVE
+    mechanism = MECHANISM_NAMES.get(cfg.dp.mechanism, cfg.dp.mechanism)
+    return _neighbouring(cfg.dp.neighbouring, cfg.server.sampling, cfg.secagg.enabled, mechanism)
 
 
 def cohorts_are_secret(cfg: RunConfig) -> bool:
@@ -91,12 +93,12 @@ def _dp_config(key: str, num_clients: int) -> DpConfig:
     poisson = s["sampling"] == POISSON
     rate = float(s["sample_rate"]) if poisson else s["per_round"] / num_clients
     expected = rate * num_clients if poisson else s["per_round"]
-    neighbouring = _neighbouring(dp["neighbouring"], s["sampling"], values["secagg"])
+    mechanism = MECHANISM_NAMES[dp["mechanism"]]
+    neighbouring = _neighbouring(dp["neighbouring"], s["sampling"], values["secagg"], mechanism)
     secret = not dp["seeded_cohorts"]
     # Public cohorts: one unamplified Gaussian per round.
     sampling = s["sampling"] if secret else POISSON
     q = rate if secret else 1.0
-    mechanism = MECHANISM_NAMES[dp["mechanism"]]
     z = float(dp["noise_multiplier"])
     accountant = dp["accountant"]
     if z == 0:
@@ -131,12 +133,15 @@ def _dp_config(key: str, num_clients: int) -> DpConfig:
     )
 
 
-def _neighbouring(chosen: str, sampling: str, secagg: bool) -> str:
-    if chosen != "auto":
-        return chosen
-    if sampling == FIXED:
-        return REPLACE_ONE
-    return ZERO_OUT if secagg else ADD_REMOVE
+def _neighbouring(chosen: str, sampling: str, secagg: bool, mechanism: str) -> str:
+    """The relation the run is accounted under: `auto` resolved, a refused one refused
+    (vocabulary.REFUSED_NEIGHBOURING; the run config's validator refuses it first)."""
+    if chosen == "auto":
+        return default_neighbouring(mechanism, sampling, secagg)
+    refusal = neighbouring_refusal(mechanism, sampling, chosen, secagg)
+    if refusal is not None:
+        raise ConfigError(f"dp.neighbouring = {chosen!r}: refused ({refusal})")
+    return chosen
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,17 @@ unscales and unrotates. Sums of Skellam shares are Skellam, so the server only e
 sees the sum already carrying noise of variance n * mu_local.
 
 Accounting (Gaussian equivalent). Agarwal et al. (Thm 3.5; mu = total variance,
-integer sensitivities D1, D2) give, for alpha > 1,
+integer sensitivities D1, D2) give, for integer alpha > 1,
     eps(alpha) <= alpha D2^2/(2 mu) + min(((2 alpha - 1) D2^2 + 6 D1)/(4 mu^2), 3 D1/(2 mu)).
 Because (2 alpha - 1) D2^2 + 6 D1 <= alpha (2 D2^2 + 6 D1) for alpha >= 1, this is at
 most alpha / (2 z^2) with
     1/z^2 = D2^2/mu + (D2^2 + 3 D1)/mu^2,
 i.e. the RDP curve of a Gaussian with noise multiplier z at EVERY order. Only that
-curve is known, so the sole sound accountant is 'skellam_rdp' (accounting.py): the
-curve, amplified under sampling by bounds valid for any mechanism (subsampled_rdp.py).
+curve is known, so the sole sound accountant is 'skellam_rdp_integer' (accounting.py):
+the curve, amplified under sampling by bounds valid for any mechanism (subsampled_rdp.py),
+at integer orders only, those the bound is proven for (Agarwal et al. state it for
+integer alpha; TFF's accounting evaluates integer orders). Ledgers from before name
+'skellam_rdp', the same at fractional orders too, and are recomputed with it.
 Adjacency is zero-out or replace-one: under add/remove the target's noise share would
 leave with it (a change of variance, which no shift-based bound covers).
 """

@@ -27,8 +27,14 @@ from scipy.special import gammaln, logsumexp
 
 Curve = Callable[[np.ndarray], np.ndarray]
 
-# dp-accounting's default grid (fractional orders near 1 matter for large epsilons).
-DEFAULT_ORDERS: tuple[float, ...] = (
+# Integer orders only: Agarwal, Kairouz and Liu prove the Skellam RDP bound (skellam.py)
+# for integer alpha > 1, the orders TFF's distributed-DP accounting uses (2-128, 256);
+# 512 and 1024 as well, for very small epsilons. The general sampling bounds below are
+# themselves stated for integer orders (the mixture bound holds for every real one).
+INTEGER_ORDERS: tuple[float, ...] = (*range(2, 129), 256, 512, 1024)
+# dp-accounting's default grid, with fractional orders 1.1-10.9 where the Skellam bound is
+# not proven: only to recompute ledgers that name the legacy accountant 'skellam_rdp'.
+LEGACY_FRACTIONAL_ORDERS: tuple[float, ...] = (
     *(1 + x / 10 for x in range(1, 100)),
     *range(11, 64),
     128,
@@ -36,6 +42,7 @@ DEFAULT_ORDERS: tuple[float, ...] = (
     512,
     1024,
 )
+DEFAULT_ORDERS = INTEGER_ORDERS
 
 
 def gaussian_curve(noise_multiplier: float) -> Curve:

@@ -71,7 +71,13 @@ from .ledger import (
 from .participation import capped_events
 from .signing import find_public_key, key_dir, key_id_for, verify_signature
 from .skellam import SkellamParams
-from .vocabulary import sound_accountants
+from .vocabulary import (
+    LEGACY_ACCOUNTANTS,
+    SKELLAM_ACCOUNTANTS,
+    SKELLAM_RDP_INTEGER,
+    sound_accountants,
+    verifiable_accountants,
+)
 
 STATUS_FINAL = "final"
 STATUS_INTERRUPTED = "interrupted"
@@ -260,6 +266,7 @@ def _verified(state: _State) -> VerifyResult:
         + f", signed by key {state.key_id}"
         + (f", {state.witnesses} witnessed heads found" if state.witnesses else "")
         + (f"; {LEGACY_NOTE}" if state.schema == LEGACY_SCHEMA else "")
+        + _legacy_accountant_note(state)
     )
     if final:
         message = f"final: run {state.run_id} finished at training round {last['training_round']}"
@@ -481,7 +488,8 @@ def _check_release(entry: Mapping[str, Any], line: int, state: _State) -> None:
                 f"line {line}: {name}={value!r} is not a finite number", line, round_number
             )
     if state.first is None:
-        sound = _sound_accountants(entry)
+        # Old ledgers may name a legacy accountant: they verify as what they were.
+        sound = verifiable_accountants(entry["mechanism"], entry["sampling"], entry["neighbouring"])
         if entry["accountant"] not in sound:
             raise _Discrepancy(
                 f"line {line}: accountant {entry['accountant']!r} is not sound for "
@@ -593,7 +601,7 @@ def _check_recomputed_bound(
     cap = state.first.get(CAP) if state.first is not None else None
     try:
         events = capped_events(state.events, cap)
-        recomputed = individual_epsilon(events, delta) if events else 0.0
+        recomputed = individual_epsilon(events, delta, _bound_accountant(state)) if events else 0.0
     except ValueError as error:
         raise _Discrepancy(f"line {line}: cannot recompute {BOUND} ({error})", line) from None
     tolerance = max(abs_tol, rel_tol * recomputed)
@@ -607,6 +615,23 @@ def _check_recomputed_bound(
             f"{recomputed!r} (recomputed from the ledger)",
             line,
         )
+
+
+def _bound_accountant(state: _State) -> str:
+    """The Skellam accountant the coordinator's bound is recomputed with: the ledger's own
+    where it names one (the legacy fractional-order one included), else the integer one."""
+    named = state.first.get("accountant") if state.first is not None else None
+    return named if named in SKELLAM_ACCOUNTANTS else SKELLAM_RDP_INTEGER
+
+
+def _legacy_accountant_note(state: _State) -> str:
+    named = state.first.get("accountant") if state.first is not None else None
+    if named not in LEGACY_ACCOUNTANTS:
+        return ""
+    return (
+        f"; accountant {named!r} (legacy: Renyi orders the bound is not proven for), "
+        f"recomputed as recorded; new ledgers use {LEGACY_ACCOUNTANTS[named]!r}"
+    )
 
 
 def _check_skellam(entry: Mapping[str, Any], line: int, state: _State) -> None:

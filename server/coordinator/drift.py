@@ -10,7 +10,9 @@ coordinator's own. Any other version trained with DP (`[dp]` central, or DP-SGD 
 devices) is evaluated as a DP release: under secure aggregation (the version's threat
 mode, semi-honest if it had none) with central Gaussian noise calibrated to
 `drift.epsilon`/`drift.delta` (privacy/dp/evaluation.py), and charged to `drift.budget`,
-the most the evaluations of one version may compose to (drift_budget.py). The charge is
+the most the evaluations of one version may compose to (drift_budget.py), and to
+`drift.device_budget`, the most the evaluations of every version that could ask one
+enrolled device may compose to (drift_devices.py). The charge is
 reserved before the run is submitted; an evaluation the budget cannot pay for is refused,
 naming drift.budget, and nothing is sent to the devices; so is one for which too few
 devices are connected to reach secure aggregation's threshold. Only the noised mean
@@ -49,6 +51,12 @@ from fedveil.config.service import DriftSection
 from fedveil.privacy.dp.evaluation import EvaluationPlan
 from fedveil.privacy.secagg.feasibility import MIN_CLIENTS, smallest_feasible_group
 from fedveil.server.coordinator.drift_budget import DriftBudget
+from fedveil.server.coordinator.drift_devices import (
+    counted_charges,
+    device_cap,
+    enrolled_devices,
+    most_charged_device,
+)
 from fedveil.server.coordinator.drift_run import DRIFT_FILE, EVALUATE, RETRAIN
 from fedveil.server.coordinator.model_versions import coordinator_registry
 from fedveil.server.coordinator.rundir import FINAL, read_json, write_json
@@ -140,19 +148,26 @@ class DriftMonitor:
         manager: RunManager,
         clock: Callable[[], float] = time.time,
         connected: Callable[[], int | None] = lambda: None,
+        enrolled: Callable[[], list[int] | None] | None = None,
     ) -> None:
         """`connected`: the devices connected now (None: unknown), for secure aggregation's
-        threshold under DP (the service's count of online enrolled devices)."""
+        threshold under DP (the service's count of online enrolled devices). `enrolled`:
+        the devices an evaluation could ask (None: every device; default: the
+        coordinator's enrolled, unrevoked client ids), charged across versions."""
         self.cfg, self.state_dir, self.manager, self.clock = settings, state_dir, manager, clock
         self.connected = connected
+        self.enrolled = enrolled or (lambda: enrolled_devices(state_dir))
         self.path = state_dir / STATE_FILE
         self._reconciled = False
 
     def state(self) -> dict[str, Any]:
         state = read_json(self.path) or {}
         state.setdefault("history", [])
+        devices = most_charged_device(counted_charges(state), self.cfg.delta)
         return {
             **state,
+            # The most-charged device's epsilon across every version (drift_devices.py).
+            "devices": devices.to_dict(device_cap(self.cfg)),
             "enabled": self.cfg.enabled,
             "model": self.cfg.model,
             "interval_s": self.cfg.interval_s,
@@ -162,6 +177,7 @@ class DriftMonitor:
                 "epsilon": self.cfg.epsilon,
                 "delta": self.cfg.delta,
                 "budget": self.cfg.budget,
+                "device_budget": device_cap(self.cfg),
                 "loss_cap": self.cfg.loss_cap,
             },
         }
@@ -236,9 +252,11 @@ class DriftMonitor:
                 f"= {self.cfg.epsilon:g}) would compose to {after:.4g} > drift.budget; nothing "
                 "is sent to the devices. Promote another version, or raise drift.budget"
             )
+        asked = self.enrolled()
+        self._check_device_budget(state, plan, asked, ref)
         values = self._dp_evaluation_config(values, self._dp_cohort(values), ref)
         dp = {"plan": plan.to_dict(), "prior": budget.prior(ref), "budget": self.cfg.budget}
-        charge = budget.reserve(ref, plan, self.clock())
+        charge = budget.reserve(ref, plan, self.clock(), asked)
         # The charge goes to disk with the submission marker, before the run exists (_submit).
         try:
             view = self._submit(state, values, EVALUATE, ref, model, dp=dp)
@@ -255,6 +273,24 @@ class DriftMonitor:
             view["id"],
         )
         return {"kind": EVALUATE, "run_id": view["id"], "version": ref, "dp": True}
+
+    def _check_device_budget(
+        self, state: dict[str, Any], plan: EvaluationPlan, asked: list[int] | None, ref: str
+    ) -> None:
+        """Refused (nothing sent) when one more evaluation would take a device it could ask
+        past drift.device_budget, composed across every version's evaluations."""
+        charges = counted_charges(state)
+        after = most_charged_device(charges, self.cfg.delta, plus=plan, asked=asked)
+        if not (after.epsilon <= device_cap(self.cfg)):
+            spent = most_charged_device(charges, self.cfg.delta)
+            raise DriftRefused(
+                f"drift evaluation of {ref} refused: the drift evaluations of every version "
+                f"have spent epsilon {spent.epsilon:.4g} of a device's drift.device_budget = "
+                f"{device_cap(self.cfg):g} ({spent.evaluations} evaluations could ask it), "
+                f"and one more (drift.epsilon = {self.cfg.epsilon:g}) would compose to "
+                f"{after.epsilon:.4g} > drift.device_budget; nothing is sent to the devices. "
+                "A new version, or the same model registered again, does not reset it"
+            )
 
     def _dp_cohort(self, values: dict[str, Any]) -> int:
         """How many devices the evaluation asks: drift.clients, at most those connected,
@@ -509,6 +545,10 @@ class DriftMonitor:
             budget=self.cfg.budget,
             budget_left=max(0.0, self.cfg.budget - spent),
             charge=charge["status"] if charge else None,
+            device_epsilon_spent_max=most_charged_device(
+                counted_charges(state), self.cfg.delta
+            ).epsilon,
+            device_budget=device_cap(self.cfg),
         )
         if summary.get("federated_loss") is not None:
             entry["loss"] = float(summary["federated_loss"])

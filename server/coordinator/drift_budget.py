@@ -47,7 +47,11 @@ class DriftBudget:
         run composes its own with, before it unmasks)."""
         return [float(c["noise_multiplier"]) for c in self.counted(ref)]
 
-    def reserve(self, ref: str, plan: EvaluationPlan, at: float) -> dict[str, Any]:
+    def reserve(
+        self, ref: str, plan: EvaluationPlan, at: float, devices: list[int] | None = None
+    ) -> dict[str, Any]:
+        """`devices`: the enrolled devices the evaluation could ask (None: every device),
+        which drift_devices.py charges it to across versions."""
         charge = {
             "run_id": None,
             "status": RESERVED,
@@ -55,6 +59,7 @@ class DriftBudget:
             "noise_multiplier": plan.noise_multiplier,
             "epsilon": plan.epsilon,
             "delta": plan.delta,
+            "devices": devices,
         }
         self.charges.setdefault(ref, []).append(charge)
         return charge

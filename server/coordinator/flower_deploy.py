@@ -40,6 +40,7 @@ from fedveil.server.coordinator.drift_run import (
 from fedveil.server.coordinator.rundir import ROSTER_FILE, RunDir, write_json
 from fedveil.server.coordinator.superlink import STATE_ENV
 from fedveil.server.engine.lifecycle import RunLifecycle
+from fedveil.server.engine.round_record import public_summary
 from fedveil.server.engine.rounds import RoundRecord
 from fedveil.server.engine.runstore import RunStore
 from fedveil.tasks import make_server_task
@@ -109,10 +110,8 @@ def _log_round(record: RoundRecord, private: bool) -> None:
             record.dropped,
             record.duration_s,
         )
-    else:  # counts reveal participation: the private annex has them
-        log.info(
-            "round %d: %s, %.2f s", record.round, record.extra.get("status"), record.duration_s
-        )
+    else:  # counts and durations reveal participation: the private annex has them
+        log.info("round %d: %s", record.round, record.extra.get("status"))
 
 
 def _wait_for_clients(
@@ -265,6 +264,8 @@ def _evaluate_version(
         flower_run_id=ev.flower_run_id,
         attempt_wall_s=time.perf_counter() - start,
     )
+    # A DP evaluation's duration depends on who answered: not published (public_time.py).
+    summary = public_summary(summary, dp=drift.get("dp") is not None)
     write_json(rd / "summary.json", summary)
     rd.write_status(phase="completed", round=0, rounds=0)
     # Under DP the summary is the public release alone (no counts): safe to log.

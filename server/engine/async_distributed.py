@@ -20,7 +20,7 @@ already-noised sums by server.buffer, post-processing that costs nothing.
 Accounting, without amplification (nothing is sampled): a client is dispatched at most
 P = server.max_participations times and each dispatch puts it in at most one group
 release, so every client's epsilon is at most the P-fold composition of one release's
-Skellam RDP at the plan's z (skellam_rdp at q = 1). That bound is stated before the run
+Skellam RDP at the plan's z (skellam_rdp_integer at q = 1). That bound is stated before the run
 (refused over dp.epsilon) and is the same for the observers and the coordinator, which
 sees only sums already carrying the honest shares; `coordinator_bound` states it from
 the ledger alone. A crash after a group was charged but before the checkpoint leaves

@@ -32,6 +32,7 @@ from fedveil.server.engine.async_wall import WallClockEngine
 from fedveil.server.engine.pipeline import make_privacy_pipeline, private_run_args
 from fedveil.server.engine.privacy_report import write_privacy_report
 from fedveil.server.engine.privacy_stage import CentralDP
+from fedveil.server.engine.round_record import public_summary
 from fedveil.server.engine.rounds import RoundEngine, RoundRecord, initial_model
 from fedveil.server.engine.runstore import RunStore, atomic_write_bytes
 from fedveil.server.engine.sim_clock import Availability
@@ -166,7 +167,7 @@ class RunLifecycle:
         self.save_model(engine, model_metadata)
         if self.privacy is not None:
             write_privacy_report(self.store.path, self.privacy.config)
-        self.store.write_summary(summary)
+        self.store.write_summary(public_summary(summary, dp=self.privacy is not None))
         if self.tracking is not None:
             files = [self.store.path / n for n in (MODEL_FILE, "summary.json", "config.toml")]
             self.tracking.close(summary_status(summary), files)

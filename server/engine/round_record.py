@@ -40,13 +40,14 @@ class RoundRecord:
 # `epsilon_coordinator_bound` (a client in every released round) reveals nothing.
 # Nor the simulation's `dp_sgd_epsilon_max`: the busiest client's DP-SGD epsilon inverts
 # to its exact example count. DP-SGD runs alone publish only these keys too.
+# Nor `duration_s`: a round lasts as long as its slowest sampled client, so its duration
+# reveals the cohort (privacy/dp/public_time.py); the private annex keeps it.
 PUBLIC_UNDER_DP = frozenset(
     {
         "round",
         "status",
         "test_loss",
         "test_accuracy",
-        "duration_s",
         "epsilon",
         "epsilon_coordinator_bound",
         "clip_norm",
@@ -58,3 +59,16 @@ PUBLIC_UNDER_DP = frozenset(
         "clients_connected",
     }
 )
+
+
+# summary.json keys a DP run does not write: a run's wall time composes every round's
+# duration (privacy/dp/public_time.py). The in-memory summary (the CLI's last line) keeps
+# them for the operator.
+TIMING_KEYS = ("wall_s", "attempt_wall_s")
+
+
+def public_summary(summary: dict[str, Any], *, dp: bool) -> dict[str, Any]:
+    """The summary as summary.json publishes it: under DP without the run's timing."""
+    if not dp:
+        return summary
+    return {k: v for k, v in summary.items() if k not in TIMING_KEYS}

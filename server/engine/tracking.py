@@ -3,7 +3,10 @@
 A run logs its parameters (the config, flattened), each round's metrics and, when it
 ends, its model, summary and config as MLflow artifacts. Under DP only what
 metrics.jsonl publishes reaches a tracker (`RoundRecord.public_json`): epsilon and the
-server's own evaluation, never cohort sizes, drops or client-reported losses.
+server's own evaluation, never cohort sizes, drops, client-reported losses or round
+durations; and every time a tracker stores (TensorBoard's event wall times, MLflow's
+metric timestamps and run start and end) is the hour the run opened in, so no two of
+them measure a round (privacy/dp/public_time.py).
 
 Trackers never stop a run: metrics.jsonl is the record; a tracker that fails (an MLflow
 server gone away) is warned about once and dropped.
@@ -14,13 +17,13 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from fedveil.config import ConfigError, RunConfig
 from fedveil.config.run import TrackingConfig
+from fedveil.privacy.dp.public_time import PublicClock
 from fedveil.server.engine.round_record import RoundRecord
 
 log = logging.getLogger("fedveil.server")
@@ -139,21 +142,24 @@ class TensorBoardSink:
 
     name = "tensorboard"
 
-    def __init__(self, log_dir: str, params: Mapping[str, str]) -> None:
+    def __init__(self, log_dir: str, params: Mapping[str, str], clock: PublicClock) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        self.clock = clock
         self.writer = SummaryWriter(log_dir=log_dir)
         table = "\n".join(f"| {k} | {v} |" for k, v in sorted(params.items()))
-        self.writer.add_text("config", "| key | value |\n|---|---|\n" + table, 0)
+        self.writer.add_text(
+            "config", "| key | value |\n|---|---|\n" + table, 0, walltime=clock.seconds()
+        )
         self.writer.flush()
 
     def round(self, step: int, metrics: Mapping[str, float]) -> None:
         for key, value in metrics.items():
-            self.writer.add_scalar(key, value, step)
+            self.writer.add_scalar(key, value, step, walltime=self.clock.seconds())
         self.writer.flush()
 
     def close(self, status: str, files: Iterable[Path]) -> None:
-        self.writer.add_text("status", status)
+        self.writer.add_text("status", status, walltime=self.clock.seconds())
         self.writer.close()
 
 
@@ -170,7 +176,9 @@ class MlflowSink:
         run_name: str,
         params: Mapping[str, str],
         tags: Mapping[str, str],
+        clock: PublicClock,
     ) -> None:
+        self.clock = clock
         tracking_uri = mlflow_tracking_uri(uri)
         if mlflow_artifact_root(uri) is not None:  # the directory holding the SQLite store
             Path(uri).expanduser().mkdir(parents=True, exist_ok=True)
@@ -191,7 +199,9 @@ class MlflowSink:
                 experiment, artifact_location=mlflow_artifact_root(uri)
             )
         )
-        run = self.client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
+        run = self.client.create_run(
+            experiment_id, start_time=clock.millis(), run_name=run_name, tags=dict(tags)
+        )
         self.run_id: str = run.info.run_id
         items = [Param(k, v[:6000]) for k, v in params.items()]  # MLflow's value limit
         for i in range(0, len(items), 100):  # and its batch limit
@@ -199,7 +209,7 @@ class MlflowSink:
         self._tag = RunTag
 
     def round(self, step: int, metrics: Mapping[str, float]) -> None:
-        now = int(time.time() * 1000)
+        now = self.clock.millis()
         batch = [self._metric(k, v, now, step) for k, v in metrics.items()]
         if batch:
             self.client.log_batch(self.run_id, metrics=batch)
@@ -210,7 +220,9 @@ class MlflowSink:
                 self.client.log_artifact(self.run_id, str(path))
             self.client.set_tag(self.run_id, "fedveil.status", status)
         finally:
-            self.client.set_terminated(self.run_id, MLFLOW_STATUS.get(status, "FAILED"))
+            self.client.set_terminated(
+                self.run_id, MLFLOW_STATUS.get(status, "FAILED"), end_time=self.clock.millis()
+            )
 
 
 class RunTracking:
@@ -227,12 +239,16 @@ class RunTracking:
             return None
         check_tracking_available(t)
         params = run_params(cfg)
+        clock = PublicClock(dp=dp)
         sinks: list[Sink] = []
         if t.tensorboard:
-            sinks.append(TensorBoardSink(str(tensorboard_run_dir(t.tensorboard, run_dir)), params))
+            log_dir = str(tensorboard_run_dir(t.tensorboard, run_dir))
+            sinks.append(TensorBoardSink(log_dir, params, clock))
         if t.mlflow_uri:
             tags = {"fedveil.run_dir": str(run_dir), "fedveil.dp": cfg.dp.mechanism}
-            sinks.append(MlflowSink(t.mlflow_uri, t.mlflow_experiment, run_dir.name, params, tags))
+            sinks.append(
+                MlflowSink(t.mlflow_uri, t.mlflow_experiment, run_dir.name, params, tags, clock)
+            )
         return cls(sinks, dp=dp)
 
     def on_round(self, record: RoundRecord) -> None:

@@ -97,6 +97,14 @@ DP_DRIFT = {
     **DRIFT,
     "model": "blobs",
     "dp": DP_SETTINGS,
+    # The most-charged enrolled device across every version (drift_devices.py).
+    "devices": {
+        "per": "enrolled device, across every version",
+        "budget": 8.0,
+        "epsilon_spent_max": 5.3118,
+        "budget_left": 2.6882,
+        "evaluations_max": 21,
+    },
     "refused": "drift evaluation of blobs@3 refused: its evaluations have spent epsilon "
     "1.694 of drift.budget = 2.5, and one more (drift.epsilon = 1) would compose to 2.18 > "
     "drift.budget; nothing is sent to the devices",
@@ -220,6 +228,10 @@ def test_a_dp_version_shows_each_evaluations_epsilon_and_the_budget(tmp_path):
     assert "DP versions <b>ε 1.00 per evaluation</b> (δ 1e-6), budget <b>2.50</b>" in panel
     assert '<span id="drift-budget">blobs@3: spent <b>1.69</b>, left <b>0.81</b></span>' in panel
     assert "would compose to 2.18 &gt; drift.budget; nothing is sent to the devices" in panel
+    assert (
+        '<span id="drift-device-budget" data-epsilon="5.31">per device, all versions: spent '
+        "<b>5.31</b> of 8.00 (21 evaluations), left <b>2.69</b></span>"
+    ) in panel
     rows = dict(re.findall(r'<tr[^>]*data-drift="(\w+)"[^>]*>(.*?)</tr>', panel, re.S))
     assert list(rows) == ["d3", "d2", "d1"]
     assert "0.6200 (noised)" in rows["d2"] and "retraining run r1 (completed)" in rows["d2"]

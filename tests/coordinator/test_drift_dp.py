@@ -165,6 +165,15 @@ def test_a_dp_version_is_evaluated_under_secure_aggregation_and_charged(tmp_path
         state = drift()
         assert len(state["history"]) == 1 and state["pending"] is None
         assert {r["id"] for r in dep.http.get("/runs").json()} == runs_before
-        assert state["dp"] == {"epsilon": EPSILON, "delta": 1e-6, "budget": BUDGET, "loss_cap": 4.0}
+        # drift.device_budget not set (0): drift.budget (drift_devices.device_cap); GET
+        # /drift states the most-charged device across versions.
+        assert state["dp"] == {
+            "epsilon": EPSILON,
+            "delta": 1e-6,
+            "budget": BUDGET,
+            "device_budget": BUDGET,
+            "loss_cap": 4.0,
+        }
+        assert state["devices"]["epsilon_spent_max"] == pytest.approx(entry["epsilon"], rel=1e-3)
     finally:
         dep.close()

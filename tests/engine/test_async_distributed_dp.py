@@ -131,10 +131,10 @@ def test_every_group_is_charged_before_its_unmasking_and_the_bound_is_the_p_fold
             entry["noise_multiplier"], rel=1e-12
         )
         assert (entry["sampling_rate"], entry["max_participations"]) == (1.0, CAP)
-        assert entry["accountant"] == "skellam_rdp"
+        assert entry["accountant"] == "skellam_rdp_integer"
     z = plan.noise_multiplier
     composed = compute_epsilon(
-        [PrivacyEvent(z, 1.0, steps=CAP, neighbouring="zero_out")], DELTA, "skellam_rdp"
+        [PrivacyEvent(z, 1.0, steps=CAP, neighbouring="zero_out")], DELTA, "skellam_rdp_integer"
     )
     orders = np.asarray(DEFAULT_ORDERS)
     gaussian = rdp_to_epsilon(orders, CAP * orders / (2 * z**2), DELTA)  # the Skellam curve

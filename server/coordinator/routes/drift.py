@@ -3,7 +3,9 @@
 Public, as the runs list is (the dashboard reads it). For a version trained without DP it
 shows the federated accuracy, which its runs publish anyway; for a DP version only what
 the evaluation released under the accounting: the noised mean accuracy and loss, each
-evaluation's epsilon and the version's budget spent and left, never a count of devices
+evaluation's epsilon and the version's budget spent and left, and (`devices`) the
+most-charged enrolled device's epsilon across every version against drift.device_budget
+(server/coordinator/drift_devices.py); never a device id or a count of devices
 (those are in the evaluation run's private annex). Server paths are left out, as in every
 public view.
 """

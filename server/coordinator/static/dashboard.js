@@ -258,7 +258,8 @@ function renderCluster(c) {
 // Drift ([drift] in server.toml): evaluations of the promoted version on the devices and
 // the retraining runs they started; hidden when the coordinator has drift off. A DP
 // version's evaluation shows only what it released: the noised accuracy, its epsilon and
-// the version's budget spent and left (never a count of devices).
+// the version's budget spent and left, and the most-charged device's epsilon across every
+// version (never a count of devices).
 const fmtEps = (x) => Number(x || 0).toFixed(2);
 
 function driftPrivacy(h) {
@@ -277,6 +278,15 @@ function driftBudgetFacts(d) {
   if (last) {
     facts.push(el("span", { id: "drift-budget" }, `${last.version}: spent `,
       el("b", {}, fmtEps(last.epsilon_spent)), ", left ", el("b", {}, fmtEps(last.budget_left))));
+  }
+  // Every version's evaluations composed for the most-charged enrolled device (the cap
+  // drift.device_budget): a new version, or the same model registered again, adds to it.
+  const dev = d.devices;
+  if (dev) {
+    facts.push(el("span", { id: "drift-device-budget", "data-epsilon": fmtEps(dev.epsilon_spent_max) },
+      "per device, all versions: spent ", el("b", {}, fmtEps(dev.epsilon_spent_max)),
+      ` of ${fmtEps(dev.budget)} (${dev.evaluations_max} evaluations), left `,
+      el("b", {}, fmtEps(dev.budget_left))));
   }
   return facts;
 }

@@ -112,13 +112,16 @@ def test_async_dp_without_a_cap_is_refused_and_says_why():
 
 @pytest.mark.parametrize("mode", ["async", "ssp"])
 def test_distributed_dp_under_async_is_accounted_per_group_with_the_skellam_curve(mode):
-    # Each group release is one unsampled Skellam release: skellam_rdp, the only sound
+    # Each group release is one unsampled Skellam release: skellam_rdp_integer, the only sound
     # accountant, composed over the cap (tests/engine/test_async_distributed_dp.py runs it).
     cfg = async_config(mode, cap=5)
     cfg.dp.mechanism = "distributed"
     cfg.secagg.enabled = True
     config = async_dp_config(cfg, 50)
-    assert (config.mechanism, config.accountant_name) == ("distributed_skellam", "skellam_rdp")
+    assert (config.mechanism, config.accountant_name) == (
+        "distributed_skellam",
+        "skellam_rdp_integer",
+    )
     assert (config.sampling_rate, config.max_participations) == (1.0, 5)
     assert 7.99 <= stated_bound(config) <= 8.0
 

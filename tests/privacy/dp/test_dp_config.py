@@ -21,7 +21,7 @@ def test_valid_config_resolves_the_tightest_accountant():
     assert base().accountant_name == "pld"
     # Distributed DP: auto resolves to zero-out adjacency and the general-bound RDP.
     skellam = base(mechanism="distributed_skellam")
-    assert (skellam.neighbouring, skellam.accountant_name) == ("zero_out", "skellam_rdp")
+    assert (skellam.neighbouring, skellam.accountant_name) == ("zero_out", "skellam_rdp_integer")
     fixed = base(
         sampling="fixed",
         neighbouring="replace_one",

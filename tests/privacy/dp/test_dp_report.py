@@ -55,7 +55,7 @@ def test_report_before_any_release_uses_the_config():
         budget_epsilon=4.0,
     )
     report = build_report([], config=cfg)
-    assert report["epsilon"] == 0.0 and report["accountant"] == "skellam_rdp"
+    assert report["epsilon"] == 0.0 and report["accountant"] == "skellam_rdp_integer"
     html = render_html(report)
     assert "Distributed DP" in html and html.count("<svg") == 2
 

@@ -83,7 +83,8 @@ def test_distributed_dp_accounts_for_the_survivors(tmp_path):
         sampling_rate=0.02,
         rounds=5,
         delta=1e-5,
-        budget_epsilon=5.0,
+        # Room for 5 worst-case rounds at integer Renyi orders (5.61 at z = 1).
+        budget_epsilon=6.0,
         cohort_size=12,
         modulus_bits=20,
     )

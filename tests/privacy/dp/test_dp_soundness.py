@@ -61,7 +61,7 @@ def test_dpconfig_refuses_accountants_unsound_for_skellam(accountant):
         skellam_config(accountant=accountant)
     message = str(error.value)
     assert message.startswith(f"DpConfig.accountant={accountant!r} is invalid; allowed: ")
-    assert "('skellam_rdp',) for mechanism 'distributed_skellam'" in message
+    assert "('skellam_rdp_integer',) for mechanism 'distributed_skellam'" in message
 
 
 @pytest.mark.parametrize(
@@ -87,7 +87,7 @@ def test_compute_epsilon_refuses_pld_for_skellam_when_told_the_mechanism():
     assert compute_epsilon([event], 1e-5, "pld") > 0  # Gaussian events: fine
     with pytest.raises(ValueError, match="not sound for mechanism='distributed_skellam'"):
         compute_epsilon([event], 1e-5, "pld", mechanism=SKELLAM)
-    assert compute_epsilon([event], 1e-5, "skellam_rdp", mechanism=SKELLAM) > 0
+    assert compute_epsilon([event], 1e-5, "skellam_rdp_integer", mechanism=SKELLAM) > 0
 
 
 def distributed(**overrides):
@@ -102,7 +102,7 @@ def test_run_config_refuses_unsound_accountants_for_distributed_dp(accountant):
         distributed(**{"dp.accountant": accountant})
     assert str(error.value) == (
         f"dp.accountant = {accountant!r}: not sound for distributed DP (Skellam); "
-        "use 'auto' or 'skellam_rdp'"
+        "use 'auto' or 'skellam_rdp_integer'"
     )
 
 
@@ -111,11 +111,15 @@ def test_run_config_refuses_add_remove_and_fixed_zero_out():
         distributed(**{"dp.neighbouring": "add_remove", "server.sampling": "poisson"})
     with pytest.raises(ConfigError, match=r"dp\.neighbouring = 'zero_out' with server\.sampling"):
         distributed(**{"dp.neighbouring": "zero_out", "server.sampling": "fixed"})
-    with pytest.raises(ConfigError, match=r"dp\.accountant = 'skellam_rdp': only for"):
+    with pytest.raises(ConfigError, match=r"dp\.accountant = 'skellam_rdp_integer': only for"):
         load_config(
-            None, {"dp.mechanism": "central", "dp.epsilon": 8, "dp.accountant": "skellam_rdp"}
+            None,
+            {"dp.mechanism": "central", "dp.epsilon": 8, "dp.accountant": "skellam_rdp_integer"},
         )
-    assert distributed(**{"dp.accountant": "skellam_rdp"}).dp.accountant == "skellam_rdp"
+    assert (
+        distributed(**{"dp.accountant": "skellam_rdp_integer"}).dp.accountant
+        == "skellam_rdp_integer"
+    )
     poisson = {"dp.neighbouring": "zero_out", "server.sampling": "poisson"}
     assert distributed(**poisson).dp.neighbouring == "zero_out"
 
@@ -144,15 +148,15 @@ def test_auto_resolves_per_mechanism():
     assert default_neighbouring(SKELLAM, "fixed") == "replace_one"
     assert default_neighbouring("central_gaussian", "poisson") == "add_remove"
     assert default_neighbouring("central_gaussian", "fixed") == "replace_one"
-    assert default_accountant(SKELLAM, "poisson", "zero_out") == "skellam_rdp"
-    assert default_accountant(SKELLAM, "fixed", "replace_one") == "skellam_rdp"
+    assert default_accountant(SKELLAM, "poisson", "zero_out") == "skellam_rdp_integer"
+    assert default_accountant(SKELLAM, "fixed", "replace_one") == "skellam_rdp_integer"
     assert default_accountant("central_gaussian", "poisson", "add_remove") == "pld"
     assert default_accountant("central_gaussian", "fixed", "replace_one") == "dpa_rdp"
     assert sound_accountants(SKELLAM, "poisson", "add_remove") == ()
-    assert sound_accountants(SKELLAM, "poisson", "zero_out") == ("skellam_rdp",)
-    assert "skellam_rdp" not in sound_accountants("central_gaussian", "poisson", "zero_out")
+    assert sound_accountants(SKELLAM, "poisson", "zero_out") == ("skellam_rdp_integer",)
+    assert "skellam_rdp_integer" not in sound_accountants("central_gaussian", "poisson", "zero_out")
     fixed = skellam_config(sampling="fixed", population_size=100, cohort_size=10)
-    assert (fixed.neighbouring, fixed.accountant_name) == ("replace_one", "skellam_rdp")
+    assert (fixed.neighbouring, fixed.accountant_name) == ("replace_one", "skellam_rdp_integer")
     central = DpConfig(**{**skellam_config().to_dict(), "mechanism": "central_gaussian"})
     assert (central.neighbouring, central.accountant_name) == ("zero_out", "pld")
     assert (
@@ -164,8 +168,11 @@ def test_auto_resolves_per_mechanism():
 def test_calibration_uses_the_sound_accountant_for_skellam():
     z = calibrate_noise_multiplier(4.0, 1e-5, 50, 0.1, mechanism=SKELLAM)
     event = PrivacyEvent(z, 0.1, 50, neighbouring="zero_out")
-    assert compute_epsilon([event], 1e-5, "skellam_rdp") <= 4.0
-    assert compute_epsilon([replace(event, noise_multiplier=z * 0.99)], 1e-5, "skellam_rdp") > 4
+    assert compute_epsilon([event], 1e-5, "skellam_rdp_integer") <= 4.0
+    assert (
+        compute_epsilon([replace(event, noise_multiplier=z * 0.99)], 1e-5, "skellam_rdp_integer")
+        > 4
+    )
     with pytest.raises(ValueError, match="not sound"):
         calibrate_noise_multiplier(4.0, 1e-5, 50, 0.1, mechanism=SKELLAM, accountant="pld")
     with pytest.raises(ValueError, match="no accountant is sound"):
@@ -174,7 +181,7 @@ def test_calibration_uses_the_sound_accountant_for_skellam():
         4.0, 1e-5, 50, 0.1, sampling="fixed", population_size=100, mechanism=SKELLAM
     )
     fixed_event = PrivacyEvent(fixed, 0.1, 50, "fixed", "replace_one", 100)
-    assert compute_epsilon([fixed_event], 1e-5, "skellam_rdp") <= 4.0
+    assert compute_epsilon([fixed_event], 1e-5, "skellam_rdp_integer") <= 4.0
 
 
 # ------------------------------------------------------ central DP unchanged
@@ -296,8 +303,8 @@ def test_individual_epsilon_is_the_unamplified_composition():
     ]
     unsampled = [replace(e, sampling_rate=1.0) for e in events]
     value = individual_epsilon(events, 1e-5)
-    assert value == compute_epsilon(unsampled, 1e-5, "skellam_rdp")
-    assert value > compute_epsilon(events, 1e-5, "skellam_rdp")  # no amplification
+    assert value == compute_epsilon(unsampled, 1e-5, "skellam_rdp_integer")
+    assert value > compute_epsilon(events, 1e-5, "skellam_rdp_integer")  # no amplification
     # Sandwiched between the exact Gaussian epsilon and the zCDP conversion.
     rho = sum(1 / (2 * e.noise_multiplier**2) for e in events)
     assert value <= rho + 2 * math.sqrt(rho * math.log(1e5))
@@ -326,3 +333,68 @@ def test_individual_epsilons_for_many_clients_and_the_summary():
     assert sum(row["clients"] for row in summary["histogram"]) == 1000
     with pytest.raises(ValueError, match="not model"):
         individual_epsilon([PrivacyEvent(1.0, 0.1)], 1e-5)  # add/remove: refused
+
+
+# ------------------------------- add/remove beside secure aggregation's abort
+CENTRAL_SECAGG_POISSON = {
+    "dp.mechanism": "central",
+    "dp.epsilon": 8,
+    "secagg.enabled": True,
+    "server.sampling": "poisson",
+}
+
+
+def test_run_config_refuses_add_remove_with_central_dp_secagg_and_poisson():
+    # The public abort status depends on whether the target was sampled.
+    with pytest.raises(ConfigError) as error:
+        load_config(None, {**CENTRAL_SECAGG_POISSON, "dp.neighbouring": "add_remove"})
+    message = str(error.value)
+    assert message.startswith("dp.neighbouring = 'add_remove' with dp.mechanism = 'central'")
+    assert "abort status" in message and "'zero_out'" in message
+    # What stays accepted: auto (zero_out here), explicit zero_out, and add/remove where
+    # no secure-aggregation round can abort on who was sampled.
+    assert load_config(None, CENTRAL_SECAGG_POISSON).dp.neighbouring == "auto"
+    assert load_config(None, {**CENTRAL_SECAGG_POISSON, "dp.neighbouring": "zero_out"})
+    clear = {**CENTRAL_SECAGG_POISSON, "secagg.enabled": False, "dp.neighbouring": "add_remove"}
+    assert load_config(None, clear).dp.neighbouring == "add_remove"
+
+
+def test_every_refused_relation_of_the_rule_table_is_refused_by_the_validator():
+    from fedveil.privacy.dp.plan import dp_config, resolve_neighbouring
+    from fedveil.privacy.dp.vocabulary import REFUSED_NEIGHBOURING, default_neighbouring
+
+    names = {"central_gaussian": "central", SKELLAM: "distributed"}
+    assert REFUSED_NEIGHBOURING
+    for mechanism, sampling, neighbouring, secagg in REFUSED_NEIGHBOURING:
+        values = {
+            "dp.mechanism": names[mechanism],
+            "dp.epsilon": 8,
+            "secagg.enabled": secagg,
+            "server.sampling": sampling,
+        }
+        with pytest.raises(ConfigError, match=rf"dp\.neighbouring = '{neighbouring}'"):
+            load_config(None, {**values, "dp.neighbouring": neighbouring})
+        # `auto` never resolves to a refused relation, in the plan or the vocabulary.
+        cfg = load_config(None, values)
+        assert resolve_neighbouring(cfg) != neighbouring
+        assert default_neighbouring(mechanism, sampling, secagg) != neighbouring
+        assert dp_config(cfg, 100).neighbouring == resolve_neighbouring(cfg)
+
+
+def test_cli_simulate_refuses_add_remove_with_central_dp_secagg_and_poisson(tmp_path, tiny_env):
+    env = dict(tiny_env, FEDVEIL_DATA=str(tmp_path / "nothing"))
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "fedveil.cli.main", "simulate", "--out", str(tmp_path / "r")),
+            *("--dp", "central", "--secagg", "--epsilon", "8"),
+            *("--set", "server.sampling=poisson", "--set", "dp.neighbouring=add_remove"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "dp.neighbouring = 'add_remove' with dp.mechanism = 'central'" in proc.stderr
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
