@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from fedveil.client.edge.flower_deploy import EdgeClient, answer
+from fedveil.client.edge.ledger_guard import LedgerGuard
 from fedveil.client.edge.tls_probe import insecure_against_tls_error, server_speaks_tls
 from fedveil.client.edge.witness import WitnessStore
 from fedveil.ops.procs import child_env, flwr_command, free_port, spawn, stop_group, wait_port
@@ -99,10 +100,11 @@ class EdgeNode:
     def __init__(self, opts: EdgeOptions, edge: EdgeClient) -> None:
         opts.check()
         self.opts, self.edge = opts, edge
-        if edge.on_ledger_head is None:
-            # Keep every privacy-ledger head the coordinator shows this device: the
-            # operator's auditor checks them with `fedveil privacy verify --witness`.
-            edge.on_ledger_head = WitnessStore(opts.state_dir / "witness").record
+        if edge.ledger_guard.store is None:
+            # Verify and keep every privacy-ledger head the coordinator shows this device
+            # (pins survive a restart): the auditor checks them with `fedveil privacy
+            # verify --witness`.
+            edge.ledger_guard = LedgerGuard(WitnessStore(opts.state_dir / "witness"))
         # Set by the signal handler. A plain attribute on purpose: a handler that takes a
         # lock (threading.Event.set) can deadlock against the main thread holding it.
         self.stopping = False

@@ -196,7 +196,8 @@ def check_secagg_and_central_dp(dep, rid, rounds, sim_dir, deployed, simulated) 
         assert [r[key] for r in rounds] == pytest.approx([r[key] for r in sim_rounds], rel=1e-12)
     report = dep.http.get(f"/runs/{rid}/privacy").json()
     assert report["verification"]["ok"] and report["rounds"] == len(rounds)
-    assert report["ledger_entries"] == len(rounds) + 1  # the releases and the final record
+    # The opening record, the releases and the final record.
+    assert report["ledger_entries"] == len(rounds) + 2
     assert report["ledger_state"] == "final"
     assert report["epsilon"] == pytest.approx(rounds[-1]["epsilon"]) and report["epsilon"] <= 50
     html = dep.http.get(f"/runs/{rid}/privacy", params={"format": "html"})
