@@ -190,7 +190,12 @@ def check_secagg_and_central_dp(dep, rid, rounds, sim_dir, deployed, simulated) 
     sim_private = RunStore(sim_dir).read_private()
     assert private[0]["train_loss"] == pytest.approx(sim_private[0]["train_loss"], abs=1e-4)
     log = (dep.state / "runs" / rid / "server.log").read_text()
-    assert "the update leaves masked" in (dep.root / "client-0.log").read_text()
+    client_log = (dep.root / "client-0.log").read_text()
+    assert "the update leaves masked" in client_log
+    # The device pinned the run's ledger key from the signed opening record (issue 28).
+    ledger = (dep.state / "runs" / rid / "privacy" / "ledger.jsonl").read_text()
+    opening = json.loads(ledger.splitlines()[0])
+    assert opening["kind"] == "open" and f"pinned ledger key {opening['key_id']}" in client_log
     assert not re.search(r"client \d+ dropped", log)
     for key in ("epsilon", "clip_norm", "noise_multiplier"):
         assert [r[key] for r in rounds] == pytest.approx([r[key] for r in sim_rounds], rel=1e-12)
