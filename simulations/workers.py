@@ -457,11 +457,15 @@ class WorkerPool:
     def _worker_died(self, w: _Worker, out: dict[int, Envelope | str]) -> int:
         w.process.join(timeout=5)
         running = sorted(cid for _, cids in w.in_flight.values() for cid in cids)
+        # No client ids in the reason or the warning: under DP who ran (and so who took
+        # part) is private, and a reason is logged and may reach the summary. Each
+        # failure is keyed by its client already; the ids go to the debug log only.
         reason = (
             f"worker process {w.index} died ({death_cause(w.process.exitcode)}) "
-            f"while running client(s) {', '.join(map(str, running)) or 'none'}"
+            f"while running {len(running)} client(s)"
         )
         log.warning("%s; restarting it; its clients this round count as dropped", reason)
+        log.debug("worker process %d was running client(s) %s", w.index, running)
         failed = list(running)
         # Clients whose state it held cannot go on this round, like crashed devices.
         stranded = [item[0] for unit in self._pinned[w.index] for item in unit]

@@ -36,6 +36,7 @@ import httpx
 
 from fedveil.client.dpsgd_budget import DpSgdLedger
 from fedveil.client.edge.flower_deploy import DP_SGD_DIR, EdgeClient, answer
+from fedveil.client.edge.ledger_guard import LedgerGuard
 from fedveil.client.edge.tls_probe import insecure_against_tls_error, server_speaks_tls
 from fedveil.client.edge.witness import WitnessStore
 from fedveil.ops.procs import child_env, flwr_command, free_port, spawn, stop_group, wait_port
@@ -100,10 +101,11 @@ class EdgeNode:
     def __init__(self, opts: EdgeOptions, edge: EdgeClient) -> None:
         opts.check()
         self.opts, self.edge = opts, edge
-        if edge.on_ledger_head is None:
-            # Keep every privacy-ledger head the coordinator shows this device: the
-            # operator's auditor checks them with `fedveil privacy verify --witness`.
-            edge.on_ledger_head = WitnessStore(opts.state_dir / "witness").record
+        if edge.ledger_guard.store is None:
+            # Verify and keep every privacy-ledger head the coordinator shows this device
+            # (pins survive a restart): the auditor checks them with `fedveil privacy
+            # verify --witness`.
+            edge.ledger_guard = LedgerGuard(WitnessStore(opts.state_dir / "witness"))
         if edge.dp_sgd_ledger is None:
             # Every DP-SGD round this device trains is accounted on disk, across runs and
             # restarts, and checked against --max-dp-epsilon (client/dpsgd_budget.py).

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from flwr.clientapp import ClientApp
 from fedveil.client.dpsgd_budget import DpSgdLedger
 from fedveil.client.edge.edge_data import load_local_data, with_holdout
 from fedveil.client.edge.edge_policy import LocalPolicy, planned_steps
+from fedveil.client.edge.ledger_guard import LedgerGuard
 from fedveil.client.flower_stock import is_stock_type
 from fedveil.client.runtime import ClientRuntime
 from fedveil.client.sessions import Advance, RoundClock, SecAggSessions
@@ -82,13 +83,14 @@ class EdgeClient:
         policy: LocalPolicy | None = None,
         device: str = "cpu",
         identity: ClientIdentity | None = None,
-        on_ledger_head: Callable[[str], None] | None = None,
+        ledger_guard: LedgerGuard | None = None,
         dp_sgd_ledger: DpSgdLedger | None = None,
     ) -> None:
         """`identity`: this device's secure-aggregation identity key and the operator's
         roster; with one, the device takes part only in malicious-server sessions.
-        `on_ledger_head` keeps each privacy-ledger head a request carries (the edge node
-        wires it to the device's witness store). `dp_sgd_ledger`: the device's own DP-SGD
+        `ledger_guard` checks every request's ledger head and refuses unwitnessed DP
+        training (ledger_guard.py; default: one that keeps its pins in memory; the edge
+        node gives it the state dir's store). `dp_sgd_ledger`: the device's own DP-SGD
         accounting across runs and restarts (the edge node keeps it in its state
         directory); required by a policy with max_dp_epsilon."""
         if client_id < 0:
@@ -101,7 +103,7 @@ class EdgeClient:
         self.identity = identity
         self.policy = policy or LocalPolicy()
         self.device = device
-        self.on_ledger_head = on_ledger_head
+        self.ledger_guard = ledger_guard if ledger_guard is not None else LedgerGuard()
         if self.policy.max_dp_epsilon and dp_sgd_ledger is None:
             raise ValueError(
                 "max_dp_epsilon (--max-dp-epsilon) needs the device's DP-SGD ledger "
@@ -109,6 +111,7 @@ class EdgeClient:
             )
         self.dp_sgd_ledger = dp_sgd_ledger
         self._run_id: int | None = None
+        self._run_cfg: RunConfig | None = None
         self._runtime: ClientRuntime | None = None
         self._num_examples = 0
         self._clock = RoundClock()
@@ -203,7 +206,6 @@ class EdgeClient:
                 # The run config this device accepted: distributed-DP parameters come
                 # from it, never from a request.
                 run_config=cfg,
-                on_ledger_head=self.on_ledger_head,
                 dp_sgd_budget=None
                 if self.dp_sgd_ledger is None
                 else self.dp_sgd_ledger.for_run(str(run_id)),
@@ -214,7 +216,7 @@ class EdgeClient:
             raise
         except Exception as exc:  # the device's task or data cannot serve this run
             raise MessageError(f"cannot set up this run: {type(exc).__name__}: {exc}") from None
-        self._runtime, self._run_id = runtime, run_id
+        self._runtime, self._run_id, self._run_cfg = runtime, run_id, cfg
         self._clock, self._state = RoundClock(), {}
         log.info(
             "run %d: %s, %d parameters, %d local examples",
@@ -244,6 +246,9 @@ class EdgeClient:
         if training and self.policy.max_train_seconds and self.seconds_per_step is None:
             self.seconds_per_step = self._probe_step(runtime)
         request, capped = self.policy.apply(request, self._num_examples, self.seconds_per_step)
+        assert self._run_cfg is not None
+        # Before it trains: a DP request shows a head this device can verify and keep.
+        self.ledger_guard.check(run_id, self._run_cfg, request)
         start = time.perf_counter()
         reply = runtime.handle(self.client_id, request, self._state)
         if FAILED in reply.config:  # the primary of a request with a rider failed

@@ -38,8 +38,10 @@ def _add_verify(psub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Check the ledger's signatures, hash chain, run id, round order and\n"
         "budget; recompute epsilon from its events independently of the stored numbers;\n"
-        "re-check Skellam releases' z from their recorded parameters; and check that\n"
-        "report.json's head and every witnessed head are in the chain.",
+        "re-check Skellam releases' z from their recorded parameters; check that the\n"
+        "opening record (ledger schema 3) carries the signing key and that every entry\n"
+        "names it; and check that report.json's head and every witnessed head are in the\n"
+        "chain.",
         epilog="exit codes:\n"
         "  0  final: the run finished; every entry is signed and consistent\n"
         "  3  interrupted at training round N: signed and consistent, resumable, not "

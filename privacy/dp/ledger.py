@@ -8,8 +8,10 @@ that line on. With a signer, `signature` is the hex Ed25519 signature of
 SIGNATURE_CONTEXT + the ASCII hex `hash`, and `key_id` names the key
 (signing.key_id_for): re-hashing an edited chain then needs the private key.
 
-Entries have a `kind`: "release" (one accounted release; `round` counts releases
-1, 2, ...), "interrupted" (the run stopped; a resume appends releases after it) or
+Entries have a `kind`: "open" (schema 3: the run's signed opening record, always
+seq 1, written before round 1: the plan, the cohort commitment where there is one,
+and the ledger's Ed25519 `public_key`), "release" (one accounted release; `round`
+counts releases 1, 2, ...), "interrupted" (the run stopped; a resume appends releases after it) or
 "final" (the run ended; nothing may follow). `seq` numbers all entries 1, 2, ...
 and every entry carries the run's `run_id`. A run that ends without a final or
 interruption record reads as truncated.
@@ -24,6 +26,12 @@ under distributed DP, release entries and closing records state
 parameters give it) and never the realised `epsilon_coordinator_max`, which counts
 how often the busiest client took part. Entries without `schema` are schema 1
 (fedveil.dp.ledger/1), which recorded that realised figure.
+
+Schema 3 (fedveil.dp.ledger/3) adds the opening record: a schema-3 ledger starts
+with it, and every later entry names it (`opening`, the opening record's hash), so a
+device shown any signed entry can check that it belongs to the run whose key it
+pinned (ledger_head.py). Schema-2 ledgers (no opening record) still read and verify
+as schema 2.
 """
 
 from __future__ import annotations
@@ -46,15 +54,17 @@ if TYPE_CHECKING:
     from .signing import LedgerSigner
 
 GENESIS_HASH = "0" * 64
-LEDGER_SCHEMA = "fedveil.dp.ledger/2"
+LEDGER_SCHEMA = "fedveil.dp.ledger/3"
+SCHEMA_2 = "fedveil.dp.ledger/2"  # no opening record
 LEGACY_SCHEMA = "fedveil.dp.ledger/1"  # entries without a `schema` field
 SIGNATURE_CONTEXT = b"fedveil.ledger.entry.v1:"
 
+OPEN = "open"
 RELEASE = "release"
 INTERRUPTED = "interrupted"
 FINAL = "final"
 CLOSE_KINDS = (INTERRUPTED, FINAL)
-KINDS = (RELEASE, *CLOSE_KINDS)
+KINDS = (OPEN, RELEASE, *CLOSE_KINDS)
 
 # Public fields every release entry has (the ledger adds run_id..signature).
 ENTRY_FIELDS = (
@@ -77,9 +87,13 @@ ENTRY_FIELDS = (
 # Fields the ledger itself writes on every entry (signature fields only when signed).
 RECORD_FIELDS = ("run_id", "kind", "seq", "schema", "timestamp", "prev_hash", "hash")
 SIGNATURE_FIELDS = ("key_id", "signature")
-_RESERVED = frozenset({*RECORD_FIELDS, *SIGNATURE_FIELDS, "round", "releases"})
+OPENING_FIELD = "opening"  # schema 3: every entry after the opening names its hash
+_RESERVED = frozenset(
+    {*RECORD_FIELDS, *SIGNATURE_FIELDS, "round", "releases", OPENING_FIELD, "public_key"}
+)
 WITNESS_FIELDS = ("run_id", "seq", "hash", "key_id", "signature")
-# The request config entry that carries canonical_json(ledger.witness_head()) to devices.
+# The request config entry that carries the head to devices (ledger_head.head_message:
+# the opening record and the last entry); devices keep its witness_head() fields.
 WITNESS_CONFIG_KEY = LEDGER_HEAD
 
 
@@ -169,6 +183,8 @@ def check_sequence(
         raise LedgerCorruptError(f"kind={kind!r} is invalid; allowed: {KINDS}", line)
     if "seq" in entry and entry["seq"] != line:
         raise LedgerCorruptError(f"seq {entry['seq']!r}; expected {line}", line)
+    if kind == OPEN and line != 1:
+        raise LedgerCorruptError("an opening record after the first line", line)
     if previous is not None and entry_kind(previous) == FINAL:
         raise LedgerCorruptError("an entry follows the run's final record", line)
     if previous is not None and previous.get("run_id") != entry.get("run_id"):
@@ -282,6 +298,41 @@ class Ledger:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def opening(self) -> dict[str, Any] | None:
+        """The run's opening record (schema 3), None for an empty or schema-2 ledger."""
+        if self._entries and entry_kind(self._entries[0]) == OPEN:
+            return dict(self._entries[0])
+        return None
+
+    @property
+    def last_entry(self) -> dict[str, Any] | None:
+        """The last entry (a copy), None for an empty ledger."""
+        return dict(self._entries[-1]) if self._entries else None
+
+    def open(self, fields: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Write the run's signed opening record (before round 1; needs a signer).
+
+        `fields` holds `plan` (the run's public privacy plan) and optionally
+        `cohort_commitment`; the ledger adds `public_key` (hex, its Ed25519 key), so a
+        device can pin the key and verify every head it is shown. An existing ledger
+        (a resume) is left as it is: returns its opening record, or None for a
+        schema-2 ledger, which has none and cannot get one (its chain is fixed).
+        """
+        if self._entries:
+            return self.opening
+        if self.signer is None:
+            raise ValueError(f"{self.path}: an opening record must be signed (no signer given)")
+        reserved = sorted(_RESERVED & set(fields))
+        if reserved:
+            raise ValueError(f"opening fields {reserved} are written by the ledger itself")
+        if not isinstance(fields.get("plan"), Mapping):
+            raise ValueError(f"opening field plan={fields.get('plan')!r}: expected a mapping")
+        entry = dict(fields)
+        entry["public_key"] = self.signer.public_key_bytes.hex()
+        entry["releases"] = 0
+        return self._append(OPEN, entry)
+
     def witness_head(self) -> dict[str, Any]:
         """{run_id, seq, hash, key_id, signature} of the last entry: what devices keep."""
         if not self._entries:
@@ -367,8 +418,13 @@ class Ledger:
         entry["run_id"] = self.run_id
         entry["kind"] = kind
         entry["seq"] = len(self._entries) + 1
-        entry["schema"] = LEDGER_SCHEMA
+        # A schema-2 ledger resumed stays schema 2: schema 3 needs an opening at seq 1.
+        schema_3 = kind == OPEN or self.opening is not None
+        entry["schema"] = LEDGER_SCHEMA if schema_3 else SCHEMA_2
         entry["prev_hash"] = self.head_hash
+        opening = self.opening
+        if opening is not None:
+            entry[OPENING_FIELD] = opening["hash"]
         if self.signer is not None:
             entry["key_id"] = self.signer.key_id
         entry["hash"] = entry_hash(entry)

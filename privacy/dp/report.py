@@ -35,7 +35,7 @@ from .assumptions import (
     sensitivity_statement,
 )
 from .config import DpConfig
-from .ledger import GENESIS_HASH, RELEASE, entry_kind
+from .ledger import CLOSE_KINDS, GENESIS_HASH, OPEN, RELEASE, entry_kind
 from .participation import participation_section
 from .verify import VerifyResult
 
@@ -101,7 +101,7 @@ def build_report(
         "noise_only_rounds_statement": NOISE_ONLY_WITHHELD,
         "sensitivity": sensitivity_statement(mechanism, secure_aggregation),
         "published_statistics": _statistics(
-            last, releases, config, secure_aggregation, coordinator
+            last, releases, config, secure_aggregation, coordinator, opening_record(entries)
         ),
         "ledger_state": ledger_state(entries, verification),
         "rounds": len(releases),
@@ -122,6 +122,15 @@ def build_report(
         # Asynchronous DP: the cap-based bound, never how often anyone took part.
         report["participation"] = participation_section(last)
         report["sampling_statement"] = report["participation"]["statement"]
+    opening = opening_record(entries)
+    if opening is not None:
+        # Ledger schema 3: the signed record devices pinned the ledger key from.
+        report["ledger_opening"] = {
+            "hash": opening["hash"],
+            "key_id": opening.get("key_id"),
+            "public_key": opening.get("public_key"),
+            "plan": opening.get("plan"),
+        }
     if secure_aggregation is not None:
         report["secure_aggregation"] = secure_aggregation
     if verification is not None:
@@ -156,7 +165,7 @@ def operator_report(
     records = [dict(record) for record in private_records]
     entries = [dict(entry) for entry in ledger_entries]
     releases = [entry for entry in entries if entry_kind(entry) == RELEASE]
-    closing = entries[-1] if entries and entry_kind(entries[-1]) != RELEASE else None
+    closing = entries[-1] if entries and entry_kind(entries[-1]) in CLOSE_KINDS else None
     public = report.get("adversaries", {}).get("coordinator", {})
     coordinator = operator_coordinator_figure(
         public, releases, closing, records, float(report["delta"])
@@ -252,6 +261,7 @@ def _statistics(
     config: DpConfig | None,
     secure_aggregation: str | None,
     coordinator: Mapping[str, Any],
+    opening: Mapping[str, Any] | None = None,
 ) -> list[dict[str, str]]:
     """What the run publishes and how each is protected."""
     return published_statistics(
@@ -261,8 +271,16 @@ def _statistics(
         adaptive_clipping=any("next_clip_norm" in entry for entry in releases)
         or bool(config is not None and config.adaptive_clipping),
         has_coordinator_epsilon=coordinator.get("epsilon_bound") is not None,
-        has_cohort_commitment=bool(releases and "cohort_commitment" in releases[0]),
+        has_cohort_commitment=bool(
+            (releases and "cohort_commitment" in releases[0])
+            or (opening is not None and "cohort_commitment" in opening)
+        ),
     )
+
+
+def opening_record(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ledger's opening record (schema 3), None when it has none."""
+    return entries[0] if entries and entry_kind(entries[0]) == OPEN else None
 
 
 def _series(
@@ -353,6 +371,8 @@ def ledger_state(entries: list[dict[str, Any]], verification: VerifyResult | Non
         return "empty: nothing released yet"
     last = entries[-1]
     kind = entry_kind(last)
+    if kind == OPEN:
+        return "opened: no release and no final or interruption record yet (still running)"
     if kind == RELEASE:
         return "open: no final or interruption record (still running, or truncated)"
     where = f" at round {last.get('training_round')}" if kind != "final" else ""
@@ -598,3 +618,43 @@ def attack_lines(section: Mapping[str, Any] | None) -> list[str]:
     if not section:
         return []
     return [f"attack {e['name']} ({e['kind']}): {e['statement']}" for e in section["found"]]
+
+
+DP_SGD_ONLY_STATEMENT = (
+    "DP-SGD only: no release is accounted here (no central or distributed DP); each "
+    "device accounts its own example-level DP-SGD guarantee. This ledger opens with the "
+    "run's plan and the key every device pinned, and closes with the run."
+)
+
+
+def ledger_only_report(
+    ledger_entries: Iterable[Mapping[str, Any]], verification: VerifyResult | None = None
+) -> dict[str, Any] | None:
+    """The report of a ledger that opened a DP-SGD-only run (no release mechanism, no
+    release), or None when the ledger is not one."""
+    entries = [dict(entry) for entry in ledger_entries]
+    opening = opening_record(entries)
+    if opening is None or any(entry_kind(entry) == RELEASE for entry in entries):
+        return None
+    plan = opening.get("plan") or {}
+    if plan.get("mechanism") != "none":
+        return None
+    report: dict[str, Any] = {
+        "schema": REPORT_SCHEMA,
+        "mechanism": "none",
+        "dp_sgd": {"noise_multiplier": plan.get("dp_sgd_noise"), "clip": plan.get("dp_sgd_clip")},
+        "statement": DP_SGD_ONLY_STATEMENT,
+        "ledger_state": ledger_state(entries, verification),
+        "rounds": 0,
+        "ledger_entries": len(entries),
+        "ledger_head_hash": entries[-1]["hash"],
+        "ledger_opening": {
+            "hash": opening["hash"],
+            "key_id": opening.get("key_id"),
+            "public_key": opening.get("public_key"),
+            "plan": plan,
+        },
+    }
+    if verification is not None:
+        report["verification"] = _verification(verification)
+    return report

@@ -26,6 +26,12 @@ count) fails. Schema-1 ledgers (no `schema` field) are still verified; their rea
 figure cannot be checked from the ledger alone and the result says so. An unknown
 schema fails, naming it.
 
+The opening record (ledger schema 3): a schema-3 ledger starts with a signed "open"
+entry carrying the run's plan and its `public_key`, whose key id must be the id that
+signs the whole chain, and every later entry names the opening (`opening`, its hash).
+A schema-2 ledger (no opening) still verifies as schema 2 and the result says that
+devices could not pin its key; a schema never goes back within one ledger.
+
 Asynchronous DP: a ledger whose releases state `max_participations` P (unsampled,
 run-constant) is recomputed as the composition of the P least-noisy releases so far,
 the most any client can be in (participation.py); so is its coordinator's bound
@@ -59,7 +65,10 @@ from .ledger import (
     INTERRUPTED,
     LEDGER_SCHEMA,
     LEGACY_SCHEMA,
+    OPEN,
+    OPENING_FIELD,
     RELEASE,
+    SCHEMA_2,
     WITNESS_FIELDS,
     LedgerCorruptError,
     check_chain_link,
@@ -93,6 +102,11 @@ ALL_SOUND = "all"  # as a second accountant: every sound accountant for the run
 CAP = "max_participations"  # asynchronous DP: epsilon composes at most this many releases
 BOUND = "epsilon_coordinator_bound"  # schema 2: a client in every release (public)
 REALISED = "epsilon_coordinator_max"  # a participation count: never in schema 2
+SCHEMA_RANK = {LEGACY_SCHEMA: 1, SCHEMA_2: 2, LEDGER_SCHEMA: 3}
+NO_OPENING_NOTE = (
+    f"ledger schema {SCHEMA_2}: no opening record, so devices could not pin its key "
+    f"before round 1; {LEDGER_SCHEMA} ledgers open with one"
+)
 LEGACY_NOTE = (
     f"ledger schema {LEGACY_SCHEMA}: its {REALISED} (realised, from participation counts) "
     f"cannot be checked from the ledger alone; {LEDGER_SCHEMA} ledgers state {BOUND}"
@@ -229,6 +243,8 @@ def _check_items(
             state.last_release_checked = False
             if line - 1 in recompute_at:
                 _check_recomputed_epsilon(entry, line, state, second, rel_tol, abs_tol)
+        elif entry_kind(entry) == OPEN:
+            _check_opening(entry, line, state)
         else:
             _check_close(entry, line, state, second, rel_tol, abs_tol)
         state.entries.append(entry)
@@ -267,6 +283,7 @@ def _verified(state: _State) -> VerifyResult:
         + (f", {state.witnesses} witnessed heads found" if state.witnesses else "")
         + (f"; {LEGACY_NOTE}" if state.schema == LEGACY_SCHEMA else "")
         + _legacy_accountant_note(state)
+        + (f"; {NO_OPENING_NOTE}" if state.schema == SCHEMA_2 else "")
     )
     if final:
         message = f"final: run {state.run_id} finished at training round {last['training_round']}"
@@ -318,6 +335,7 @@ class _State:
         self.run_id: str | None = None
         self.prev_hash = GENESIS_HASH
         self.first: Mapping[str, Any] | None = None
+        self.opening_hash: str | None = None  # schema 3: the opening record's hash
         self.skellam: Mapping[str, Any] | None = None
         self.last_epsilon = 0.0
         self.last_bound = 0.0
@@ -401,29 +419,76 @@ def _check_schema(entry: Mapping[str, Any], line: int, state: _State) -> None:
     """A schema this verifier reads, never back to schema 1 after schema 2, and no
     participation count where schema 2 states the bound."""
     schema = entry_schema(entry)
-    if schema not in (LEDGER_SCHEMA, LEGACY_SCHEMA):
+    if schema not in SCHEMA_RANK:
         raise _Discrepancy(
             f"line {line}: ledger schema {schema!r} is not one this verifier reads; allowed: "
-            f"{LEDGER_SCHEMA!r} or {LEGACY_SCHEMA!r} (no schema field); use a newer fedveil",
+            f"{LEDGER_SCHEMA!r}, {SCHEMA_2!r} or {LEGACY_SCHEMA!r} (no schema field); use a "
+            "newer fedveil",
             line,
             entry.get("round"),
         )
-    if state.schema == LEDGER_SCHEMA and schema == LEGACY_SCHEMA:
+    if state.schema is not None and SCHEMA_RANK[schema] < SCHEMA_RANK[state.schema]:
         raise _Discrepancy(
-            f"line {line}: ledger schema {schema!r} after {LEDGER_SCHEMA!r} entries (a schema "
+            f"line {line}: ledger schema {schema!r} after {state.schema!r} entries (a schema "
             "never goes back within one ledger)",
             line,
             entry.get("round"),
         )
-    if schema == LEDGER_SCHEMA and REALISED in entry:
+    if schema == LEDGER_SCHEMA:
+        _check_opening_link(entry, line, state)
+    if schema != LEGACY_SCHEMA and REALISED in entry:
         raise _Discrepancy(
-            f"line {line}: {REALISED}={entry[REALISED]!r} in a {LEDGER_SCHEMA} entry: the "
+            f"line {line}: {REALISED}={entry[REALISED]!r} in a {schema} entry: the "
             "realised figure counts how often clients took part and belongs in the "
             f"operator's private annex; the public ledger states {BOUND}",
             line,
             entry.get("round"),
         )
     state.schema = schema
+
+
+def _check_opening_link(entry: Mapping[str, Any], line: int, state: _State) -> None:
+    """Schema 3: line 1 is the opening record, and every later entry names it."""
+    if line == 1:
+        if entry_kind(entry) != OPEN:
+            raise _Discrepancy(
+                f"line 1: a {LEDGER_SCHEMA} ledger starts with its opening record; found "
+                f"kind={entry_kind(entry)!r} (opening removed?)",
+                1,
+                entry.get("round"),
+            )
+        return
+    if state.opening_hash is None:
+        raise _Discrepancy(
+            f"line {line}: a {LEDGER_SCHEMA} entry in a ledger that did not open with an "
+            "opening record",
+            line,
+            entry.get("round"),
+        )
+    if entry.get(OPENING_FIELD) != state.opening_hash:
+        raise _Discrepancy(
+            f"line {line}: {OPENING_FIELD}={entry.get(OPENING_FIELD)!r} is not the run's "
+            f"opening record {state.opening_hash} (an entry of another chain)",
+            line,
+            entry.get("round"),
+        )
+
+
+def _check_opening(entry: Mapping[str, Any], line: int, state: _State) -> None:
+    """The opening record: its plan, and a public key that is the one signing the chain."""
+    if not isinstance(entry.get("plan"), Mapping):
+        raise _Discrepancy(f"line {line}: opening record plan={entry.get('plan')!r:.80}", line)
+    try:
+        key = bytes.fromhex(str(entry.get("public_key")))
+    except ValueError:
+        key = b""
+    if len(key) != 32 or key_id_for(key) != state.key_id:
+        raise _Discrepancy(
+            f"line {line}: the opening record's public_key={entry.get('public_key')!r:.80} "
+            f"is not the key that signs the ledger (key_id {state.key_id})",
+            line,
+        )
+    state.opening_hash = str(entry["hash"])
 
 
 def _check_signature(entry: Mapping[str, Any], line: int, state: _State) -> None:

@@ -43,6 +43,7 @@ from fedveil.server.engine.aggregation import Aggregate, PlainChannel, UpdateCha
 from fedveil.server.engine.async_privacy import AsyncCentralDP
 from fedveil.server.engine.async_units import KeyedGroup, Unit, UnitRunner
 from fedveil.server.engine.drops import drops_by_reason
+from fedveil.server.engine.ledger_opening import DpSgdLedger
 from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.privacy_stage import CentralDP
 from fedveil.server.engine.round_record import RoundRecord
@@ -125,6 +126,7 @@ class AsyncEngine(RoundEngine):
         # Async DP (H2): the dispatch gate, the request's clip, the release at apply
         # (distributed DP: also each group's unmask gate, held by the channel).
         self.dp: AsyncCentralDP | None = privacy
+        self.public_stop_reason: str | None = None  # the final ledger record's reason
         self.runner = UnitRunner(
             cfg, transport, self.channel, self.model.size, availability,
             privacy_fields=privacy.client_fields if privacy is not None else None,
@@ -427,11 +429,12 @@ class AsyncEngine(RoundEngine):
         try:
             self._arrivals()
         except BaseException as exc:
-            if self.dp is not None:  # the ledger's signed interruption record
+            if self.dp is not None or self.ledger_only is not None:  # signed interruption
                 self._close_ledger("interrupted", f"{type(exc).__name__}: {exc}"[:200])
             raise
-        if self.dp is not None:
-            self._close_ledger("final", self.stopped_reason)
+        if self.dp is not None or self.ledger_only is not None:
+            # The public ledger gets the cap, never the failure counts (cap_stop_reason).
+            self._close_ledger("final", self.public_stop_reason or self.stopped_reason)
         return self.summary(time.perf_counter() - start)
 
     def _arrivals(self) -> None:
@@ -441,20 +444,29 @@ class AsyncEngine(RoundEngine):
                 continue
             nxt = self.clock.next_arrival()
             if nxt is None or self.stalled:
-                self.stopped_reason = self.stopped_reason or self._cap_reason()
+                if self.stopped_reason is None:
+                    self.public_stop_reason = self._cap_reason(public=True)
+                    self.stopped_reason = self._cap_reason()
                 log.warning(self.stopped_reason)
                 break
             self.deliver(nxt[1])
 
-    def _cap_reason(self) -> str:
+    def _cap_reason(self, public: bool = False) -> str:
         """Why nothing more can be dispatched: the cap, and what the clients' last
         dispatches brought back when it was only failures (a model gone NaN spends every
-        client's cap on refused updates; the cap is then not the cause to fix)."""
+        client's cap on refused updates; the cap is then not the cause to fix).
+
+        `public`: the reason the public ledger's final record states: the cap and the
+        server updates only. Failure counts and a client's error are computed from the
+        clients outside any accounted release; they stay in the operator's log and
+        summary."""
         reason = (
             f"no client can be dispatched (server.max_participations = "
             f"{self.cfg.server.max_participations} reached); stopped after {self.round} "
             "server updates"
         )
+        if public:
+            return reason
         w = self.window
         if w.units and w.dropped_count and not w.buffer:
             first = w.dropped[min(w.dropped)]
@@ -478,10 +490,16 @@ class AsyncEngine(RoundEngine):
         self.clock.advance(min(frees))
         return True
 
+    def witness_ledger(self, ledger: DpSgdLedger) -> None:
+        super().witness_ledger(ledger)
+        if self.dp is None:  # the first dispatches carry the head too
+            self.runner.privacy_fields = ledger.client_fields
+
     def _close_ledger(self, kind: str, reason: str | None) -> None:
-        assert self.dp is not None
+        closer = self.dp if self.dp is not None else self.ledger_only
+        assert closer is not None
         try:
-            self.dp.close(kind, self.round, reason)
+            closer.close(kind, self.round, reason)
         except Exception as error:  # an original failure matters more
             if kind == "final":
                 raise

@@ -37,6 +37,7 @@ from fedveil.privacy.dp.participation import ParticipationCap, participation_bou
 from fedveil.privacy.dp.plan import cohorts_are_secret
 from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.protocol import fields as F
+from fedveil.server.engine.ledger_opening import open_ledger, request_head
 from fedveil.server.engine.privacy_stage import PrivateSink, Release
 from fedveil.server.engine.requests import ClientPrivacy
 from fedveil.server.engine.sampling import cohort_commitment
@@ -84,6 +85,8 @@ class AsyncCentralDP:
         self.bound = stated_bound(self.config)
         ledger_path.parent.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(ledger_path, run_id=run_id, signer=signer)
+        # Signed before the first dispatch: devices pin its key (ledger_opening.py).
+        open_ledger(self.ledger, cfg, self.cohort_commitment)
         self.budget = PrivacyBudget.from_ledger(self.config, self.ledger.releases)
         self.private = private
         self.cap = ParticipationCap(self.config.max_participations, dispatches)
@@ -119,7 +122,7 @@ class AsyncCentralDP:
             clip_norm=self.clip,
             weighting=F.WEIGHT_UNIFORM,
             clip_indicator=False,
-            ledger_head=self.ledger.witness_head() if len(self.ledger) else None,
+            ledger_head=request_head(self.ledger),
         )
 
     def release(self, version: int, total: torch.Tensor, divisor: float) -> Release:

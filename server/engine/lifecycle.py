@@ -29,6 +29,7 @@ from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.server.engine.aggregation import UpdateChannel
 from fedveil.server.engine.async_engine import AsyncEngine
 from fedveil.server.engine.async_wall import WallClockEngine
+from fedveil.server.engine.ledger_opening import DpSgdLedger, is_dp_run
 from fedveil.server.engine.pipeline import make_privacy_pipeline, private_run_args
 from fedveil.server.engine.privacy_report import write_privacy_report
 from fedveil.server.engine.privacy_stage import CentralDP
@@ -67,6 +68,7 @@ class RunLifecycle:
         ledger_run_id: str | None = None,
     ) -> None:
         self.cfg, self.task, self.store = cfg, task, store
+        self.ledger_run_id = ledger_run_id
         self.device = torch.device(device)
         self.privacy: CentralDP | None
         self.channel: UpdateChannel
@@ -129,9 +131,22 @@ class RunLifecycle:
             model=model,
             **extra,
         )
+        if self.privacy is None and is_dp_run(self.cfg):
+            # DP-SGD only: no release to account, but a signed ledger devices witness.
+            engine.witness_ledger(self._dp_sgd_ledger())
         if resume:
             self.restore(engine)
         return engine
+
+    def _dp_sgd_ledger(self) -> DpSgdLedger:
+        from fedveil.privacy.dp.signing import load_or_create_signer
+
+        return DpSgdLedger(
+            self.cfg,
+            self.store.ledger_path,
+            run_id=self.ledger_run_id or self.store.run_identity()["run_id"],
+            signer=load_or_create_signer(),
+        )
 
     def restore(self, engine: RoundEngine) -> bool:
         """Restore the last checkpoint (if any) and drop the metric and private lines of

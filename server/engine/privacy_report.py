@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import sys
 from collections.abc import Sequence
@@ -10,7 +11,12 @@ from typing import Any
 
 from fedveil.privacy.dp import DpConfig, VerifyResult, build_report, render_html, verify_ledger
 from fedveil.privacy.dp.html_report import join_attacks
-from fedveil.privacy.dp.report import ATTACKS_DIR, attacks_section, operator_report
+from fedveil.privacy.dp.report import (
+    ATTACKS_DIR,
+    attacks_section,
+    ledger_only_report,
+    operator_report,
+)
 from fedveil.privacy.dp.verify import read_witness_file
 from fedveil.server.engine.runstore import atomic_write_bytes
 
@@ -48,6 +54,10 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
         # Every entry: build_report composes the releases and reads the closing record.
         entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     path.parent.mkdir(parents=True, exist_ok=True)
+    if config is None:
+        only = ledger_only_report(entries, verification)
+        if only is not None:  # a DP-SGD-only run: its ledger opens and closes, no release
+            return _write_public(path.parent, only, attacks)
     run_config = _run_config(run_dir)
     annex = private_annex(run_dir)
     dp_section = run_config.get("dp", {}) if isinstance(run_config.get("dp"), dict) else {}
@@ -70,6 +80,21 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
     atomic_write_bytes(path.parent / "report.html", page.encode(), mode=0o644)
     if annex is not None:
         write_operator_report(run_dir, report, entries, annex)
+    return report
+
+
+def _write_public(
+    privacy_dir: Path, report: dict[str, Any], attacks: dict[str, Any] | None
+) -> dict[str, Any]:
+    """report.json and a plain report.html of a report render_html does not lay out."""
+    if attacks is not None:
+        report["attacks"] = attacks
+    data = (json.dumps(report, indent=2) + "\n").encode()
+    atomic_write_bytes(privacy_dir / "report.json", data, mode=0o644)
+    body = f"<h1>Privacy report</h1><pre>{html.escape(json.dumps(report, indent=2))}</pre>"
+    if attacks is not None:
+        body = join_attacks(body, attacks, privacy_dir)
+    atomic_write_bytes(privacy_dir / "report.html", body.encode(), mode=0o644)
     return report
 
 

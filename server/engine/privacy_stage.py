@@ -48,6 +48,7 @@ from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.privacy.secagg import SecAggAborted
 from fedveil.protocol import fields as F
 from fedveil.server.engine.aggregation import Aggregate
+from fedveil.server.engine.ledger_opening import open_ledger, request_head
 from fedveil.server.engine.requests import ClientPrivacy
 from fedveil.server.engine.sampling import cohort_commitment
 
@@ -97,6 +98,8 @@ class CentralDP:
         self.budget_against = cfg.dp.budget_against
         ledger_path.parent.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(ledger_path, run_id=run_id, signer=signer)
+        # Signed before round 1: devices pin its key and check every head against it.
+        open_ledger(self.ledger, cfg, self.cohort_commitment)
         self.budget = PrivacyBudget.from_ledger(self.config, self.ledger.releases)
         self.private = private
         self.participations: dict[int, int] = dict(participations or {})
@@ -136,8 +139,9 @@ class CentralDP:
             clip_norm=self.clip,
             weighting=F.WEIGHT_UNIFORM,
             clip_indicator=self.config.adaptive_clipping,
-            # Devices keep the heads they saw: witnesses against a rewritten ledger.
-            ledger_head=self.ledger.witness_head() if len(self.ledger) else None,
+            # Devices verify and keep the heads they saw: witnesses against a rewritten
+            # ledger, from round 1 on (the opening record is always there).
+            ledger_head=request_head(self.ledger),
         )
 
     def release(self, round_num: int, agg: Aggregate | None, model_size: int) -> Release | None:
@@ -265,7 +269,7 @@ class DistributedDP(CentralDP):
         return ClientPrivacy(
             clip_norm=self.config.clip_norm,
             weighting=F.WEIGHT_UNIFORM,
-            ledger_head=self.ledger.witness_head() if len(self.ledger) else None,
+            ledger_head=request_head(self.ledger),
         )
 
     def before_unmask(self, round_num: int, survivors: frozenset[int]) -> None:

@@ -26,7 +26,7 @@ from fedveil.protocol.kinds import Kind
 class ClientPrivacy:
     """The DP stage's part of a training request."""
 
-    clip_norm: float  # the client clips its update to this L2 norm
+    clip_norm: float | None  # the client clips its update to this L2 norm (None: DP-SGD only)
     weighting: str = F.WEIGHT_UNIFORM
     clip_indicator: bool | None = None  # central DP: adaptive clipping's counter (None: not sent)
     ledger_head: dict | None = None  # the ledger's head, which devices keep as a witness
@@ -49,13 +49,15 @@ def training_config(cfg: RunConfig, privacy: ClientPrivacy | None) -> dict[str, 
         config.update({F.DP_SGD_NOISE: c.dp_sgd_noise, F.DP_SGD_CLIP: c.dp_sgd_clip})
         # DP-SGD clients send no example count (client/dpsgd_reply.py): uniform weights.
         config[F.WEIGHTING] = F.WEIGHT_UNIFORM
-    if privacy is not None:
+    if privacy is None:
+        return config
+    if privacy.clip_norm is not None:
         config[F.CLIP_NORM] = privacy.clip_norm
         config[F.WEIGHTING] = privacy.weighting
-        if privacy.clip_indicator is not None:
-            config[F.CLIP_INDICATOR] = privacy.clip_indicator
-        if privacy.ledger_head is not None:
-            config[F.LEDGER_HEAD] = json.dumps(privacy.ledger_head, sort_keys=True)
+    if privacy.clip_indicator is not None:
+        config[F.CLIP_INDICATOR] = privacy.clip_indicator
+    if privacy.ledger_head is not None:
+        config[F.LEDGER_HEAD] = json.dumps(privacy.ledger_head, sort_keys=True)
     return config
 
 

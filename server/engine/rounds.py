@@ -28,6 +28,7 @@ from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel
 from fedveil.server.engine.dpsgd_accounting import ClientDpSgdAccountant
+from fedveil.server.engine.ledger_opening import DpSgdLedger
 from fedveil.server.engine.optimizers import ServerOptimizer, make_optimizer
 from fedveil.server.engine.privacy_stage import CentralDP, Release
 from fedveil.server.engine.requests import build_train_request
@@ -77,6 +78,8 @@ class RoundEngine:
         _check_client_ids(transport, task)
         self.cfg, self.task, self.transport, self.store = cfg, task, transport, store
         self.privacy = privacy
+        # A DP-SGD-only run's ledger (opened, shown to devices, closed): witness_ledger().
+        self.ledger_only: DpSgdLedger | None = None
         self.stopped_reason: str | None = None
         self.channel = channel or PlainChannel()
         self.on_round = on_round
@@ -135,8 +138,14 @@ class RoundEngine:
             self.round = self.privacy.last_round
 
     # -- one round --------------------------------------------------------
+    def witness_ledger(self, ledger: DpSgdLedger) -> None:
+        """A DP-SGD-only run: every request carries this ledger's head; run() closes it."""
+        self.ledger_only = ledger
+
     def train_request(self, round_num: int) -> Envelope:
         privacy = None if self.privacy is None else self.privacy.client_fields()
+        if privacy is None and self.ledger_only is not None:
+            privacy = self.ledger_only.client_fields()
         return build_train_request(self.cfg, round_num, self.weights, privacy)
 
     def run_round(self) -> RoundRecord:
@@ -319,15 +328,18 @@ class RoundEngine:
                         break
                 self.run_round()
         except BaseException as exc:
-            if self.privacy is not None:
+            closer = self.privacy if self.privacy is not None else self.ledger_only
+            if closer is not None:
                 reason = f"{type(exc).__name__}: {exc}"[:200]
                 try:
-                    self.privacy.close("interrupted", self.round, reason)
+                    closer.close("interrupted", self.round, reason)
                 except Exception as close_error:  # the original failure matters more
                     log.warning("could not write the ledger's interruption record: %s", close_error)
             raise
         if self.privacy is not None:
             self.privacy.close("final", self.round, self.stopped_reason)
+        elif self.ledger_only is not None:
+            self.ledger_only.close("final", self.round, self.stopped_reason)
         return self.summary(time.perf_counter() - start)
 
     def summary(self, wall_s: float) -> dict[str, Any]:

@@ -211,13 +211,19 @@ def check_secagg_and_central_dp(dep, rid, rounds, sim_dir, deployed, simulated) 
     sim_private = RunStore(sim_dir).read_private()
     assert private[0]["train_loss"] == pytest.approx(sim_private[0]["train_loss"], abs=1e-4)
     log = (dep.state / "runs" / rid / "server.log").read_text()
-    assert "the update leaves masked" in (dep.root / "client-0.log").read_text()
+    client_log = (dep.root / "client-0.log").read_text()
+    assert "the update leaves masked" in client_log
+    # The device pinned the run's ledger key from the signed opening record (issue 28).
+    ledger = (dep.state / "runs" / rid / "privacy" / "ledger.jsonl").read_text()
+    opening = json.loads(ledger.splitlines()[0])
+    assert opening["kind"] == "open" and f"pinned ledger key {opening['key_id']}" in client_log
     assert not re.search(r"client \d+ dropped", log)
     for key in ("epsilon", "clip_norm", "noise_multiplier"):
         assert [r[key] for r in rounds] == pytest.approx([r[key] for r in sim_rounds], rel=1e-12)
     report = dep.http.get(f"/runs/{rid}/privacy").json()
     assert report["verification"]["ok"] and report["rounds"] == len(rounds)
-    assert report["ledger_entries"] == len(rounds) + 1  # the releases and the final record
+    # The opening record, the releases and the final record.
+    assert report["ledger_entries"] == len(rounds) + 2
     assert report["ledger_state"] == "final"
     assert report["epsilon"] == pytest.approx(rounds[-1]["epsilon"]) and report["epsilon"] <= 50
     html = dep.http.get(f"/runs/{rid}/privacy", params={"format": "html"})

@@ -20,6 +20,7 @@ import torch
 
 import tiny_task
 from fedveil.config import load_config
+from fedveil.privacy.dp import Ledger
 from fedveil.privacy.dp.plan import plan_distributed_dp
 from fedveil.protocol.envelope import Envelope
 from fedveil.server.engine.pipeline import make_privacy_pipeline
@@ -106,7 +107,7 @@ def test_seeded_cohorts_are_reproducible_and_accounted_without_amplification(tmp
     sc = simulate(secret)
     assert private_cohorts(tmp_path / "a") == private_cohorts(tmp_path / "b")
     assert sa["cohort_source"] == "seed" and sc["cohort_source"] == "csprng"
-    entry = json.loads((tmp_path / "a" / "privacy" / "ledger.jsonl").read_text().splitlines()[0])
+    entry = Ledger(tmp_path / "a" / "privacy" / "ledger.jsonl").releases[0]
     assert entry["sampling_rate"] == 1.0
     assert sa["epsilon"] > sc["epsilon"]  # no amplification once cohorts are public
 

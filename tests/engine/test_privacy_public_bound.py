@@ -34,7 +34,8 @@ CLIENTS = 12
 SAME = [0, 1, 2, 3, 4, 5]
 OTHER = [6, 7, 8, 9, 10, 11]
 # Ledger fields that differ between any two runs whatever took part.
-PER_RUN = ("timestamp", "run_id", "hash", "prev_hash", "key_id", "signature")
+# `opening`: every schema-3 entry names its run's opening record (a per-run hash).
+PER_RUN = ("timestamp", "run_id", "hash", "prev_hash", "key_id", "signature", "opening")
 PER_RUN_FIRST = ("cohort_commitment",)  # a hash of the run's fresh secret cohort key
 PRIVACY_KEYS = (
     "dp",
@@ -139,7 +140,7 @@ def test_public_files_are_the_same_whoever_took_part(tmp_path):
     assert not any("epsilon_coordinator_max" in text for text in public)
     # What they state is the bound for a client in every released round.
     final = Ledger(busy_store.ledger_path).entries[-1]
-    assert final["kind"] == "final" and final["schema"] == "fedveil.dp.ledger/2"
+    assert final["kind"] == "final" and final["schema"] == "fedveil.dp.ledger/3"
     assert busy["epsilon_coordinator_bound"] == final["epsilon_coordinator_bound"]
     assert final["epsilon_coordinator_bound"] == pytest.approx(realised[0][0])  # busy: equal
     assert metrics_view(busy_store)[-1]["epsilon_coordinator_bound"] == pytest.approx(

@@ -8,10 +8,13 @@ from fedveil.privacy.dp.signing import load_or_create_signer
 def make_ledger(tmp_path):
     """Write a small, valid, signed central-DP ledger and return (path, config, budget).
 
-    `close` ("final", "interrupted" or None) is the record that ends it.
+    `close` ("final", "interrupted" or None) is the record that ends it; `opened`: it
+    starts with the opening record (schema 3), else it is a schema-2 ledger.
     """
 
-    def build(rounds=6, accountant="rdp", name="ledger.jsonl", close="final", run_id="run-1"):
+    def build(
+        rounds=6, accountant="rdp", name="ledger.jsonl", close="final", run_id="run-1", opened=False
+    ):
         cfg = DpConfig(
             mechanism="central_gaussian",
             noise_multiplier=1.1,
@@ -26,6 +29,8 @@ def make_ledger(tmp_path):
         path = tmp_path / name
         ledger = Ledger(path, run_id=run_id, signer=load_or_create_signer())
         budget = PrivacyBudget(cfg)
+        if opened:  # ledger schema 3: the signed opening record first
+            ledger.open({"plan": {"mechanism": "central"}})
         for number in range(1, rounds + 1):
             budget.record_release(
                 ledger,

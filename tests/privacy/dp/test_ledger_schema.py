@@ -1,13 +1,14 @@
-"""Ledger schema 2: the public ledger states the coordinator's data-independent bound and
-never the realised per-client maximum; the verifier reads schema 1 ledgers, names the
-schema it refuses, and recomputes every stated bound from the ledger alone."""
+"""Ledger schemas 2 and 3 (3 opens with a signed opening record): the public ledger
+states the coordinator's data-independent bound and never the realised per-client
+maximum; the verifier reads schema 1 ledgers, names the schema it refuses, and
+recomputes every stated bound from the ledger alone."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fedveil.privacy.dp import Ledger, canonical_json, entry_hash, verify_ledger
-from fedveil.privacy.dp.ledger import LEDGER_SCHEMA, LEGACY_SCHEMA, signed_message
+from fedveil.privacy.dp.ledger import LEDGER_SCHEMA, LEGACY_SCHEMA, SCHEMA_2, signed_message
 from fedveil.privacy.dp.signing import load_or_create_signer
 
 
@@ -23,11 +24,16 @@ def resign(entries: list[dict[str, Any]]) -> bytes:
     return "".join(canonical_json(entry) + "\n" for entry in entries).encode()
 
 
-def test_new_entries_name_schema_2(make_ledger):
-    path, _, _ = make_ledger(rounds=2)
+def test_new_entries_name_schema_3_and_a_ledger_without_an_opening_schema_2(make_ledger):
+    path, _, _ = make_ledger(rounds=2, opened=True)
     assert {entry["schema"] for entry in Ledger(path).entries} == {LEDGER_SCHEMA}
     result = verify_ledger(path)
     assert result.ok and result.schema == LEDGER_SCHEMA
+    # Not opened (a stage without a signer at the start, or an old run resumed): schema 2.
+    path, _, _ = make_ledger(rounds=2, name="old.jsonl")
+    assert {entry["schema"] for entry in Ledger(path).entries} == {SCHEMA_2}
+    result = verify_ledger(path)
+    assert result.ok and result.schema == SCHEMA_2 and "no opening record" in result.message
 
 
 def test_a_schema_1_ledger_still_verifies_and_says_what_it_cannot_check(make_ledger):
