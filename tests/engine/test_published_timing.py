@@ -66,7 +66,8 @@ def test_a_dp_run_publishes_no_timing_that_depends_on_who_took_part(tmp_path):
     assert datetime.fromisoformat(stamp).timestamp() % RESOLUTION_S == 0
 
     # TensorBoard's event files, read with TensorBoard's own accumulator.
-    acc = event_accumulator.EventAccumulator(str(tmp_path / "tb"))
+    (run_dir,) = [d for d in (tmp_path / "tb").iterdir() if d.is_dir()]  # the run's own
+    acc = event_accumulator.EventAccumulator(str(run_dir))
     acc.Reload()
     walls = [e.wall_time for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)]
     assert len(walls) >= ROUNDS
