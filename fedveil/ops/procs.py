@@ -81,9 +81,10 @@ def _child_setup(parent: int) -> None:  # pragma: no cover - runs in the child
 
 
 def spawn(
-    argv: list[str], *, env: dict[str, str], log: IO[bytes] | None, cwd: Path | None = None
+    argv: list[str], *, env: dict[str, str], log: IO[bytes] | int | None, cwd: Path | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start a child that dies with this process (see module doc)."""
+    """Start a child that dies with this process (see module doc). `log`: a file for its
+    output, subprocess.PIPE to read it (fedveil.ops.log_pump), or None to discard it."""
     return subprocess.Popen(
         argv,
         env=env,

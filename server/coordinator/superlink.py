@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import ssl
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from cryptography import x509
 
 from fedveil import __version__
 from fedveil.ops.certs import TlsFiles, create_ca, create_server_cert
+from fedveil.ops.log_pump import LogPump, RotatingLog
 from fedveil.ops.procs import child_env, spawn, stop_group, wait_unix_socket
 from fedveil.protocol.deployment import (
     CLIENTAPP_REF,
@@ -130,7 +132,7 @@ class SuperLinkProcess:
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
         self.proc: Any = None
-        self._log_file: Any = None
+        self._log_pump: LogPump | None = None
 
     def argv(self) -> list[str]:
         s = self.settings
@@ -201,7 +203,6 @@ class SuperLinkProcess:
         (s.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         (s.state_dir / "flwr").mkdir(parents=True, exist_ok=True)
         sock = socket_path(s.state_dir)
-        self._log_file = (s.state_dir / "logs" / "superlink.log").open("ab")
         shim_dir = install_superexec_shim(s.state_dir)
         env = child_env(
             {
@@ -215,7 +216,13 @@ class SuperLinkProcess:
         )
         # Our `flower-superexec` first: ServerApp tokens go in files, not on command lines.
         env["PATH"] = os.pathsep.join([str(shim_dir), env["PATH"]])
-        self.proc = spawn(self.argv(), env=env, log=self._log_file, cwd=s.state_dir)
+        # Its whole output, rotated and with repeats collapsed (fedveil.ops.log_pump):
+        # garbage requests and idle polling must not fill the disk.
+        self.proc = spawn(self.argv(), env=env, log=subprocess.PIPE, cwd=s.state_dir)
+        assert self.proc.stdout is not None
+        self._log_pump = LogPump(
+            self.proc.stdout, RotatingLog(s.state_dir / "logs" / "superlink.log")
+        )
         self._pid_file.write_text(f"{self.proc.pid}\n")  # its process group id, see above
         if not wait_unix_socket(sock, timeout, self.proc):
             code = self.proc.poll()
@@ -232,9 +239,9 @@ class SuperLinkProcess:
     def stop(self) -> None:
         if self.proc is not None:
             stop_group(self.proc, timeout=10.0)
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
+        if self._log_pump is not None:
+            self._log_pump.join(5.0)  # the pipe ends with the process; the log closes
+            self._log_pump = None
 
 
 @dataclass
