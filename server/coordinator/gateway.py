@@ -43,6 +43,12 @@ _HOP = {b"host", b"content-length", b"connection", b"transfer-encoding", b"keep-
 # more parallel requests would not make the SuperLink (one event loop) any faster.
 UPSTREAM_CONNECTIONS = 16
 UPSTREAM_IDLE_S = 30.0
+# The bytes of request bodies the gateway holds at once, across requests: each request
+# reserves its declared Content-Length (the body limit when it declares none) before a
+# byte is read, and keeps the reservation until its answer is sent. A request that would
+# pass it is answered 503 at once, unread: concurrent large bodies, which need no
+# credentials, cannot grow the coordinator's memory past this.
+MAX_BUFFERED_BYTES = 256 * 1024 * 1024
 
 
 async def send_json(send: Send, status: int, detail: str) -> None:
@@ -58,6 +64,17 @@ async def send_json(send: Send, status: int, detail: str) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+def declared_length(scope: Scope) -> int | None:
+    """The request's Content-Length, if it declares a well-formed one."""
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            try:
+                return max(0, int(value))
+            except ValueError:
+                return None
+    return None
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
@@ -91,8 +108,11 @@ class FleetGateway:
         max_body_bytes: int,
         counters: ServiceCounters,
         uds: str | None = None,
+        max_buffered_bytes: int = MAX_BUFFERED_BYTES,
     ) -> None:
         self.upstream = upstream.rstrip("/")
+        self.max_buffered = max(max_buffered_bytes, max_body_bytes)
+        self.buffered = 0  # bytes reserved by requests in progress (one event loop: no lock)
         self._uds = uds  # the SuperLink's socket; `upstream` then only names the URL
         self.max_body = max_body_bytes
         self.counters = counters
@@ -160,6 +180,24 @@ class FleetGateway:
             self._reject("not_fleet")
             await send_json(send, 404, "not found: this port serves the Fleet API only")
             return
+        declared = declared_length(scope)
+        reserve = self.max_body if declared is None else min(declared, self.max_body + 1)
+        if self.buffered + reserve > self.max_buffered:
+            self._reject("busy")
+            await send_json(
+                send,
+                503,
+                f"the gateway holds {self.buffered} bytes of request bodies; this one would "
+                f"pass its {self.max_buffered}-byte limit: retry",
+            )
+            return
+        self.buffered += reserve
+        try:
+            await self._serve(scope, receive, send, path)
+        finally:
+            self.buffered -= reserve
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         body = await read_body(scope, receive, self.max_body)
         if body is None:
             self._reject("too_large")
