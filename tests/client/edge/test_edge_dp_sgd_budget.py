@@ -16,6 +16,7 @@ import torch
 from deploy_task import arrays
 from flwr.app import Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
+from ledger_heads import with_ledger_head
 
 from fedveil.client.dpsgd_budget import DpSgdLedger
 from fedveil.client.edge.edge_policy import LocalPolicy
@@ -80,7 +81,8 @@ def dp_sgd_request(round_num: int, **config: object) -> Envelope:
 
 
 def send(edge: EdgeClient, request: Envelope) -> Message:
-    content: RecordDict = to_content(request)
+    # The coordinator's head rides on every request: what is tested here is the cap.
+    content: RecordDict = to_content(with_ledger_head(request))
     return device_answer(edge, Message(content, 5, message_type(request.kind)), RUN, run_config())
 
 
