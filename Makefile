@@ -1,6 +1,7 @@
 # Two commands for a fresh machine:
 #   make run    set up, then run the default simulation (fedveil simulate)
 #   make test   set up, then run the test suite
+#   make test-fast  the tests that start no process (the inner loop; docs/development.md)
 # Setup is idempotent: a virtualenv in .venv, the CPU build of torch pinned
 # first (an unpinned torch pulls several GB of CUDA wheels), then fedveil.
 
@@ -11,7 +12,7 @@ TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.fedveil-installed
 FMNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: run test setup data browser lint bench clean
+.PHONY: run test test-fast setup data browser lint bench clean
 
 setup: $(STAMP)
 
@@ -43,7 +44,12 @@ run: data
 	$(VENV)/bin/fedveil simulate
 
 test: data browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
+
+# Tests marked neither `procs` nor `flower`: a guard (tests/procguard.py) fails any of
+# them that starts a process, so nothing slow hides here.
+test-fast: data
+	$(PY) -m pytest -q -m "not procs and not flower" --durations=10
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

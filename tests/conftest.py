@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,9 @@ sys.path.insert(0, str(TESTS))  # tests/tiny_task.py is importable as `tiny_task
 # The checkout's benchmarks/ (outside the wheel) import as `benchmarks`, also under `pytest`.
 if str(TESTS.parent) not in sys.path:
     sys.path.insert(1, str(TESTS.parent))
+
+# Process discipline (tests/procguard.py): leftovers swept and failed, fast tier guarded.
+pytest_plugins = ["procguard"]
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -32,3 +36,34 @@ def tiny_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
     return env
+
+
+@dataclass(frozen=True)
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def fedveil_cli(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., CliResult]:
+    """`fedveil ARGS` in this process (main([...]), the console script's body) for argument
+    and error tests: a subprocess would spend its time importing torch. argparse's own
+    refusals (SystemExit) come back as their exit code, as from the command. PYTHONPATH,
+    which `fedveil bench` extends for its children, is restored after the test."""
+    from fedveil.cli.main import main
+
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+
+    def run(*args: str) -> CliResult:
+        capsys.readouterr()  # what the test printed before is not the command's
+        try:
+            code = main(list(args))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        out = capsys.readouterr()
+        return CliResult(code, out.out, out.err)
+
+    return run
