@@ -33,6 +33,8 @@ from benchmarks.fleet_wire import call, capturing_client, supernode_interceptors
 from fedveil.cli.main import main as cli_main
 from fedveil.ops.certs import CLIENT_CURVE, create_test_deployment
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 SIGNED = {"flwr-timestamp", "flwr-signature"}  # differ per request: time, ECDSA nonce
 
 

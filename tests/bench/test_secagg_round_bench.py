@@ -28,6 +28,8 @@ from fedveil.cli.main import main as cli_main
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.riders import attach, split_reply
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 TINY = Workload(clients=6, dim=1000, dropout=0.17, seed=3)
 KEYS = {"ratio", "compute_ratio", "round", "checks", "compute", "neighbors", "threshold"}
 

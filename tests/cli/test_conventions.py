@@ -16,6 +16,8 @@ from safetensors.torch import load_file
 
 from fedveil.cli.main import main
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 TESTS = Path(__file__).parents[1]
 
 

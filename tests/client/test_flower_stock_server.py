@@ -20,6 +20,8 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.simulation import run_simulation
 from torch import nn
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 TESTS = Path(__file__).resolve().parents[1]
 FEATURES, CLASSES, CLIENTS, ROUNDS = 8, 3, 2, 2
 

@@ -23,6 +23,8 @@ from fedveil.ops.certs import (
     load_client_public_key,
 )
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 
 def handshake(files, cafile, server_name="localhost") -> str:
     """A real TLS handshake on loopback; returns what the client saw or raises."""

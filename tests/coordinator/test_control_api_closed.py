@@ -41,6 +41,8 @@ from fedveil.server.coordinator.link_socket import SOCKET_NAME
 from fedveil.server.coordinator.settings import load_settings
 from fedveil.server.coordinator.superlink import LinkControl
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 NOBODY = 65534
 
 

@@ -25,6 +25,8 @@ from fastapi import FastAPI
 from fedveil.server.coordinator.clients import ClientRegistry
 from fedveil.server.coordinator.routes import dashboard
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 NOW = 1_750_000_000.0
 
 

@@ -20,6 +20,8 @@ from fedveil.server.coordinator.runs import (
 )
 from fedveil.server.coordinator.settings import settings_from_dict
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 # -- deep nesting -------------------------------------------------------------------
 GOOD = """seed = 1
 [model]

@@ -18,6 +18,8 @@ from fedveil.cli.main import main
 from fedveil.config import load_config
 from fedveil.simulations.run import simulate
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 MEMBERSHIP_TOML = """\

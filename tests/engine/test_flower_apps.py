@@ -14,6 +14,8 @@ from fedveil.config import ConfigError, load_config
 from fedveil.flower import client_app, run_config_of, server_app
 from fedveil.server.engine.flower_stock import error_essence
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 
 def test_run_config_of_reads_a_path_and_flattened_keys(tmp_path):
     path = tmp_path / "fedveil.toml"

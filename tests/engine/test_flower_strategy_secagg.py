@@ -31,6 +31,8 @@ from fedveil.flower import FlowerDP, SecAggGrid, StrategyRefused, secure
 from fedveil.protocol import flower_secagg_codec as codec
 from fedveil.server.engine.flower_secagg import SecureSettings
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 CLIENTS = 4
 ROUNDS = 2
 SETTINGS = SecureSettings()

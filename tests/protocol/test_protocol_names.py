@@ -21,6 +21,8 @@ from fedveil.protocol.kinds import (
     stage_of,
 )
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 # The wire values devices of earlier versions send and expect: never to change.
 WIRE_KINDS = [
     "hello",

@@ -16,6 +16,8 @@ from safetensors.torch import load_file
 from fedveil.cli.main import main
 from fedveil.server.registry import PRODUCTION, REGISTERED, Registry, RegistryError
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 
 def test_register_promote_and_resolve(tmp_path: Path, plain_run: Path) -> None:
     registry = Registry(tmp_path / "reg")

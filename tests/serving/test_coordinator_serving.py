@@ -20,6 +20,8 @@ from fedveil.ops.procs import free_port, spawn, stop_group
 from fedveil.server.registry import Registry
 from fedveil.simulations.run import simulate
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 STARTED = re.compile(r"prediction API on (http://[^\s]+)")
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower-app"
 BIN = Path(sys.executable).parent
 

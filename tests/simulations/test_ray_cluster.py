@@ -18,6 +18,8 @@ from fedveil.config.ray_address import resolve_ray_address
 from fedveil.simulations.ray_cluster import RayClusterUnreachable, client_device, client_resources
 from fedveil.simulations.run import simulate
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 TINY = {
     "model.task": "tiny_task:make",
     "data.num_clients": 6,

@@ -19,6 +19,8 @@ from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.shm import Arena, Packer, take
 from fedveil.simulations.workers import WorkerPool, death_cause
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 
 def tiny_config(**extra):
     overrides = {

@@ -20,6 +20,8 @@ from fedveil.client.edge.flower_deploy import (
 )
 from fedveil.protocol.deployment import CLIENTAPP_REF, FAB_ID
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 OTHER = "acme/quickstart-pytorch"
 
 

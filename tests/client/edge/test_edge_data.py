@@ -14,6 +14,8 @@ from fedveil.client.edge.edge_data import DataError, load_local_data, read_idx, 
 from fedveil.data.datasets import load_dataset
 from fedveil.data.pixels import FASHION_MNIST_MEAN, FASHION_MNIST_STD
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
 

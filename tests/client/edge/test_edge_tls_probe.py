@@ -13,9 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fedveil.client.edge.tls_probe import server_speaks_tls
 from fedveil.ops.certs import create_ca, create_server_cert
+
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
 
 
 @contextlib.contextmanager

@@ -13,6 +13,8 @@ from secagg_helpers import make_session
 from benchmarks import bench_secagg
 from fedveil.privacy.secagg import SecAggClient, randomness
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 SOURCES = pathlib.Path(randomness.__file__).parent
 
 

@@ -26,6 +26,8 @@ from fedveil.privacy.secagg.identity_files import (
     write_identity_key,
 )
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 
 def keys(n: int) -> dict[int, bytes]:
     return {cid: public_bytes(Ed25519PrivateKey.generate()) for cid in range(n)}
