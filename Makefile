@@ -46,10 +46,10 @@ run: data
 test: data browser
 	$(PY) -m pytest -q --durations=25
 
-# Tests marked neither `procs` nor `flower`: a guard (tests/procguard.py) fails any of
-# them that starts a process, so nothing slow hides here.
+# Tests marked neither `procs` nor `flower`: --procs-guard (tests/procguard.py) fails any
+# of them that starts a process, so nothing slow hides here.
 test-fast: data
-	$(PY) -m pytest -q -m "not procs and not flower" --durations=10
+	$(PY) -m pytest -q -m "not procs and not flower" --procs-guard --durations=10
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -67,3 +67,23 @@ def fedveil_cli(
         return CliResult(code, out.out, out.err)
 
     return run
+
+
+# Modules another change is moving (the README's blocks move into docs/, issue 29): they
+# start processes, and are marked here rather than edited under that change. Once moved,
+# each carries `pytestmark = pytest.mark.procs` itself and leaves this list.
+_PROCS_MODULES_BEING_MOVED = frozenset(
+    {
+        "test_containers.py",
+        "test_model_metadata.py",
+        "test_readme_task.py",
+        "test_registry_readme.py",
+        "test_serve.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in _PROCS_MODULES_BEING_MOVED:
+            item.add_marker(pytest.mark.procs)

@@ -6,9 +6,10 @@
   sessions of other checkouts are alive and left alone.
 - At session end, a process still running below pytest, or carrying this session's marker, is
   a leak: `leftovers` names it, the run is failed and the process killed.
-- Tests that start no process form the fast tier (`make test-fast`). A test not marked
-  `procs` (or `flower`) that creates a child process, through Python (audit events of
-  fork / spawn / subprocess) or left running at teardown, fails at teardown, naming how:
+- Tests that start no process form the fast tier (`make test-fast`). Under --procs-guard
+  (make test-fast passes it), a test not marked `procs` (or `flower`) that creates a child
+  process, through Python (audit events of fork / spawn / subprocess), or that has a child
+  left at teardown, or whose reaped children used CPU time, fails at teardown, naming how:
   mark it `@pytest.mark.procs` so that it runs only in the full tier.
 Linux (/proc); elsewhere the checks find nothing.
 """
@@ -160,6 +161,14 @@ def _starts_processes(item: pytest.Item) -> bool:
     return any(item.get_closest_marker(name) for name in PROCESS_MARKS)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--procs-guard",
+        action="store_true",
+        help="fail a test not marked procs/flower that creates a process (make test-fast)",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     global _marker, _watch
     config.addinivalue_line(
@@ -168,18 +177,28 @@ def pytest_configure(config: pytest.Config) -> None:
     _swept[:] = sweep_dead_sessions()
     _marker = session_marker()
     os.environ[SESSION_ENV] = _marker
-    _watch = SpawnWatch()
+    if config.getoption("procs_guard"):
+        _watch = SpawnWatch()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item):  # type: ignore[no-untyped-def]
     if _watch is not None and not _starts_processes(item):
         item.stash[_children_key] = live_children()
+        item.stash[_child_cpu_key] = _children_cpu()
         _watch.arm()
     return (yield)
 
 
 _children_key = pytest.StashKey[set[int]]()
+_child_cpu_key = pytest.StashKey[float]()
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's children that have been waited for: it grows when a
+    child started and ended within a test (multiprocessing's spawn raises no audit event)."""
+    t = os.times()
+    return t.children_user + t.children_system
 
 
 @pytest.hookimpl(wrapper=True)
@@ -190,8 +209,13 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):  #
         return result
     spawned = _watch.disarm()
     started = live_children() - before
-    if spawned or started:
-        how = "; ".join(spawned[:5] + [f"child pid {p}: {cmdline(p)[:120]}" for p in started])
+    cpu = _children_cpu() - item.stash[_child_cpu_key]
+    if spawned or started or cpu > 0:
+        how = "; ".join(
+            spawned[:5]
+            + [f"child pid {p}: {cmdline(p)[:120]}" for p in started]
+            + ([f"children that ended used {cpu:.2f} s of CPU"] if cpu > 0 else [])
+        )
         pytest.fail(
             f"{item.nodeid} is in the fast tier but created a process ({how}): "
             "mark it @pytest.mark.procs",

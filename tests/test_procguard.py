@@ -28,6 +28,13 @@ def test_pure():
 def test_starts_a_process_unmarked():
     subprocess.run([sys.executable, "-c", "pass"], check=True)
 
+def test_spawns_through_multiprocessing_unmarked():
+    import multiprocessing
+
+    proc = multiprocessing.get_context("spawn").Process(target=sum, args=([1, 2],))
+    proc.start()
+    proc.join()
+
 @pytest.mark.procs
 def test_starts_a_process_marked():
     subprocess.run([sys.executable, "-c", "pass"], check=True)
@@ -57,6 +64,7 @@ def _pytest(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProc
             "-p",
             "no:cacheprovider",
             "-q",
+            "--procs-guard",
             "--rootdir",
             str(tmp_path),
             "-c",
@@ -75,13 +83,16 @@ def _pytest(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProc
 def test_a_fast_test_that_starts_a_process_fails_and_a_marked_one_passes(tmp_path):
     done = _pytest(tmp_path, GUARDED)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "3 passed, 1 error" in done.stdout, done.stdout
+    assert "4 passed, 2 errors" in done.stdout, done.stdout
     assert "ERROR test_sample.py::test_starts_a_process_unmarked" in done.stdout
+    # multiprocessing's spawn raises no audit event: the reaped child's CPU time shows it.
+    assert "ERROR test_sample.py::test_spawns_through_multiprocessing_unmarked" in done.stdout
+    assert "children that ended used" in done.stdout
     assert "is in the fast tier but created a process (subprocess.Popen" in done.stdout
     assert "mark it @pytest.mark.procs" in done.stdout
     # The fast tier deselects the marked test, and the guard has nothing to say then.
     fast = _pytest(tmp_path, GUARDED, "-m", "not procs", "-k", "pure")
-    assert fast.returncode == 0 and "1 passed, 2 deselected" in fast.stdout, fast.stdout
+    assert fast.returncode == 0 and "1 passed, 3 deselected" in fast.stdout, fast.stdout
 
 
 def test_a_process_left_running_fails_the_session_and_is_killed(tmp_path):

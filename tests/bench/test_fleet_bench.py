@@ -33,8 +33,6 @@ from benchmarks.fleet_wire import call, capturing_client, supernode_interceptors
 from fedveil.cli.main import main as cli_main
 from fedveil.ops.certs import CLIENT_CURVE, create_test_deployment
 
-pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
-
 SIGNED = {"flwr-timestamp", "flwr-signature"}  # differ per request: time, ECDSA nonce
 
 
@@ -79,6 +77,7 @@ def recorder(tmp_path: Path) -> Iterator[tuple[str, Path, list[dict[str, Any]]]]
         server.server_close()
 
 
+@pytest.mark.procs
 def test_emulated_requests_equal_flowers_supernode_client_on_the_wire(
     recorder: tuple[str, Path, list[dict[str, Any]]],
 ) -> None:
@@ -127,6 +126,7 @@ def test_emulated_requests_equal_flowers_supernode_client_on_the_wire(
     ]
 
 
+@pytest.mark.procs
 def test_a_small_run_holds_every_device_connected_and_prints_the_json_contract(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

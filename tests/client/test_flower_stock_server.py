@@ -20,8 +20,6 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.simulation import run_simulation
 from torch import nn
 
-pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
-
 TESTS = Path(__file__).resolve().parents[1]
 FEATURES, CLASSES, CLIENTS, ROUNDS = 8, 3, 2, 2
 
@@ -65,6 +63,7 @@ def client_config(**extra: object):
     )
 
 
+@pytest.mark.procs
 @pytest.mark.flower
 @pytest.mark.slow
 def test_fedveil_client_app_trains_under_a_stock_fedavg_server(monkeypatch):

@@ -23,8 +23,6 @@ from fedveil.ops.certs import (
     load_client_public_key,
 )
 
-pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
-
 
 def handshake(files, cafile, server_name="localhost") -> str:
     """A real TLS handshake on loopback; returns what the client saw or raises."""
@@ -105,6 +103,7 @@ def test_nothing_is_overwritten_and_bad_keys_are_named(tmp_path):
         create_client_key(tmp_path, "../escape")
 
 
+@pytest.mark.procs
 def test_certs_command(tmp_path):
     out = tmp_path / "certs"
     proc = subprocess.run(

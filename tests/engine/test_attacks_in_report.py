@@ -18,8 +18,6 @@ from fedveil.cli.main import main
 from fedveil.config import load_config
 from fedveil.simulations.run import simulate
 
-pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
-
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 MEMBERSHIP_TOML = """\
@@ -58,6 +56,7 @@ def _attack_outputs(run: Path, tmp_path: Path) -> Path:
     return attacks
 
 
+@pytest.mark.procs
 def test_report_of_a_dp_run_shows_its_attacks(tmp_path: Path) -> None:
     run = tmp_path / "run"
     cfg = load_config(

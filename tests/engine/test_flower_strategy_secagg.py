@@ -31,8 +31,6 @@ from fedveil.flower import FlowerDP, SecAggGrid, StrategyRefused, secure
 from fedveil.protocol import flower_secagg_codec as codec
 from fedveil.server.engine.flower_secagg import SecureSettings
 
-pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
-
 CLIENTS = 4
 ROUNDS = 2
 SETTINGS = SecureSettings()
@@ -143,6 +141,7 @@ def _run(main: Any) -> None:
     )
 
 
+@pytest.mark.procs
 @pytest.mark.flower
 @pytest.mark.slow
 def test_fedavg_app_gains_secure_aggregation_and_dp() -> None:
@@ -226,6 +225,7 @@ def test_strategies_needing_each_update_are_refused(strategy: FedAvg) -> None:
     assert type(strategy).__name__ in str(refused.value)
 
 
+@pytest.mark.procs
 @pytest.mark.parametrize(
     "name", ["FedAvg", "FedProx", "FedAvgM", "FedAdam", "FedYogi", "FedAdagrad"]
 )

@@ -42,6 +42,7 @@ def config(tmp_path, name="run", **overrides):
         "data.num_clients": 12,
         "server.per_round": 6,
         "server.rounds": 3,
+        "simulation.workers": 1,  # in process (fast tier): same result as workers
         "out": str(tmp_path / name),
         "dp.mechanism": "central",
         "dp.epsilon": 50.0,

@@ -21,8 +21,6 @@ from fedveil.protocol.kinds import (
     stage_of,
 )
 
-pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
-
 # The wire values devices of earlier versions send and expect: never to change.
 WIRE_KINDS = [
     "hello",
@@ -69,6 +67,7 @@ def test_an_envelope_carries_the_plain_kind_on_the_wire():
     assert (back.kind, back.round, back.config) == ("train", 3, {"seed": 7})
 
 
+@pytest.mark.procs
 def test_server_and_coordinator_import_nothing_from_the_client_package():
     code = (
         "import sys\n"

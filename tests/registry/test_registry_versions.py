@@ -16,8 +16,6 @@ from safetensors.torch import load_file
 from fedveil.cli.main import main
 from fedveil.server.registry import PRODUCTION, REGISTERED, Registry, RegistryError
 
-pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
-
 
 def test_register_promote_and_resolve(tmp_path: Path, plain_run: Path) -> None:
     registry = Registry(tmp_path / "reg")
@@ -129,6 +127,7 @@ for _ in range(int(sys.argv[3])):
 """
 
 
+@pytest.mark.procs
 def test_two_processes_registering_at_once_lose_no_version(tmp_path: Path, plain_run: Path) -> None:
     root, each = tmp_path / "reg", 4
     procs = [

@@ -20,8 +20,6 @@ from fedveil.ops.procs import free_port, spawn, stop_group
 from fedveil.server.registry import Registry
 from fedveil.simulations.run import simulate
 
-pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
-
 STARTED = re.compile(r"prediction API on (http://[^\s]+)")
 
 
@@ -41,6 +39,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.procs
 def test_coordinator_serves_the_promoted_version_and_follows_promotion(
     run_dir: Path, tmp_path: Path
 ) -> None:

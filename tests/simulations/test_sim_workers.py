@@ -19,8 +19,6 @@ from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.shm import Arena, Packer, take
 from fedveil.simulations.workers import WorkerPool, death_cause
 
-pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
-
 
 def tiny_config(**extra):
     overrides = {
@@ -43,6 +41,7 @@ def final_weights(cfg, workers: int) -> torch.Tensor:
     return engine.weights
 
 
+@pytest.mark.procs
 def test_workers_give_bit_identical_models_to_one_lane():
     cfg = tiny_config()
     one = final_weights(cfg, 1)
@@ -51,6 +50,7 @@ def test_workers_give_bit_identical_models_to_one_lane():
     assert not torch.equal(one, RoundEngine(cfg, tiny_task.make(cfg), _NoClients()).weights)
 
 
+@pytest.mark.procs
 def test_workers_evaluate_the_test_set_like_this_process():
     cfg = tiny_config()
     task = tiny_task.make(cfg)
@@ -81,6 +81,7 @@ class _NoClients:
         return None
 
 
+@pytest.mark.procs
 def test_this_process_leaves_the_cores_to_the_workers_until_the_pool_closes():
     before = torch.get_num_threads()
     task = tiny_task.make(tiny_config())
@@ -107,6 +108,7 @@ def _stateful_handle(self, client_id, msg, state):
 _real_handle = ClientRuntime.handle
 
 
+@pytest.mark.procs
 def test_client_state_follows_the_client_into_the_next_round_and_not_beyond(monkeypatch):
     monkeypatch.setattr(ClientRuntime, "handle", _stateful_handle)  # before the fork
     task = tiny_task.make(tiny_config())
@@ -139,6 +141,7 @@ def test_client_state_follows_the_client_into_the_next_round_and_not_beyond(monk
         assert np.array_equal(first[c].arrays["ids"], np.arange(c))
 
 
+@pytest.mark.procs
 def test_a_crashed_worker_fails_its_clients_and_is_replaced(tmp_path):
     cfg = tiny_config(**{"server.per_round": 12})
     task = tiny_task.make(cfg)
@@ -173,12 +176,14 @@ def test_a_worker_death_is_said_in_words():
     assert death_cause(None) == "it did not exit"
 
 
+@pytest.mark.procs
 def test_spawned_workers_need_a_task_factory():
     task = tiny_task.make(tiny_config())
     with pytest.raises(ValueError, match=r"simulation\.workers = 2 with 3 torch threads"):
         WorkerPool(task, 2, threads=3)
 
 
+@pytest.mark.procs
 @pytest.mark.slow
 def test_spawned_workers_with_several_threads_match_one_lane():
     cfg = tiny_config()

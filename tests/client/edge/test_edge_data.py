@@ -14,8 +14,6 @@ from fedveil.client.edge.edge_data import DataError, load_local_data, read_idx, 
 from fedveil.data.datasets import load_dataset
 from fedveil.data.pixels import FASHION_MNIST_MEAN, FASHION_MNIST_STD
 
-pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
-
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
@@ -122,6 +120,7 @@ def test_missing_pieces(tmp_path):
     assert read_idx is not None
 
 
+@pytest.mark.procs
 def test_client_command_refuses_bad_arguments_before_starting(tmp_path):
     import subprocess
     import sys

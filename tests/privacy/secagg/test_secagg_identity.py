@@ -26,8 +26,6 @@ from fedveil.privacy.secagg.identity_files import (
     write_identity_key,
 )
 
-pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
-
 
 def keys(n: int) -> dict[int, bytes]:
     return {cid: public_bytes(Ed25519PrivateKey.generate()) for cid in range(n)}
@@ -106,6 +104,7 @@ def test_keygen_writes_a_private_key_only_its_owner_can_read(tmp_path):
         load_identity_key(tmp_path / "ec.key")
 
 
+@pytest.mark.procs
 def test_the_cli_makes_keys_and_a_roster_a_device_can_load(tmp_path):
     def fedveil(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
