@@ -87,3 +87,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in _PROCS_MODULES_BEING_MOVED:
             item.add_marker(pytest.mark.procs)
+        if item.name.startswith("test_image_builds_and_runs_as_non_root"):
+            # A container build may take its own 1800 s (test_containers.py, being moved).
+            item.add_marker(pytest.mark.timeout(2100))

@@ -92,6 +92,7 @@ def test_bad_config_fails_before_training_naming_the_field(
 
 @pytest.mark.slow
 @pytest.mark.procs
+@pytest.mark.timeout(900)  # a wheel build and an install, 300 s each at most
 def test_regular_install_imports_under_one_namespace(tmp_path):
     wheel_dir = tmp_path / "wheel"
     subprocess.run(
