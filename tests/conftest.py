@@ -30,6 +30,17 @@ def _temporary_key_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
         os.environ["FEDVEIL_KEY_DIR"] = saved
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _ray_shut_down_at_session_end() -> Iterator[None]:
+    """Tests that run Flower's simulation engine start one local Ray for the session
+    (tests/local_ray.py) and leave it up for the next: it is shut down here, before the
+    session-end check (tests/procguard.py) looks for processes left behind."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.fixture
 def tiny_env() -> dict[str, str]:
     """Environment for a subprocess that must import the tiny task."""
