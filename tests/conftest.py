@@ -34,11 +34,16 @@ def _temporary_key_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
 def _ray_shut_down_at_session_end() -> Iterator[None]:
     """Tests that run Flower's simulation engine start one local Ray for the session
     (tests/local_ray.py) and leave it up for the next: it is shut down here, before the
-    session-end check (tests/procguard.py) looks for processes left behind."""
+    session-end check (tests/procguard.py) looks for processes left behind. Ray's workers
+    (`ray::ClientAppActor`) can outlive ray.shutdown() by more than that check's grace on
+    a loaded machine: as the owner of this Ray, the fixture ends them."""
     yield
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
+        from procguard import end_processes  # the plugin (pytest_plugins), loaded by now
+
         ray.shutdown()
+        end_processes("ray::")
 
 
 @pytest.fixture

@@ -93,18 +93,10 @@ def _helper(pid: int) -> bool:
 
 def leftovers(marker: str, grace_s: float = 10.0) -> list[str]:
     """Processes this session started that still run after `grace_s`: killed, and named."""
-    me = os.getpid()
     deadline = time.monotonic() + grace_s
     while True:
-        found = dict(descendants(me))
-        for entry in Path("/proc").glob("[0-9]*"):
-            pid = int(entry.name)
-            if pid != me and pid not in found and _marker_of(pid) == marker:
-                start = _start_time(pid)
-                if start is not None:
-                    found[pid] = start
         running = {
-            pid: start for pid, start in found.items() if alive(pid, start) and not _helper(pid)
+            pid: start for pid, start in session_processes(marker).items() if not _helper(pid)
         }
         if not running or time.monotonic() > deadline:
             break
@@ -112,6 +104,41 @@ def leftovers(marker: str, grace_s: float = 10.0) -> list[str]:
     named = [f"{pid} {cmdline(pid)[:200]}" for pid in sorted(running)]
     for pid in running:
         _kill(pid)
+    return named
+
+
+def session_processes(marker: str) -> dict[int, int]:
+    """pid -> start time of the live processes below this one or carrying `marker`."""
+    me = os.getpid()
+    found = dict(descendants(me))
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        if pid != me and pid not in found and _marker_of(pid) == marker:
+            start = _start_time(pid)
+            if start is not None:
+                found[pid] = start
+    return {pid: start for pid, start in found.items() if alive(pid, start)}
+
+
+def end_processes(match: str, grace_s: float = 10.0) -> list[str]:
+    """End this session's processes whose command line contains `match`: SIGTERM, then
+    SIGKILL after `grace_s`. For a session resource's owner (a fixture) whose library
+    leaves some of its processes to exit late. Returns their command lines."""
+    targets = {
+        pid: start
+        for pid, start in session_processes(os.environ.get(SESSION_ENV, "")).items()
+        if match in cmdline(pid)
+    }
+    named = [f"{pid} {cmdline(pid)[:120]}" for pid in sorted(targets)]
+    for pid in targets:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(alive(p, s) for p, s in targets.items()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid, start in targets.items():
+        if alive(pid, start):
+            _kill(pid)
     return named
 
 
