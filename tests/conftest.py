@@ -46,6 +46,22 @@ def _ray_shut_down_at_session_end() -> Iterator[None]:
         end_processes("ray::")
 
 
+@pytest.fixture(autouse=True)
+def _ray_workers_end_with_their_run(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a Flower test whose simulation shut its Ray down (simulations/flower_runner.py),
+    that Ray's workers (`ray::ClientAppActor`) were measured still running 10 s later: they
+    are ended here, so that they neither pile up over the session nor fail its end check.
+    The session's own Ray (tests/local_ray.py), still up, keeps its workers for the next."""
+    yield
+    if request.node.get_closest_marker("flower") is None:
+        return
+    ray = sys.modules.get("ray")
+    if ray is not None and not ray.is_initialized():
+        from procguard import end_processes
+
+        end_processes("ray::")
+
+
 @pytest.fixture
 def tiny_env() -> dict[str, str]:
     """Environment for a subprocess that must import the tiny task."""
