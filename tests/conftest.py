@@ -48,13 +48,14 @@ def _ray_shut_down_at_session_end() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _ray_workers_end_with_their_run(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After a Flower test whose simulation shut its Ray down (simulations/flower_runner.py),
-    that Ray's workers (`ray::ClientAppActor`) were measured still running 10 s later: they
-    are ended here, so that they neither pile up over the session nor fail its end check.
+    """After a Flower or Ray test whose run shut its Ray down (simulations/flower_runner.py,
+    ray.cluster_utils.Cluster.shutdown), that Ray's workers (`ray::ClientAppActor`) were
+    measured still running 10 s later: they are ended here, so that they neither pile up
+    over the session nor fail its end check.
     The session's own Ray (tests/local_ray.py), still up, keeps its workers for the next."""
     yield
-    if request.node.get_closest_marker("flower") is None:
-        return
+    if not any(request.node.get_closest_marker(m) for m in ("flower", "procs")):
+        return  # a fast-tier test starts no Ray
     ray = sys.modules.get("ray")
     if ray is not None and not ray.is_initialized():
         from procguard import end_processes
