@@ -43,8 +43,9 @@ browser:
 run: data
 	$(VENV)/bin/fedveil simulate
 
+# --procs-guard: a test not marked procs/flower fails if it starts a process (tests/procguard.py).
 test: data browser
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q --procs-guard --durations=25
 
 # Tests marked neither `procs` nor `flower`: --procs-guard (tests/procguard.py) fails any
 # of them that starts a process, so nothing slow hides here.
