@@ -7,10 +7,10 @@
 - At session end, a process still running below pytest, or carrying this session's marker, is
   a leak: `leftovers` names it, the run is failed and the process killed.
 - Tests that start no process form the fast tier (`make test-fast`). Under --procs-guard
-  (make test and make test-fast pass it), a test not marked `procs` (or `flower`) that creates a child
-  process, through Python (audit events of fork / spawn / subprocess), or that has a child
-  left at teardown, or whose reaped children used CPU time, fails at teardown, naming how:
-  mark it `@pytest.mark.procs` so that it runs only in the full tier.
+  (make test and make test-fast pass it), a test not marked `procs` (or `flower`) that
+  creates a child process, through Python (audit events of fork / spawn / subprocess), or
+  that has a child left at teardown, or whose reaped children used CPU time, fails at
+  teardown, naming how: mark it `@pytest.mark.procs` so that it runs only in the full tier.
 Linux (/proc); elsewhere the checks find nothing.
 """
 
