@@ -1,6 +1,7 @@
 # Two commands for a fresh machine:
 #   make run    set up, then run the default simulation (fedveil simulate)
 #   make test   set up, then run the test suite
+#   make test-fast  the tests that start no process (the inner loop; docs/development.md)
 # Setup is idempotent: a virtualenv in .venv, the CPU build of torch pinned
 # first (an unpinned torch pulls several GB of CUDA wheels), then fedveil.
 
@@ -15,7 +16,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.fedveil-installed
 FMNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: run test setup data browser lint docs bench clean
+.PHONY: run test test-fast setup data browser lint docs bench clean
 
 setup: $(STAMP)
 
@@ -47,8 +48,14 @@ browser:
 run: data
 	$(VENV)/bin/fedveil simulate
 
+# --procs-guard: a test not marked procs/flower fails if it starts a process (tests/procguard.py).
 test: data browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --procs-guard --durations=25
+
+# Tests marked neither `procs` nor `flower`: --procs-guard (tests/procguard.py) fails any
+# of them that starts a process, so nothing slow hides here.
+test-fast: data
+	$(PY) -m pytest -q -m "not procs and not flower" --procs-guard --durations=10
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 CONTENDERS = {"sync", "sync_deadline", "async", "async_secagg"}
 KEYS = {
@@ -23,6 +25,8 @@ def bench(*flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.procs
+@pytest.mark.timeout(900)  # above the command's own 600 s limit
 def test_quick_bench_reports_the_issue_keys_with_sane_numbers(tmp_path):
     done = bench("--quick", "--json", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -53,8 +57,10 @@ def test_quick_bench_reports_the_issue_keys_with_sane_numbers(tmp_path):
     assert "time_to_target_ratio" in done.stderr  # the human table goes to stderr under --json
 
 
-def test_a_secagg_group_too_small_for_the_protocol_is_refused_by_name(tmp_path):
-    done = bench("--quick", "--buffer", "2", "--group-size", "2", "--out", str(tmp_path))
+def test_a_secagg_group_too_small_for_the_protocol_is_refused_by_name(tmp_path, fedveil_cli):
+    done = fedveil_cli(
+        "bench", "async", "--quick", "--buffer", "2", "--group-size", "2", "--out", str(tmp_path)
+    )
     assert done.returncode != 0
     assert "--group-size = 2: must be in [max(3, --buffer = 2), --concurrency = 6]" in done.stderr
     assert not (tmp_path / "seed0").exists()  # refused before any contender ran

@@ -14,6 +14,8 @@ import pytest
 
 from benchmarks.bench_audit_all import REQUIRED_KEYS
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 
 @pytest.mark.slow
 def test_bench_audit_quick_prints_every_issue_key() -> None:

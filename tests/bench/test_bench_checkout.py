@@ -17,6 +17,10 @@ from pathlib import Path
 
 import pytest
 
+# Building and installing the wheel (module fixture) may take 2 x 300 s, then each test's
+# own commands up to 300 s: the limit sits above both.
+pytestmark = [pytest.mark.procs, pytest.mark.timeout(1200)]
+
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("pyproject.toml", "README.md", "fedveil", "server", "client", "privacy", "simulations")
 

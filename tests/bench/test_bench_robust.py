@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [
     "--dataset", "digits", "--clients", "10", "--per-round", "5", "--rounds", "1",
@@ -19,6 +21,7 @@ def bench(*flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.procs
 def test_the_json_has_the_issue_table_and_the_backdoor_curve():
     done = bench(*SMALL, "--curve-fractions", "0.1", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -42,8 +45,11 @@ def test_the_json_has_the_issue_table_and_the_backdoor_curve():
     assert "aggregator" in done.stderr  # the human table goes to stderr under --json
 
 
-def test_a_cohort_too_small_for_the_rule_is_refused_by_name():
-    done = bench(*SMALL[:4], "--per-round", "8", "--aggregators", "bulyan", "--fractions", "0.2")
+def test_a_cohort_too_small_for_the_rule_is_refused_by_name(fedveil_cli):
+    done = fedveil_cli(
+        "bench", "robust", *SMALL[:4], "--per-round", "8", "--aggregators", "bulyan",
+        "--fractions", "0.2",
+    )  # fmt: skip
     assert done.returncode != 0
     assert "--per-round 8: bulyan at fraction 0.2 (f = 2) needs a cohort of at least 11" in (
         done.stderr

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 REQUIRED = (
     "throughput_ratio",
     "throughput_ratio_256",

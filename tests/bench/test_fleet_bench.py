@@ -77,6 +77,7 @@ def recorder(tmp_path: Path) -> Iterator[tuple[str, Path, list[dict[str, Any]]]]
         server.server_close()
 
 
+@pytest.mark.procs
 def test_emulated_requests_equal_flowers_supernode_client_on_the_wire(
     recorder: tuple[str, Path, list[dict[str, Any]]],
 ) -> None:
@@ -125,6 +126,7 @@ def test_emulated_requests_equal_flowers_supernode_client_on_the_wire(
     ]
 
 
+@pytest.mark.procs
 def test_a_small_run_holds_every_device_connected_and_prints_the_json_contract(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -65,6 +65,7 @@ def test_a_dropping_client_still_answers_the_next_rounds_rider():
     assert isinstance(theirs, Envelope) and theirs.config["client_id"] == 2
 
 
+@pytest.mark.procs
 def test_inprocess_bench_aggregates_correctly_and_counts_bytes():
     out = bench(TINY, rounds=2, transport="inprocess", floor=True)
     assert set(out) >= KEYS
@@ -82,6 +83,7 @@ def test_inprocess_bench_aggregates_correctly_and_counts_bytes():
     assert out["masking_over_prg"] > 0
 
 
+@pytest.mark.procs
 def test_floor_rounds_give_the_plain_aggregate():
     k, t = graph_parameters(TINY, None, None)
     plain = run_ours(TINY, False, k, t, 2, "inprocess")
@@ -90,6 +92,7 @@ def test_floor_rounds_give_the_plain_aggregate():
     assert set(floor["exchange_s"]) == {"hello", "train"} and set(plain["exchange_s"]) == {"train"}
 
 
+@pytest.mark.procs
 def test_our_rounds_are_the_products_lifecycle(tmp_path):
     # The secure rounds timed are the run lifecycle's (`fedveil simulate`, the ServerApp):
     # its run directory, its records (secure-aggregation fields included), its model.
@@ -107,6 +110,7 @@ def test_our_rounds_are_the_products_lifecycle(tmp_path):
     assert secure["survivors"][0] == TINY.clients - len(TINY.dropped)
 
 
+@pytest.mark.procs
 def test_compute_part_reports_each_stage_of_both_protocols():
     pytest.importorskip("flwr")
     out = bench_secagg.compare(n=6, dim=200, dropout=0.17, seed=3)
@@ -133,6 +137,7 @@ def test_compute_part_reports_each_stage_of_both_protocols():
     assert "flower mean ok=True" in table
 
 
+@pytest.mark.procs
 def test_clients_failing_at_unmask_still_count_in_the_secure_sum():
     w = Workload(clients=6, dim=1000, dropout=0.17, drop_stage="unmask", seed=3)
     k, t = graph_parameters(w, None, None)
@@ -157,6 +162,7 @@ def test_fedveil_bench_secagg_parses_the_flags_and_rejects_bad_ones(capsys):
     assert "--rounds 1" in capsys.readouterr().err
 
 
+@pytest.mark.procs
 def test_content_size_follows_wire_size_rules():
     flwr = pytest.importorskip("flwr.app")
     from benchmarks.flower_secaggplus_peer import content_size

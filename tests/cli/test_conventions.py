@@ -93,6 +93,7 @@ def test_resume_without_a_checkpoint_is_refused_naming_the_path(capsys, tmp_path
     assert not out.exists()
 
 
+@pytest.mark.procs
 def test_sigterm_leaves_the_last_rounds_model_and_an_interrupted_summary(tmp_path):
     # Used to leave only the checkpoint: no model file, no summary.
     out = tmp_path / "run"
@@ -137,6 +138,7 @@ def test_sigterm_leaves_the_last_rounds_model_and_an_interrupted_summary(tmp_pat
     assert load_file(out / "model.safetensors")  # the last completed round's model
 
 
+@pytest.mark.procs
 def test_an_interrupted_dp_run_has_its_summary_and_a_ledger_verify_calls_interrupted(
     tmp_path, capsys
 ):

@@ -15,6 +15,8 @@ from fedveil.config import load_config
 from fedveil.simulations.failures import RunFailed
 from fedveil.simulations.run import simulate
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 HERE = Path(__file__).parent
 
 

@@ -63,6 +63,7 @@ def client_config(**extra: object):
     )
 
 
+@pytest.mark.procs
 @pytest.mark.flower
 @pytest.mark.slow
 def test_fedveil_client_app_trains_under_a_stock_fedavg_server(monkeypatch):

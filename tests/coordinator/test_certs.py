@@ -6,8 +6,6 @@ import ipaddress
 import socket
 import ssl
 import stat
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -103,32 +101,11 @@ def test_nothing_is_overwritten_and_bad_keys_are_named(tmp_path):
         create_client_key(tmp_path, "../escape")
 
 
-def test_certs_command(tmp_path):
+def test_certs_command(tmp_path, fedveil_cli):
     out = tmp_path / "certs"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fedveil.cli.main",
-            "certs",
-            "--out",
-            str(out),
-            "--clients",
-            "1",
-            "--host",
-            "127.0.0.1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = fedveil_cli("certs", "--out", str(out), "--clients", "1", "--host", "127.0.0.1")
     assert proc.returncode == 0, proc.stderr
     assert (out / "server.pem").exists() and (out / "clients" / "client-0.pub").exists()
     assert "(0o600)" in proc.stdout
-    again = subprocess.run(
-        [sys.executable, "-m", "fedveil.cli.main", "certs", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    again = fedveil_cli("certs", "--out", str(out))
     assert again.returncode == 2 and "exists" in again.stderr

@@ -140,6 +140,7 @@ def open_root() -> Iterator[Path]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.procs
 def test_a_local_process_without_the_admin_token_cannot_reach_the_control_api():
     with open_root() as root:
         dep = Deployment(root)
@@ -211,6 +212,7 @@ def _play_the_local_attacker(dep: Deployment) -> None:
         owner.close()
 
 
+@pytest.mark.procs
 @pytest.mark.skipif(os.geteuid() != 0, reason="playing another user needs root")
 def test_the_socket_refuses_another_user_even_when_the_folder_is_open():
     """The socket's own mode holds without the state dir's: 0600, owner only."""

@@ -23,6 +23,8 @@ from fastapi import FastAPI
 
 from fedveil.server.coordinator.routes import dashboard
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 RUN = {
     "id": "fedbuff",

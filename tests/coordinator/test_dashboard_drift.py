@@ -23,9 +23,10 @@ from fastapi import FastAPI
 from fedveil.server.coordinator.routes import dashboard
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="needs Chromium (apt-get install -y chromium)"
-)
+pytestmark = [
+    pytest.mark.procs,
+    pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (apt-get install -y chromium)"),
+]
 NOW = 1_750_000_000.0
 RUN = {
     "id": "r1",

@@ -204,6 +204,7 @@ def _rows(dom: str) -> dict[str, str]:
     return dict(re.findall(r'<tr[^>]*data-run="(\w+)"[^>]*>(.*?)</tr>', dom, re.S))
 
 
+@pytest.mark.procs
 def test_progress_bars_show_the_share_of_rounds_done(pages):
     dom, _ = pages["plain"]
     assert 'data-loaded="1"' in dom and "data-error" not in dom
@@ -224,6 +225,7 @@ def test_progress_bars_show_the_share_of_rounds_done(pages):
     }
 
 
+@pytest.mark.procs
 def test_a_run_that_applied_nothing_gets_no_green_badge(pages):
     rows = _rows(pages["plain"][0])
     assert 'class="status completed"' in rows["plain"]
@@ -237,15 +239,18 @@ def test_a_run_that_applied_nothing_gets_no_green_badge(pages):
     assert "applied <b>0</b>" in dom
 
 
+@pytest.mark.procs
 def test_connected_count_and_unknown_nodes_are_shown_apart(pages):
     dom = pages["plain"][0]
     assert "3 clients connected · 2 unknown nodes" in dom
 
 
+@pytest.mark.procs
 def test_times_carry_their_utc_offset(pages):
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC[+-]\d\d:\d\d", pages["plain"][0])
 
 
+@pytest.mark.procs
 def test_drop_reasons_are_counted_per_check_without_dp(pages):
     dom = pages["plain"][0]
     assert 'id="drops" data-view="public"' in dom
@@ -262,6 +267,7 @@ def test_drop_reasons_are_counted_per_check_without_dp(pages):
     assert "dropouts <b>6</b>" in dom
 
 
+@pytest.mark.procs
 def test_drop_reasons_are_withheld_publicly_under_dp(pages):
     dom = pages["dp"][0]
     assert 'id="drops" data-view="withheld"' in dom and "data-reason" not in dom
@@ -269,6 +275,7 @@ def test_drop_reasons_are_withheld_publicly_under_dp(pages):
     assert "GET /runs/dp/rounds/private</span> with the admin token" in dom
 
 
+@pytest.mark.procs
 def test_screenshots_render(pages):
     from PIL import Image
 

@@ -36,7 +36,9 @@ from fedveil.config import config_from_dict
 from fedveil.server.engine.runstore import RunStore
 from fedveil.simulations.run import simulate
 
-pytestmark = [pytest.mark.flower, pytest.mark.slow]
+# Above the module deployment's start (up to 2 x 90 s) plus a test's own waits (up to
+# 120 + 240 s with a coordinator restart).
+pytestmark = [pytest.mark.flower, pytest.mark.slow, pytest.mark.timeout(900)]
 
 CLIENTS = 5
 DATA_FORMATS = {2: "npz", 3: "csv", 4: "idx"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable
 
+import pytest
 from flwr.app import Error, Message
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -13,6 +14,8 @@ from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.flower_codec import from_content, to_content
 from fedveil.server.coordinator.deploy_transport import DeployTransport
 from fedveil.server.engine.transport import ClientFailure
+
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
 
 Handler = Callable[[Envelope], Envelope | Error | None]
 

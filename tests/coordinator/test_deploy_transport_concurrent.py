@@ -9,11 +9,14 @@ import threading
 import time
 from collections.abc import Iterable
 
+import pytest
 from flwr.app import Message
 from test_deploy_transport import ScriptedGrid, client, transport
 
 from fedveil.protocol.envelope import Envelope
 from fedveil.server.engine.transport import ClientFailure
+
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
 
 
 class SlowGrid(ScriptedGrid):

@@ -126,6 +126,7 @@ def _live_tokens(db: Path) -> list[str]:
     return tokens
 
 
+@pytest.mark.procs
 def test_state_is_owner_only_and_no_token_on_a_command_line(tmp_path):
     dep = Deployment(tmp_path)
     # A state dir left world-readable by an older version: fixed at start.

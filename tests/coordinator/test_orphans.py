@@ -12,8 +12,11 @@ import os
 import signal
 import time
 
+import pytest
 from harness import Deployment, run_toml, wait_for
 from proctree import alive, cmdline, descendants
+
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
 
 GRACE_S = 2.0
 

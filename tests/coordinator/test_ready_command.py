@@ -14,6 +14,7 @@ from harness import Deployment
 
 
 @pytest.mark.slow
+@pytest.mark.procs
 def test_ready_waits_for_the_coordinator_and_then_the_token_exists(tmp_path):
     dep = Deployment(tmp_path, clients=1)
     # As in the tutorial: no admin token configured, so the server generates state/admin.token.
@@ -68,13 +69,7 @@ def test_ready_waits_for_the_coordinator_and_then_the_token_exists(tmp_path):
         dep.close()
 
 
-def test_ready_refuses_an_out_of_range_wait():
-    out = subprocess.run(
-        [sys.executable, "-m", "fedveil.cli.main", "ready", "--wait", "-1"],
-        env=harness.test_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def test_ready_refuses_an_out_of_range_wait(fedveil_cli):
+    out = fedveil_cli("ready", "--wait", "-1")
     assert out.returncode == 2
     assert "--wait -1: must be within [0, 3600]" in out.stderr

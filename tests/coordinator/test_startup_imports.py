@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from harness import Deployment
+
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
 
 
 def test_importing_the_coordinator_does_not_import_torch() -> None:

@@ -34,6 +34,7 @@ def async_config(tmp_path, **extra):
         "client.momentum": 0.5,
         "simulation.latency_median": 1.0,
         "simulation.latency_sigma": 1.0,
+        "simulation.workers": 1,  # in process (fast tier): same result as workers
         "out": str(tmp_path / "run"),
     }
     values.update(extra)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 
+import pytest
+
 import tiny_task
 from fedveil.config import load_config
 from fedveil.protocol.envelope import Envelope
@@ -148,6 +150,7 @@ def test_a_member_that_sent_its_masked_input_trains_again_before_its_group_unmas
         assert [kind for rnd, kind, _ in recorder.log if rnd == seq] == STAGES
 
 
+@pytest.mark.procs
 def test_keys_agreed_several_groups_ahead_survive_later_dispatches_and_evaluations(tmp_path):
     """Four slots (C = 12, G = 3): a group's keys are agreed up to three dispatches before
     its masked input goes out, and the model is evaluated centrally (round = the version,

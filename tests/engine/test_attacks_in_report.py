@@ -56,6 +56,7 @@ def _attack_outputs(run: Path, tmp_path: Path) -> Path:
     return attacks
 
 
+@pytest.mark.procs
 def test_report_of_a_dp_run_shows_its_attacks(tmp_path: Path) -> None:
     run = tmp_path / "run"
     cfg = load_config(

@@ -25,6 +25,7 @@ def tiny_config(tmp_path, **extra):
         "server.per_round": 4,
         "server.rounds": 4,
         "client.momentum": 0.5,
+        "simulation.workers": 1,  # in process (fast tier): same result as workers
         "out": str(tmp_path / "run"),
     }
     overrides.update(extra)

@@ -15,6 +15,7 @@ from fedveil.flower import client_app, run_config_of, server_app
 from fedveil.server.engine.flower_stock import error_essence
 
 
+@pytest.mark.procs
 def test_run_config_of_reads_a_path_and_flattened_keys(tmp_path):
     path = tmp_path / "fedveil.toml"
     path.write_text("seed = 7\n[server]\nrounds = 9\nper_round = 2\n")
@@ -51,6 +52,7 @@ def test_client_errors_read_as_their_cause_whatever_process_raised_them():
     assert error_essence("<class 'ValueError'>:<'boom'>") == "ValueError: boom"
 
 
+@pytest.mark.procs
 @pytest.mark.flower
 @pytest.mark.slow
 def test_fedveil_client_app_under_fedveil_server_app(tmp_path):
@@ -77,6 +79,7 @@ def test_fedveil_client_app_under_fedveil_server_app(tmp_path):
     assert (Path(cfg.out) / "model.safetensors").exists()
 
 
+@pytest.mark.procs
 @pytest.mark.flower
 @pytest.mark.slow
 def test_clients_that_fail_to_join_are_named_with_their_error(tmp_path):
@@ -156,6 +159,7 @@ def _end_processes_with(marker: str) -> None:
                 os.kill(int(pid), signal.SIGTERM)
 
 
+@pytest.mark.procs
 @pytest.mark.flower
 @pytest.mark.slow
 def test_flwr_run_builds_the_run_from_the_apps_config(tmp_path, tiny_env):

@@ -141,6 +141,7 @@ def _run(main: Any) -> None:
     )
 
 
+@pytest.mark.procs
 @pytest.mark.flower
 @pytest.mark.slow
 def test_fedavg_app_gains_secure_aggregation_and_dp() -> None:
@@ -224,6 +225,7 @@ def test_strategies_needing_each_update_are_refused(strategy: FedAvg) -> None:
     assert type(strategy).__name__ in str(refused.value)
 
 
+@pytest.mark.procs
 @pytest.mark.parametrize(
     "name", ["FedAvg", "FedProx", "FedAvgM", "FedAdam", "FedYogi", "FedAdagrad"]
 )

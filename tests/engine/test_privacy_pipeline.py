@@ -24,6 +24,8 @@ from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.run import simulate
 from fedveil.tasks import ClientData
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 
 def config(tmp_path, name="run", **overrides):
     values = {

@@ -15,6 +15,8 @@ import pytest
 from fedveil.config import load_config
 from fedveil.simulations.run import simulate
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = [
     "--headless",

@@ -264,6 +264,7 @@ def test_a_median_run_applies_updates_and_records_the_bound(tmp_path) -> None:
             "server.aggregator": "median",
             "server.attackers_tolerated": 1,
             "simulation.dropout": 0.4,
+            "simulation.workers": 1,  # in process (fast tier): same result as workers
             "out": str(tmp_path / "run"),
         },
     )
@@ -297,6 +298,7 @@ def test_sign_flipping_attackers_break_the_mean_and_not_the_median(
             "poisoning.attack": "sign_flip",
             "poisoning.fraction": 0.17,  # 2 of 12 clients, every round
             "poisoning.scale": 10.0,
+            "simulation.workers": 1,  # in process (fast tier): same result as workers
             "out": str(tmp_path / "run"),
         },
     )

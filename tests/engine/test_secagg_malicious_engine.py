@@ -76,6 +76,7 @@ def max_diff(a, b):
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+@pytest.mark.procs
 def test_malicious_mode_gives_the_semi_honest_model_within_quantization_error(tmp_path):
     semi = config(tmp_path, "semi", **{"secagg.threat": "semi_honest"})
     mal = config(tmp_path, "mal", **{"simulation.workers": 2})
@@ -85,7 +86,7 @@ def test_malicious_mode_gives_the_semi_honest_model_within_quantization_error(tm
     assert 0 < max_diff(a, b) < 1e-4
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.procs)])
 def test_a_malicious_mode_round_adds_the_consistency_exchange(tmp_path, workers):
     cfg = config(tmp_path)
     ids = DerivedIdentities()

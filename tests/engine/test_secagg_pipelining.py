@@ -109,7 +109,7 @@ def run(cfg, wrap=lambda t: t, workers=1):
 
 
 # Two workers: a client's state for the next round must stay with the worker holding it.
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.procs)])
 def test_after_the_first_round_a_secure_round_takes_two_exchanges(tmp_path, workers):
     engine, recorder = run(config(tmp_path, **{"server.rounds": 5}), workers=workers)
     # Round 1: advertise, share keys (each carrying round 2's), masked input, unmask;

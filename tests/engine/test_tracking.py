@@ -189,7 +189,9 @@ def test_tracking_settings_are_checked_up_front(overrides, message):
 
 def test_tracking_is_off_by_default(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cfg = load_config(None, {"model.task": "tiny_task:make", "server.rounds": 1, "out": "run"})
+    # One worker: in process (fast tier); tracking does not depend on the worker count.
+    values = {"model.task": "tiny_task:make", "server.rounds": 1, "out": "run"}
+    cfg = load_config(None, {**values, "simulation.workers": 1})
     assert cfg.tracking.tensorboard == cfg.tracking.mlflow_uri == ""
     simulate(cfg)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no mlruns/, no runs/

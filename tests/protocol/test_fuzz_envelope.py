@@ -37,6 +37,8 @@ from fedveil.protocol.kinds import Kind
 from fedveil.protocol.riders import attach, detach, latest_round, split_reply
 from fedveil.protocol.secagg_frame import protocol_part, wrap
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 DEFAULT_MESSAGES = 10_000
 DECLARED = (MessageError, SecAggProtocolError)
 MODEL_SIZE = 12

@@ -67,6 +67,7 @@ def test_an_envelope_carries_the_plain_kind_on_the_wire():
     assert (back.kind, back.round, back.config) == ("train", 3, {"seed": 7})
 
 
+@pytest.mark.procs
 def test_server_and_coordinator_import_nothing_from_the_client_package():
     code = (
         "import sys\n"

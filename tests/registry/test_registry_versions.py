@@ -127,6 +127,7 @@ for _ in range(int(sys.argv[3])):
 """
 
 
+@pytest.mark.procs
 def test_two_processes_registering_at_once_lose_no_version(tmp_path: Path, plain_run: Path) -> None:
     root, each = tmp_path / "reg", 4
     procs = [

@@ -39,6 +39,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.procs
 def test_coordinator_serves_the_promoted_version_and_follows_promotion(
     run_dir: Path, tmp_path: Path
 ) -> None:

@@ -128,6 +128,7 @@ def test_trained_custom_task_run_exports(tmp_path: Path, capsys: pytest.CaptureF
         "server.per_round": 4,
         "eval.central_every": 0,
         "device": "cpu",
+        "simulation.workers": 1,  # in process (fast tier): same result as workers
         "out": str(run),
     }
     simulate(load_config(None, overrides))

@@ -27,6 +27,7 @@ def digits_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "server.per_round": 4,
         "eval.central_every": 0,
         "device": "cpu",
+        "simulation.workers": 1,  # in process (fast tier): same result as workers
         "out": str(out),
     }
     simulate(load_config(None, overrides))
@@ -58,6 +59,7 @@ def test_custom_task_model_from_its_task_function(tmp_path: Path) -> None:
         "server.per_round": 4,
         "eval.central_every": 0,
         "device": "cpu",
+        "simulation.workers": 1,  # in process (fast tier): same result as workers
         "out": str(tmp_path),
     }
     simulate(load_config(None, overrides))
@@ -102,6 +104,7 @@ def test_dp_run_states_its_guarantee_and_public_serving_does_not_warn(tmp_path: 
         "dp.epsilon": 5.0,
         "eval.central_every": 0,
         "device": "cpu",
+        "simulation.workers": 1,  # in process (fast tier): same result as workers
         "out": str(tmp_path / "dp"),
     }
     simulate(load_config(None, overrides))

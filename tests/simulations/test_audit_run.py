@@ -11,6 +11,8 @@ import pytest
 from fedveil.config import load_config
 from fedveil.simulations.audit import AuditMechanism, AuditRefused, plan_audit, run_audit
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 # A wide linear model (tests/audit_task.py): 20,010 parameters, so 1,000 canary
 # directions are nearly orthogonal. One round, every client in it (q = 1: no
 # amplification, so z = 2.3 gives an accounted epsilon below 2 at delta = 1e-5).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import cloudpickle
+import pytest
 from flwr.app import Context, Message, Metadata, RecordDict
 
 import tiny_task
@@ -14,6 +15,8 @@ from fedveil.config import load_config
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.flower_codec import from_content, message_type, to_content
 from fedveil.tasks import Task
+
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
 
 BUILT: list[Task] = []
 

@@ -21,6 +21,8 @@ import pytest
 import tomllib
 from docs_pages import code_blocks, section
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower-app"
 BIN = Path(sys.executable).parent
 

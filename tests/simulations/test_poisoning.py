@@ -63,7 +63,7 @@ def _updates(cfg, workers: int, unit: int) -> dict[int, torch.Tensor]:
 
 # One lane, one client at a time; and worker processes training units of clients at once
 # (each worker's lane must know the attackers, and an attacker never takes a unit's result).
-@pytest.mark.parametrize(("workers", "unit"), [(1, 1), (2, 4)])
+@pytest.mark.parametrize(("workers", "unit"), [(1, 1), pytest.param(2, 4, marks=pytest.mark.procs)])
 def test_label_flipping_changes_only_the_attackers_updates(tmp_path, workers, unit):
     honest = _updates(tiny(tmp_path, "h"), workers, unit)
     cfg = tiny(tmp_path, "p", **{ATTACK: "label_flip", "poisoning.fraction": 0.3})

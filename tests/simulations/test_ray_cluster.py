@@ -91,6 +91,7 @@ def test_a_gpu_share_without_an_assigned_gpu_says_so():
         client_device(0.5, [], None)
 
 
+@pytest.mark.procs
 @pytest.mark.flower
 @pytest.mark.parametrize("via_env", [False, True])
 def test_an_unreachable_cluster_fails_fast_and_says_where(tmp_path, monkeypatch, via_env):
@@ -108,6 +109,7 @@ def test_an_unreachable_cluster_fails_fast_and_says_where(tmp_path, monkeypatch,
     assert f"{source} = '{address}': cannot reach a Ray cluster" in str(err.value)
 
 
+@pytest.mark.procs
 @pytest.mark.flower
 @pytest.mark.slow
 def test_two_node_cluster_trains_the_in_process_model_bit_for_bit(tmp_path, monkeypatch):
@@ -160,6 +162,7 @@ def test_two_node_cluster_trains_the_in_process_model_bit_for_bit(tmp_path, monk
         assert torch.equal(a[key], b[key]), key
 
 
+@pytest.mark.procs
 def test_a_configured_address_replaces_ray_address_while_the_run_starts_ray(monkeypatch):
     # Ray itself prefers RAY_ADDRESS to the address it is given; the config must win.
     from fedveil.simulations.ray_cluster import ray_environment
@@ -170,6 +173,7 @@ def test_a_configured_address_replaces_ray_address_while_the_run_starts_ray(monk
     assert os.environ["RAY_ADDRESS"] == "10.9.9.9:6379"
 
 
+@pytest.mark.procs
 def test_a_cluster_that_cannot_host_one_client_is_refused_by_name():
     from fedveil.simulations.ray_cluster import check_fits
 

@@ -121,6 +121,7 @@ def test_simulated_dropouts_and_stragglers_reach_the_metrics(tmp_path):
             "simulation.dropout": 0.2,
             "simulation.latency_median": 1.0,
             "simulation.latency_sigma": 1.0,
+            "simulation.workers": 1,  # in process (fast tier): same result as workers
             "out": str(tmp_path / "run"),
         },
     )

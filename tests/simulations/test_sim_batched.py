@@ -43,6 +43,7 @@ def run(workers: int, unit_size: int, **extra) -> torch.Tensor:
     return engine.weights
 
 
+@pytest.mark.procs
 def test_units_give_the_same_bits_whatever_the_workers():
     assert ClientLane(bench_task(W), unit_size=4).batcher is not None, "the MLP qualifies"
     assert torch.equal(run(1, 4), run(3, 4))

@@ -22,6 +22,7 @@ def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.procs
 def test_bench_reports_ours_against_the_bare_loop():
     proc = bench(
         "--clients", "8", "--per-round", "6", "--rounds", "3", "--examples", "20", "--json"
@@ -69,6 +70,7 @@ def test_our_contender_runs_the_products_lifecycle_and_times_its_rounds(tmp_path
     assert json.loads((tmp_path / "summary.json").read_text())["rounds"] == 2
 
 
+@pytest.mark.procs
 def test_population_mode_reports_memory_growth():
     proc = bench("--population", "50,500", "--per-round", "5", "--rounds", "2", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -77,8 +79,8 @@ def test_population_mode_reports_memory_growth():
     assert summary["memory_growth"] > 0.5
 
 
-def test_bad_arguments_name_the_flag():
-    proc = bench("--clients", "5", "--per-round", "9")
+def test_bad_arguments_name_the_flag(fedveil_cli):
+    proc = fedveil_cli("bench", "simulation", "--clients", "5", "--per-round", "9")
     assert proc.returncode == 2
     assert "per_round = 9: must be in [1, 5]" in proc.stderr
 

@@ -33,7 +33,7 @@ def tiny_config(tmp_path, **extra):
     return load_config(None, overrides)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.procs)])
 def test_progress_reports_clients_within_each_round(tmp_path, workers):
     seen: list[tuple[int, int]] = []
     rounds: list[int] = []
@@ -52,6 +52,7 @@ def _append(seen):
     return lambda done, total: seen.append((done, total))
 
 
+@pytest.mark.procs
 def test_a_run_ends_with_plots_in_its_directory(tmp_path):
     cfg = tiny_config(tmp_path, **{"simulation.dropout": 0.2})
     summary = simulate(cfg)
@@ -138,6 +139,7 @@ def test_finiteness_check_is_exact():
     assert all_finite(torch.empty(0))
 
 
+@pytest.mark.procs
 def test_tiny_task_metrics_match_with_workers_on(tmp_path):
     """The default (one worker per core) reaches the model one in-process lane reaches."""
     a = simulate(tiny_config(tmp_path, out=str(tmp_path / "a"), **{"simulation.workers": 1}))

@@ -9,6 +9,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 SERVER_ONLY = {"ray", "dp-accounting", "scikit-learn", "matplotlib"}
 
 

@@ -85,6 +85,7 @@ def stock_message(message_type: str) -> Message:
     return Message(content, 5, message_type)
 
 
+@pytest.mark.procs
 def test_a_device_requiring_secagg_refuses_a_stock_train_saying_why():
     edge = EdgeClient(TaskSource("deploy_task:make"), 0, LocalPolicy(require_secagg=True))
     reply = answer(edge, stock_message("train"), 1, {})
@@ -93,6 +94,7 @@ def test_a_device_requiring_secagg_refuses_a_stock_train_saying_why():
     assert "requires secure aggregation" in reason and "in the clear" in reason
 
 
+@pytest.mark.procs
 def test_a_device_answers_stock_messages_with_a_refusal_naming_them():
     edge = EdgeClient(TaskSource("deploy_task:make"), 0)
     for mtype in ("train", "evaluate"):

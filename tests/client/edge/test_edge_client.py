@@ -27,6 +27,8 @@ from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.flower_codec import from_content, message_type, to_content
 from fedveil.protocol.riders import attach
 
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 N = 5
 SETUP = {"run_num_classes": 3, "run_input_shape": [8]}  # what DeployTransport adds
 

@@ -120,25 +120,14 @@ def test_missing_pieces(tmp_path):
     assert read_idx is not None
 
 
-def test_client_command_refuses_bad_arguments_before_starting(tmp_path):
-    import subprocess
-    import sys
+def test_client_command_refuses_bad_arguments_before_starting(tmp_path, monkeypatch, fedveil_cli):
+    # In process (main([...])): each refusal comes before anything is started.
+    monkeypatch.chdir(tmp_path)
 
     def client(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "fedveil.cli.main", "client", "--server", "127.0.0.1:9", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=tmp_path,
-        )
+        return fedveil_cli("client", "--server", "127.0.0.1:9", *args)
 
-    help_text = subprocess.run(
-        [sys.executable, "-m", "fedveil.cli.main", "client", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
+    help_text = fedveil_cli("client", "--help").stdout
     for flag in (
         "--require-secagg",
         "--max-clip-norm",

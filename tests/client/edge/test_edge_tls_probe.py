@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from fedveil.client.edge.tls_probe import server_speaks_tls
 from fedveil.ops.certs import create_ca, create_server_cert
@@ -68,6 +69,7 @@ def test_the_probe_tells_tls_from_plaintext_and_from_nothing(tmp_path):
     assert not server_speaks_tls("127.0.0.1", port, timeout=1)
 
 
+@pytest.mark.procs
 def test_an_insecure_client_against_tls_names_the_cause_and_exits(tmp_path):
     data = tmp_path / "device.npz"
     rng = np.random.default_rng(0)

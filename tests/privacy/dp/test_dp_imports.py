@@ -1,6 +1,10 @@
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
+
 
 def test_client_import_needs_neither_accounting_libraries_nor_transport():
     # Edge clients install only the lean core; importing the DP layer for clipping and

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import subprocess
-import sys
 from dataclasses import replace
 
 import numpy as np
@@ -15,6 +13,7 @@ from dp_accounting.rdp import rdp_privacy_accountant as dpa_rdp
 from scipy import stats
 from scipy.special import logsumexp
 
+from fedveil.cli.main import main
 from fedveil.config import ConfigError, load_config
 from fedveil.privacy.dp import (
     DpConfig,
@@ -124,21 +123,20 @@ def test_run_config_refuses_add_remove_and_fixed_zero_out():
     assert distributed(**poisson).dp.neighbouring == "zero_out"
 
 
-def test_cli_refuses_pld_for_distributed_dp_before_loading_data(tmp_path, tiny_env):
-    env = dict(tiny_env, FEDVEIL_DATA=str(tmp_path / "nothing"))
-    proc = subprocess.run(
+def test_cli_refuses_pld_for_distributed_dp_before_loading_data(tmp_path, monkeypatch, capsys):
+    # In process: main([...]) is the console script's body, and the refusal comes before
+    # any data or torch work.
+    monkeypatch.setenv("FEDVEIL_DATA", str(tmp_path / "nothing"))
+    monkeypatch.chdir(tmp_path)
+    code = main(
         [
-            *(sys.executable, "-m", "fedveil.cli.main", "simulate", "--out", str(tmp_path / "r")),
+            *("simulate", "--out", str(tmp_path / "r")),
             *("--dp", "distributed", "--secagg", "--epsilon", "8", "--set", "dp.accountant=pld"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=120,
+        ]
     )
-    assert proc.returncode == 2, proc.stderr
-    assert "dp.accountant = 'pld': not sound for distributed DP (Skellam)" in proc.stderr
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "dp.accountant = 'pld': not sound for distributed DP (Skellam)" in err
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
 
 

@@ -54,6 +54,7 @@ def test_bench_protocol_smoke() -> None:
     assert out["prg_lower_bound_s"] > 0
 
 
+@pytest.mark.procs
 def test_bench_flower_smoke() -> None:
     pytest.importorskip("flwr")
     out = bench_secagg.compare(n=6, dim=32, dropout=0.2, seed=2)

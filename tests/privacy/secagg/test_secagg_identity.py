@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
-import sys
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -104,15 +102,10 @@ def test_keygen_writes_a_private_key_only_its_owner_can_read(tmp_path):
         load_identity_key(tmp_path / "ec.key")
 
 
-def test_the_cli_makes_keys_and_a_roster_a_device_can_load(tmp_path):
-    def fedveil(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "fedveil.cli.main", *args],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+def test_the_cli_makes_keys_and_a_roster_a_device_can_load(tmp_path, monkeypatch, fedveil_cli):
+    # In process (main([...])), in the folder the commands write to.
+    monkeypatch.chdir(tmp_path)
+    fedveil = fedveil_cli
 
     for cid in (0, 1):
         assert fedveil("identity", "keygen", "--name", f"c{cid}").returncode == 0
