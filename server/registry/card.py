@@ -38,6 +38,11 @@ NO_DP_STATEMENT = (
     "No differential privacy: this model carries no guarantee for the clients whose data "
     "trained it; served, it answers membership-inference queries unprotected."
 )
+DP_SGD_STATEMENT = (
+    "DP-SGD on the clients: each client's example-level epsilon is accounted on the client "
+    "from what it trained (its own example count), capped there (--max-dp-epsilon), and "
+    "never sent; the coordinator states no epsilon for it, and no user-level guarantee."
+)
 CLIENT_DATA_WITHHELD = (
     "Withheld under DP: federated accuracy, client and cohort counts, the partition and "
     "example counts are computed from clients' data or reveal participation, and none was "
@@ -116,6 +121,9 @@ def privacy_section(run_dir: Path, result: VerifyResult | None = None) -> dict[s
     entries, _ = parse_ledger_bytes(path.read_bytes())
     releases = [e for e in entries if entry_kind(e) == RELEASE]
     if not releases:
+        plan = (entries[0].get("plan") or {}) if entries else {}
+        if plan.get("mechanism") in (None, "none") and float(plan.get("dp_sgd_noise") or 0) > 0:
+            return _dp_sgd_section(result, entries, plan)
         raise RegistryError(f"{path}: no release entry; nothing was trained under DP")
     last = releases[-1]
     delta = float(last["delta"])
@@ -140,6 +148,31 @@ def privacy_section(run_dir: Path, result: VerifyResult | None = None) -> dict[s
             "key_id": result.key_id,
             "entries": len(entries),
             "releases": len(releases),
+            "head_hash": entries[-1]["hash"],
+            "head_signature": entries[-1].get("signature"),
+        },
+    }
+
+
+def _dp_sgd_section(
+    result: VerifyResult, entries: list[dict[str, Any]], plan: dict[str, Any]
+) -> dict[str, Any]:
+    """A DP-SGD-only run (issue 28): its ledger opens and closes with no release; the
+    guarantee is each device's example-level epsilon, accounted on the device, which the
+    coordinator never learns, so the card states the noise, not an epsilon."""
+    return {
+        "dp": "dp_sgd",
+        "epsilon": None,
+        "delta": None,
+        "noise_multiplier": plan.get("dp_sgd_noise"),
+        "clip_norm": plan.get("dp_sgd_clip"),
+        "statement": DP_SGD_STATEMENT,
+        "ledger": {
+            "state": result.status,
+            "run_id": result.run_id,
+            "key_id": result.key_id,
+            "entries": len(entries),
+            "releases": 0,
             "head_hash": entries[-1]["hash"],
             "head_signature": entries[-1].get("signature"),
         },

@@ -189,7 +189,7 @@ def train_in_simulation(
     start = time.perf_counter()
     device = resolve_device(run_cfg.device)
     store = RunStore(out)
-    open_run_dir(store, PreparedTask(run_cfg, task), resume=False)
+    open_run_dir(store, PreparedTask(run_cfg, task), None)
     attempt = Attempt(run_cfg, task, device, store, resume=False, on_round=None)
     with one_thread():
         attempt.drive(None)

@@ -35,6 +35,7 @@ def test_progress_in_a_log_is_plain_lines_without_carriage_returns(capsys, tmp_p
     assert all("test_acc" in line for line in lines)
 
 
+@pytest.mark.procs
 def test_an_unreachable_ray_address_is_one_line_and_exit_2(capsys, tmp_path):
     # Used to print a 24-line traceback and exit 1.
     with socket.socket() as s:

@@ -10,8 +10,11 @@ import ssl
 import time
 from pathlib import Path
 
+import pytest
 from deploy_task import write_client_file
 from harness import Deployment, wait_for
+
+pytestmark = pytest.mark.procs  # starts processes (make test-fast leaves it out)
 
 PER_PEER, TIMEOUT, HELD = 8, 4.0, 24
 

@@ -302,6 +302,7 @@ def test_only_nodes_mapped_to_enrolled_clients_are_connected(tmp_path):
     assert registry.connected(set()) == 0
 
 
+@pytest.mark.procs
 def test_a_dp_run_before_its_first_round_says_dp_is_on(pages):
     # Used to say "no privacy report: DP is off for this run".
     dom = pages["fresh"][0]
@@ -310,11 +311,13 @@ def test_a_dp_run_before_its_first_round_says_dp_is_on(pages):
     assert 'data-link="privacy-report"' in dom
 
 
+@pytest.mark.procs
 def test_a_dp_run_links_its_privacy_report_and_a_plain_one_does_not(pages):
     assert 'href="/runs/dp/privacy?format=html" data-link="privacy-report"' in pages["dp"][0]
     assert 'data-link="privacy-report"' not in pages["plain"][0]
 
 
+@pytest.mark.procs
 def test_aborted_rounds_and_a_diverged_run_are_marked(pages):
     rows = _rows(pages["plain"][0])
     assert 'class="status completed-warn">completed, 2 aborted<' in rows["aborted"]
@@ -324,6 +327,7 @@ def test_aborted_rounds_and_a_diverged_run_are_marked(pages):
     assert 'data-fact="diverged">not registered: the model diverged or learned nothing' in dom
 
 
+@pytest.mark.procs
 def test_a_run_has_its_own_url(tmp_path):
     if CHROMIUM is None:
         pytest.skip("needs Chromium (apt-get install -y chromium)")

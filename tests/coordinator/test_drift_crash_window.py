@@ -27,6 +27,8 @@ from fedveil.server.coordinator.drift import DriftMonitor
 from fedveil.server.coordinator.runs import RunManager
 from fedveil.server.coordinator.settings import settings_from_dict
 
+pytestmark = pytest.mark.procs  # starts processes (make test-fast leaves it out)
+
 raw, base = json.loads(sys.argv[1]), Path(sys.argv[2])
 settings = settings_from_dict(raw, base)
 

@@ -74,6 +74,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Client
     os.close(service._state_lock)
 
 
+@pytest.mark.procs
 def test_models_and_version_cards(api: tuple[httpx.Client, str, Path]) -> None:
     http, token, state = api
     models = http.get("/models").json()

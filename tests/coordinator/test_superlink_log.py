@@ -7,7 +7,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from fedveil.ops.log_pump import LogPump, RotatingLog
+
+pytestmark = pytest.mark.procs  # starts processes (make test-fast leaves it out)
 
 # What an idle SuperLink and a garbage-request flood print: one shape, new numbers.
 NOISE = (

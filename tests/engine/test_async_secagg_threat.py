@@ -205,7 +205,9 @@ def test_under_dp_groups_follow_the_secret_key_not_the_public_seed(tmp_path):
     b, _, _ = dp_groups(tmp_path, "b")
     assert len(a) >= 4 and a.keys() == b.keys() and a != b
     key = bytes.fromhex(store.run_identity()["cohort_key"])
-    assert Ledger(store.ledger_path).releases[0]["cohort_commitment"] == cohort_commitment(key)
+    # The commitment opens the ledger: in its signed opening record (schema 3, issue 28).
+    opening = Ledger(store.ledger_path).opening
+    assert opening is not None and opening["cohort_commitment"] == cohort_commitment(key)
     channel = engine.channel
     assert isinstance(channel, secagg_channel.SecAggChannel) and channel.last_session
     last = channel.last_session.round

@@ -64,6 +64,7 @@ def tiny(out: Path):
     )
 
 
+@pytest.mark.procs
 def test_a_disk_filled_during_a_run_loses_and_repeats_no_round(
     small_disk: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -64,6 +64,7 @@ def _peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
+@pytest.mark.procs
 def test_bomb_huge_shape_and_deep_json_refused_before_the_work(
     cnn_file: Path, tmp_path: Path
 ) -> None:

@@ -16,6 +16,8 @@ from serve_harness import predict_json, serving
 from fedveil.models import build_model
 from fedveil.params import FlatModel
 
+pytestmark = pytest.mark.procs  # starts processes (make test-fast leaves it out)
+
 PER_PEER, TIMEOUT = 8, 2.0
 HELD = 30
 
