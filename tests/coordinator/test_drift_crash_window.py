@@ -18,6 +18,8 @@ from test_drift_refusals import dp_version
 from fedveil.server.coordinator.drift import DriftMonitor
 from fedveil.server.coordinator.runs import RunManager
 
+pytestmark = pytest.mark.procs  # starts processes (make test-fast leaves it out)
+
 # The coordinator's drift monitor, in a process of its own, held in the window: the run is
 # created (RunManager.submit returned) and the drift state not yet written again.
 HELD = """
@@ -26,8 +28,6 @@ from pathlib import Path
 from fedveil.server.coordinator.drift import DriftMonitor
 from fedveil.server.coordinator.runs import RunManager
 from fedveil.server.coordinator.settings import settings_from_dict
-
-pytestmark = pytest.mark.procs  # starts processes (make test-fast leaves it out)
 
 raw, base = json.loads(sys.argv[1]), Path(sys.argv[2])
 settings = settings_from_dict(raw, base)
