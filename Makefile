@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 # Where the CPU build of torch comes from when no local wheel (pip's find-links) has it:
 # PyPI's Linux torch is the CUDA build (several GB). TORCH_INDEX=https://pypi.org/simple
-# for CUDA.
+# for CUDA. torch alone comes from there (--no-deps); its dependencies then from PyPI.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.fedveil-installed
 FMNIST := /usr/share/datasets/fashion-mnist
@@ -23,8 +23,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-index "$(TORCH)" 2>/dev/null || \
-	  $(PY) -m pip install -q "$(TORCH)" --index-url "$(TORCH_INDEX)"
+	$(PY) -m pip install -q --no-index --no-deps "$(TORCH)" 2>/dev/null || \
+	  $(PY) -m pip install -q --no-deps "$(TORCH)" --index-url "$(TORCH_INDEX)"
+	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
