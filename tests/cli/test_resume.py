@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +17,9 @@ import torch
 from safetensors.torch import load_file
 
 from fedveil.cli.main import main
+
+TESTS = Path(__file__).parents[1]
+ROUNDS = 30
 
 # digits + MLP, in process (simulation.workers = 1), the CSPRNG cohorts off so that the
 # interrupted-and-resumed run can equal the straight one bit for bit.
@@ -31,70 +35,68 @@ DIGITS = [
 ]
 
 
-def _interrupt_after(out: Path, rounds: int) -> threading.Thread:
-    """Ctrl-C (SIGINT to this process) once `rounds` rounds are in metrics.jsonl."""
-
-    def watch() -> None:
-        metrics = out / "metrics.jsonl"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if metrics.exists() and len(metrics.read_text().splitlines()) >= rounds:
-                os.kill(os.getpid(), signal.SIGINT)
-                return
-            time.sleep(0.01)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
-
-
 def _simulate(*args: str) -> int:
     return main(["simulate", "--quiet", *args])
 
 
-def _interrupted_run(out: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> str:
-    watcher = _interrupt_after(out, 2)
-    code = _simulate(*DIGITS, "--rounds", "6", "--out", str(out), *extra)
-    watcher.join()
-    err = capsys.readouterr().err
-    assert code == 130, err
+def _interrupted_run(out: Path, *extra: str) -> str:
+    """`fedveil simulate` in a process of its own, Ctrl-C'd (SIGINT) once two rounds are
+    in metrics.jsonl, as a user at a terminal would: what it printed. 30 rounds, so the
+    signal lands long before the run could end however busy the machine is."""
+    argv = [sys.executable, "-m", "fedveil.cli.main", "simulate", "--quiet", *DIGITS]
+    proc = subprocess.Popen(
+        [*argv, "--rounds", str(ROUNDS), "--out", str(out), *extra],
+        env=dict(os.environ, PYTHONPATH=str(TESTS)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics, deadline = out / "metrics.jsonl", time.monotonic() + 180
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
     assert json.loads((out / "summary.json").read_text())["status"] == "interrupted"
     return err
 
 
+@pytest.mark.procs
 def test_ctrl_c_then_the_documented_resume_gives_the_uninterrupted_model(tmp_path, capsys):
     # Used to load the defaults (Fashion-MNIST, CNN, 100 clients) and fail with
     # "array 'model' has 9610 values, expected 80202", overwriting config.toml.
     straight = tmp_path / "straight"
-    assert _simulate(*DIGITS, "--rounds", "6", "--out", str(straight)) == 0
+    assert _simulate(*DIGITS, "--rounds", str(ROUNDS), "--out", str(straight)) == 0
     out = tmp_path / "run"
-    err = _interrupted_run(out, capsys)
+    err = _interrupted_run(out)
     assert f"fedveil simulate --resume --out {out}" in err  # the exact command to continue
     recorded = (out / "config.toml").read_bytes()
 
     assert _simulate("--resume", "--out", str(out)) == 0, capsys.readouterr().err
     assert (out / "config.toml").read_bytes() == recorded  # never overwritten
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["rounds"] == 6 and summary["task"] == "digits/mlp"
+    assert summary["rounds"] == ROUNDS and summary["task"] == "digits/mlp"
     rounds = [json.loads(line)["round"] for line in (out / "metrics.jsonl").open()]
-    assert rounds == [1, 2, 3, 4, 5, 6]
+    assert rounds == list(range(1, ROUNDS + 1))
     a, b = load_file(straight / "model.safetensors"), load_file(out / "model.safetensors")
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
 
 
+@pytest.mark.procs
 def test_a_dp_run_resumes_under_its_plan_and_its_ledger_verifies(tmp_path, capsys):
     out = tmp_path / "dp"
-    _interrupted_run(out, capsys, "--dp", "central", "--epsilon", "8")
+    _interrupted_run(out, "--dp", "central", "--epsilon", "8")
     assert _simulate("--resume", "--out", str(out)) == 0, capsys.readouterr().err
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["rounds"] == 6 and summary["task"] == "digits/mlp"
+    assert summary["rounds"] == ROUNDS and summary["task"] == "digits/mlp"
     capsys.readouterr()
     assert main(["privacy", "verify", str(out)]) == 0, capsys.readouterr()
     # a DP plan is calibrated to its planned rounds: extending them is refused
-    assert _simulate("--resume", "--out", str(out), "--rounds", "9") == 2
-    assert "server.rounds = 9, the run has 6" in capsys.readouterr().err
+    assert _simulate("--resume", "--out", str(out), "--rounds", "40") == 2
+    assert f"server.rounds = 40, the run has {ROUNDS}" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
