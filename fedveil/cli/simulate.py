@@ -68,7 +68,9 @@ def _flat_defaults() -> dict[str, Any]:
     """'section.key' -> the schema's default, for --help (a built-in dataset's own
     defaults, e.g. digits' MLP, are said when a run uses them)."""
     flat: dict[str, Any] = {}
-    for section, values in load_config(None).to_dict().items():
+    # The schema's defaults as declared, not validated: validation imports the model
+    # registry (torch), and every command builds this parser (`fedveil server` too).
+    for section, values in RunConfig().to_dict().items():
         if isinstance(values, dict):
             flat.update({f"{section}.{k}": v for k, v in values.items()})
         else:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.server.registry import Registry
+from fedveil.server.registry.divergence import divergence
 
 log = logging.getLogger("fedveil.coordinator")
 
@@ -23,19 +24,25 @@ def register_finished_run(state_dir: Path, run_dir: Path, record: dict[str, Any]
     (`model_version`; a record that already names one, e.g. a drift evaluation's, is
     left alone). A run started from a registered version (`drift.parent` in its record)
     carries it as its parent: same devices, so the card sums epsilon over the lineage.
-    A run that cannot be registered (a ledger that fails verification, a model at
-    chance level) is logged and left unregistered, the reason in `model_version_error`:
-    the run itself stays completed."""
+    A run that cannot be registered (e.g. a ledger that fails verification) is logged
+    and left unregistered, the reason in `model_version_error`: the run itself stays
+    completed. A model at chance level (or with a non-finite loss) is registered with a
+    warning, logged and kept in `model_version_warning` (the dashboard marks the run
+    diverged): registered, never promoted by this."""
     if record.get("model_version"):
         return
     parent = (record.get("drift") or {}).get("parent")
     try:
-        version = coordinator_registry(state_dir).register(
-            run_dir, parent=parent, refuse_diverged=True
-        )
+        version = coordinator_registry(state_dir).register(run_dir, parent=parent)
     except Exception as error:  # registering must never stop the run supervisor
         log.warning("run %s: model not registered: %s", record.get("id"), error)
         record["model_version_error"] = str(error)
         return
     record["model_version"] = version.ref
     log.info("run %s: model registered as %s", record.get("id"), version.ref)
+    why = divergence(version.card)
+    if why is not None:
+        record["model_version_warning"] = f"the model diverged or learned nothing: {why}"
+        log.warning(
+            "run %s: %s: %s", record.get("id"), version.ref, record["model_version_warning"]
+        )

@@ -315,6 +315,7 @@ class RunManager:
             "dp": record.get("dp") or config_dp(rd.path),
             "model_version": record.get("model_version"),
             "model_version_error": record.get("model_version_error"),
+            "model_version_warning": record.get("model_version_warning"),
             "phase": status.get("phase") if record.get("status") == "running" else None,
             "clients_connected": status.get("connected"),
             "error": record.get("error"),

@@ -1,14 +1,12 @@
 """Whether a run's model learned anything. A model whose central evaluation is at chance
-level or not finite (a diverged or DP-swamped run) is not registered automatically (the
-coordinator), and registering it by hand warns."""
+level or not finite (a diverged or DP-swamped run) is registered with a warning: the
+coordinator keeps it in the run's record (the dashboard marks the run diverged), and
+`fedveil models register` prints it."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
-
-from fedveil.server.registry.store import RegistryError
 
 # Within this factor of 1 / num_classes counts as chance: a model that learned a little
 # is above it on every built-in task after a round (fashion-mnist 0.1 -> ~0.6).
@@ -31,12 +29,3 @@ def divergence(card: dict[str, Any]) -> str | None:
             f"{chance:.4f}; at most {CHANCE_MARGIN:g}x that counts as chance)"
         )
     return None
-
-
-def check_not_diverged(card: dict[str, Any], run_dir: Path) -> None:
-    why = divergence(card)
-    if why is not None:
-        raise RegistryError(
-            f"{run_dir}: the model diverged or learned nothing: {why}. Not registered "
-            "automatically; `fedveil models register RUN_DIR` registers it by hand"
-        )

@@ -10,7 +10,6 @@ from typing import Any
 from fedveil.privacy.dp.verify import VerifyResult
 from fedveil.server.registry.card import build_card, compose_lineage, unknown_lineage
 from fedveil.server.registry.card_check import CardCheck, check_card
-from fedveil.server.registry.divergence import check_not_diverged
 from fedveil.server.registry.drift_evaluations import drift_evaluations
 from fedveil.server.registry.lineage import LINEAGE_FILE, read_lineage
 from fedveil.server.registry.run_model import round_model
@@ -46,7 +45,6 @@ class Registry:
         round_num: int | None = None,
         parent: str | None = None,
         same_users: bool = True,
-        refuse_diverged: bool = False,
     ) -> ModelVersion:
         """Register `run_dir`'s final model (or that of `round_num`, if the run still holds
         it) as the next version of `name` (default: from the task's name).
@@ -58,18 +56,12 @@ class Registry:
         Without it, the run's lineage.json (`fedveil simulate --init-model`) names the
         starting model, found here by its SHA-256; a starting model not in this registry
         leaves no composed figure.
-
-        `refuse_diverged`: refuse a model whose central evaluation is at chance level or
-        not finite (a diverged or DP-swamped run), as automatic registration does; an
-        operator registering by hand is warned instead (fedveil models register).
         """
         run_dir = Path(run_dir).resolve()
         if not run_dir.is_dir():
             raise RegistryError(f"run directory {run_dir}: no such directory")
         model, meta, model_round = round_model(run_dir, round_num)
         card = build_card(run_dir, meta, model_round, hashlib.sha256(model).hexdigest())
-        if refuse_diverged:
-            check_not_diverged(card, run_dir)
         name = check_name(name if name is not None else name_from(card["task"]))
         recorded = read_lineage(run_dir)
         parent_version = self._parent(parent, recorded)

@@ -60,7 +60,7 @@ RUNS = [
     # issue 30: a DP run before its first round, one that lost rounds, one that diverged
     _run("fresh", "queued", 0, 0, dp="distributed"),
     _run("aborted", "completed", 5, 3, rounds_aborted=2),
-    _run("diverged", "completed", 5, 5, model_version_error=DIVERGED),
+    _run("diverged", "completed", 5, 5, model_version="mlp@3", model_version_warning=DIVERGED),
 ]
 DROPS = {  # round: (dropped, drops by failed check)
     1: (0, {}),
@@ -324,7 +324,7 @@ def test_aborted_rounds_and_a_diverged_run_are_marked(pages):
     assert 'class="status completed-warn">completed, diverged<' in rows["diverged"]
     assert re.search(r'class="warn" data-fact="aborted">aborted <b>2</b>', pages["aborted"][0])
     dom = pages["diverged"][0]
-    assert 'data-fact="diverged">not registered: the model diverged or learned nothing' in dom
+    assert 'data-fact="diverged">mlp@3: the model diverged or learned nothing' in dom
 
 
 @pytest.mark.procs

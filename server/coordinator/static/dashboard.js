@@ -40,9 +40,9 @@ function roundApplied(r) {
   return r.applied === true || r.status === "applied";
 }
 
-// A run diverged when the registry refused its model as at chance level.
+// A run diverged when its registered model is at chance level (the registry's warning).
 function diverged(run) {
-  return typeof run.model_version_error === "string" && run.model_version_error.includes("learned nothing");
+  return typeof run.model_version_warning === "string" && run.model_version_warning.includes("learned nothing");
 }
 
 // The status badge: a completed run that applied no update, diverged, or lost rounds
@@ -404,7 +404,7 @@ async function renderDetail(runs) {
     el("span", {}, "traffic ", el("b", {}, `${((run.bytes_sent + run.bytes_received) / 1e6).toFixed(2)} MB`)),
     ...(asyncView || []),
     ...(run.error ? [el("span", { class: "error" }, run.error)] : []),
-    ...(diverged(run) ? [el("span", { class: "error", "data-fact": "diverged" }, `not registered: ${run.model_version_error}`)] : []),
+    ...(diverged(run) ? [el("span", { class: "error", "data-fact": "diverged" }, `${run.model_version || "model"}: ${run.model_version_warning}`)] : []),
   );
   // DP: a privacy report or epsilon per round; or rounds that carry no drop count at all.
   const dp = dpOn || (rounds.length > 0 && !rounds.some((r) => r.dropped != null));
