@@ -39,6 +39,18 @@ def _simulate(*args: str) -> int:
     return main(["simulate", "--quiet", *args])
 
 
+def _env() -> dict[str, str]:
+    # One torch thread in every process of a comparison: a thread count another test
+    # set in this process would change the last bits of a sum (not what is tested).
+    return dict(os.environ, PYTHONPATH=str(TESTS), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`fedveil simulate ARGS` in a process of its own, as a user runs it."""
+    argv = [sys.executable, "-m", "fedveil.cli.main", "simulate", "--quiet", *args]
+    return subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=300)
+
+
 def _interrupted_run(out: Path, *extra: str) -> str:
     """`fedveil simulate` in a process of its own, Ctrl-C'd (SIGINT) once two rounds are
     in metrics.jsonl, as a user at a terminal would: what it printed. 30 rounds, so the
@@ -46,7 +58,7 @@ def _interrupted_run(out: Path, *extra: str) -> str:
     argv = [sys.executable, "-m", "fedveil.cli.main", "simulate", "--quiet", *DIGITS]
     proc = subprocess.Popen(
         [*argv, "--rounds", str(ROUNDS), "--out", str(out), *extra],
-        env=dict(os.environ, PYTHONPATH=str(TESTS)),
+        env=_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -63,17 +75,21 @@ def _interrupted_run(out: Path, *extra: str) -> str:
 
 
 @pytest.mark.procs
-def test_ctrl_c_then_the_documented_resume_gives_the_uninterrupted_model(tmp_path, capsys):
+def test_ctrl_c_then_the_documented_resume_gives_the_uninterrupted_model(tmp_path):
     # Used to load the defaults (Fashion-MNIST, CNN, 100 clients) and fail with
     # "array 'model' has 9610 values, expected 80202", overwriting config.toml.
+    # Every run is a process of its own with one torch thread, so that bit-for-bit
+    # equality compares resuming, nothing else.
     straight = tmp_path / "straight"
-    assert _simulate(*DIGITS, "--rounds", str(ROUNDS), "--out", str(straight)) == 0
+    done = _cli(*DIGITS, "--rounds", str(ROUNDS), "--out", str(straight))
+    assert done.returncode == 0, done.stderr
     out = tmp_path / "run"
     err = _interrupted_run(out)
     assert f"fedveil simulate --resume --out {out}" in err  # the exact command to continue
     recorded = (out / "config.toml").read_bytes()
 
-    assert _simulate("--resume", "--out", str(out)) == 0, capsys.readouterr().err
+    resumed = _cli("--resume", "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr
     assert (out / "config.toml").read_bytes() == recorded  # never overwritten
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == ROUNDS and summary["task"] == "digits/mlp"
