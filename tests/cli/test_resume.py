@@ -45,6 +45,10 @@ def _env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(TESTS), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     """`fedveil simulate ARGS` in a process of its own, as a user runs it."""
     argv = [sys.executable, "-m", "fedveil.cli.main", "simulate", "--quiet", *args]
@@ -59,6 +63,10 @@ def _interrupted_run(out: Path, *extra: str) -> str:
     proc = subprocess.Popen(
         [*argv, "--rounds", str(ROUNDS), "--out", str(out), *extra],
         env=_env(),
+        # A terminal's Ctrl-C: SIGINT at its default, which Python turns into
+        # KeyboardInterrupt. A background job of a non-interactive shell (CI started with
+        # `&`) inherits SIGINT ignored, and Python then leaves it ignored.
+        preexec_fn=_sigint_default,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
