@@ -1,9 +1,11 @@
-"""fedveil's benchmarks: run from a source checkout, never shipped in the wheel.
+"""fedveil's benchmarks: the package `fedveil.benchmarks` (benchmarks/ in a checkout,
+mapped like server/ is to `fedveil.server`), shipped in the wheel.
 
-`fedveil bench simulation|secagg` runs them (it finds this folder next to the
-editable package, or at $FEDVEIL_BENCHMARKS); so does `python -m
-benchmarks.<module>` from the repository root. They may import any part of
-fedveil; nothing in fedveil imports them.
+`fedveil bench BENCHMARK` runs one (fedveil/cli/bench.py lists them); so does
+`python -m fedveil.benchmarks.bench_X`. Each module owns its flags and constants and
+shares the command line and the contender runner (harness.py). Benchmarks may import
+any part of fedveil below the entry points; only the entry points (fedveil.cli) import
+them (import-linter's layers contract).
 """
 
 from __future__ import annotations
@@ -14,18 +16,12 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-# The checkout's root: the folder that holds `benchmarks/`.
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A copy of `env` (default: this process's) in which a child process can import
-    `benchmarks` from any working directory: the checkout's root leads PYTHONPATH."""
-    out = dict(os.environ if env is None else env)
-    paths = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(ROOT) not in paths:
-        out["PYTHONPATH"] = os.pathsep.join([str(ROOT), *paths])
-    return out
+    """A copy of `env` (default: this process's) for a contender's process. The package
+    is installed, so a child imports `fedveil.benchmarks` from any working directory
+    without a PYTHONPATH of its own."""
+    return dict(os.environ if env is None else env)
 
 
 @contextlib.contextmanager

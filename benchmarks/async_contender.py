@@ -1,7 +1,7 @@
 """One contender of `fedveil bench async`, in its own process (so the parent reads its CPU
 time, worker processes included, from the OS).
 
-    python -m benchmarks.async_contender SPEC.json RESULT.json
+    python -m fedveil.benchmarks.async_contender SPEC.json RESULT.json
 
 SPEC: {"values": {config key: value}, "target": accuracy, "stop_at_target": bool}. The run
 stops at the first evaluation that reaches the target (the rest of the run would only

@@ -14,7 +14,7 @@ job's training time per client), sigma 1.0 per draw and 0.5 per client.
   stage with sync_deadline's deadline (--group-deadline p90): a member past it is
   dropped (its work lost and counted) and the group's sum comes by dropout recovery.
 
-Each contender runs in its own process (`benchmarks.async_contender`) and stops at the
+Each contender runs in its own process (`fedveil.benchmarks.async_contender`) and stops at the
 first evaluation at the target accuracy; the parent reads the process's CPU time, worker
 processes included, from wait4's rusage. Time to target is simulated seconds
 (`sim_clock_s`). Sync evaluates every round (C client updates); async every C/K versions,
@@ -32,13 +32,14 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedveil.cli.bench import ASYNC_CONTENDERS, add_async_arguments
+from fedveil.benchmarks.harness import command_main, name_list
 from fedveil.protocol.kinds import Kind
 from fedveil.simulations.async_plots import accuracy_over_time, staleness_values, time_to_target
 from fedveil.simulations.availability import AvailabilityModel
@@ -58,6 +59,83 @@ LABELS = {
     "async": "async FedBuff",
     "async_secagg": "async FedBuff + secagg groups",
 }
+
+
+ASYNC_SUMMARY = (
+    "`fedveil bench async`: the default job trained synchronously (waiting for every "
+    "client; with a deadline at the p90 client latency) and asynchronously (FedBuff; FedBuff "
+    "with secure aggregation in groups), the same clients in flight, log-normal client "
+    "latency on the simulated clock, each contender in its own process, over seeds; prints "
+    "median simulated time to the target accuracy, CPU seconds per applied client update "
+    "(worker processes included), the ratios, and FedBuff's published ratio next to ours; "
+    "accuracy_over_time.png goes into --out. --json prints one JSON object as the last "
+    "line of stdout."
+)
+# The contenders, in the order they run (benchmarks/bench_async.py says what each is).
+ASYNC_CONTENDERS = ("sync", "sync_deadline", "async", "async_secagg")
+# The default job's training time per client (fashion-mnist CNN, ~600 examples, one
+# epoch, batch 32): 0.27-0.73 s measured on one core of a shared 2-core machine.
+ASYNC_LATENCY_MEDIAN_S = 0.5
+# A secure-aggregation key or unmask exchange, against a training: a client of a group of
+# 10 computes 0.25 ms (advertise), 4.5 ms (share keys) and 0.07 ms (unmask) for the CNN
+# here, about 1% of the training above, so what remains is a network round trip; a tenth
+# of the training time stands for a phone's slow round trip (~0.1-1 s) against minutes
+# of on-device training: the pessimistic end.
+ASYNC_MESSAGE_LATENCY_SHARE = 0.1
+
+
+def add_async_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `fedveil bench async`."""
+    p.add_argument(
+        "--quick", action="store_true", help="a small digits job, one seed, target 0.5 (smoke)"
+    )
+    p.add_argument("--seeds", type=int, help="seeds, from --seed on [3; --quick 1]")
+    p.add_argument("--seed", type=int, default=0, help="first seed [0]")
+    p.add_argument(
+        "--concurrency", type=int, help="clients in flight: sync cohort = async C [20; --quick 6]"
+    )
+    p.add_argument("--buffer", type=int, help="async: apply after K arrivals [10; --quick 3]")
+    p.add_argument("--group-size", type=int, help="async_secagg: secagg group size G [K]")
+    p.add_argument(
+        "--group-deadline",
+        choices=("p90", "none"),
+        default="p90",
+        help="async_secagg: each protocol stage's deadline (server.round_timeout): the p90 "
+        "client latency, as sync_deadline's, stragglers dropped and recovered; or none, "
+        "every stage waits for its slowest member [p90]",
+    )
+    p.add_argument(
+        "--latency-median",
+        type=float,
+        default=ASYNC_LATENCY_MEDIAN_S,
+        help=f"median client latency in s: the default job's training time per client "
+        f"[{ASYNC_LATENCY_MEDIAN_S:g}]; time ratios do not depend on it",
+    )
+    p.add_argument(
+        "--message-latency-share",
+        type=float,
+        default=ASYNC_MESSAGE_LATENCY_SHARE,
+        help="async_secagg: median latency of a secure-aggregation stage in which a client "
+        "computes nothing on its data (advertise, share keys, unmask), as a share of the "
+        f"training latency median (simulation.message_latency_share) "
+        f"[{ASYNC_MESSAGE_LATENCY_SHARE:g}]",
+    )
+    p.add_argument("--target", type=float, help="target test accuracy [0.80; --quick 0.5]")
+    p.add_argument(
+        "--max-updates",
+        type=int,
+        help="client updates a contender may apply before giving up on the target "
+        "[100 x C; --quick 8 x C]",
+    )
+    p.add_argument(
+        "--contenders",
+        type=name_list,
+        help=f"comma list, a subset of {','.join(ASYNC_CONTENDERS)} [all]",
+    )
+    p.add_argument(
+        "--out", default="runs/bench-async", help="run directories and plots [runs/bench-async]"
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
 
 
 @dataclass(frozen=True)
@@ -163,7 +241,7 @@ def run_contender(values: dict[str, Any], target: float, work: Path) -> dict[str
     work.mkdir(parents=True, exist_ok=True)
     spec, result = work / "spec.json", work / "result.json"
     spec.write_text(json.dumps({"values": values, "target": target}))
-    cmd = [sys.executable, "-m", "benchmarks.async_contender", str(spec), str(result)]
+    cmd = [sys.executable, "-m", "fedveil.benchmarks.async_contender", str(spec), str(result)]
     start = time.perf_counter()
     with open(work / "contender.log", "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -339,6 +417,11 @@ def format_report(summary: dict[str, Any]) -> str:
 
 
 def cmd_bench_async(args: argparse.Namespace) -> int:
+    unknown = set(args.contenders or ()) - set(ASYNC_CONTENDERS)
+    if unknown:
+        raise ValueError(
+            f"--contenders: unknown {sorted(unknown)}; choose from {', '.join(ASYNC_CONTENDERS)}"
+        )
     s = resolve(args)
     names = args.contenders or list(ASYNC_CONTENDERS)
     seeds = [args.seed + i for i in range(args.seeds or (1 if args.quick else 3))]
@@ -349,7 +432,16 @@ def cmd_bench_async(args: argparse.Namespace) -> int:
     return 0
 
 
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """`fedveil bench ...` and `python -m fedveil.benchmarks.bench_async`."""
+    return command_main(
+        argv,
+        prog=prog or "python -m fedveil.benchmarks.bench_async",
+        description=ASYNC_SUMMARY,
+        add_arguments=add_async_arguments,
+        run=cmd_bench_async,
+    )
+
+
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    add_async_arguments(parser)
-    sys.exit(cmd_bench_async(parser.parse_args()))
+    sys.exit(main())

@@ -1,9 +1,9 @@
 """The canary audit's power and soundness (issue 20, part 1): a deliberately broken
 mechanism must be refuted; the correct one must not be, beyond what chance allows.
 
-    .venv/bin/python -m benchmarks.bench_audit --json [--seeds 20] [--canaries 1000]
-    .venv/bin/python -m benchmarks.bench_audit --cost-only --json [--repeat 3]
-    .venv/bin/python -m benchmarks.bench_audit --cost-only --cost-config default --repeat 1 --json
+    .venv/bin/python -m fedveil.benchmarks.bench_audit --json [--seeds 20] [--canaries 1000]
+    .venv/bin/python -m fedveil.benchmarks.bench_audit --cost-only --json [--repeat 3]
+    python -m fedveil.benchmarks.bench_audit --cost-only --cost-config default --repeat 1 --json
 
 Config: digits, MLP, 20 users, Poisson q = 1, one round, central DP with z = 2.3 (an
 accounted epsilon below 2 at delta = 1e-5; q = 1 so the claim needs no amplification).

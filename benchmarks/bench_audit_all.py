@@ -1,13 +1,13 @@
 """`fedveil bench audit`: the three privacy-audit benchmarks of issue 20 in one process,
 their figures merged into one JSON object.
 
-    .venv/bin/python -m benchmarks.bench_audit_all --json [--quick]
+    .venv/bin/python -m fedveil.benchmarks.bench_audit_all --json [--quick]
 
-- update inversion (benchmarks.bench_audit_attacks): inversion_psnr_plain,
+- update inversion (fedveil.benchmarks.bench_audit_attacks): inversion_psnr_plain,
   inversion_psnr_secagg, inversion_psnr_secagg_curve, inversion_psnr_dp,
   inversion_psnr_random_baseline, ...
-- membership inference (benchmarks.bench_audit_membership): mia_auc_nondp, mia_auc_dp, ...
-- the canary audit (benchmarks.bench_audit): broken_claimed_epsilon, broken_lower_bound,
+- membership inference (fedveil.benchmarks.bench_audit_membership): mia_auc_nondp, mia_auc_dp, ...
+- the canary audit (fedveil.benchmarks.bench_audit): broken_claimed_epsilon, broken_lower_bound,
   correct_max_lower_over_accounted, audit_cost_ratio, ...
 
 Each benchmark keeps its own keys; `config` and `wall_s`, which two share, go under
@@ -23,10 +23,11 @@ import io
 import json
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from benchmarks import bench_audit, bench_audit_attacks, bench_audit_membership
-from fedveil.cli.bench import AUDIT_SUMMARY, add_audit_arguments
+from fedveil.benchmarks import bench_audit, bench_audit_attacks, bench_audit_membership
+from fedveil.benchmarks.harness import command_main
 
 # The keys issue 20 asks for; the merged JSON has at least these.
 REQUIRED_KEYS = (
@@ -55,6 +56,29 @@ QUICK_ATTACKS = [
 ]
 QUICK_MEMBERSHIP = {"seeds": 1, "shadows": 0, "members": 5, "rounds": 1, "epochs": 2}
 QUICK_AUDIT = {"seeds": 1, "canaries": 20, "secagg_cost": False, "cost_repeat": 1}
+
+
+AUDIT_SUMMARY = (
+    "`fedveil bench audit`: the three privacy-audit benchmarks (update inversion against "
+    "one client's update, the secure sum and its DP release; membership inference on a "
+    "non-private and a DP run of an overfit config; the canary audit's power and "
+    "soundness and its cost) in one process; --json prints one JSON object with every "
+    "benchmark's keys as the last line of stdout."
+)
+
+
+def add_audit_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `fedveil bench audit`."""
+    p.add_argument(
+        "--quick", action="store_true", help="every benchmark at a tiny size (a smoke test)"
+    )
+    p.add_argument("--seeds", type=int, help="inversion and membership seeds [3]")
+    p.add_argument("--images", type=int, help="inversion: single-image updates per seed [10]")
+    p.add_argument("--curve-seeds", type=int, help="inversion: seeds per curve point [--seeds]")
+    p.add_argument("--shadows", type=int, help="membership: shadow models per run [4]")
+    p.add_argument("--canaries", type=int, help="canary audit: canaries per audit [1000]")
+    p.add_argument("--audit-seeds", type=int, help="canary audit: correct-mechanism seeds [20]")
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
 
 
 def run_attacks(argv: list[str]) -> dict[str, Any]:
@@ -131,10 +155,15 @@ def cmd_bench_audit(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=AUDIT_SUMMARY)
-    add_audit_arguments(p)
-    return cmd_bench_audit(p.parse_args(argv))
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """`fedveil bench ...` and `python -m fedveil.benchmarks.bench_audit_all`."""
+    return command_main(
+        argv,
+        prog=prog or "python -m fedveil.benchmarks.bench_audit_all",
+        description=AUDIT_SUMMARY,
+        add_arguments=add_audit_arguments,
+        run=cmd_bench_audit,
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Update inversion (issue 20, part 2): what an attacker recovers from one client's
 update, from the secure sum of K clients, and from its central-DP release.
 
-    .venv/bin/python -m benchmarks.bench_audit_attacks --json [--seeds 3] [--images 10]
+    .venv/bin/python -m fedveil.benchmarks.bench_audit_attacks --json [--seeds 3] [--images 10]
 
 Fashion-MNIST, the built-in MLP (784-128-10) at its seeded initialisation, updates
 computed through fedveil's train_local (lr 0.05). Secure aggregation reveals exactly the

@@ -2,7 +2,7 @@
 same deliberately overfit config (digits, MLP, few examples per client, many local epochs),
 loss and offline-LiRA attacks at client level, over several seeds (medians reported).
 
-    .venv/bin/python -m benchmarks.bench_audit_membership --json [--seeds 3] [--shadows 4]
+    .venv/bin/python -m fedveil.benchmarks.bench_audit_membership --json [--seeds 3] [--shadows 4]
 
 The last line of stdout is one JSON object:
   mia_auc_nondp, mia_auc_dp                    median AUC of the stronger attack

@@ -1,10 +1,10 @@
 """The privacy audit's power and soundness at the README's default settings (issue 28):
 the f-DP audit must refute noise cut 4x and noise off, and pass the correct mechanism.
 
-    .venv/bin/python -m benchmarks.bench_audit_power --json
-    .venv/bin/python -m benchmarks.bench_audit_power --canaries 1000 --json
-    .venv/bin/python -m benchmarks.bench_audit_power --ceilings 1000,2000,5000 --json
-    .venv/bin/python -m benchmarks.bench_audit_power --real --seeds-broken 1 \
+    .venv/bin/python -m fedveil.benchmarks.bench_audit_power --json
+    .venv/bin/python -m fedveil.benchmarks.bench_audit_power --canaries 1000 --json
+    .venv/bin/python -m fedveil.benchmarks.bench_audit_power --ceilings 1000,2000,5000 --json
+    .venv/bin/python -m fedveil.benchmarks.bench_audit_power --real --seeds-broken 1 \
         --seeds-correct 1 --json
 
 Settings: central DP at epsilon 8, delta 1e-5, Poisson q = 0.2, T = 60 rounds (z = 1.216,

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,9 +54,9 @@ from flwr.proto.heartbeat_pb2 import SendNodeHeartbeatRequest
 from flwr.proto.node_pb2 import Node
 from flwr.supercore.primitives.asymmetric import public_key_to_bytes
 
-from benchmarks.fleet_coordinator import Coordinator
-from benchmarks.fleet_wire import call, capturing_client
-from fedveil.cli.bench import FLOWER_IDLE_POLL_S
+from fedveil.benchmarks.fleet_coordinator import Coordinator
+from fedveil.benchmarks.fleet_wire import call, capturing_client
+from fedveil.benchmarks.harness import command_main, int_list
 from fedveil.ops.certs import CLIENT_CURVE
 
 RETRY_STATUS = (502, 503, 504)  # e.g. the gateway's "SuperLink starting or restarting"
@@ -66,6 +67,50 @@ SECAGG_NOT_RUN = (
     "aggregation through this coordinator, compared with `fedveil simulate` "
     "(benchmarks/fleet_secagg_round.py)"
 )
+
+# The SuperNode's sleep after an empty PullMessages (flwr 1.42, start_client_internal.py).
+FLOWER_IDLE_POLL_S = 3.0
+FLEET_SUMMARY = (
+    "`fedveil bench fleet`: start a real coordinator on loopback (TLS, SuperNode "
+    "authentication) and hold N emulated devices on its Fleet gateway at Flower's idle "
+    "poll, with requests built and signed by Flower's SuperNode client code; print p50/p99 "
+    "Fleet request latency and the coordinator's CPU and RSS per N. --json prints one JSON "
+    "object as the last line of stdout."
+)
+
+
+def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `fedveil bench fleet`."""
+    p.add_argument(
+        "--devices",
+        type=int_list,
+        default=[100],
+        metavar="N[,N,...]",
+        help="emulated devices; a list sweeps them against one coordinator [100]",
+    )
+    p.add_argument("--window", type=float, default=30.0, help="measured seconds per N [30]")
+    p.add_argument("--warmup", type=float, default=10.0, help="seconds before the window [10]")
+    p.add_argument(
+        "--poll",
+        type=float,
+        default=FLOWER_IDLE_POLL_S,
+        help=f"seconds between a device's pulls [{FLOWER_IDLE_POLL_S:g}: Flower's idle poll]",
+    )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        metavar="FILE",
+        help="write a cProfile (pstats) of the coordinator process to FILE",
+    )
+    p.add_argument(
+        "--secagg-round",
+        type=int,
+        metavar="N",
+        help="also run one secure-aggregation round of N emulated devices (fresh "
+        "coordinator) and compare its model with `fedveil simulate` (secagg_round_ok)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
 
 
 def heartbeat_interval(rng: random.Random) -> float:
@@ -507,7 +552,7 @@ def cmd_bench_fleet(args: argparse.Namespace) -> int:
     print(format_table(results), file=out)
     secagg = None
     if args.secagg_round is not None:
-        from benchmarks.fleet_secagg_round import secagg_round
+        from fedveil.benchmarks.fleet_secagg_round import secagg_round
 
         secagg = secagg_round(args.secagg_round, seed=args.seed, poll_s=args.poll, log=out)
         print(
@@ -523,9 +568,16 @@ def cmd_bench_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    from fedveil.cli.bench import FLEET_SUMMARY, add_fleet_arguments
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """`fedveil bench ...` and `python -m fedveil.benchmarks.bench_fleet`."""
+    return command_main(
+        argv,
+        prog=prog or "python -m fedveil.benchmarks.bench_fleet",
+        description=FLEET_SUMMARY,
+        add_arguments=add_fleet_arguments,
+        run=cmd_bench_fleet,
+    )
 
-    parser = argparse.ArgumentParser(description=FLEET_SUMMARY)
-    add_fleet_arguments(parser)
-    sys.exit(cmd_bench_fleet(parser.parse_args()))
+
+if __name__ == "__main__":
+    sys.exit(main())

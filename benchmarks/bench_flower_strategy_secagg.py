@@ -21,26 +21,27 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from benchmarks.bench_secagg_round import (
-    CLIP_RANGE,
-    LEVELS,
-    LR,
-    Workload,
-    graph_parameters,
-    steady,
-)
-from benchmarks.flower_secaggplus_peer import (
+from fedveil.benchmarks.bench_secagg_round import steady
+from fedveil.benchmarks.flower_secaggplus_peer import (
     _task_and_model,
     flat_to_ndarrays,
     run_flower,
     simulate_apps,
 )
-from fedveil.cli.bench import add_flower_secagg_arguments
+from fedveil.benchmarks.harness import command_main
+from fedveil.benchmarks.secagg_round_workload import (
+    CLIP_RANGE,
+    LEVELS,
+    LR,
+    Workload,
+    graph_parameters,
+)
 from fedveil.client.runtime import client_generator
 from fedveil.client.training import LocalTraining, train_local
 from fedveil.params import FlatModel
@@ -216,6 +217,29 @@ def format_report(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+FLOWER_SECAGG_SUMMARY = (
+    "`fedveil bench flower-secagg`: a Flower Message-API FedAvg app run plain and with "
+    "fedveil.flower.secure (fedveil_secagg_mod on the clients), against Flower's SecAgg+ "
+    "on its legacy path run plain and secure, on Flower's simulation engine with the same "
+    "workload, k, t and quantisation; prints each side's round overhead (secure minus plain "
+    "round, steady-round medians) and their ratio. --json prints one JSON object as the "
+    "last line of stdout."
+)
+
+
+def add_flower_secagg_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `fedveil bench flower-secagg`."""
+    p.add_argument("--clients", type=int, default=100, help="clients, all sampled [100]")
+    p.add_argument("--dim", type=int, default=100_000, help="model parameters [100000]")
+    p.add_argument("--rounds", type=int, default=4, help="rounds; first and last excluded [4]")
+    p.add_argument("--repeat", type=int, default=1, help="runs per configuration [1]")
+    p.add_argument("--neighbors", type=int, help="neighbours k [from the threat model]")
+    p.add_argument("--threshold", type=int, help="Shamir threshold t [from the threat model]")
+    p.add_argument("--examples", type=int, default=8, help="most examples per client [8]")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
 def cmd_bench_flower_secagg(args: argparse.Namespace) -> int:
     for name in ("clients", "dim", "rounds", "repeat", "examples"):
         if getattr(args, name) < 1:
@@ -231,10 +255,15 @@ def cmd_bench_flower_secagg(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_flower_secagg_arguments(p)
-    return cmd_bench_flower_secagg(p.parse_args(argv))
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """`fedveil bench ...` and `python -m fedveil.benchmarks.bench_flower_strategy_secagg`."""
+    return command_main(
+        argv,
+        prog=prog or "python -m fedveil.benchmarks.bench_flower_strategy_secagg",
+        description=FLOWER_SECAGG_SUMMARY,
+        add_arguments=add_flower_secagg_arguments,
+        run=cmd_bench_flower_secagg,
+    )
 
 
 if __name__ == "__main__":

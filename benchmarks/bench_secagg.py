@@ -17,7 +17,7 @@ pairwise masks: the expensive recovery path. Quantization uses Flower's workflow
   Flower's own functions (P-384 keys as PEM, Fernet, pycryptodome Shamir over 16-byte chunks,
   NumPy MT masks).
 
-Run: `python -m benchmarks.bench_secagg --n 100 --dim 100000 --dropout 0.1`.
+Run: `python -m fedveil.benchmarks.bench_secagg --n 100 --dim 100000 --dropout 0.1`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import contextlib
 import hashlib
 import json
 import os
-import statistics
 import time
 from collections import defaultdict
 from typing import Any
@@ -35,14 +34,23 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from benchmarks.secagg_floor import PrimitiveLog, instrumented_primitives, primitive_floor
+from fedveil.benchmarks.secagg_floor import PrimitiveLog, instrumented_primitives, primitive_floor
+from fedveil.benchmarks.secagg_workload import (
+    CLIP_RANGE,
+    CLOCK,
+    LEVELS,
+    MAX_WEIGHT,
+    _expected_mean,
+    _median,
+    client_update,
+    dropped_clients,
+    graph_parameters,
+)
 from fedveil.privacy.secagg import (
     DropoutPattern,
     Quantizer,
     SessionConfig,
     Stage,
-    ThreatModel,
-    find_parameters,
     run_in_memory,
 )
 from fedveil.privacy.secagg.crypto import KeystreamBuffer
@@ -50,59 +58,6 @@ from fedveil.privacy.secagg.masking import MaskApplier
 from fedveil.privacy.secagg.params import ThreatMode
 from fedveil.privacy.secagg.server import AggregateResult
 from fedveil.privacy.secagg.simulate import RoundReport
-
-# SecAggPlusWorkflow defaults, used on both sides.
-CLIP_RANGE = 8.0
-LEVELS = 2**22
-MAX_WEIGHT = 1000
-FLOWER_MOD_RANGE = 2**32
-ADVERSARIAL_RATE = 0.05
-# Compute is measured as process CPU time (all threads): robust on a shared, busy machine.
-CLOCK = time.process_time
-
-
-def graph_parameters(
-    n: int,
-    dropout: float,
-    neighbors: int | None,
-    threshold: int | None,
-    threat: ThreatMode = ThreatMode.SEMI_HONEST,
-) -> tuple[int, int]:
-    """(k, t): given values, or the parameter finder's at 5 % adversarial clients."""
-    if neighbors is not None and threshold is not None:
-        return neighbors, threshold
-    params = find_parameters(
-        n,
-        ThreatModel(ADVERSARIAL_RATE, dropout, threat),
-        neighbors=neighbors,
-        threshold=threshold,
-    )
-    return params.neighbors, params.threshold
-
-
-def client_update(cid: int, dim: int, seed: int) -> tuple[np.ndarray, int]:
-    """The float update and example count of one client (same on both sides)."""
-    rng = np.random.default_rng([seed, cid])
-    return rng.normal(0.0, 1.0, dim), int(rng.integers(1, MAX_WEIGHT + 1))
-
-
-def dropped_clients(ids: list[int], dropout: float, seed: int) -> frozenset[int]:
-    pattern = DropoutPattern.random(ids, dropout, seed, stages=(Stage.MASKED_INPUT,))
-    return pattern.silent_at(Stage.MASKED_INPUT)
-
-
-def _median(values: Any) -> float:
-    values = list(values)
-    return float(statistics.median(values)) if values else 0.0
-
-
-def _expected_mean(ids: set[int], dim: int, seed: int) -> np.ndarray:
-    total, weights = np.zeros(dim), 0
-    for cid in ids:
-        x, w = client_update(cid, dim, seed)
-        total += w * np.clip(x, -CLIP_RANGE, CLIP_RANGE)
-        weights += w
-    return total / weights
 
 
 def bench_protocol(
@@ -315,7 +270,7 @@ def bench_flower_secaggplus_compute(
 ) -> dict[str, Any]:
     """Flower 1.41 SecAgg+ compute on the same inputs, client and server side
     (`flower_secaggplus_compute`: Flower's own functions, stage by stage)."""
-    from benchmarks.flower_secaggplus_compute import flower_round_compute
+    from fedveil.benchmarks.flower_secaggplus_compute import flower_round_compute
 
     return flower_round_compute(n, dim, dropout, neighbors, threshold, seed)
 

@@ -23,7 +23,7 @@ always drops its clients at masked input, the expensive recovery path.)
 Per-round time is the median of the steady rounds (rounds 2..R of every repeat; round 1 and
 start-up excluded). Bytes are payload bytes per surviving client per round (array data, raw
 bytes and strings, 8 per number, key names), counted on the messages each server sends and
-receives. Run: `python -m benchmarks.bench_secagg_round --clients 100 --dim 100000
+receives. Run: `python -m fedveil.benchmarks.bench_secagg_round --clients 100 --dim 100000
 --dropout 0.1 --peer flower`.
 """
 
@@ -35,28 +35,42 @@ import json
 import logging
 import math
 import os
-import statistics
 import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
-from benchmarks import bench_secagg, run_directory
-from fedveil.cli.bench import add_secagg_arguments
+from fedveil.benchmarks import bench_secagg, run_directory
+from fedveil.benchmarks.harness import command_main
+from fedveil.benchmarks.secagg_round_workload import (
+    ADVERSARIAL_RATE,
+    CLASSES,
+    CLIP_RANGE,
+    DROP_MARKER,
+    DROP_STAGES,
+    LEVELS,
+    LR,
+    TARGETS,
+    ClientDropped,
+    Traffic,
+    Workload,
+    graph_parameters,
+    median,
+    payload_size,
+    steady_rounds,
+)
 from fedveil.client.runtime import ClientRuntime, client_generator
 from fedveil.client.training import LocalTraining, train_local
 from fedveil.config import RunConfig, config_from_dict
 from fedveil.params import FlatModel
-from fedveil.privacy.secagg.wire import wire_size
 from fedveil.protocol.envelope import Envelope
-from fedveil.protocol.kinds import Kind, Stage
+from fedveil.protocol.kinds import Kind
 from fedveil.protocol.riders import detach, join_replies
 from fedveil.server.engine.aggregation import Aggregate, NoUpdates, UpdateChannel
 from fedveil.server.engine.lifecycle import RunLifecycle
@@ -64,151 +78,7 @@ from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.rounds import RoundEngine, initial_model
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.transport import ClientFailure, RoundReporter, Transport
-from fedveil.tasks import ClientData, Task
-
-CLASSES = 10
-LR = 0.05
-CLIP_RANGE = bench_secagg.CLIP_RANGE  # Flower's SecAggPlusWorkflow defaults, on both sides
-LEVELS = bench_secagg.LEVELS
-ADVERSARIAL_RATE = bench_secagg.ADVERSARIAL_RATE
-# Our stage -> (our message kind, Flower's SecAgg+ stage name).
-DROP_STAGES = {
-    Stage.ADVERTISE.value: (Kind.SECAGG_ADVERTISE.value, "setup"),
-    Stage.SHARE_KEYS.value: (Kind.SECAGG_SHARE_KEYS.value, "share_keys"),
-    Stage.MASKED_INPUT.value: (Kind.SECAGG_MASKED_INPUT.value, "collect_masked_vectors"),
-    Stage.UNMASK.value: (Kind.SECAGG_UNMASK.value, "unmask"),
-}
-# Issue targets, printed next to the measurements (never asserted in tests).
-TARGETS = {"ratio": 10.0, "compute_ratio": 30.0, "masking_over_prg": 2.0}
-# Marks the benchmark's deliberate client failures, so their log lines can be filtered out.
-DROP_MARKER = "[bench dropout]"
-
-
-class ClientDropped(RuntimeError):
-    """Raised by a client the benchmark makes drop out."""
-
-
-# -- the workload -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What both frameworks train; picklable, so Ray workers rebuild the task from it."""
-
-    clients: int
-    dim: int
-    dropout: float
-    drop_stage: str = "masked_input"
-    examples: int = 8  # most examples a client holds (also the quantizer's max weight)
-    seed: int = 0
-
-    @property
-    def features(self) -> int:
-        # (features + 1) * CLASSES parameters: D exactly when CLASSES divides D.
-        return max(1, round(self.dim / CLASSES) - 1)
-
-    @property
-    def num_params(self) -> int:
-        return (self.features + 1) * CLASSES
-
-    @property
-    def dropped(self) -> frozenset[int]:
-        """The clients that fail: the compute benchmark's choice, as 0-based ids."""
-        ids = list(range(1, self.clients + 1))
-        return frozenset(c - 1 for c in bench_secagg.dropped_clients(ids, self.dropout, self.seed))
-
-    def client_size(self, cid: int) -> int:
-        return int(np.random.default_rng([self.seed, cid, 1]).integers(1, self.examples + 1))
-
-    def client_data(self, cid: int) -> ClientData:
-        if not 0 <= cid < self.clients:
-            raise IndexError(f"client id {cid} out of range [0, {self.clients})")
-        rng = np.random.default_rng([self.seed, cid, 2])
-        n = self.client_size(cid)
-        x = torch.from_numpy(rng.normal(size=(n, self.features)).astype(np.float32))
-        y = torch.from_numpy(rng.integers(0, CLASSES, size=n))
-        return ClientData(x, y)
-
-    def model(self) -> nn.Module:
-        return nn.Linear(self.features, CLASSES)
-
-    def task(self) -> Task:
-        return Task(
-            name=f"bench-linear-{self.num_params}",
-            input_shape=(self.features,),
-            num_classes=CLASSES,
-            num_clients=self.clients,
-            model_fn=self.model,
-            client_data=self.client_data,  # built on demand: memory stays flat in N
-            client_sizes=np.array([self.client_size(c) for c in range(self.clients)]),
-        )
-
-
-def graph_parameters(w: Workload, neighbors: int | None, threshold: int | None) -> tuple[int, int]:
-    """(k, t) for the cohort: given, or the parameter finder's (5 % adversarial, P dropout)."""
-    k, t = bench_secagg.graph_parameters(w.clients, w.dropout, neighbors, threshold)
-    if k < w.clients - 1 and k % 2:
-        # Both Harary rings (ours and Flower's) put k/2 neighbours on each side.
-        raise ValueError(f"--neighbors {k}: must be even (or clients - 1 for the complete graph)")
-    if not 2 <= t <= k:
-        raise ValueError(f"--threshold {t}: must be in [2, k={k}]")
-    return k, t
-
-
-# -- sizes and medians --------------------------------------------------------------------
-
-
-def payload_size(config: Mapping[str, Any], arrays: Mapping[str, Any]) -> int:
-    """`wire_size` of an Envelope's parts (tensors as their raw bytes)."""
-    as_numpy = {
-        k: v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
-        for k, v in arrays.items()
-    }
-    return wire_size(dict(config), as_numpy)
-
-
-def median(values: Sequence[float]) -> float | None:
-    return float(statistics.median(values)) if values else None
-
-
-@dataclass
-class Traffic:
-    """Payload bytes to and from each client and who failed, per round; the wall time of each
-    exchange (send to the cohort, collect its replies) by the kind of message it carried."""
-
-    down: dict[int, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
-    up: dict[int, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))
-    failed: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
-    exchange_s: dict[int, dict[str, float]] = field(default_factory=lambda: defaultdict(dict))
-
-    def add(self, table: dict[int, dict[int, int]], rnd: int, cid: int, size: int) -> None:
-        table[rnd][cid] = table[rnd].get(cid, 0) + size
-
-    def timed(self, rnd: int, kind: str, seconds: float) -> None:
-        self.exchange_s[rnd][kind] = self.exchange_s[rnd].get(kind, 0.0) + seconds
-
-    def exchanges(self, rounds: Sequence[int]) -> dict[str, float | None]:
-        """Median over the given rounds of each kind of exchange's wall time."""
-        kinds = {k for rnd in rounds for k in self.exchange_s.get(rnd, {})}
-        return {
-            k: median([self.exchange_s[r][k] for r in rounds if k in self.exchange_s.get(r, {})])
-            for k in sorted(kinds)
-        }
-
-    def outside(self, round_s: Sequence[float]) -> list[float]:
-        """Per round (1..R), the time spent outside exchanges: the server's own work."""
-        return [t - sum(self.exchange_s.get(rnd, {}).values()) for rnd, t in enumerate(round_s, 1)]
-
-    def per_client(self, rounds: Sequence[int]) -> dict[str, float | None]:
-        """Median over surviving clients of their bytes per round, over the given rounds."""
-        ups, downs = [], []
-        for rnd in rounds:
-            for cid, size in self.down.get(rnd, {}).items():
-                if cid not in self.failed.get(rnd, set()):
-                    downs.append(size)
-                    ups.append(self.up.get(rnd, {}).get(cid, 0))
-        return {"bytes_up_per_client": median(ups), "bytes_down_per_client": median(downs)}
-
+from fedveil.tasks import Task
 
 # -- our side -------------------------------------------------------------------------------
 
@@ -484,12 +354,6 @@ def _run_rounds(
 # -- the benchmark ------------------------------------------------------------------------
 
 
-def steady_rounds(rounds: int) -> range:
-    """Rounds 2..R-1 (2..R when R = 2): round 1 pays for start-up and, in our secure runs,
-    for its own key stages; round R carries none of the next round's."""
-    return range(2, rounds if rounds > 2 else rounds + 1)
-
-
 def _steady(values: Sequence[float]) -> Sequence[float]:
     return values[1 : len(values) - 1 if len(values) > 2 else len(values)]
 
@@ -671,7 +535,7 @@ def run_rounds(
         if floor:
             runs["fedveil_floor"].append(run_ours(w, False, k, t, rounds, transport, floor=True))
         if peer == "flower":
-            from benchmarks.flower_secaggplus_peer import run_flower
+            from fedveil.benchmarks.flower_secaggplus_peer import run_flower
 
             runs["flower_plain"].append(run_flower(w, False, k, t, rounds))
             runs["flower_secagg"].append(run_flower(w, True, k, t, rounds))
@@ -862,6 +726,53 @@ def _capture(fn: Any, *args: Any) -> str:
 # -- command line -------------------------------------------------------------------------
 
 
+SECAGG_SUMMARY = (
+    "`fedveil bench secagg`: secure aggregation, protocol compute and whole rounds, ours vs Flower."
+)
+
+
+def add_secagg_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `fedveil bench secagg`."""
+    p.add_argument("--clients", type=int, default=100, help="clients, all sampled [100]")
+    p.add_argument("--dim", type=int, default=100_000, help="model parameters [100000]")
+    p.add_argument("--dropout", type=float, default=0.1, help="fraction that fails [0.1]")
+    p.add_argument("--neighbors", type=int, help="neighbours k [from the threat model]")
+    p.add_argument("--threshold", type=int, help="Shamir threshold t [from the threat model]")
+    p.add_argument("--peer", choices=["flower"], help="also run Flower's SecAgg+")
+    p.add_argument(
+        "--rounds", type=int, default=4, help="rounds per run; the first and last excluded [4]"
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per round configuration, interleaved, and compute runs per side (each side "
+        "keeps its cheapest) [1]",
+    )
+    p.add_argument(
+        "--drop-stage",
+        choices=list(DROP_STAGES),
+        default="masked_input",
+        help="stage at which the failing clients raise [masked_input]",
+    )
+    p.add_argument(
+        "--transport",
+        choices=["flower", "inprocess"],
+        default="flower",
+        help="where our rounds run [flower]; inprocess has no peer",
+    )
+    p.add_argument("--examples", type=int, default=8, help="most examples per client [8]")
+    p.add_argument("--no-compute", action="store_true", help="skip the protocol compute part")
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run plain rounds with 1 extra empty exchange: the transport's share of "
+        "our steady secure round's overhead, and the best ratio it allows",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
 def cmd_bench_secagg(args: argparse.Namespace) -> int:
     w = Workload(
         clients=args.clients,
@@ -937,19 +848,15 @@ def _quiet_dropouts() -> Iterator[None]:
             logger.removeFilter(filt)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench_secagg_round",
-        description=__doc__.split("\n\n")[0],
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """`fedveil bench ...` and `python -m fedveil.benchmarks.bench_secagg_round`."""
+    return command_main(
+        argv,
+        prog=prog or "python -m fedveil.benchmarks.bench_secagg_round",
+        description=SECAGG_SUMMARY,
+        add_arguments=add_secagg_arguments,
+        run=cmd_bench_secagg,
     )
-    add_secagg_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    try:
-        return cmd_bench_secagg(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """`fedveil bench serve`: the prediction service against calling the model directly.
 
-    .venv/bin/python -m benchmarks.bench_serve --json [--quick]
+    .venv/bin/python -m fedveil.benchmarks.bench_serve --json [--quick]
 
 The model is the default simulate task's (the Fashion-MNIST CNN, random weights: speed does
 not depend on them). Three processes: this one (the direct baseline, then the conductor),
@@ -37,10 +37,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fedveil.benchmarks.harness import command_main, int_list
 
 SHAPE = (1, 28, 28)
 CLASSES = 10
@@ -237,7 +240,7 @@ def open_loop(spec: dict[str, Any]) -> dict[str, Any]:
 def run_loadgen(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one load phase in a fresh process (the load generator's own)."""
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_serve", "--loadgen", json.dumps(spec)],
+        [sys.executable, "-m", "fedveil.benchmarks.bench_serve", "--loadgen", json.dumps(spec)],
         capture_output=True,
         text=True,
         timeout=spec.get("seconds", 10) * 4 + 120,
@@ -466,6 +469,42 @@ def format_report(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+SERVE_SUMMARY = (
+    "`fedveil bench serve`: `fedveil serve` on loopback (the default simulate task's CNN, "
+    "random weights) against calling the model directly on batches of the request size: "
+    "served rows/s for NPZ requests of 32 and 256 images and JSON of 32 (closed loop, the "
+    "best of --concurrency), each measured --repeat times back to back with the direct "
+    "rate (the median pair's ratio), the merged batch sizes from the server's /metrics, the load "
+    "generator's CPU share (its own process), and p50/p99 latency at increasing offered "
+    "rates (open loop, Poisson) up to and past saturation; --json prints one JSON object "
+    "as the last line of stdout."
+)
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `fedveil bench serve`."""
+    p.add_argument("--quick", action="store_true", help="short phases, few rates (a smoke test)")
+    p.add_argument("--seconds", type=float, default=3.0, help="seconds per load phase [3]")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="direct/served pairs per request kind, back to back; the median ratio [3]",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int_list,
+        default=[2, 4, 8],
+        metavar="C,C,...",
+        help="closed-loop connections tried; the best is the saturated rate [2,4,8]",
+    )
+    p.add_argument("--max-batch", type=int, help="passed to fedveil serve [its default]")
+    p.add_argument("--max-wait-ms", type=float, help="passed to fedveil serve [its default]")
+    p.add_argument("--threads", type=int, help="passed to fedveil serve [its default]")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
 def cmd_bench_serve(args: argparse.Namespace) -> int:
     serve_args = []
     if args.max_batch is not None:
@@ -494,18 +533,22 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """`fedveil bench serve` and `python -m fedveil.benchmarks.bench_serve`; with
+    --loadgen SPEC, the load generator's own process."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["--loadgen"]:
         spec = json.loads(argv[1])
         result = closed_loop(spec) if spec["mode"] == "closed" else open_loop(spec)
         print(json.dumps(result))
         return 0
-    from fedveil.cli.bench import SERVE_SUMMARY, add_serve_arguments
-
-    p = argparse.ArgumentParser(prog="bench_serve", description=SERVE_SUMMARY)
-    add_serve_arguments(p)
-    return cmd_bench_serve(p.parse_args(argv))
+    return command_main(
+        argv,
+        prog=prog or "python -m fedveil.benchmarks.bench_serve",
+        description=SERVE_SUMMARY,
+        add_arguments=add_serve_arguments,
+        run=cmd_bench_serve,
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ bare loop's.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -20,13 +21,15 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks import child_env, run_directory
-from benchmarks.bench_workload import Workload
-from benchmarks.memwatch import PeakWatcher, RoundClock
+from fedveil.benchmarks import child_env, run_directory
+from fedveil.benchmarks.bench_workload import Workload
+from fedveil.benchmarks.harness import command_main, int_list
+from fedveil.benchmarks.memwatch import PeakWatcher, RoundClock
 
 if TYPE_CHECKING:
     from fedveil.config import RunConfig
@@ -41,7 +44,7 @@ def run_ours(w: Workload, workers: int, *, run_dir: Path | None = None) -> dict[
     round engine over the in-process transport, writing its run directory (`run_dir`;
     None: a temporary folder)."""
     # Imported here: the other contenders' children do not pay for fedveil's engine.
-    from benchmarks.bench_workload import BenchTaskFactory, bench_task
+    from fedveil.benchmarks.bench_workload import BenchTaskFactory, bench_task
     from fedveil.server.engine.lifecycle import RunLifecycle
     from fedveil.server.engine.runstore import RunStore
     from fedveil.simulations.inprocess import InProcessTransport, auto_workers
@@ -107,11 +110,11 @@ def child_main(role: str, workload: dict[str, Any], workers: int) -> None:
         torch.set_num_threads(1)
         result = run_ours(w, 1)
     elif role == "bare":
-        from benchmarks.bench_workload import run_bare
+        from fedveil.benchmarks.bench_workload import run_bare
 
         result = run_bare(w)
     elif role == "flower":
-        from benchmarks.flower_peer import run_flower
+        from fedveil.benchmarks.flower_peer import run_flower
 
         result = run_flower(w)
     else:
@@ -125,7 +128,7 @@ def measure(role: str, w: Workload, workers: int = 0, timeout_s: float = 3600) -
     cmd = [
         sys.executable,
         "-m",
-        "benchmarks.bench_simulation",
+        "fedveil.benchmarks.bench_simulation",
         role,
         json.dumps(w.to_dict()),
         str(workers),
@@ -306,5 +309,77 @@ def format_population(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
+SIMULATION_SUMMARY = (
+    "Train the same workload (100k-parameter MLP, ~100 generated 28x28 "
+    "examples per client, one local epoch, batch 32) with a bare torch loop, with "
+    "fedveil's in-process engine and, with --peer flower, with Flower's simulation "
+    "engine, each in a fresh process; print per-round time (median of rounds 2..R), "
+    "start-up, end-to-end time and peak memory of each process tree, and the ratios."
+)
+
+
+def add_simulation_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `fedveil bench simulation`."""
+    p.add_argument("--clients", type=int, default=100, help="population size [100]")
+    p.add_argument("--per-round", type=int, help="clients per round [all]")
+    p.add_argument("--rounds", type=int, default=5, help="rounds [5]")
+    p.add_argument("--peer", choices=["flower"], help="also run the peer framework")
+    p.add_argument("--workers", type=int, default=0, help="our worker processes [0: one per core]")
+    p.add_argument("--examples", type=int, default=100, help="examples per client [100]")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every contender this many times, in turn; report medians [1]",
+    )
+    p.add_argument(
+        "--population",
+        type=int_list,
+        metavar="N,N,...",
+        help="memory mode: ours only, at each population size with --per-round clients "
+        "per round; reports how peak memory grows with the population",
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
+def cmd_bench_simulation(args: argparse.Namespace) -> int:
+    if args.workers < 0:
+        raise ValueError(f"--workers = {args.workers}: must be >= 0")
+    per_round = args.per_round if args.per_round is not None else args.clients
+    if args.population:
+        per_round = args.per_round if args.per_round is not None else 100
+        clients = min(args.population)
+    else:
+        clients = args.clients
+    w = Workload(
+        clients=clients,
+        per_round=per_round,
+        rounds=args.rounds,
+        examples=args.examples,
+        seed=args.seed,
+    )
+    if args.population:
+        summary = bench_population(w, args.population, workers=args.workers, repeat=args.repeat)
+        print(format_population(summary), file=sys.stderr if args.json else sys.stdout)
+    else:
+        summary = bench(w, peer=args.peer, workers=args.workers, repeat=args.repeat)
+        print(format_report(summary), file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """`fedveil bench ...` and `python -m fedveil.benchmarks.bench_simulation`."""
+    return command_main(
+        argv,
+        prog=prog or "python -m fedveil.benchmarks.bench_simulation",
+        description=SIMULATION_SUMMARY,
+        add_arguments=add_simulation_arguments,
+        run=cmd_bench_simulation,
+    )
+
+
+if __name__ == "__main__":  # a contender's own process (see run_ours / measure)
     child_main(sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]))

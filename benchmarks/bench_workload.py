@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.nn import functional
 
-from benchmarks.memwatch import RoundClock
+from fedveil.benchmarks.memwatch import RoundClock
 from fedveil.models import build_model
 from fedveil.tasks import ClientData, Task
 

@@ -7,7 +7,7 @@ is sent at a fixed concurrency through the gateway to the SuperLink, and the CPU
 seconds the coordinator's process tree spent on them are divided by their count: CPU
 time, unlike latency, barely depends on how busy the rest of the machine is.
 
-    python -m benchmarks.fleet_cost --devices 50 --requests 3000 --concurrency 16
+    python -m fedveil.benchmarks.fleet_cost --devices 50 --requests 3000 --concurrency 16
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import httpx
 from flwr.proto.fleet_pb2 import PullMessagesRequest
 from flwr.proto.node_pb2 import Node
 
-from benchmarks.bench_fleet import _activate, make_devices, tls_context
-from benchmarks.fleet_coordinator import Coordinator
-from benchmarks.fleet_wire import call
+from fedveil.benchmarks.bench_fleet import _activate, make_devices, tls_context
+from fedveil.benchmarks.fleet_coordinator import Coordinator
+from fedveil.benchmarks.fleet_wire import call
 
 
 async def _drive(coord: Coordinator, devices: list[Any], requests: int, concurrency: int) -> dict:

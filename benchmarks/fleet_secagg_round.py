@@ -53,7 +53,7 @@ from flwr.supernode import fleet_http_connection
 from flwr.supernode.fleet_http_connection import http_request_response
 from safetensors.torch import load, load_file
 
-from benchmarks.fleet_coordinator import Coordinator
+from fedveil.benchmarks.fleet_coordinator import Coordinator
 from fedveil.client.edge.flower_deploy import DataSource, EdgeClient, answer
 from fedveil.config import config_from_dict
 from fedveil.ops.certs import CLIENT_CURVE

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.bench_workload import SyntheticPool, Workload, local_epoch, mlp
-from benchmarks.memwatch import RoundClock
+from fedveil.benchmarks.bench_workload import SyntheticPool, Workload, local_epoch, mlp
+from fedveil.benchmarks.memwatch import RoundClock
 
 _POOL: dict[Workload, SyntheticPool] = {}  # one generated pool per Ray worker process
 

@@ -48,7 +48,7 @@ from flwr.supercore.primitives.asymmetric import (
     public_key_to_bytes,
 )
 
-from benchmarks.bench_secagg import (
+from fedveil.benchmarks.secagg_workload import (
     CLIP_RANGE,
     CLOCK,
     FLOWER_MOD_RANGE,

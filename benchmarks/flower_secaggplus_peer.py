@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.bench_secagg_round import (
+from fedveil.benchmarks.secagg_round_workload import (
     CLIP_RANGE,
     DROP_MARKER,
     DROP_STAGES,
@@ -38,11 +38,11 @@ from benchmarks.bench_secagg_round import (
     Traffic,
     Workload,
     steady_rounds,
-    wire_size,
 )
 from fedveil.client.runtime import client_generator
 from fedveil.client.training import LocalTraining, train_local
 from fedveil.params import FlatModel
+from fedveil.privacy.secagg.wire import wire_size
 from fedveil.server.engine.rounds import initial_model
 
 

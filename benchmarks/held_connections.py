@@ -1,7 +1,7 @@
 """Held connections, measured: uvicorn's stock httptools protocol against fedveil's
 guarded one (server/serving/connections.py), on the same small app.
 
-    .venv/bin/python -m benchmarks.held_connections [--held 200] [--timeout 2]
+    .venv/bin/python -m fedveil.benchmarks.held_connections [--held 200] [--timeout 2]
 
 One peer (127.0.0.2) opens --held connections and sends partial headers; then another
 (127.0.0.1) asks GET /. Printed per protocol: how many held connections the server cut

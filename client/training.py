@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -10,8 +9,7 @@ import torch
 from torch.optim.sgd import sgd as sgd_update
 
 from fedveil.params import FlatModel
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+from fedveil.task_types import LossFn
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 
 from fedveil.params import FlatModel
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+from fedveil.task_types import LossFn
 
 
 def evaluate(

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from fedveil.config import DataConfig, ModelConfig
-from fedveil.tasks import ClientData, Task
+from fedveil.task_types import ClientData, Task
 
 if TYPE_CHECKING:
     from fedveil.config import RunConfig

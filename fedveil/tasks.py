@@ -16,52 +16,18 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torch import nn
-from torch.nn import functional
 
 from fedveil.models import build_model
+from fedveil.task_types import ClientData, Task  # the contract: users import it from here
+from fedveil.taskcheck import check_task_function
 
 if TYPE_CHECKING:
     from fedveil.config import RunConfig
     from fedveil.data.datasets import Dataset
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-@dataclass
-class ClientData:
-    """One client's local examples (and an optional local evaluation split)."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    x_eval: torch.Tensor | None = None
-    y_eval: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return int(self.x.shape[0])
-
-
-@dataclass
-class Task:
-    """Everything the round engine needs to know about what is being learned."""
-
-    name: str
-    input_shape: tuple[int, ...]
-    num_classes: int
-    num_clients: int
-    model_fn: Callable[[], nn.Module]
-    client_data: Callable[[int], ClientData]
-    test_data: tuple[torch.Tensor, torch.Tensor] | None = None
-    loss_fn: LossFn = functional.cross_entropy
-    # Sizes of every client's training set, when known without loading it
-    # (used for reports and for weighting; None for user tasks that do not say).
-    client_sizes: np.ndarray | None = None
-    info: dict[str, object] = field(default_factory=dict)
 
 
 class PartitionedData:
@@ -249,8 +215,6 @@ def make_server_task(cfg: RunConfig) -> Task:
 
 
 def _user_task(cfg: RunConfig, ref: str) -> Task:
-    from fedveil.taskcheck import check_task_function
-
     func = load_task_function(ref)
     check_task_function(ref, func)  # a wrong signature is named, not a raw traceback
     task = func(cfg)

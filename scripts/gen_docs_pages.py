@@ -52,7 +52,7 @@ def main() -> None:
 
 def config_schema() -> str:
     from fedveil.config.deploy import DeploySettings
-    from fedveil.config.run import SECTIONS, RunConfig
+    from fedveil.config.run_schema import SECTIONS, RunConfig
     from fedveil.config.service import SERVICE_SECTIONS, ServiceConfig
 
     out = [

@@ -40,7 +40,7 @@ import torch
 
 from fedveil.client.training import LocalResult, LocalTraining, LossFn, Trainer
 from fedveil.config import RunConfig
-from fedveil.config.poisoning import PoisoningConfig
+from fedveil.config.run_schema import PoisoningConfig
 from fedveil.evaluation import evaluate_batches
 from fedveil.params import FlatModel
 from fedveil.server.engine.rounds import RoundEngine

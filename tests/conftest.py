@@ -10,9 +10,6 @@ import pytest
 
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))  # tests/tiny_task.py is importable as `tiny_task`
-# The checkout's benchmarks/ (outside the wheel) import as `benchmarks`, also under `pytest`.
-if str(TESTS.parent) not in sys.path:
-    sys.path.insert(1, str(TESTS.parent))
 
 # Process discipline (tests/procguard.py): leftovers swept and failed, fast tier guarded.
 pytest_plugins = ["procguard"]
@@ -84,8 +81,8 @@ def fedveil_cli(
 ) -> Callable[..., CliResult]:
     """`fedveil ARGS` in this process (main([...]), the console script's body) for argument
     and error tests: a subprocess would spend its time importing torch. argparse's own
-    refusals (SystemExit) come back as their exit code, as from the command. PYTHONPATH,
-    which `fedveil bench` extends for its children, is restored after the test."""
+    refusals (SystemExit) come back as their exit code, as from the command. PYTHONPATH is
+    restored after the test."""
     from fedveil.cli.main import main
 
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import functools
 
 SHELLS = ("bash", "zsh", "tcsh")
 
 
-def add_completion(sub: argparse._SubParsersAction) -> None:
+def add_completion(sub: argparse._SubParsersAction, root: argparse.ArgumentParser) -> None:
+    """`completion`, completing `root`: the whole command line, handed in by its builder
+    (cli/main.py) rather than rebuilt here, so this module does not import main."""
     p = sub.add_parser(
         "completion",
         help="print a shell completion script",
@@ -17,13 +20,11 @@ def add_completion(sub: argparse._SubParsersAction) -> None:
         "$fpath as _fedveil).",
     )
     p.add_argument("shell", choices=SHELLS, help="the shell to complete in")
-    p.set_defaults(func=cmd_completion)
+    p.set_defaults(func=functools.partial(cmd_completion, root))
 
 
-def cmd_completion(args: argparse.Namespace) -> int:
+def cmd_completion(root: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import shtab
 
-    from fedveil.cli.main import build_parser
-
-    print(shtab.complete(build_parser(), shell=args.shell))
+    print(shtab.complete(root, shell=args.shell))
     return 0

@@ -56,7 +56,8 @@ def add_server(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from fedveil.server.coordinator.main import secure_state_dir, serve
+    from fedveil.server.coordinator.main import serve
+    from fedveil.server.coordinator.service import secure_state_dir
     from fedveil.server.coordinator.settings import load_settings
 
     settings = load_settings(args.config, insecure=args.insecure, state_dir=args.state_dir)

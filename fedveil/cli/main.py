@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from fedveil.cli.completion import add_completion
 from fedveil.cli.simulate import SIMULATE_FLAGS, add_simulate
 from fedveil.config import ConfigError
 
@@ -25,13 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate(sub)
     for register in _subcommands():
         register(sub)
+    add_completion(sub, parser)  # last: it completes every command above
     return parser
 
 
 def _subcommands() -> list:
     """Each further command lives in its own module and registers itself here."""
     from fedveil.cli.bench import add_bench
-    from fedveil.cli.completion import add_completion
     from fedveil.cli.data import add_data
     from fedveil.cli.deploy import (
         add_certs,
@@ -61,7 +62,6 @@ def _subcommands() -> list:
         add_identity,
         add_certs,
         add_export,
-        add_completion,
     ]
 
 

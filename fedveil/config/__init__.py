@@ -9,6 +9,15 @@ from fedveil.config.deploy import DeploySettings
 from fedveil.config.device import device_config, device_toml
 from fedveil.config.fields import ConfigError, build, check_range, coerce, help_of, spec
 from fedveil.config.run import (
+    config_from_dict,
+    field_help,
+    load_config,
+    parse_stage_dropout,
+    set_dotted,
+    to_toml,
+    toml_text,
+)
+from fedveil.config.run_schema import (
     SECTIONS,
     ClientConfig,
     DataConfig,
@@ -19,13 +28,6 @@ from fedveil.config.run import (
     SecAggSection,
     ServerConfig,
     SimulationConfig,
-    config_from_dict,
-    field_help,
-    load_config,
-    parse_stage_dropout,
-    set_dotted,
-    to_toml,
-    toml_text,
 )
 from fedveil.config.service import SERVICE_SECTIONS, ServiceConfig, service_config
 

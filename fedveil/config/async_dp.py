@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from fedveil.config.fields import ConfigError
 
 if TYPE_CHECKING:
-    from fedveil.config.run import RunConfig
+    from fedveil.config.run_schema import RunConfig
 
 ZERO_OUT = "zero_out"
 

@@ -20,7 +20,7 @@ from fedveil.config.async_dp import check_async_dp
 from fedveil.config.fields import ConfigError
 
 if TYPE_CHECKING:
-    from fedveil.config.run import RunConfig
+    from fedveil.config.run_schema import RunConfig
 
 
 def resolved_concurrency(cfg: RunConfig) -> int:

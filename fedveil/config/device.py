@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedveil.config.run import RunConfig, toml_text
+from fedveil.config.run import toml_text
+from fedveil.config.run_schema import RunConfig
 
 # section -> the keys a device receives (None: the whole section but SERVER_ONLY's keys).
 DEVICE_FIELDS: dict[str, tuple[str, ...] | None] = {

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedveil.config.run import ConfigError, RunConfig, config_from_dict, load_config
+from fedveil.config.run import ConfigError, config_from_dict, load_config
+from fedveil.config.run_schema import RunConfig
 
 if sys.version_info >= (3, 11):
     import tomllib

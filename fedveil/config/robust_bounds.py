@@ -15,9 +15,7 @@ from typing import TYPE_CHECKING
 from fedveil.config.fields import ConfigError
 
 if TYPE_CHECKING:
-    from fedveil.config.run import RunConfig
-
-AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "bulyan", "norm_bound")
+    from fedveil.config.run_schema import RunConfig
 
 
 def trimmed_per_side(n: int, f: int, trim_fraction: float) -> int:

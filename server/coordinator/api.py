@@ -23,7 +23,7 @@ from fedveil.server.coordinator.routes import ROUTERS
 from fedveil.server.coordinator.routes.deps import ApiError
 
 if TYPE_CHECKING:
-    from fedveil.server.coordinator.main import Service
+    from fedveil.server.coordinator.service import Service
 
 log = logging.getLogger("fedveil.api")
 
@@ -98,7 +98,7 @@ async def security_headers(request: Request, call_next: Any) -> Response:
 
 
 def create_api(service: Service) -> FastAPI:
-    """The FastAPI app over a running Service (server/coordinator/main.py)."""
+    """The FastAPI app over a running Service (server/coordinator/service.py)."""
     app = FastAPI(
         title="fedveil coordinator",
         version=__version__,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fedveil.config import ConfigError, RunConfig
-from fedveil.config.run import TrackingConfig
+from fedveil.config.run_schema import TrackingConfig
 from fedveil.privacy.dp.public_time import PublicClock
 from fedveil.server.engine.round_record import RoundRecord
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from benchmarks.bench_audit_all import REQUIRED_KEYS
+from fedveil.benchmarks.bench_audit_all import REQUIRED_KEYS
 
 pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
 

@@ -1,6 +1,7 @@
-"""benchmarks.bench_audit --cost-config default costs the audit of the job `fedveil simulate`
-runs on its defaults: only how it runs (one process, no plots, CPU) may differ from them.
-No figure is asserted (a default-job pair takes minutes; the figures are in docs/benchmarks.md)."""
+"""fedveil.benchmarks.bench_audit --cost-config default costs the audit of the job
+`fedveil simulate` runs on its defaults: only how it runs (one process, no plots, CPU) may
+differ from them. No figure is asserted (a default-job pair takes minutes; the figures are
+in docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.bench_audit import costs, default_cost_values
+from fedveil.benchmarks.bench_audit import costs, default_cost_values
 from fedveil.config import load_config
 
 

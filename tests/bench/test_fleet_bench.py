@@ -29,7 +29,7 @@ from flwr.supercore.primitives.asymmetric import (
 )
 from flwr.supernode.fleet_http_client import FleetHttpClient
 
-from benchmarks.fleet_wire import call, capturing_client, supernode_interceptors
+from fedveil.benchmarks.fleet_wire import call, capturing_client, supernode_interceptors
 from fedveil.cli.main import main as cli_main
 from fedveil.ops.certs import CLIENT_CURVE, create_test_deployment
 
@@ -161,7 +161,7 @@ def test_a_secure_round_of_emulated_devices_equals_the_simulation() -> None:
     secure-aggregation round through a real coordinator; its model equals `fedveil
     simulate`'s within twice the quantisation bound (each side rounds under its own
     fresh key), and the rounding did happen (the two are not equal bit for bit)."""
-    from benchmarks.fleet_secagg_round import secagg_round
+    from fedveil.benchmarks.fleet_secagg_round import secagg_round
 
     # Its own temporary directory: a pytest path is too long for the SuperLink's socket.
     r = secagg_round(8, seed=3, poll_s=0.5)

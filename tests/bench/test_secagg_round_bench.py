@@ -5,14 +5,15 @@ Nothing here asserts a timing or a ratio's size: the targets live in the benchma
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 
 import numpy as np
 import pytest
 
-from benchmarks import bench_secagg, bench_secagg_round
-from benchmarks.bench_secagg_round import (
+from fedveil.benchmarks import bench_secagg, bench_secagg_round
+from fedveil.benchmarks.bench_secagg_round import (
     DroppingRuntime,
     Workload,
     bench,
@@ -148,14 +149,19 @@ def test_clients_failing_at_unmask_still_count_in_the_secure_sum():
 
 
 def test_fedveil_bench_secagg_parses_the_flags_and_rejects_bad_ones(capsys):
-    parser = build_parser()
     flags = "--clients 6 --dim 1000 --dropout 0.2 --peer flower --rounds 2 --json"
-    args = parser.parse_args(["bench", "secagg", *flags.split(" ")])
+    # `fedveil bench secagg` hands the flags to the benchmark, which owns them.
+    cli_args = build_parser().parse_args(["bench", "secagg", *flags.split(" ")])
+    assert (cli_args.benchmark, cli_args.flags) == ("secagg", flags.split(" "))
+    assert cli_args.func is bench_cli.cmd_bench
+    parser = argparse.ArgumentParser()
+    bench_secagg_round.add_secagg_arguments(parser)
+    args = parser.parse_args(flags.split(" "))
     assert (args.clients, args.dim, args.peer, args.rounds) == (6, 1000, "flower", 2)
     assert args.json is True
-    assert args.func is bench_cli.cmd_bench_secagg
-    # The CLI's --drop-stage choices are the stages the benchmark can drop clients at.
-    assert tuple(bench_secagg_round.DROP_STAGES) == bench_cli.SECAGG_DROP_STAGES
+    # The --drop-stage choices are the stages the benchmark can drop clients at.
+    (drop_stage,) = [a for a in parser._actions if a.dest == "drop_stage"]
+    assert tuple(drop_stage.choices) == tuple(bench_secagg_round.DROP_STAGES)
     assert cli_main(["bench", "secagg", "--clients", "6", "--rounds", "1"]) == 2
     assert "--rounds 1" in capsys.readouterr().err
     assert main(["--clients", "6", "--rounds", "1", "--transport", "inprocess"]) == 2
@@ -165,7 +171,7 @@ def test_fedveil_bench_secagg_parses_the_flags_and_rejects_bad_ones(capsys):
 @pytest.mark.procs
 def test_content_size_follows_wire_size_rules():
     flwr = pytest.importorskip("flwr.app")
-    from benchmarks.flower_secaggplus_peer import content_size
+    from fedveil.benchmarks.flower_secaggplus_peer import content_size
 
     content = flwr.RecordDict(
         {

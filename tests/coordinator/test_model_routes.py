@@ -20,8 +20,8 @@ import uvicorn
 from registry_runs import tiny_run
 
 from fedveil.server.coordinator.api import create_api
-from fedveil.server.coordinator.main import Service
 from fedveil.server.coordinator.model_versions import register_finished_run
+from fedveil.server.coordinator.service import Service
 from fedveil.server.coordinator.settings import settings_from_dict
 
 DP_RUN, PLAIN_RUN = "20260101-000000-dddddd", "20260101-000000-eeeeee"

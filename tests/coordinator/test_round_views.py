@@ -24,7 +24,7 @@ import pytest
 import uvicorn
 
 from fedveil.server.coordinator.api import create_api
-from fedveil.server.coordinator.main import Service
+from fedveil.server.coordinator.service import Service
 from fedveil.server.coordinator.settings import settings_from_dict
 
 PARTICIPATION_KEYS = ("drops_by_reason", "cohort_planned", "cohort_aggregated", "dropped")

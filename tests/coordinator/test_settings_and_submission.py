@@ -255,7 +255,7 @@ def test_post_runs_answers_422_naming_the_field(tmp_path):
     import uvicorn
 
     from fedveil.server.coordinator.api import create_api
-    from fedveil.server.coordinator.main import Service
+    from fedveil.server.coordinator.service import Service
 
     token = secrets.token_urlsafe(24)
     old_env, old_umask = os.environ.get("FEDVEIL_ADMIN_TOKEN"), os.umask(0o022)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from benchmarks.bench_workload import Workload, bench_task
+from fedveil.benchmarks.bench_workload import Workload, bench_task
 from fedveil.client.runtime import client_generator
 from fedveil.client.training import LocalTraining, train_local
 from fedveil.config import load_config

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from benchmarks.bench_simulation import measure, run_ours
-from benchmarks.bench_workload import Workload
+from fedveil.benchmarks.bench_simulation import measure, run_ours
+from fedveil.benchmarks.bench_workload import Workload
 from fedveil.simulations.lane import ClientLane
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.bench_workload import Workload, bench_task
+from fedveil.benchmarks.bench_workload import Workload, bench_task
 from fedveil.client.training import LocalTraining, _sgd_step
 from fedveil.config import load_config
 from fedveil.protocol.envelope import all_finite

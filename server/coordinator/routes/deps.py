@@ -14,7 +14,7 @@ from fastapi import Depends, Request
 from fedveil.server.coordinator.runs import RunNotFound
 
 if TYPE_CHECKING:
-    from fedveil.server.coordinator.main import Service
+    from fedveil.server.coordinator.service import Service
 
 
 class ApiError(Exception):

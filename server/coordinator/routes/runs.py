@@ -11,7 +11,7 @@ from fedveil.server.coordinator.routes.deps import ADMIN, ApiError, ServiceDep, 
 from fedveil.server.coordinator.runs import RunConflict, SubmissionError
 
 if TYPE_CHECKING:
-    from fedveil.server.coordinator.main import Service
+    from fedveil.server.coordinator.service import Service
 
 router = APIRouter(tags=["runs"])
 

@@ -7,8 +7,8 @@ import time
 import pytest
 from secagg_helpers import make_session, random_inputs
 
-from benchmarks import bench_secagg
-from benchmarks.secagg_floor import (
+from fedveil.benchmarks import bench_secagg
+from fedveil.benchmarks.secagg_floor import (
     instrumented_primitives,
     primitive_counts,
     primitive_floor,

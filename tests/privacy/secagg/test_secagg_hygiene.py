@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from secagg_helpers import make_session
 
-from benchmarks import bench_secagg
+from fedveil.benchmarks import bench_secagg
 from fedveil.privacy.secagg import SecAggClient, randomness
 
 SOURCES = pathlib.Path(randomness.__file__).parent

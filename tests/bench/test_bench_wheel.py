@@ -1,4 +1,5 @@
-"""`fedveil bench` runs the benchmarks from a source checkout; the wheel leaves them out.
+"""The wheel carries the benchmarks (`fedveil.benchmarks`): `fedveil bench` runs them from
+an install, with no source checkout.
 
 The wheel is built for real from a copy of this checkout (a stale build/ folder next to the
 sources cannot leak into it) and installed with pip; `fedveil` then runs from that install,
@@ -22,7 +23,16 @@ import pytest
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("pyproject.toml", "README.md", "fedveil", "server", "client", "privacy", "simulations")
+SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "fedveil",
+    "server",
+    "client",
+    "privacy",
+    "simulations",
+    "benchmarks",
+)
 
 
 def _ignore(_folder: str, names: list[str]) -> set[str]:
@@ -51,7 +61,7 @@ def wheel_install(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
 
 
 def _fedveil(site: Path, cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FEDVEIL_BENCHMARKS")}
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # The wheel's folder comes first on sys.path: it shadows the editable install of this
     # checkout (whose finder only answers after the path entries).
     environ.update(PYTHONPATH=str(site), **env)
@@ -65,51 +75,30 @@ def _fedveil(site: Path, cwd: Path, *args: str, **env: str) -> subprocess.Comple
     )
 
 
-def test_the_wheel_ships_no_benchmark(wheel_install):
+def test_the_wheel_ships_the_benchmarks_as_a_package(wheel_install):
     wheel, _site = wheel_install
     names = zipfile.ZipFile(wheel).namelist()
-    assert "fedveil/simulations/inprocess.py" in names  # the simulations themselves ship
-    moved = {path.stem for path in (ROOT / "benchmarks").glob("*.py")} - {"__init__"}
-    assert "bench_secagg_round" in moved and "flower_peer" in moved
-    shipped = [n for n in names if n.startswith("benchmarks/") or Path(n).stem in moved]
-    assert shipped == []
+    assert "fedveil/simulations/inprocess.py" in names
+    modules = {path.name for path in (ROOT / "benchmarks").glob("*.py")}
+    assert {"bench_secagg_round.py", "flower_peer.py", "harness.py"} <= modules
+    assert {f"fedveil/benchmarks/{m}" for m in modules} <= set(names)
+    assert [n for n in names if n.startswith("benchmarks/")] == []  # nothing at the top
 
 
-def test_from_the_wheel_bench_says_it_needs_a_checkout(wheel_install, tmp_path):
+def test_from_the_wheel_bench_runs_without_a_checkout(wheel_install, tmp_path):
     _wheel, site = wheel_install
     run = subprocess.run(
-        [sys.executable, "-c", "import fedveil; print(fedveil.__file__)"],
+        [sys.executable, "-c", "import fedveil.benchmarks as b; print(b.__file__)"],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(site)},
         capture_output=True,
         text=True,
     )
-    assert run.stdout.strip().startswith(str(site))  # the wheel, not this checkout
-    # The command and its flags are all there: only running a benchmark needs the checkout.
-    assert _fedveil(site, tmp_path, "bench", "secagg", "--help").returncode == 0
-    for bench in (["simulation", "--clients", "4", "--rounds", "1"], ["secagg", "--clients", "6"]):
-        proc = _fedveil(site, tmp_path, "bench", *bench)
-        assert proc.returncode == 2, proc.stderr
-        assert "fedveil bench needs a source checkout (the benchmarks/ folder)" in proc.stderr
-        assert "Traceback" not in proc.stderr
-
-
-def test_fedveil_benchmarks_points_the_wheel_at_a_checkout(wheel_install, tmp_path):
-    _wheel, site = wheel_install
-    wrong = _fedveil(site, tmp_path, "bench", "secagg", FEDVEIL_BENCHMARKS=str(tmp_path))
-    assert wrong.returncode == 2
-    assert f"FEDVEIL_BENCHMARKS = '{tmp_path}': not a benchmarks/ folder" in wrong.stderr
+    assert run.stdout.strip().startswith(str(site))  # the wheel's, not this checkout's
+    helped = _fedveil(site, tmp_path, "bench", "secagg", "--help")
+    assert helped.returncode == 0 and "--drop-stage" in helped.stdout  # the benchmark's flags
     flags = "--clients 6 --dim 1000 --dropout 0.17 --seed 3 --rounds 2 --transport inprocess"
-    proc = _fedveil(
-        site,
-        tmp_path,
-        "bench",
-        "secagg",
-        *flags.split(),
-        "--no-compute",
-        "--json",
-        FEDVEIL_BENCHMARKS=str(ROOT / "benchmarks"),
-    )
+    proc = _fedveil(site, tmp_path, "bench", "secagg", *flags.split(), "--no-compute", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (out["clients"], out["neighbors"], out["threshold"], out["dropped"]) == (6, 5, 2, 1)
