@@ -11,12 +11,11 @@ target was reached. Plots are left to the parent (their drawing is not the run's
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from fedveil.benchmarks.harness import contender_main
 from fedveil.config import load_config
 from fedveil.simulations.run import simulate
 
@@ -50,12 +49,5 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str]) -> int:
-    spec_path, result_path = Path(argv[0]), Path(argv[1])
-    result = run(json.loads(spec_path.read_text()))
-    result_path.write_text(json.dumps(result) + "\n")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(contender_main(run, sys.argv[1:]))

@@ -26,12 +26,8 @@ a latency draw times the median, so the time ratios do not depend on `--latency-
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +35,15 @@ from typing import Any
 
 import numpy as np
 
-from fedveil.benchmarks.harness import command_main, name_list
+from fedveil.benchmarks.harness import (
+    command_main,
+    medians,
+    name_list,
+    print_report,
+    ratio,
+    run_seeds,
+)
+from fedveil.benchmarks.harness import run_contender as run_contender_process
 from fedveil.protocol.kinds import Kind
 from fedveil.simulations.async_plots import accuracy_over_time, staleness_values, time_to_target
 from fedveil.simulations.availability import AvailabilityModel
@@ -237,24 +241,11 @@ def deadline(s: Setup, seed: int) -> float:
 
 
 def run_contender(values: dict[str, Any], target: float, work: Path) -> dict[str, Any]:
-    """One contender in a fresh process; its records and its CPU seconds (children too)."""
-    work.mkdir(parents=True, exist_ok=True)
-    spec, result = work / "spec.json", work / "result.json"
-    spec.write_text(json.dumps({"values": values, "target": target}))
-    cmd = [sys.executable, "-m", "fedveil.benchmarks.async_contender", str(spec), str(result)]
-    start = time.perf_counter()
-    with open(work / "contender.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        tail = (work / "contender.log").read_text()[-3000:]
-        raise RuntimeError(f"contender {values['out']} exited {proc.returncode}:\n{tail}")
-    done = json.loads(result.read_text())
-    done["cpu_s"] = usage.ru_utime + usage.ru_stime
-    done["process_wall_s"] = wall
-    return done
+    """One contender in a fresh process (async_contender.py); its records and its CPU
+    seconds (children too)."""
+    return run_contender_process(
+        "fedveil.benchmarks.async_contender", {"values": values, "target": target}, work
+    )
 
 
 def applied_updates(rows: list[dict[str, Any]]) -> int:
@@ -287,33 +278,15 @@ def measure(done: dict[str, Any], target: float) -> dict[str, Any]:
     }
 
 
-def _median(values: list[float | None]) -> float | None:
-    """Median over seeds; a seed that never reached the target counts as infinitely slow."""
-    if not values:
-        return None
-    m = statistics.median([float("inf") if v is None else v for v in values])
-    return None if m == float("inf") else m
-
-
-def _ratio(num: float | None, den: float | None) -> float | None:
-    return None if num is None or den is None or den <= 0 else num / den
-
-
 def summarize(s: Setup, per_seed: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
-    med = {
-        name: {
-            key: _median([seed[name][key] for seed in per_seed if name in seed])
-            for key in ("time_to_target_s", "cpu_per_update_s", "mean_staleness")
-        }
-        for name in names
-    }
+    med = medians(per_seed, names, ("time_to_target_s", "cpu_per_update_s", "mean_staleness"))
     t = {name: med[name]["time_to_target_s"] for name in names}
     cpu = {name: med[name]["cpu_per_update_s"] for name in names}
     ratios = {
-        "time_to_target_ratio": _ratio(t.get("sync"), t.get("async")),
-        "time_to_target_ratio_deadline": _ratio(t.get("sync_deadline"), t.get("async")),
-        "cpu_per_update_ratio": _ratio(cpu.get("async"), cpu.get("sync")),
-        "secagg_overhead_ratio": _ratio(t.get("async_secagg"), t.get("async")),
+        "time_to_target_ratio": ratio(t.get("sync"), t.get("async")),
+        "time_to_target_ratio_deadline": ratio(t.get("sync_deadline"), t.get("async")),
+        "cpu_per_update_ratio": ratio(cpu.get("async"), cpu.get("sync")),
+        "secagg_overhead_ratio": ratio(t.get("async_secagg"), t.get("async")),
     }
     met = {
         key: (value >= bound if op == ">=" else value <= bound)
@@ -331,19 +304,15 @@ def summarize(s: Setup, per_seed: list[dict[str, Any]], names: list[str]) -> dic
 
 
 def bench(s: Setup, seeds: list[int], names: list[str], out: Path) -> dict[str, Any]:
-    per_seed: list[dict[str, Any]] = []
     configs: dict[str, Any] = {}
-    for seed in seeds:
-        row: dict[str, Any] = {"seed": seed}
-        for name in names:
-            values = contender_values(name, s, seed, out / f"seed{seed}" / name)
-            configs.setdefault(name, values)
-            done = run_contender(values, s.target, out / f"seed{seed}" / name / "bench")
-            row[name] = measure(done, s.target)
-            print(f"seed {seed} {name}: {json.dumps(row[name])}", file=sys.stderr, flush=True)
-            # What is measured so far survives an interrupted benchmark.
-            (out / "progress.json").write_text(json.dumps([*per_seed, row]) + "\n")
-        per_seed.append(row)
+
+    def measure_one(name: str, seed: int) -> dict[str, Any]:
+        values = contender_values(name, s, seed, out / f"seed{seed}" / name)
+        configs.setdefault(name, values)
+        done = run_contender(values, s.target, out / f"seed{seed}" / name / "bench")
+        return measure(done, s.target)
+
+    per_seed = run_seeds(seeds, names, measure_one, progress=out / "progress.json")
     summary = summarize(s, per_seed, names)
     summary.update(
         per_seed=per_seed,
@@ -426,9 +395,7 @@ def cmd_bench_async(args: argparse.Namespace) -> int:
     names = args.contenders or list(ASYNC_CONTENDERS)
     seeds = [args.seed + i for i in range(args.seeds or (1 if args.quick else 3))]
     summary = bench(s, seeds, names, Path(args.out).resolve())
-    print(format_report(summary), file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-        print(json.dumps(summary, sort_keys=True))
+    print_report(summary, format_report(summary), args.json)
     return 0
 
 

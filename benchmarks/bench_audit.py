@@ -59,11 +59,13 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fedveil.benchmarks.harness import command_main
 from fedveil.config import load_config
 from fedveil.simulations.audit import AuditMechanism, run_audit
 from fedveil.simulations.run import simulate
@@ -282,8 +284,11 @@ def default_cost_values(root: Path, secagg: bool = False) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+SUMMARY = __doc__.split("\n\n")[0]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `python -m fedveil.benchmarks.bench_audit`."""
     p.add_argument("--seeds", type=int, default=20, help="correct-mechanism audits (>= 20)")
     p.add_argument("--canaries", type=int, default=1000, help="canaries per audit")
     p.add_argument("--repeat", type=int, default=3, help="timed pairs per cost ratio")
@@ -300,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-distributed", action="store_true", help="skip the distributed-DP audits")
     p.add_argument("--json", action="store_true", help="print the JSON summary as the last line")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     if args.cost_only:
         with tempfile.TemporaryDirectory(prefix="fedveil-audit-cost-") as tmp:
             result = costs(
@@ -348,6 +355,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result))
     return 0
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    return command_main(
+        argv,
+        prog=prog or "python -m fedveil.benchmarks.bench_audit",
+        description=SUMMARY,
+        add_arguments=add_arguments,
+        run=run,
+    )
 
 
 if __name__ == "__main__":

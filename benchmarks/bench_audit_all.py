@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedveil.benchmarks import bench_audit, bench_audit_attacks, bench_audit_membership
-from fedveil.benchmarks.harness import command_main
+from fedveil.benchmarks.harness import command_main, print_report
 
 # The keys issue 20 asks for; the merged JSON has at least these.
 REQUIRED_KEYS = (
@@ -143,16 +143,21 @@ def from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_bench_audit(args: argparse.Namespace) -> int:
     result = from_args(args)
+    print_report(result, format_report(result), args.json, sort_keys=False)
+    return 0
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """One line per required key."""
+    lines = []
     for key in REQUIRED_KEYS:
         value = result[key]
         if key == "inversion_psnr_secagg_curve":
             value = ", ".join(f"K={p['k']} b={p['batch']}: {p['psnr']:.1f} dB" for p in value)
         elif isinstance(value, float):
             value = f"{value:.4g}"
-        print(f"{key}: {value}", file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-        print(json.dumps(result))
-    return 0
+        lines.append(f"{key}: {value}")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:

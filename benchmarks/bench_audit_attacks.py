@@ -33,10 +33,12 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from fedveil.benchmarks.harness import command_main
 from fedveil.simulations.attacks.inversion_run import (
     Pool,
     Scenario,
@@ -57,22 +59,27 @@ def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true", help="print the JSON line only at the end")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument(
+SUMMARY = __doc__.splitlines()[0]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `python -m fedveil.benchmarks.bench_audit_attacks`."""
+    p.add_argument("--json", action="store_true", help="print the JSON line only at the end")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument(
         "--curve-seeds", type=int, default=0, help="seeds per curve point (default: --seeds)"
     )
-    ap.add_argument("--images", type=int, default=10, help="single-image updates per seed")
-    ap.add_argument("--iterations", type=int, default=300, help="gradient-matching steps")
-    ap.add_argument("--unmix-steps", type=int, default=500, help="Cocktail Party steps")
-    ap.add_argument("--ks", type=_ints, default=[2, 5, 20, 100])
-    ap.add_argument("--batches", type=_ints, default=[1, 8])
-    ap.add_argument("--local-steps", type=_ints, default=[1, 5])
-    ap.add_argument("--dp-noise", type=float, default=0.5)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (shared machine)")
-    args = ap.parse_args(argv)
+    p.add_argument("--images", type=int, default=10, help="single-image updates per seed")
+    p.add_argument("--iterations", type=int, default=300, help="gradient-matching steps")
+    p.add_argument("--unmix-steps", type=int, default=500, help="Cocktail Party steps")
+    p.add_argument("--ks", type=_ints, default=[2, 5, 20, 100])
+    p.add_argument("--batches", type=_ints, default=[1, 8])
+    p.add_argument("--local-steps", type=_ints, default=[1, 5])
+    p.add_argument("--dp-noise", type=float, default=0.5)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (shared machine)")
+
+
+def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     pool = fashion_mnist_pool()
@@ -160,6 +167,16 @@ def _cpa(pool: Pool, sc: Scenario, seed: int, steps: int) -> dict[str, float]:
         "reconstructed": got["reconstructed"],
         "random_baseline_psnr": res["random_baseline_psnr"],
     }
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    return command_main(
+        argv,
+        prog=prog or "python -m fedveil.benchmarks.bench_audit_attacks",
+        description=SUMMARY,
+        add_arguments=add_arguments,
+        run=run,
+    )
 
 
 if __name__ == "__main__":

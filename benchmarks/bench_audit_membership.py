@@ -24,9 +24,11 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fedveil.benchmarks.harness import command_main
 from fedveil.config import load_config
 from fedveil.simulations.attacks.membership import attack_membership
 
@@ -111,8 +113,11 @@ def _line(runs: dict[str, Any]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+SUMMARY = __doc__.split("\n\n")[0]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `python -m fedveil.benchmarks.bench_audit_membership`."""
     p.add_argument("--seeds", type=int, default=3, help="seeds; medians reported [3]")
     p.add_argument("--shadows", type=int, default=4, help="shadow models per run [4]")
     p.add_argument("--members", type=int, default=25, help="member clients [25]")
@@ -121,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epsilon", type=float, default=2.0, help="the DP run's budget [2]")
     p.add_argument("--out", type=Path, help="keep the runs here (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print the JSON summary as the last line")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     result = run_benchmark(
         seeds=args.seeds,
         shadows=args.shadows,
@@ -138,6 +145,16 @@ def main(argv: list[str] | None = None) -> int:
             if key != "per_seed":
                 print(f"{key}: {value}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    return command_main(
+        argv,
+        prog=prog or "python -m fedveil.benchmarks.bench_audit_membership",
+        description=SUMMARY,
+        add_arguments=add_arguments,
+        run=run,
+    )
 
 
 if __name__ == "__main__":

@@ -44,10 +44,12 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from fedveil.benchmarks.harness import command_main
 from fedveil.privacy.audit import fdp_audit, one_run_lower_bound
 from fedveil.privacy.audit.fdp import CONFIDENCE, ceiling_epsilon, guesses_for
 from fedveil.privacy.audit.simulate import simulate_canary_sums
@@ -154,8 +156,11 @@ def run_real(canaries: int) -> dict[str, Any]:
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+SUMMARY = __doc__.split("\n\n")[0]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `python -m fedveil.benchmarks.bench_audit_power`."""
     p.add_argument("--canaries", type=int, default=2000, help="canaries per audit")
     p.add_argument("--seeds-broken", type=int, default=10, help="seeds per broken mechanism")
     p.add_argument("--seeds-correct", type=int, default=20, help="seeds, correct mechanism")
@@ -169,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         "--real", action="store_true", help="also real audited runs of a small job (minutes)"
     )
     p.add_argument("--json", action="store_true", help="print the JSON summary as the last line")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     result: dict[str, Any] = {
         "settings": {
@@ -206,6 +213,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result))
     return 0
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    return command_main(
+        argv,
+        prog=prog or "python -m fedveil.benchmarks.bench_audit_power",
+        description=SUMMARY,
+        add_arguments=add_arguments,
+        run=run,
+    )
 
 
 if __name__ == "__main__":

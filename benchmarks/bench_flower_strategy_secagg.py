@@ -17,7 +17,6 @@ own exchange), so a secure round is four exchanges, as Flower's.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -34,7 +33,7 @@ from fedveil.benchmarks.flower_secaggplus_peer import (
     run_flower,
     simulate_apps,
 )
-from fedveil.benchmarks.harness import command_main
+from fedveil.benchmarks.harness import command_main, print_report
 from fedveil.benchmarks.secagg_round_workload import (
     CLIP_RANGE,
     LEVELS,
@@ -249,9 +248,7 @@ def cmd_bench_flower_secagg(args: argparse.Namespace) -> int:
     )
     k, t = graph_parameters(w, args.neighbors, args.threshold)
     out = bench(w, args.rounds, args.repeat, k, t)
-    print(format_report(out), file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-        print(json.dumps(out, sort_keys=True))
+    print_report(out, format_report(out), args.json)
     return 0
 
 

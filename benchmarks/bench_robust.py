@@ -24,7 +24,6 @@ through the client's own clip (per coordinate to [-r, r]); one that skips it is 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import tempfile
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedveil.benchmarks.harness import command_main, float_list, name_list
+from fedveil.benchmarks.harness import command_main, float_list, name_list, print_report
 from fedveil.config import load_config
 from fedveil.config.robust_bounds import min_cohort
 from fedveil.simulations.poisoning import choose_attackers
@@ -367,9 +366,7 @@ def cmd_bench_robust(args: argparse.Namespace) -> int:
         f_rule=args.f_rule,
     )
     summary = bench(g, args.attacks, args.aggregators, args.fractions, args.curve_fractions)
-    print(format_report(summary), file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-        print(json.dumps(summary, sort_keys=True))
+    print_report(summary, format_report(summary), args.json)
     return 0
 
 

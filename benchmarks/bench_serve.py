@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from fedveil.benchmarks.harness import command_main, int_list
+from fedveil.benchmarks.harness import command_main, int_list, print_report
 
 SHAPE = (1, 28, 28)
 CLASSES = 10
@@ -527,9 +527,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     summary["quick"] = bool(args.quick)
-    print(format_report(summary), file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-        print(json.dumps(summary, sort_keys=True))
+    print_report(summary, format_report(summary), args.json)
     return 0
 
 

@@ -1,25 +1,37 @@
-"""One benchmark harness: the command line every benchmark shares.
+"""One benchmark harness: what every benchmark does the same way.
 
-A benchmark module declares what it measures and takes from here what every benchmark
-does the same way. The contract of a benchmark module `fedveil.benchmarks.bench_X`:
+A benchmark module (`fedveil.benchmarks.bench_X`, one per experiment) declares only its
+contenders and what it measures; it takes the rest from here:
 
-- `SUMMARY`: what it measures (the `--help` description);
-- `add_arguments(parser)`: its flags, defaults and constants, owned by the module;
-- a run function `(args) -> int` that prints a table (to stderr under `--json`) and,
-  with `--json`, one JSON object as the last line of stdout;
-- `main(argv=None, prog=None) -> int`, built with `command_main`: the entry point of both
-  `python -m fedveil.benchmarks.bench_X` and `fedveil bench X` (fedveil/cli/bench.py).
+- the command line: `command_main` (its module's `main(argv, prog)`, the entry point of
+  both `python -m fedveil.benchmarks.bench_X` and `fedveil bench X`), and the flag types
+  `int_list`, `float_list`, `name_list` for comma lists;
+- the contender runner: `run_contender` starts `python -m MODULE SPEC RESULT` in a fresh
+  process and returns its result with the CPU seconds of its whole process tree (the
+  OS's count, from wait4); the contender's module ends in `contender_main(run)`;
+- seeds and medians: `run_seeds` runs every contender for every seed in turn (progress
+  to stderr and to a JSON file, so an interrupted benchmark keeps what it measured),
+  `medians` takes each contender's medians over seeds, `median_or_none` and `ratio`
+  read a missing figure (a contender that never reached its target) as such;
+- the output: `print_report` prints the human table (to stderr under `--json`) and,
+  with `--json`, one JSON object as the last line of stdout.
 
-The flag types below (`int_list`, `float_list`, `name_list`) parse the comma lists
-benchmarks take.
+docs/development.md ("Writing a benchmark") shows a benchmark built on it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
+import statistics
+import subprocess
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
 
 
 def int_list(text: str) -> list[int]:
@@ -66,3 +78,110 @@ def command_main(
     except ValueError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+
+
+# -- the contender runner ---------------------------------------------------------------
+
+
+class ContenderFailed(RuntimeError):
+    """A contender's process exited non-zero; the message ends in its log's tail."""
+
+
+def run_contender(module: str, spec: Mapping[str, Any], work: Path) -> dict[str, Any]:
+    """Run `python -m module SPEC RESULT` in a fresh process: SPEC is `spec` as JSON, the
+    contender writes its result as JSON to RESULT (`contender_main`). Returns that result
+    with `cpu_s` (user + system seconds of the process and its children, from wait4) and
+    `process_wall_s`. Its output goes to work/contender.log."""
+    work.mkdir(parents=True, exist_ok=True)
+    spec_path, result_path = work / "spec.json", work / "result.json"
+    spec_path.write_text(json.dumps(spec))
+    cmd = [sys.executable, "-m", module, str(spec_path), str(result_path)]
+    start = time.perf_counter()
+    with open(work / "contender.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = (work / "contender.log").read_text()[-3000:]
+        raise ContenderFailed(f"contender {work} exited {proc.returncode}:\n{tail}")
+    done = json.loads(result_path.read_text())
+    done["cpu_s"] = usage.ru_utime + usage.ru_stime
+    done["process_wall_s"] = wall
+    return done
+
+
+def contender_main(run: Callable[[dict[str, Any]], dict[str, Any]], argv: Sequence[str]) -> int:
+    """The body of a contender's process: `argv` is [SPEC, RESULT] (see run_contender)."""
+    spec_path, result_path = Path(argv[0]), Path(argv[1])
+    result = run(json.loads(spec_path.read_text()))
+    result_path.write_text(json.dumps(result) + "\n")
+    return 0
+
+
+# -- seeds and medians ------------------------------------------------------------------
+
+
+def run_seeds(
+    seeds: Sequence[int],
+    names: Sequence[str],
+    measure: Callable[[str, int], dict[str, Any]],
+    *,
+    progress: Path | None = None,
+    log: TextIO | None = None,
+) -> list[dict[str, Any]]:
+    """Every contender (`names`, in turn) for every seed: one row per seed,
+    {"seed": seed, name: measure(name, seed), ...}. Each measurement is logged as it
+    comes (to stderr unless `log`), and the rows so far are written to `progress`."""
+    log = sys.stderr if log is None else log
+    per_seed: list[dict[str, Any]] = []
+    for seed in seeds:
+        row: dict[str, Any] = {"seed": seed}
+        for name in names:
+            row[name] = measure(name, seed)
+            print(f"seed {seed} {name}: {json.dumps(row[name])}", file=log, flush=True)
+            if progress is not None:
+                progress.write_text(json.dumps([*per_seed, row]) + "\n")
+        per_seed.append(row)
+    return per_seed
+
+
+def median_or_none(values: Sequence[float | None]) -> float | None:
+    """The median over seeds; a missing figure (a seed that never reached the target)
+    counts as infinitely large, and a median that is missing is None."""
+    if not values:
+        return None
+    m = statistics.median([float("inf") if v is None else v for v in values])
+    return None if m == float("inf") else m
+
+
+def medians(
+    per_seed: Sequence[Mapping[str, Any]], names: Sequence[str], keys: Sequence[str]
+) -> dict[str, dict[str, float | None]]:
+    """{contender: {key: its median over the seeds (median_or_none)}}."""
+    return {
+        name: {
+            key: median_or_none([seed[name][key] for seed in per_seed if name in seed])
+            for key in keys
+        }
+        for name in names
+    }
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """num / den, or None where either is missing or den is not positive."""
+    return None if num is None or den is None or not den > 0 else num / den
+
+
+# -- output -----------------------------------------------------------------------------
+
+
+def print_report(
+    summary: Mapping[str, Any], table: str, as_json: bool, *, sort_keys: bool = True
+) -> None:
+    """The human table (stdout, or stderr under --json), then with --json the summary as
+    one JSON object on the last line of stdout."""
+    print(table, file=sys.stderr if as_json else sys.stdout)
+    if as_json:
+        sys.stdout.flush()
+        print(json.dumps(summary, sort_keys=sort_keys))
