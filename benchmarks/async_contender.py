@@ -17,7 +17,7 @@ from typing import Any
 
 from fedveil.benchmarks.harness import contender_main
 from fedveil.config import load_config
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 
 class TargetReached(Exception):

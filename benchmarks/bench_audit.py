@@ -68,7 +68,7 @@ import torch
 from fedveil.benchmarks.harness import command_main
 from fedveil.config import load_config
 from fedveil.simulations.audit import AuditMechanism, run_audit
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 
 def audit_config(seed: int, out: Path) -> dict[str, Any]:

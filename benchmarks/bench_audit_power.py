@@ -9,7 +9,7 @@ the f-DP audit must refute noise cut 4x and noise off, and pass the correct mech
 
 Settings: central DP at epsilon 8, delta 1e-5, Poisson q = 0.2, T = 60 rounds (z = 1.216,
 the noise the PLD accountant calibrates for epsilon 8), `--canaries` Dirac canaries.
-The mechanism is the idealised simulation (`fedveil.privacy.audit.simulate`): each
+The mechanism is the idealised simulation (`fedveil.privacy.audit.canary_sums`): each
 canary's statistic is what the harness computes (the sum over rounds of its
 projection), with the users' updates left out; `--noise-scale` 1, 1/4 and 0 are the
 correct mechanism and the broken ones (the ledger claims z throughout). Each seed draws
@@ -51,8 +51,8 @@ import numpy as np
 
 from fedveil.benchmarks.harness import command_main
 from fedveil.privacy.audit import fdp_audit, one_run_lower_bound
+from fedveil.privacy.audit.canary_sums import simulate_canary_sums
 from fedveil.privacy.audit.fdp import CONFIDENCE, ceiling_epsilon, guesses_for
-from fedveil.privacy.audit.simulate import simulate_canary_sums
 from fedveil.privacy.dp.events import PrivacyEvent
 from fedveil.privacy.dp.vocabulary import PLD
 

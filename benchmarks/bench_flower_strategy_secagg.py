@@ -43,7 +43,7 @@ from fedveil.benchmarks.secagg_round_workload import (
 )
 from fedveil.client.runtime import client_generator
 from fedveil.client.training import LocalTraining, train_local
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.server.engine.rounds import initial_model
 
 TARGET_RATIO = 5.0  # issue 19: our overhead at least 5x smaller than Flower's

@@ -37,7 +37,7 @@ from fedveil.benchmarks.harness import command_main, float_list, name_list, prin
 from fedveil.config import load_config
 from fedveil.config.robust_bounds import min_cohort
 from fedveil.simulations.poisoning import choose_attackers
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 ROBUST_SUMMARY = (
     "`fedveil bench robust`: poisoning attacks x aggregators (issue 22): final and backdoor "

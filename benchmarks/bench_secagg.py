@@ -54,10 +54,10 @@ from fedveil.privacy.secagg import (
     run_in_memory,
 )
 from fedveil.privacy.secagg.crypto import KeystreamBuffer
+from fedveil.privacy.secagg.in_memory import RoundReport
 from fedveil.privacy.secagg.masking import MaskApplier
 from fedveil.privacy.secagg.params import ThreatMode
 from fedveil.privacy.secagg.server import AggregateResult
-from fedveil.privacy.secagg.simulate import RoundReport
 
 
 def bench_protocol(

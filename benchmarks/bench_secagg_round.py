@@ -68,10 +68,10 @@ from fedveil.benchmarks.secagg_round_workload import (
 from fedveil.client.runtime import ClientRuntime, client_generator
 from fedveil.client.training import LocalTraining, train_local
 from fedveil.config import RunConfig, config_from_dict
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
-from fedveil.protocol.riders import detach, join_replies
+from fedveil.protocol.piggyback import detach, join_replies
 from fedveil.server.engine.aggregation import Aggregate, NoUpdates, UpdateChannel
 from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.outcome import Aborted

@@ -58,9 +58,9 @@ def write_model(folder: Path, seed: int) -> Path:
     """The default task's CNN with random weights, as a run writes it (with metadata)."""
     import torch
 
+    from fedveil.builtin_models import build_model
     from fedveil.config import RunConfig
-    from fedveil.models import build_model
-    from fedveil.params import FlatModel
+    from fedveil.flat_model import FlatModel
 
     cfg = RunConfig()
     torch.manual_seed(seed)

@@ -17,7 +17,7 @@ import torch
 from torch.nn import functional
 
 from fedveil.benchmarks.memwatch import RoundClock
-from fedveil.models import build_model
+from fedveil.builtin_models import build_model
 from fedveil.tasks import ClientData, Task
 
 INPUT_SHAPE = (1, 28, 28)

@@ -54,10 +54,10 @@ from flwr.supernode.fleet_http_connection import http_request_response
 from safetensors.torch import load, load_file
 
 from fedveil.benchmarks.fleet_coordinator import Coordinator
-from fedveil.client.edge.flower_deploy import DataSource, EdgeClient, answer
+from fedveil.client.edge.device_app import DataSource, EdgeClient, answer
 from fedveil.config import config_from_dict
 from fedveil.ops.certs import CLIENT_CURVE
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 from fedveil.tasks import builtin_task
 
 FLOAT_SLACK = 1e-6  # float32 rounding of the model (values of order 1) on either side

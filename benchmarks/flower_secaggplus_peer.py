@@ -41,7 +41,7 @@ from fedveil.benchmarks.secagg_round_workload import (
 )
 from fedveil.client.runtime import client_generator
 from fedveil.client.training import LocalTraining, train_local
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.privacy.secagg.wire import wire_size
 from fedveil.server.engine.rounds import initial_model
 

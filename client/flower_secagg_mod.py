@@ -35,7 +35,7 @@ from fedveil.protocol import flower_secagg_codec as codec
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import CLIP_NORM, ENC_CLIP_RANGE, ENC_MAX_WEIGHT, LOSS, WEIGHT
 from fedveil.protocol.kinds import ErrorCode
-from fedveil.protocol.riders import detach, join_replies
+from fedveil.protocol.piggyback import detach, join_replies
 
 log = logging.getLogger("fedveil.client")
 

@@ -23,18 +23,18 @@ from fedveil.client.training import (
     train_local,
     train_local_dp_sgd,
 )
-from fedveil.evaluation import evaluate
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
+from fedveil.model_evaluation import evaluate
 from fedveil.privacy.dp.clipping import clip_update
 from fedveil.privacy.dp.evaluation import contribution
 from fedveil.privacy.dp.ledger import WITNESS_CONFIG_KEY
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
-from fedveil.privacy.secagg.identity import ClientIdentity
+from fedveil.privacy.secagg.identity_keys import ClientIdentity
 from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.kinds import SECAGG, Kind
 from fedveil.protocol.numbers import request_int, request_number
-from fedveil.protocol.riders import detach, join_replies
+from fedveil.protocol.piggyback import detach, join_replies
 from fedveil.tasks import Task
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ from fedveil.privacy.secagg import (
     SessionConfig,
     decode_message,
 )
-from fedveil.privacy.secagg.identity import ClientIdentity
+from fedveil.privacy.secagg.identity_keys import ClientIdentity
 from fedveil.privacy.secagg.view import SessionView, session_from_bytes
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import CLIP_NORM

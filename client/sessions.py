@@ -1,6 +1,6 @@
 """The one owner of a client's secure-aggregation sessions and of how long they live.
 
-Secure aggregation is pipelined (fedveil.protocol.riders): the key stages of
+Secure aggregation is pipelined (fedveil.protocol.piggyback): the key stages of
 round r+1 ride on round r's exchanges, so a client may hold two sessions at
 once, its session for round r (still to unmask) and the one for round r+1.
 A session therefore lives into the next round and no further: PIPELINE_DEPTH.

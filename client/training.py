@@ -8,7 +8,7 @@ from typing import Protocol
 import torch
 from torch.optim.sgd import sgd as sgd_update
 
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.task_types import LossFn
 
 

@@ -34,7 +34,7 @@ from flwr.common.logger import log as flwr_log
 from flwr.server import Grid
 from flwr.serverapp import ServerApp
 
-from fedveil.client.flower_app import make_client_app
+from fedveil.client.flower_client_app import make_client_app
 from fedveil.client.flower_secagg_mod import fedveil_secagg_mod
 from fedveil.client.runtime import ClientRuntime
 from fedveil.config import SECTIONS, ConfigError, RunConfig, config_from_dict, load_config, to_toml

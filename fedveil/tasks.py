@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedveil.models import build_model
+from fedveil.builtin_models import build_model
 from fedveil.task_types import ClientData, Task  # the contract: users import it from here
 from fedveil.taskcheck import check_task_function
 

@@ -51,9 +51,9 @@ def main() -> None:
 
 
 def config_schema() -> str:
-    from fedveil.config.deploy import DeploySettings
+    from fedveil.config.deploy_settings import DeploySettings
     from fedveil.config.run_schema import SECTIONS, RunConfig
-    from fedveil.config.service import SERVICE_SECTIONS, ServiceConfig
+    from fedveil.config.service_settings import SERVICE_SECTIONS, ServiceConfig
 
     out = [
         "# Configuration fields\n",

@@ -50,7 +50,7 @@ import torch
 from fedveil.client.runtime import ClientRuntime
 from fedveil.client.training import LocalResult, LocalTraining, LossFn
 from fedveil.config import RunConfig, config_from_dict, to_toml
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.privacy.audit import (
     dirac_coordinates,
     estimate_epsilon,
@@ -74,7 +74,7 @@ from fedveil.server.engine.rounds import RoundEngine, RoundRecord
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.transport import ClientFailure
 from fedveil.simulations.inprocess import InProcessTransport
-from fedveil.simulations.run import prepare_task, resolve_device
+from fedveil.simulations.simulate_run import prepare_task, resolve_device
 from fedveil.tasks import ClientData, Task
 
 log = logging.getLogger("fedveil.audit")

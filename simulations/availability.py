@@ -187,7 +187,7 @@ class AvailabilityTransport:
         # Per round, since one exchange can carry two (secure aggregation sends the next
         # round's key stages with this round's messages): clients lost earlier in the
         # round, counts, simulated time. A message is judged at its own (primary) round
-        # and stage; a rider (fedveil.protocol.riders) shares its message's fate.
+        # and stage; a rider (fedveil.protocol.piggyback) shares its message's fate.
         self._latest: int | None = None
         self._gone: dict[int, dict[int, str]] = {}
         self._counts: dict[int, dict[str, int]] = {}

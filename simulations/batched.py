@@ -28,7 +28,7 @@ from torch.func import functional_call, vmap
 from torch.nn import functional
 
 from fedveil.client.training import LocalResult, LocalTraining, LossFn, train_local
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.tasks import ClientData
 
 

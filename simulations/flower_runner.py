@@ -24,7 +24,7 @@ from flwr.app import Context
 from flwr.simulation import run_simulation
 from flwr.superlink.grid import InMemoryGrid
 
-from fedveil.client.flower_app import make_client_app
+from fedveil.client.flower_client_app import make_client_app
 from fedveil.client.runtime import ClientRuntime, IdentitySource
 from fedveil.config import RunConfig
 from fedveil.protocol.envelope import Envelope

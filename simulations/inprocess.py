@@ -23,11 +23,11 @@ import torch
 
 from fedveil.client.runtime import IdentitySource
 from fedveil.config import RunConfig
-from fedveil.evaluation import summarize
+from fedveil.model_evaluation import summarize
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.protocol.envelope import Envelope
 from fedveil.server.engine.transport import ClientFailure
-from fedveil.simulations.lane import CENTRAL_EVAL, ClientLane, plan_units
+from fedveil.simulations.sequential_clients import CENTRAL_EVAL, SequentialClients, plan_units
 from fedveil.simulations.workers import WorkerPool, cpu_cores, keep_freed_memory
 from fedveil.tasks import Task
 
@@ -68,7 +68,7 @@ class InProcessTransport:
         self._round: int | None = None
         self._seen: set[int] = set()  # clients contacted earlier in this round
         self.pool: WorkerPool | None = None
-        self.lane: ClientLane | None = None
+        self.lane: SequentialClients | None = None
         self._threads: int | None = None
         if workers > 1:
             self.pool = WorkerPool(
@@ -88,7 +88,7 @@ class InProcessTransport:
             self._threads = torch.get_num_threads()
             torch.set_num_threads(1)
         else:
-            self.lane = ClientLane(
+            self.lane = SequentialClients(
                 task,
                 self.device,
                 unit_size=unit_size,

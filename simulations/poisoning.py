@@ -41,8 +41,8 @@ import torch
 from fedveil.client.training import LocalResult, LocalTraining, LossFn, Trainer
 from fedveil.config import RunConfig
 from fedveil.config.run_schema import PoisoningConfig
-from fedveil.evaluation import evaluate_batches
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
+from fedveil.model_evaluation import evaluate_batches
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.tasks import Task
 

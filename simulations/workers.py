@@ -1,6 +1,6 @@
 """Worker processes for the in-process engine: every CPU core trains clients.
 
-Each worker holds one ClientLane (one reusable model, the task's data) and
+Each worker holds one SequentialClients (one reusable model, the task's data) and
 torch threads of its own share of the cores. Requests and replies travel
 through shared memory: the server packs each distinct request array (the
 global model) once per exchange into a request arena; a worker packs its
@@ -47,8 +47,8 @@ from fedveil.config import RunConfig
 from fedveil.config.async_mode import rounds_are_dispatches
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.protocol.envelope import Envelope
-from fedveil.protocol.riders import latest_round
-from fedveil.simulations.lane import ClientLane, Unit
+from fedveil.protocol.piggyback import latest_round
+from fedveil.simulations.sequential_clients import SequentialClients, Unit
 from fedveil.simulations.shm import Arena, ArrayRef, Packer, take
 from fedveil.tasks import Task
 
@@ -160,7 +160,7 @@ def _worker_main(conn: Connection, setup: WorkerSetup, parent: int = 0) -> None:
         keep_freed_memory()
         torch.set_num_threads(setup.threads)
         task = setup.task if setup.task is not None else setup.task_factory()  # type: ignore[misc]
-        lane = ClientLane(
+        lane = SequentialClients(
             task,
             setup.device,
             unit_size=setup.unit_size,

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedveil.builtin_models import build_model
 from fedveil.config import RunConfig
-from fedveil.models import build_model
 from fedveil.tasks import ClientData, Task
 
 FEATURES, CLASSES = 8, 3

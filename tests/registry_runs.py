@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedveil.config import load_config
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 
 def tiny_run(

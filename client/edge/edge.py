@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from fedveil.client.dpsgd_budget import DpSgdLedger
-from fedveil.client.edge.flower_deploy import DP_SGD_DIR, EdgeClient, answer
+from fedveil.client.edge.device_app import DP_SGD_DIR, EdgeClient, answer
 from fedveil.client.edge.ledger_guard import LedgerGuard
 from fedveil.client.edge.tls_probe import insecure_against_tls_error, server_speaks_tls
 from fedveil.client.edge.witness import WitnessStore

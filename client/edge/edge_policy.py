@@ -44,7 +44,7 @@ Under distributed DP (the run config the device accepted says dp.mechanism =
 and any masked input that is not the plan it computed from that config (encoding, noise
 parameters, clip, weighting, kind: client/plan_pin.py): the epsilon stated against the
 coordinator assumes it sees only sums carrying the plan's noise shares.
-A rider (the next round's key stage riding on this round's message, protocol/riders.py)
+A rider (the next round's key stage riding on this round's message, protocol/piggyback.py)
 may only be a key, consistency or unmasking stage: nothing that computes on this
 device's data rides past the checks of `apply`, which see the request's own kind.
 A refusal is a MessageError: the device answers with an error, the server
@@ -63,7 +63,7 @@ from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import BATCH_SIZE, CLIP_NORM, DP_SGD_NOISE, LOCAL_EPOCHS, LOCAL_STEPS
 from fedveil.protocol.kinds import MESSAGE_KINDS, Kind, trains
 from fedveil.protocol.numbers import request_int, request_number
-from fedveil.protocol.riders import detach
+from fedveil.protocol.piggyback import detach
 
 
 class PolicyRefusal(MessageError):

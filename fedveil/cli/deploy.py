@@ -56,7 +56,7 @@ def add_server(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    from fedveil.server.coordinator.main import serve
+    from fedveil.server.coordinator.launch import serve
     from fedveil.server.coordinator.service import secure_state_dir
     from fedveil.server.coordinator.settings import load_settings
 
@@ -216,10 +216,10 @@ def _add_policy_args(g: argparse._ArgumentGroup) -> None:
 
 def cmd_client(args: argparse.Namespace) -> int:
     from fedveil.client.dpsgd_budget import DpSgdLedger
+    from fedveil.client.edge.device_app import DP_SGD_DIR, DataSource, EdgeClient, TaskSource
     from fedveil.client.edge.edge import EdgeNode, EdgeOptions
     from fedveil.client.edge.edge_data import load_local_data
     from fedveil.client.edge.edge_policy import LocalPolicy
-    from fedveil.client.edge.flower_deploy import DP_SGD_DIR, DataSource, EdgeClient, TaskSource
 
     if args.client_id < 0:
         raise ValueError(f"--client-id {args.client_id}: must be >= 0")
@@ -240,7 +240,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         load_task_function(task)  # fail now if it does not import
         source: DataSource | TaskSource = TaskSource(task)
     elif args.data:
-        from fedveil.models import MODELS
+        from fedveil.builtin_models import MODELS
 
         if task and task not in MODELS:
             raise ValueError(f"--task {task!r}: not a built-in model ({', '.join(sorted(MODELS))})")

@@ -40,7 +40,7 @@ def add_export(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from fedveil.server.serving.export import export_run
+    from fedveil.server.serving.model_export import export_run
 
     out = Path(args.out) if args.out else None
     result = export_run(Path(args.source), args.fmt, out, args.task)

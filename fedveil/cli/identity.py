@@ -54,8 +54,8 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_roster(args: argparse.Namespace) -> int:
-    from fedveil.privacy.secagg.identity import Roster, RosterError
     from fedveil.privacy.secagg.identity_files import read_public_key
+    from fedveil.privacy.secagg.identity_keys import Roster, RosterError
 
     keys: dict[int, bytes] = {}
     for entry in args.entries:

@@ -106,7 +106,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from fedveil.server.serving.app import ServeLimits
     from fedveil.server.serving.connections import ConnectionLimits
-    from fedveil.server.serving.server import ServeSettings, serve
+    from fedveil.server.serving.prediction_server import ServeSettings, serve
 
     settings = ServeSettings(
         model=args.model,

@@ -141,7 +141,7 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     overrides, given = command_line_settings(args)
     if args.resume:  # the run's own config.toml, never the defaults
-        from fedveil.simulations.run import require_checkpoint
+        from fedveil.simulations.simulate_run import require_checkpoint
 
         out = _resume_dir(args.config, overrides)
         require_checkpoint(Path(out))
@@ -155,7 +155,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     from fedveil.cli.progress import RoundProgress
     from fedveil.simulations.failures import RunFailed
-    from fedveil.simulations.run import simulate
+    from fedveil.simulations.simulate_run import simulate
 
     init_model, init_ref = _init_model(args.init_model, args.registry)
     progress = RoundProgress(cfg.server.rounds, disable=args.quiet)

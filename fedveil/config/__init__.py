@@ -5,9 +5,8 @@ the same code, so every error names the field, the value and the limit. Run conf
 (run.py) are the documented user API: `fedveil.config.RunConfig`, `load_config`.
 """
 
-from fedveil.config.deploy import DeploySettings
+from fedveil.config.deploy_settings import DeploySettings
 from fedveil.config.device import device_config, device_toml
-from fedveil.config.fields import ConfigError, build, check_range, coerce, help_of, spec
 from fedveil.config.run import (
     config_from_dict,
     field_help,
@@ -29,7 +28,8 @@ from fedveil.config.run_schema import (
     ServerConfig,
     SimulationConfig,
 )
-from fedveil.config.service import SERVICE_SECTIONS, ServiceConfig, service_config
+from fedveil.config.service_settings import SERVICE_SECTIONS, ServiceConfig, service_config
+from fedveil.config.validator import ConfigError, build, check_range, coerce, help_of, spec
 
 __all__ = [
     "SECTIONS",

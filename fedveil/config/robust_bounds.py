@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from fedveil.config.fields import ConfigError
+from fedveil.config.validator import ConfigError
 
 if TYPE_CHECKING:
     from fedveil.config.run_schema import RunConfig

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config.async_mode import check_async_fields
-from fedveil.config.fields import ConfigError, build, help_of
-from fedveil.config.poisoning import check_poisoning
+from fedveil.config.poisoning_checks import check_poisoning
 from fedveil.config.ray_address import check_ray_address
 from fedveil.config.robust_bounds import check_robust_config
 from fedveil.config.run_schema import (
@@ -21,6 +20,7 @@ from fedveil.config.run_schema import (
     RunConfig,
     TrackingConfig,
 )
+from fedveil.config.validator import ConfigError, build, help_of
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -62,7 +62,7 @@ def _check_cross_fields(cfg: RunConfig) -> None:
     _check_tracking(cfg.tracking)
     task = cfg.model.task
     if task is None:
-        from fedveil.models import MODELS
+        from fedveil.builtin_models import MODELS
 
         if cfg.model.name not in MODELS:
             known = ", ".join(sorted(MODELS))

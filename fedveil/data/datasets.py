@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedveil.data.errors import DatasetNotFoundError
+from fedveil.data.dataset_errors import DatasetNotFoundError
 from fedveil.data.fashion_mnist import FASHION_MNIST_CLASSES, load_fashion_mnist_arrays
 from fedveil.data.pixels import FASHION_MNIST_MEAN, FASHION_MNIST_STD, standardize_pixels
 from fedveil.data.synthetic import generate_synthetic

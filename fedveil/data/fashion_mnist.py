@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fedveil.data.errors import DatasetDownloadError, DatasetNotFoundError
+from fedveil.data.dataset_errors import DatasetDownloadError, DatasetNotFoundError
 from fedveil.data.idx import IdxFormatError, read_idx
 
 __all__ = [

@@ -10,8 +10,8 @@ from __future__ import annotations
 FAB_ID = "fedveil/fedveil-service"
 # The installed ClientApp and ServerApp the FAB names (module:attribute); they must
 # name the modules that define `app`.
-CLIENTAPP_REF = "fedveil.client.edge.flower_deploy:app"
-SERVERAPP_REF = "fedveil.server.coordinator.flower_deploy:app"
+CLIENTAPP_REF = "fedveil.client.edge.device_app:app"
+SERVERAPP_REF = "fedveil.server.coordinator.server_app:app"
 # Keys of Flower's run config.
 CONFIG_KEY = "fedveil-config"  # the run's client-facing config (TOML)
 RUN_ID_KEY = "fedveil-run-id"  # the coordinator's run id

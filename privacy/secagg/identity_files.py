@@ -20,7 +20,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedveil.privacy.secagg.identity import (
+from fedveil.privacy.secagg.identity_keys import (
     ClientIdentity,
     Roster,
     RosterError,

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config import ConfigError, config_from_dict
-from fedveil.config.service import DriftSection
+from fedveil.config.service_settings import DriftSection
 from fedveil.privacy.dp.evaluation import EvaluationPlan
 from fedveil.privacy.secagg.feasibility import MIN_CLIENTS, smallest_feasible_group
 from fedveil.server.coordinator.drift_budget import DriftBudget

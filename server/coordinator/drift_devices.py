@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedveil.config.service import DriftSection
+from fedveil.config.service_settings import DriftSection
 from fedveil.privacy.dp.evaluation import EvaluationPlan, composed_epsilon, evaluation_event
 from fedveil.server.coordinator.clients import ClientRegistry
 from fedveil.server.coordinator.drift_budget import COUNTED

@@ -1,7 +1,7 @@
 """`server.toml`: where the service keeps its state, what it listens on, how it is secured.
 
 Every value is checked when the file is read, by the same validator as run
-configs (fields and limits: fedveil/config/service.py), and an error names the
+configs (fields and limits: fedveil/config/service_settings.py), and an error names the
 key, the value and the allowed range. Relative paths are resolved against
 the file's directory, so a deployment folder can be moved as a whole.
 
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config import ConfigError
-from fedveil.config.service import (
+from fedveil.config.service_settings import (
     ConnectionsSection,
     DriftSection,
     ServingSection,
@@ -96,7 +96,7 @@ class ServerSettings:
 def settings_from_dict(
     raw: dict[str, Any], base: Path, *, insecure: bool = False
 ) -> ServerSettings:
-    """The settings of `server.toml` (fields and limits: fedveil.config.service), with
+    """The settings of `server.toml` (fields and limits: fedveil.config.service_settings), with
     paths resolved against `base` and the files they name checked."""
     values = service_config(raw)
 

@@ -38,7 +38,7 @@ import torch
 
 from fedveil.config import RunConfig
 from fedveil.config.async_mode import resolved_concurrency, resolved_group_size
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.server.engine.aggregation import Aggregate, PlainChannel, UpdateChannel
 from fedveil.server.engine.async_privacy import AsyncCentralDP
 from fedveil.server.engine.async_units import KeyedGroup, Unit, UnitRunner

@@ -31,7 +31,7 @@ import torch
 
 from fedveil.config import RunConfig
 from fedveil.config.async_dp import check_wall_clock_dp
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.server.engine.aggregation import NoUpdates, UpdateChannel
 from fedveil.server.engine.async_engine import AsyncEngine
 from fedveil.server.engine.async_privacy import AsyncCentralDP

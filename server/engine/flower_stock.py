@@ -28,7 +28,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedveil.config import RunConfig
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.privacy.dp.clipping import l2_norm
 from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope, MessageError

@@ -24,7 +24,7 @@ import torch
 
 from fedveil import __version__
 from fedveil.config import RunConfig
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.server.engine.aggregation import UpdateChannel
 from fedveil.server.engine.async_engine import AsyncEngine
@@ -202,7 +202,7 @@ def _tracked(
 
 def model_metadata(cfg: RunConfig, task: Task, round_num: int) -> dict[str, str]:
     """What rebuilds the model from model.safetensors alone (safetensors metadata is
-    text): a built-in model is `fedveil.models.build_model(model, input_shape,
+    text): a built-in model is `fedveil.builtin_models.build_model(model, input_shape,
     num_classes)`; a custom task's model comes from its task function (`task_ref`)."""
     meta = {
         "format": "pt",  # the convention safetensors loaders check (e.g. transformers)

@@ -49,8 +49,8 @@ import numpy as np
 import torch
 
 from fedveil.config import RunConfig
-from fedveil.config.fields import ConfigError
 from fedveil.config.robust_bounds import bound_holds, largest_tolerated, trimmed_per_side
+from fedveil.config.validator import ConfigError
 from fedveil.server.engine.round_record import RoundRecord
 from fedveil.tasks import Task
 

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from fedveil.config import RunConfig
-from fedveil.evaluation import evaluate
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
+from fedveil.model_evaluation import evaluate
 from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind

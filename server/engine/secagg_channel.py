@@ -8,7 +8,7 @@ with every message).
 
 Pipelining: the key stages do not depend on the model, so when the engine
 knows the next round's cohort, that round's advertise and share-keys stages
-ride on this round's exchanges (fedveil.protocol.riders; clients in the next
+ride on this round's exchanges (fedveil.protocol.piggyback; clients in the next
 cohort only get them alone). A round whose keys were shared early starts at
 masked input: one exchange beyond a plain round instead of three. Every
 round still has fresh keys, seeds, session id and neighbour graph; only the
@@ -41,7 +41,7 @@ from fedveil.privacy.secagg.server import ServerPhase
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.fields import CLIP_NORM
 from fedveil.protocol.kinds import TRAINING_STAGE, Kind, Stage
-from fedveil.protocol.riders import IGNORED, attach, split_reply
+from fedveil.protocol.piggyback import IGNORED, attach, split_reply
 from fedveil.protocol.secagg_frame import protocol_part, wrap
 from fedveil.server.engine.aggregation import Aggregate
 from fedveil.server.engine.outcome import Aborted, UnmaskGate

@@ -83,7 +83,7 @@ def _from_checkpoint(
     """The checkpoint's flat weights named as the final model's tensors."""
     from safetensors.torch import save
 
-    from fedveil.params import FlatModel
+    from fedveil.flat_model import FlatModel
 
     flat = FlatModel(_module(run_dir, meta))
     weights = state["weights"].detach().cpu().float()
@@ -99,7 +99,7 @@ def _module(run_dir: Path, meta: dict[str, str]) -> Any:
     shape = tuple(int(v) for v in json.loads(meta["input_shape"]))
     classes = int(meta["num_classes"])
     if "model" in meta:
-        from fedveil.models import build_model
+        from fedveil.builtin_models import build_model
 
         return build_model(meta["model"], shape, classes)
     from fedveil.config import load_config

@@ -28,7 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from fedveil.ops.bearer import BearerToken
 from fedveil.server.serving.batching import DynamicBatcher
 from fedveil.server.serving.inputs import InputError, check, decode, encode, human_bytes
-from fedveil.server.serving.metrics import ServingMetrics
+from fedveil.server.serving.prediction_metrics import ServingMetrics
 from fedveil.server.serving.versions import ServedVersion, Split
 
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"

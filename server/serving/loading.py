@@ -2,7 +2,7 @@
 
 A run writes `model.safetensors` with metadata that names the model (see
 `fedveil.server.engine.lifecycle.model_metadata`): a built-in model is
-`fedveil.models.build_model(model, input_shape, num_classes)`, so neither the training
+`fedveil.builtin_models.build_model(model, input_shape, num_classes)`, so neither the training
 set nor the test set is read. A custom task's model (metadata `task_ref`) comes from
 its task function, which builds whatever that task builds.
 
@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fedveil.builtin_models import MODELS, build_model
 from fedveil.config import ConfigError, config_from_dict, load_config
-from fedveil.models import MODELS, build_model
 from fedveil.server.engine.lifecycle import MODEL_FILE
 
 CONFIG_FILE = "config.toml"

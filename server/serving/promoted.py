@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from fedveil.config.service import ServingSection
+from fedveil.config.service_settings import ServingSection
 from fedveil.ops.bearer import BearerToken, read_token_file
 from fedveil.server.serving.app import ServeLimits, create_app
 from fedveil.server.serving.versions import PromotedVersion

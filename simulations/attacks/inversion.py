@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 
 
 def first_linear(model: FlatModel) -> tuple[str, str]:

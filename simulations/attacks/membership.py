@@ -36,7 +36,7 @@ from torch import nn
 from torch.nn import functional
 
 from fedveil.config import RunConfig, config_from_dict
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.server.engine.lifecycle import MODEL_FILE
 from fedveil.server.engine.runstore import RunStore
 from fedveil.simulations.attacks.roc import (
@@ -47,7 +47,7 @@ from fedveil.simulations.attacks.roc import (
     roc_curve,
     tpr_at_fpr,
 )
-from fedveil.simulations.run import Attempt, PreparedTask, open_run_dir, resolve_device
+from fedveil.simulations.simulate_run import Attempt, PreparedTask, open_run_dir, resolve_device
 from fedveil.tasks import ClientData, Task, make_task
 
 LEVELS = ("client", "example")

@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedveil.builtin_models import build_model
 from fedveil.config import load_config
 from fedveil.data.pixels import FASHION_MNIST_MEAN, FASHION_MNIST_STD
-from fedveil.models import build_model
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.server.engine.lifecycle import MODEL_FILE
 from fedveil.simulations.attacks.membership import one_thread
 from fedveil.tasks import make_task

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedveil.builtin_models import build_model
 from fedveil.client.training import LocalTraining, train_local
-from fedveil.models import build_model
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.privacy.dp.central import add_gaussian_noise
 from fedveil.privacy.dp.clipping import clip_l2
 

@@ -27,7 +27,7 @@ from fedveil.cli import bench as bench_cli
 from fedveil.cli.main import build_parser
 from fedveil.cli.main import main as cli_main
 from fedveil.protocol.envelope import Envelope
-from fedveil.protocol.riders import attach, split_reply
+from fedveil.protocol.piggyback import attach, split_reply
 
 TINY = Workload(clients=6, dim=1000, dropout=0.17, seed=3)
 KEYS = {"ratio", "compute_ratio", "round", "checks", "compute", "neighbors", "threshold"}

@@ -143,7 +143,7 @@ def test_an_interrupted_dp_run_has_its_summary_and_a_ledger_verify_calls_interru
     tmp_path, capsys
 ):
     from fedveil.config import load_config
-    from fedveil.simulations.run import simulate
+    from fedveil.simulations.simulate_run import simulate
 
     cfg = load_config(
         None,

@@ -13,7 +13,7 @@ import tomllib
 from fedveil.cli.main import main
 from fedveil.config import load_config
 from fedveil.simulations.failures import RunFailed
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
 

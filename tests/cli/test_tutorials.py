@@ -18,7 +18,7 @@ import tomllib
 from docs_pages import code_blocks, page, section
 
 from fedveil.cli.main import main
-from fedveil.config.service import service_config
+from fedveil.config.service_settings import service_config
 from fedveil.server.coordinator.runs import parse_submission
 
 QUICK = ["--quiet", "--set", "simulation.workers=1", "--set", "simulation.plots=false"]

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedveil.client.edge.device_app import EdgeClient, TaskSource
 from fedveil.client.edge.edge import EdgeNode, EdgeOptions
-from fedveil.client.edge.flower_deploy import EdgeClient, TaskSource
 from fedveil.protocol.envelope import Envelope
 
 

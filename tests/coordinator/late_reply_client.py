@@ -21,8 +21,8 @@ import flwr.supernode.runtime.run_clientapp as runtime
 from flwr.app import Error, Message
 
 import fedveil.client.edge.edge as edge
+from fedveil.client.edge.device_app import EdgeClient, TaskSource
 from fedveil.client.edge.edge import EdgeNode, EdgeOptions
-from fedveil.client.edge.flower_deploy import EdgeClient, TaskSource
 
 log = logging.getLogger("late-reply")
 EXTRA_REPLY_DELAY_S = 1.5

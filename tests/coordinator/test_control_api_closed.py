@@ -26,6 +26,7 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from deployment_harness import Deployment, run_toml, wait_for
 from flwr.proto.control_pb2 import (
     ListNodesRequest,
     ListRunsRequest,
@@ -33,7 +34,6 @@ from flwr.proto.control_pb2 import (
     StopRunRequest,
 )
 from flwr.supercore.control.control_http_client import ControlHttpClient
-from harness import Deployment, run_toml, wait_for
 from proctree import descendants, listening_tcp_ports, listening_unix_paths
 
 from fedveil.ops.certs import create_client_key

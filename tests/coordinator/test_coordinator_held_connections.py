@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from deploy_task import write_client_file
-from harness import Deployment, wait_for
+from deployment_harness import Deployment, wait_for
 
 pytestmark = pytest.mark.procs  # starts processes (make test-fast leaves it out)
 

@@ -28,13 +28,13 @@ import pytest
 import tomllib
 import torch
 from deploy_task import write_big_file, write_client_file
-from harness import TOKEN as TOKEN_TEXT
-from harness import Deployment, run_toml, wait_for
+from deployment_harness import TOKEN as TOKEN_TEXT
+from deployment_harness import Deployment, run_toml, wait_for
 from safetensors.torch import load, load_file
 
 from fedveil.config import config_from_dict
 from fedveil.server.engine.runstore import RunStore
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 # Above the module deployment's start (up to 2 x 90 s) plus a test's own waits (up to
 # 120 + 240 s with a coordinator restart).

@@ -10,7 +10,7 @@ groups at once."""
 from __future__ import annotations
 
 import pytest
-from harness import Deployment, run_toml, wait_for
+from deployment_harness import Deployment, run_toml, wait_for
 
 pytestmark = [pytest.mark.flower, pytest.mark.slow]
 

@@ -12,13 +12,13 @@ import pytest
 import tomllib
 import torch
 from deploy_task import arrays, write_client_file
-from harness import Deployment, run_toml, wait_for
+from deployment_harness import Deployment, run_toml, wait_for
 from safetensors.torch import load_file
 
+from fedveil.builtin_models import build_model
 from fedveil.config import config_from_dict
-from fedveil.models import build_model
 from fedveil.server.registry import ModelVersion, Registry
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 pytestmark = [pytest.mark.flower, pytest.mark.slow]
 

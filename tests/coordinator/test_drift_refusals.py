@@ -17,7 +17,7 @@ from fedveil.server.coordinator.drift import DriftMonitor, trained_with_dp
 from fedveil.server.coordinator.runs import RunManager
 from fedveil.server.coordinator.settings import ServerSettings, settings_from_dict
 from fedveil.server.registry import ModelVersion, Registry
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from harness import Deployment, run_toml, wait_for
+from deployment_harness import Deployment, run_toml, wait_for
 
 from fedveil.server.coordinator.runs import (
     MAX_CONFIG_DEPTH,

@@ -13,7 +13,7 @@ import signal
 import time
 
 import pytest
-from harness import Deployment, run_toml, wait_for
+from deployment_harness import Deployment, run_toml, wait_for
 from proctree import alive, cmdline, descendants
 
 pytestmark = pytest.mark.procs  # starts processes: not in make test-fast

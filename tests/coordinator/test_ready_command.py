@@ -8,9 +8,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import harness
+import deployment_harness
 import pytest
-from harness import Deployment
+from deployment_harness import Deployment
 
 
 @pytest.mark.slow
@@ -20,7 +20,7 @@ def test_ready_waits_for_the_coordinator_and_then_the_token_exists(tmp_path):
     # As in the tutorial: no admin token configured, so the server generates state/admin.token.
     text = dep.config.read_text().replace('[auth]\nadmin_token_file = "admin.token"\n', "")
     dep.config.write_text(text)
-    env = harness.test_env(
+    env = deployment_harness.test_env(
         {
             "FEDVEIL_API": f"https://127.0.0.1:{dep.api_port}",
             "FEDVEIL_CA": str(dep.certs / "ca.pem"),

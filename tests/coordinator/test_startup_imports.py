@@ -9,14 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import Deployment
+from deployment_harness import Deployment
 
 pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
 
 
 def test_importing_the_coordinator_does_not_import_torch() -> None:
     code = (
-        "import sys, fedveil.cli.deploy, fedveil.server.coordinator.main; "
+        "import sys, fedveil.cli.deploy, fedveil.server.coordinator.launch; "
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))[:5])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

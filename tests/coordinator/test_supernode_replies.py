@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from harness import Deployment, run_toml, wait_for
+from deployment_harness import Deployment, run_toml, wait_for
 
 pytestmark = [pytest.mark.flower, pytest.mark.slow]
 

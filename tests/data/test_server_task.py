@@ -10,7 +10,7 @@ from fedveil.config import load_config
 from fedveil.data import partition as partition_module
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.simulations.inprocess import InProcessTransport
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 from fedveil.tasks import make_server_task, make_task
 
 

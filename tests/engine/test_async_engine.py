@@ -222,7 +222,7 @@ def test_sync_mode_ignores_the_async_fields(tmp_path):
 
 
 def test_sync_rounds_carry_the_simulated_clock_with_a_latency_model(tmp_path):
-    from fedveil.simulations.run import simulate
+    from fedveil.simulations.simulate_run import simulate
 
     cfg = async_config(tmp_path, **{"server.mode": "sync", "server.rounds": 3})
     simulate(cfg)

@@ -19,7 +19,7 @@ from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.transport import ClientFailure, Transport
 from fedveil.simulations.availability import AvailabilityModel
 from fedveil.simulations.inprocess import InProcessTransport
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 STAGES = ["secagg.advertise", "secagg.share_keys", "secagg.masked_input", "secagg.unmask"]
 

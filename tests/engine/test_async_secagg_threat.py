@@ -17,7 +17,7 @@ import tiny_task
 from fedveil.config import ConfigError, load_config
 from fedveil.privacy.dp import Ledger
 from fedveil.privacy.secagg import SecAggServer
-from fedveil.privacy.secagg.identity import DerivedIdentities
+from fedveil.privacy.secagg.identity_keys import DerivedIdentities
 from fedveil.privacy.secagg.server import ServerPhase
 from fedveil.privacy.secagg.wire import encode_members
 from fedveil.protocol.envelope import Envelope

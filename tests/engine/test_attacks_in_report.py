@@ -16,7 +16,7 @@ import pytest
 
 from fedveil.cli.main import main
 from fedveil.config import load_config
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]

@@ -14,7 +14,7 @@ import tiny_task
 from fedveil.config import load_config
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.simulations.inprocess import InProcessTransport
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 from fedveil.tasks import ClientData
 
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 import tiny_task
 from fedveil.config import load_config
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.protocol.envelope import Envelope
 from fedveil.server.coordinator.deploy_transport import DeployTransport
 from fedveil.server.engine.aggregation import PlainChannel
@@ -23,7 +23,7 @@ from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.transport import CentralEvaluator, ClientFailure, RoundReporter
 from fedveil.simulations.availability import AvailabilityModel, AvailabilityTransport
 from fedveil.simulations.inprocess import InProcessTransport
-from fedveil.simulations.lane import ClientLane
+from fedveil.simulations.sequential_clients import SequentialClients
 
 
 def tiny_config(tmp_path, **extra):
@@ -134,5 +134,5 @@ def test_lifecycle_resume_truncates_and_finish_writes_the_run_files(tmp_path) ->
 
 
 def test_the_lane_injects_its_trainer_into_the_runtime(tmp_path) -> None:
-    lane = ClientLane(tiny_task.make(tiny_config(tmp_path)))
+    lane = SequentialClients(tiny_task.make(tiny_config(tmp_path)))
     assert lane.runtime.trainer == lane._train

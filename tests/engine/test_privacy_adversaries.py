@@ -29,7 +29,7 @@ from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.sampling import CohortSampler
 from fedveil.server.engine.transport import ClientFailure
 from fedveil.simulations.inprocess import InProcessTransport
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 if sys.version_info >= (3, 11):
     import tomllib

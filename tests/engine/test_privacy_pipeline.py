@@ -21,7 +21,7 @@ from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.runstore import RunStore
 from fedveil.simulations.attacks.membership import dp_claim
 from fedveil.simulations.inprocess import InProcessTransport
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 from fedveil.tasks import ClientData
 
 pytestmark = pytest.mark.procs  # starts processes: not in make test-fast

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fedveil.privacy.dp.public_time import RESOLUTION_S, PublicClock, coarse_seconds
 from fedveil.server.engine.round_record import PUBLIC_UNDER_DP
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 from tests.engine.test_tracking import (
     event_accumulator,
     metrics_lines,

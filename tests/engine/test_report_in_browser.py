@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fedveil.config import load_config
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
 

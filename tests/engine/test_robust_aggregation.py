@@ -27,7 +27,7 @@ from fedveil.server.engine.robust import (
     trimmed_mean,
 )
 from fedveil.server.engine.transport import ClientFailure
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 DIM = 16
 

@@ -16,7 +16,7 @@ import pytest
 
 from fedveil.config import load_config
 from fedveil.server.engine.runstore import RunStore
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 ROUNDS = 20
 PAGE = 4096  # tmpfs allocates by page: an append fails where it needs a new one

@@ -15,15 +15,15 @@ from fedveil.client.runtime import ClientRuntime
 from fedveil.config import load_config
 from fedveil.privacy.secagg import SIMULATION_RUN_ID, SessionConfig, ThreatModel, crypto
 from fedveil.privacy.secagg import decode_message as decode
-from fedveil.privacy.secagg.identity import DerivedIdentities, Roster, public_bytes
 from fedveil.privacy.secagg.identity_files import DeviceIdentity, RosterFile
+from fedveil.privacy.secagg.identity_keys import DerivedIdentities, Roster, public_bytes
 from fedveil.privacy.secagg.messages import AdvertiseRequest
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.secagg_frame import protocol_part, wrap
 from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.simulations.inprocess import InProcessTransport
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 
 def config(tmp_path, name="run", **overrides):

@@ -10,7 +10,7 @@ import pytest
 import tiny_task
 from fedveil.config import load_config
 from fedveil.protocol.envelope import Envelope, MessageError
-from fedveil.protocol.riders import RIDER_KIND, attach, detach, join_replies, split_reply
+from fedveil.protocol.piggyback import RIDER_KIND, attach, detach, join_replies, split_reply
 from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.runstore import RunStore

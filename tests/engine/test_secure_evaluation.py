@@ -18,7 +18,7 @@ from fedveil.privacy.dp import Ledger, compute_epsilon, verify_ledger
 from fedveil.privacy.dp.evaluation import ACCOUNTANT, SENSITIVITY, EvaluationPlan
 from fedveil.privacy.dp.signing import load_or_create_signer
 from fedveil.privacy.secagg import SIMULATION_RUN_ID, decode_message
-from fedveil.privacy.secagg.identity import DerivedIdentities
+from fedveil.privacy.secagg.identity_keys import DerivedIdentities
 from fedveil.privacy.secagg.quantize import Quantizer
 from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope

@@ -17,7 +17,7 @@ from fedveil.cli.main import main
 from fedveil.config import ConfigError, load_config
 from fedveil.server.engine.round_record import PUBLIC_UNDER_DP
 from fedveil.server.engine.tracking import mlflow_tracking_uri
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 event_accumulator = pytest.importorskip(
     "tensorboard.backend.event_processing.event_accumulator",

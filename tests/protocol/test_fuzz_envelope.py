@@ -34,7 +34,7 @@ from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.flower_codec import from_content, to_content
 from fedveil.protocol.kinds import Kind
-from fedveil.protocol.riders import attach, detach, latest_round, split_reply
+from fedveil.protocol.piggyback import attach, detach, latest_round, split_reply
 from fedveil.protocol.secagg_frame import protocol_part, wrap
 
 pytestmark = pytest.mark.procs  # starts processes: not in make test-fast

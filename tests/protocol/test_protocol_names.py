@@ -83,10 +83,10 @@ def test_server_and_coordinator_import_nothing_from_the_client_package():
 
 
 def test_the_fab_names_the_clientapp_the_device_runs():
-    from fedveil.client.edge import flower_deploy
+    from fedveil.client.edge import device_app
     from fedveil.protocol.deployment import CLIENTAPP_REF
     from fedveil.server.coordinator.superlink import fab_pyproject
 
     module, attr = CLIENTAPP_REF.split(":")
-    assert module == flower_deploy.__name__ and hasattr(flower_deploy, attr)
+    assert module == device_app.__name__ and hasattr(device_app, attr)
     assert f'clientapp = "{CLIENTAPP_REF}"' in fab_pyproject()

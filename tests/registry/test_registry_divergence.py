@@ -13,7 +13,7 @@ from fedveil.config import load_config
 from fedveil.server.coordinator.model_versions import register_finished_run
 from fedveil.server.registry import Registry
 from fedveil.server.registry.divergence import divergence
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 
 @pytest.fixture(scope="module")

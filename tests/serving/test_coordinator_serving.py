@@ -15,10 +15,10 @@ import pytest
 from serve_harness import metric, predict_npz, request
 
 from fedveil.config import ConfigError, load_config
-from fedveil.config.service import service_config
+from fedveil.config.service_settings import service_config
 from fedveil.ops.procs import free_port, spawn, stop_group
 from fedveil.server.registry import Registry
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 STARTED = re.compile(r"prediction API on (http://[^\s]+)")
 

@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from fedveil.builtin_models import build_model
 from fedveil.cli import main
 from fedveil.config import load_config
-from fedveil.models import build_model
-from fedveil.server.serving.export import ExportError, export_model, onnx_available
-from fedveil.simulations.run import simulate
+from fedveil.server.serving.model_export import ExportError, export_model, onnx_available
+from fedveil.simulations.simulate_run import simulate
 
 SHAPE = (1, 28, 28)
 ATOL = 1e-5

@@ -17,8 +17,8 @@ import pytest
 import torch
 from serve_harness import predict_npz, request, serving
 
-from fedveil.models import build_model
-from fedveil.params import FlatModel
+from fedveil.builtin_models import build_model
+from fedveil.flat_model import FlatModel
 from fedveil.server.serving.inputs import InputError, decode
 
 SHAPE = (1, 28, 28)

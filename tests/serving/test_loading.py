@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedveil.builtin_models import build_model
 from fedveil.config import load_config
-from fedveil.models import build_model
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.server.serving.loading import load_model_file, load_run_model
-from fedveil.server.serving.server import privacy_warnings
+from fedveil.server.serving.prediction_server import privacy_warnings
 from fedveil.server.serving.versions import TrafficSplit, load_version
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 
 @pytest.fixture(scope="module")

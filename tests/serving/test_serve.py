@@ -14,14 +14,14 @@ import torch
 from docs_pages import code_blocks, section
 from serve_harness import metric, predict_json, predict_npz, request, serving
 
+from fedveil.builtin_models import build_model
 from fedveil.cli.main import main
 from fedveil.config import load_config
-from fedveil.models import build_model
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.server.registry import Registry
 from fedveil.server.serving.loading import load_model_file
 from fedveil.server.serving.versions import card_guarantee
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 PAGE = "how-to/registry-and-serving.md"
 SHAPE = (1, 28, 28)

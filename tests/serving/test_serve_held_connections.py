@@ -13,8 +13,8 @@ import pytest
 import torch
 from serve_harness import predict_json, serving
 
-from fedveil.models import build_model
-from fedveil.params import FlatModel
+from fedveil.builtin_models import build_model
+from fedveil.flat_model import FlatModel
 
 pytestmark = pytest.mark.procs  # starts processes (make test-fast leaves it out)
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from fedveil.config import load_config
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 # Secure aggregation in groups of 3: keys agreed ahead and members freed once they have
 # sent their masked input, on both transports' simulated clock. Four slots (C = 12), so a

@@ -12,7 +12,7 @@ from fedveil.config import load_config
 from fedveil.privacy.dp import Ledger
 from fedveil.privacy.dp.verify import verify_ledger
 from fedveil.server.engine.runstore import RunStore
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 
 @pytest.mark.flower

@@ -9,7 +9,7 @@ import pytest
 from flwr.app import Context, Message, Metadata, RecordDict
 
 import tiny_task
-from fedveil.client.flower_app import make_client_app
+from fedveil.client.flower_client_app import make_client_app
 from fedveil.client.runtime import ClientRuntime
 from fedveil.config import load_config
 from fedveil.protocol.envelope import Envelope

@@ -12,12 +12,12 @@ from safetensors.torch import load_file
 from fedveil.client.runtime import client_generator
 from fedveil.client.training import LocalTraining, train_local
 from fedveil.config import ConfigError, load_config
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.server.coordinator.runs import SubmissionError, parse_submission
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.poisoning import RECORD, AttackPolicy, apply_trigger, choose_attackers
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 from fedveil.tasks import make_task
 
 ATTACK = "poisoning.attack"

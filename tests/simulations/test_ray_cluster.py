@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from fedveil.config import ConfigError, load_config
 from fedveil.config.ray_address import resolve_ray_address
 from fedveil.simulations.ray_cluster import RayClusterUnreachable, client_device, client_resources
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 TINY = {
     "model.task": "tiny_task:make",

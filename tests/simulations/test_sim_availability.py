@@ -19,7 +19,7 @@ from fedveil.simulations.availability import (
     parse_stage_dropout,
 )
 from fedveil.simulations.inprocess import InProcessTransport
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 
 def test_decisions_depend_only_on_seed_client_round_and_stage():

@@ -10,12 +10,12 @@ from fedveil.benchmarks.bench_workload import Workload, bench_task
 from fedveil.client.runtime import client_generator
 from fedveil.client.training import LocalTraining, train_local
 from fedveil.config import load_config
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.protocol.envelope import Envelope
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.simulations.batched import BatchedTrainer
 from fedveil.simulations.inprocess import InProcessTransport
-from fedveil.simulations.lane import ClientLane, plan_units
+from fedveil.simulations.sequential_clients import SequentialClients, plan_units
 
 W = Workload(clients=24, per_round=20, rounds=2, examples=10, pool=300)
 
@@ -45,7 +45,7 @@ def run(workers: int, unit_size: int, **extra) -> torch.Tensor:
 
 @pytest.mark.procs
 def test_units_give_the_same_bits_whatever_the_workers():
-    assert ClientLane(bench_task(W), unit_size=4).batcher is not None, "the MLP qualifies"
+    assert SequentialClients(bench_task(W), unit_size=4).batcher is not None, "the MLP qualifies"
     assert torch.equal(run(1, 4), run(3, 4))
 
 
@@ -129,7 +129,7 @@ class WithDropout(nn.Module):
 def test_models_that_cannot_be_batched_train_one_at_a_time(model_fn, reason):
     task = bench_task(W)
     task.model_fn = model_fn
-    lane = ClientLane(task, unit_size=4)
+    lane = SequentialClients(task, unit_size=4)
     assert lane.batcher is None
     why: list[str] = []
     assert not BatchedTrainer(FlatModel(model_fn()), task.loss_fn).probe(task.client_data(0), why)

@@ -10,7 +10,7 @@ import pytest
 
 from fedveil.benchmarks.bench_simulation import measure, run_ours
 from fedveil.benchmarks.bench_workload import Workload
-from fedveil.simulations.lane import ClientLane
+from fedveil.simulations.sequential_clients import SequentialClients
 
 
 def bench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -46,9 +46,11 @@ def test_bench_reports_ours_against_the_bare_loop():
 
 def test_our_contender_trains_clients_in_units(monkeypatch):
     trained: list[int] = []
-    real = ClientLane._train_unit
+    real = SequentialClients._train_unit
     monkeypatch.setattr(
-        ClientLane, "_train_unit", lambda self, unit: trained.append(len(unit)) or real(self, unit)
+        SequentialClients,
+        "_train_unit",
+        lambda self, unit: trained.append(len(unit)) or real(self, unit),
     )
     result = run_ours(Workload(clients=40, per_round=40, rounds=1, examples=20, pool=200), 1)
     assert result["vmap_clients"] == 32 and sum(trained) == 40 and max(trained) > 1

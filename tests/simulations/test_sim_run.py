@@ -16,7 +16,7 @@ from fedveil.protocol.envelope import all_finite
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.plots import save_plots
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -13,7 +13,7 @@ import torch
 import tiny_task
 from fedveil.client.runtime import ClientRuntime
 from fedveil.config import load_config
-from fedveil.evaluation import evaluate
+from fedveil.model_evaluation import evaluate
 from fedveil.protocol.envelope import Envelope
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.transport import ClientFailure

@@ -10,14 +10,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedveil.cli.main import main
-from fedveil.client.edge.edge_policy import LocalPolicy
-from fedveil.client.edge.flower_deploy import (
+from fedveil.client.edge.device_app import (
     BAD_MESSAGE,
     EdgeClient,
     TaskSource,
     answer,
     edge_from_node_config,
 )
+from fedveil.client.edge.edge_policy import LocalPolicy
 from fedveil.protocol.deployment import CLIENTAPP_REF, FAB_ID
 
 OTHER = "acme/quickstart-pytorch"

@@ -10,9 +10,8 @@ from deploy_task import arrays, write_client_file
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedveil.client.edge.edge_data import load_local_data
-from fedveil.client.edge.edge_policy import LocalPolicy, PolicyRefusal
-from fedveil.client.edge.flower_deploy import (
+from fedveil.builtin_models import build_model
+from fedveil.client.edge.device_app import (
     BAD_MESSAGE,
     CONFIG_KEY,
     DataSource,
@@ -20,12 +19,13 @@ from fedveil.client.edge.flower_deploy import (
     TaskSource,
     answer,
 )
+from fedveil.client.edge.edge_data import load_local_data
+from fedveil.client.edge.edge_policy import LocalPolicy, PolicyRefusal
 from fedveil.config import device_toml, load_config
-from fedveil.models import build_model
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.flower_codec import from_content, message_type, to_content
-from fedveil.protocol.riders import attach
+from fedveil.protocol.piggyback import attach
 
 pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
 

@@ -18,19 +18,19 @@ from flwr.app import Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 from ledger_heads import with_ledger_head
 
+from fedveil.builtin_models import build_model
 from fedveil.client.dpsgd_budget import DpSgdLedger
-from fedveil.client.edge.edge_policy import LocalPolicy
-from fedveil.client.edge.flower_deploy import (
+from fedveil.client.edge.device_app import (
     BAD_MESSAGE,
     CONFIG_KEY,
     EdgeClient,
     TaskSource,
     edge_from_node_config,
 )
-from fedveil.client.edge.flower_deploy import answer as device_answer
+from fedveil.client.edge.device_app import answer as device_answer
+from fedveil.client.edge.edge_policy import LocalPolicy
 from fedveil.config import device_toml, load_config
-from fedveil.models import build_model
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.flower_codec import from_content, message_type, to_content
 

@@ -17,17 +17,17 @@ import torch
 from flwr.app import Message
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedveil.client.edge.edge import EdgeNode, EdgeOptions
-from fedveil.client.edge.flower_deploy import (
+from fedveil.builtin_models import build_model
+from fedveil.client.edge.device_app import (
     BAD_MESSAGE,
     CONFIG_KEY,
     EdgeClient,
     TaskSource,
     answer,
 )
+from fedveil.client.edge.edge import EdgeNode, EdgeOptions
 from fedveil.config import device_toml, load_config
-from fedveil.models import build_model
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.privacy.dp.ledger import WITNESS_CONFIG_KEY, entry_hash, signed_message
 from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.privacy.dp.verify import read_witness_file, verify_ledger

@@ -18,8 +18,8 @@ from flwr.supercore.task_identity import TaskIdentity
 from ledger_heads import with_ledger_head
 from test_edge_client import DISTRIBUTED, SETUP, N, request_message, run_config, train_request
 
+from fedveil.client.edge.device_app import BAD_MESSAGE, EdgeClient, TaskSource, answer
 from fedveil.client.edge.edge_policy import LocalPolicy
-from fedveil.client.edge.flower_deploy import BAD_MESSAGE, EdgeClient, TaskSource, answer
 from fedveil.client.own_share import OwnShareAccount
 from fedveil.config import load_config
 from fedveil.privacy.dp.plan import DistributedDpPlan, plan_distributed_dp

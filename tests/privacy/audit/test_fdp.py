@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from fedveil.privacy.audit import ceiling_epsilon, claimed_curve, fdp_audit, tail_bound
+from fedveil.privacy.audit.canary_sums import simulate_canary_sums
 from fedveil.privacy.audit.fdp import correct_guesses
-from fedveil.privacy.audit.simulate import simulate_canary_sums
 from fedveil.privacy.dp.accounting import compute_epsilon
 from fedveil.privacy.dp.events import PrivacyEvent
 

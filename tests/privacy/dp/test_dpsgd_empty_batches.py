@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
+from fedveil.builtin_models import build_model
 from fedveil.client.training import LocalTraining, train_local_dp_sgd
-from fedveil.models import build_model
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.privacy.dp import PrivacyEvent, compute_epsilon, make_private_dp_sgd
 from fedveil.privacy.dp.dpsgd import dp_sgd_step
 from fedveil.server.engine.dpsgd_accounting import ClientDpSgdAccountant

@@ -6,8 +6,8 @@ import stat
 import pytest
 
 import tiny_task
+from fedveil.client.edge.device_app import EdgeClient, TaskSource
 from fedveil.client.edge.edge import EdgeNode, EdgeOptions
-from fedveil.client.edge.flower_deploy import EdgeClient, TaskSource
 from fedveil.client.edge.witness import WitnessStore
 from fedveil.client.runtime import ClientRuntime
 from fedveil.config import RunConfig

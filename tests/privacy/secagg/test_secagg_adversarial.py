@@ -28,7 +28,7 @@ from fedveil.privacy.secagg import (
     run_in_memory,
     shamir,
 )
-from fedveil.privacy.secagg.simulate import RoundReport
+from fedveil.privacy.secagg.in_memory import RoundReport
 
 
 def _assert_exact(

@@ -9,19 +9,19 @@ import os
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedveil.privacy.secagg.identity import (
+from fedveil.privacy.secagg.identity_files import (
+    load_client_identity,
+    load_identity_key,
+    load_roster,
+    write_identity_key,
+)
+from fedveil.privacy.secagg.identity_keys import (
     ROSTER_FORMAT,
     ClientIdentity,
     Roster,
     RosterError,
     encode_public,
     public_bytes,
-)
-from fedveil.privacy.secagg.identity_files import (
-    load_client_identity,
-    load_identity_key,
-    load_roster,
-    write_identity_key,
 )
 
 

@@ -19,7 +19,7 @@ from fedveil.config import ConfigError
 from fedveil.ops.bearer import BearerToken, is_loopback, read_token_file
 from fedveil.server.serving.app import ServeLimits, create_app
 from fedveil.server.serving.connections import ConnectionLimits, guarded_http
-from fedveil.server.serving.metrics import ServingMetrics
+from fedveil.server.serving.prediction_metrics import ServingMetrics
 from fedveil.server.serving.versions import (
     NO_DP_WARNING,
     ServedVersion,

@@ -27,23 +27,23 @@ import torch
 from flwr.app import Context, Error, Message
 from flwr.clientapp import ClientApp
 
+from fedveil.builtin_models import MODELS, build_model
 from fedveil.client.dpsgd_budget import DpSgdLedger
 from fedveil.client.edge.edge_data import load_local_data, with_holdout
 from fedveil.client.edge.edge_policy import LocalPolicy, planned_steps
 from fedveil.client.edge.ledger_guard import LedgerGuard
-from fedveil.client.flower_stock import is_stock_type
+from fedveil.client.flower_stock_server import is_stock_type
 from fedveil.client.runtime import ClientRuntime
 from fedveil.client.sessions import Advance, RoundClock, SecAggSessions
 from fedveil.config import ConfigError, RunConfig, config_from_dict
-from fedveil.models import MODELS, build_model
 from fedveil.privacy.secagg import flower_run_id
-from fedveil.privacy.secagg.identity import ClientIdentity
+from fedveil.privacy.secagg.identity_keys import ClientIdentity
 from fedveil.protocol.deployment import CONFIG_KEY
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import is_evaluation_input
 from fedveil.protocol.flower_codec import KINDS, from_content, message_type, to_content
 from fedveil.protocol.kinds import ErrorCode, Kind, trains
-from fedveil.protocol.riders import FAILED
+from fedveil.protocol.piggyback import FAILED
 from fedveil.tasks import ClientData, Task, load_task_function
 
 if sys.version_info >= (3, 11):

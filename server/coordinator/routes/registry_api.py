@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 
 from fedveil.server.coordinator.model_versions import coordinator_registry
 from fedveil.server.coordinator.routes.deps import ApiError, ServiceDep
-from fedveil.server.coordinator.routes.runs import is_admin
+from fedveil.server.coordinator.routes.runs_api import is_admin
 from fedveil.server.coordinator.runs import without_paths
 from fedveil.server.registry import ModelVersion, RegistryError
 

@@ -32,13 +32,13 @@ from fedveil.client.sessions import ClientStates
 from fedveil.client.training import LocalResult, LocalTraining, LossFn, train_local
 from fedveil.config import RunConfig
 from fedveil.config.async_mode import rounds_are_dispatches
-from fedveil.evaluation import evaluate_batches
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
+from fedveil.model_evaluation import evaluate_batches
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
-from fedveil.protocol.riders import latest_round
+from fedveil.protocol.piggyback import latest_round
 from fedveil.simulations.batched import BatchedTrainer
 from fedveil.simulations.poisoning import attack_plan
 from fedveil.tasks import ClientData, PartitionedData, Task
@@ -110,7 +110,7 @@ def _client_seed(msg: Envelope, cid: int) -> int:
     return int(state[0]) << 32 | int(state[1])
 
 
-class ClientLane:
+class SequentialClients:
     def __init__(
         self,
         task: Task,

@@ -27,7 +27,7 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedveil.client.runtime import ClientRuntime
 from fedveil.config import RunConfig
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.flower_codec import (

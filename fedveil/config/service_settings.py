@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedveil.config.fields import ConfigError, build, spec
+from fedveil.config.validator import ConfigError, build, spec
 
 
 @dataclass

@@ -26,8 +26,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedveil.config import DeploySettings, RunConfig, load_config
 from fedveil.privacy.secagg import flower_run_id as flower_run_id_bytes
-from fedveil.privacy.secagg.identity import Roster
 from fedveil.privacy.secagg.identity_files import load_roster
+from fedveil.privacy.secagg.identity_keys import Roster
 from fedveil.protocol.deployment import RUN_ID_KEY
 from fedveil.server.coordinator.clients import ClientRegistry
 from fedveil.server.coordinator.deploy_transport import DeployTransport

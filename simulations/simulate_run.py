@@ -15,7 +15,7 @@ import torch
 
 from fedveil.config import ConfigError, RunConfig, config_from_dict, load_config, to_toml, toml_text
 from fedveil.config.resume import CONFIG_FILE, check_resume
-from fedveil.privacy.secagg.identity import DerivedIdentities
+from fedveil.privacy.secagg.identity_keys import DerivedIdentities
 from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.rounds import RoundEngine, RoundRecord
 from fedveil.server.engine.runstore import RunStore

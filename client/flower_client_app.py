@@ -20,7 +20,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message
 from flwr.clientapp import ClientApp
 
-from fedveil.client.flower_stock import STOCK_TYPES, StockRefused, answer_stock
+from fedveil.client.flower_stock_server import STOCK_TYPES, StockRefused, answer_stock
 from fedveil.client.runtime import ClientRuntime
 from fedveil.protocol.envelope import MessageError
 from fedveil.protocol.flower_codec import KINDS, from_content, message_type, to_content

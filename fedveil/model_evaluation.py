@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from fedveil.params import FlatModel
+from fedveil.flat_model import FlatModel
 from fedveil.task_types import LossFn
 
 

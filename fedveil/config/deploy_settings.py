@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from fedveil.config.fields import ConfigError, build, spec
+from fedveil.config.validator import ConfigError, build, spec
 
 NAME_LIMIT = 100
 
