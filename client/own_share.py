@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from fedveil.privacy.dp.accounting import individual_epsilon
 from fedveil.privacy.dp.events import PrivacyEvent
-from fedveil.privacy.dp.vocabulary import POISSON
+from fedveil.protocol.dp_rules import POISSON
 from fedveil.protocol.envelope import MessageError
 
 if TYPE_CHECKING:

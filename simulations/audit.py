@@ -63,8 +63,8 @@ from fedveil.privacy.audit.canaries import HELD_OUT, new_secret_seed
 from fedveil.privacy.audit.fdp import CONFIDENCE
 from fedveil.privacy.dp.html_report import audit_html, render_audit_page
 from fedveil.privacy.dp.report import audit_section
-from fedveil.privacy.dp.vocabulary import PLD, supported_accountants
 from fedveil.privacy.encodings import SkellamEncoding
+from fedveil.protocol.dp_rules import PLD, supported_accountants
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.lifecycle import RunLifecycle

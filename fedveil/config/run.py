@@ -18,6 +18,16 @@ from fedveil.config.fields import ConfigError, build, help_of, spec
 from fedveil.config.poisoning import PoisoningConfig, check_poisoning
 from fedveil.config.ray_address import check_ray_address
 from fedveil.config.robust_bounds import AGGREGATORS, check_robust_config
+from fedveil.protocol.dp_rules import (
+    ACCOUNTANTS,
+    AUTO,
+    MECHANISM_OF_CONFIG,
+    NEIGHBOURING_RELATIONS,
+    POISSON,
+    ZERO_OUT,
+    default_neighbouring,
+)
+from fedveil.protocol.dp_rules import refusal as dp_refusal
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -225,7 +235,7 @@ class SecAggSection:
 class DpSection:
     mechanism: str = spec(
         "none",
-        choices=("none", "central", "distributed"),
+        choices=("none", *MECHANISM_OF_CONFIG),
         help="none; central (server adds Gaussian noise to the sum); distributed "
         "(clients add Skellam noise shares under secure aggregation)",
     )
@@ -237,14 +247,14 @@ class DpSection:
     delta: float = spec(1e-5, lo=0.0, lo_open=True, hi=0.1, help="privacy budget delta")
     neighbouring: str = spec(
         "auto",
-        choices=("auto", "add_remove", "replace_one", "zero_out"),
+        choices=(AUTO, *NEIGHBOURING_RELATIONS),
         help="neighbouring relation; auto: replace_one for fixed sampling; for Poisson, "
         "add_remove (central) or zero_out (distributed: the client still takes part, its "
         "update replaced by zeros; hides what it sent, not that it took part)",
     )
     accountant: str = spec(
         "auto",
-        choices=("auto", "pld", "prv", "rdp", "dpa_rdp", "skellam_rdp_integer", "skellam_rdp"),
+        choices=(AUTO, *ACCOUNTANTS),
         help="privacy accountant; auto: pld (central, Poisson), dpa_rdp (central, fixed), "
         "skellam_rdp_integer (distributed: the only one sound for Skellam noise, at integer "
         "Renyi orders); skellam_rdp (fractional orders, not proven) only verifies old ledgers",
@@ -466,16 +476,7 @@ def _check_dp_fields(cfg: RunConfig) -> None:
         raise ConfigError(
             f"dp.mechanism = {dp.mechanism!r} needs a budget: set dp.epsilon > 0 (e.g. --epsilon 8)"
         )
-    if (
-        dp.neighbouring == "add_remove"
-        and cfg.server.sampling == "fixed"
-        and dp.mechanism != "none"
-    ):
-        raise ConfigError(
-            "dp.neighbouring = 'add_remove' with server.sampling = 'fixed': no accountant bounds "
-            "this pair; use Poisson sampling or replace_one"
-        )
-    _check_dp_soundness(cfg)
+    _check_dp_rules(cfg)
     if dp.mechanism == "distributed" and not cfg.secagg.enabled:
         raise ConfigError(
             "dp.mechanism = 'distributed' needs secure aggregation (secagg.enabled = true, "
@@ -544,48 +545,52 @@ def _check_tracking(t: TrackingConfig) -> None:
         )
 
 
-def _check_dp_soundness(cfg: RunConfig) -> None:
-    # Only accountants proven for the mechanism (privacy/dp/vocabulary.sound_accountants).
-    dp, sampling = cfg.dp, cfg.server.sampling
+def _check_dp_rules(cfg: RunConfig) -> None:
+    """dp.mechanism, dp.accountant, server.sampling and dp.neighbouring against the one DP
+    rule table (fedveil.protocol.dp_rules), at the sampling the run is configured with and,
+    where it differs, the one its releases are accounted at."""
+    dp = cfg.dp
     if dp.mechanism == "none":
         return
-    if dp.neighbouring == "zero_out" and sampling == "fixed":
-        raise ConfigError(
-            "dp.neighbouring = 'zero_out' with server.sampling = 'fixed': no accountant bounds "
-            "this pair; use replace_one (or 'auto')"
-        )
-    if dp.mechanism == "distributed":
+    mechanism = MECHANISM_OF_CONFIG[dp.mechanism]
+    secagg = cfg.secagg.enabled
+    shown = {
+        "mechanism": repr(dp.mechanism),
+        "accountant": repr(dp.accountant),
+        "sampling": repr(cfg.server.sampling),
+        "neighbouring": repr(dp.neighbouring),
+        "secure_aggregation": "true" if secagg else "false",
+    }
+    row = dp_refusal(mechanism, dp.accountant, cfg.server.sampling, dp.neighbouring, secagg)
+    if row is not None:
+        raise ConfigError(row.message(shown))
+    accounted = _accounted_setting(cfg, mechanism)
+    if accounted is None:
+        return
+    sampling, neighbouring, why = accounted
+    row = dp_refusal(mechanism, dp.accountant, sampling, neighbouring, secagg)
+    if row is not None:
+        shown["sampling"] = f"{cfg.server.sampling!r} ({why}: accounted as {sampling!r})"
+        shown["neighbouring"] = repr(neighbouring)
+        raise ConfigError(row.message(shown))
+
+
+def _accounted_setting(cfg: RunConfig, mechanism: str) -> tuple[str, str, str] | None:
+    """(sampling, neighbouring, why) the releases are accounted at when that is not the
+    configured sampling: unsampled (q = 1, as Poisson) for seeded cohorts, which anyone
+    holding the run files can recompute, and for asynchronous runs; None otherwise."""
+    dp, sampling = cfg.dp, cfg.server.sampling
+    if cfg.server.mode != "sync":
         if dp.neighbouring == "add_remove":
-            fix = "replace_one" if sampling == "fixed" else "zero_out"
-            raise ConfigError(
-                "dp.neighbouring = 'add_remove': not sound for distributed DP (the target's "
-                f"noise share leaves with it); use 'auto' or {fix!r}"
-            )
-        if dp.accountant == "skellam_rdp":
-            raise ConfigError(
-                "dp.accountant = 'skellam_rdp': evaluates the Skellam bound at fractional "
-                "Renyi orders, for which it is not proven; kept only so that old ledgers "
-                "verify as what they were. Use 'auto' or 'skellam_rdp_integer'"
-            )
-        if dp.accountant not in ("auto", "skellam_rdp_integer"):
-            raise ConfigError(
-                f"dp.accountant = {dp.accountant!r}: not sound for distributed DP (Skellam); "
-                "use 'auto' or 'skellam_rdp_integer'"
-            )
-    elif dp.neighbouring == "add_remove" and sampling == "poisson" and cfg.secagg.enabled:
-        # The rule of privacy/dp/vocabulary.REFUSED_NEIGHBOURING.
-        raise ConfigError(
-            "dp.neighbouring = 'add_remove' with dp.mechanism = 'central', secagg.enabled = "
-            "true and server.sampling = 'poisson': refused. Whether a secure-aggregation "
-            "round aborts depends on how many sampled clients survive, and that public abort "
-            "status then depends on whether the target was sampled, which add/remove does "
-            "not account for; use 'auto' (zero_out under secure aggregation) or 'zero_out'"
-        )
-    elif dp.accountant in ("skellam_rdp_integer", "skellam_rdp"):
-        raise ConfigError(
-            f"dp.accountant = {dp.accountant!r}: only for dp.mechanism = 'distributed'; "
-            "use 'auto' for central DP"
-        )
+            return None  # fedveil.config.async_dp refuses it, naming server.mode
+        neighbouring = ZERO_OUT if dp.neighbouring == AUTO else dp.neighbouring
+        return POISSON, neighbouring, f"server.mode = {cfg.server.mode!r}"
+    if not dp.seeded_cohorts or sampling == POISSON:
+        return None
+    neighbouring = dp.neighbouring
+    if neighbouring == AUTO:
+        neighbouring = default_neighbouring(mechanism, sampling, cfg.secagg.enabled)
+    return POISSON, neighbouring, "dp.seeded_cohorts = true"
 
 
 def parse_stage_dropout(text: str) -> dict[str, float]:

@@ -4,6 +4,8 @@ Pure logic, no transport: nothing here imports Flower or FastAPI or knows the ru
 directory layout; files are passed in as paths or file objects.
 """
 
+from fedveil.protocol.dp_rules import sound_accountants, supported_accountants
+
 from .accounting import compute_epsilon, individual_epsilon
 from .adaptive_clipping import (
     clip_indicator,
@@ -26,7 +28,6 @@ from .report import build_report
 from .rng import secure_generator
 from .skellam import SkellamEncoder, SkellamParams
 from .verify import VerifyResult, verify_ledger
-from .vocabulary import sound_accountants, supported_accountants
 
 __all__ = [
     "GENESIS_HASH",

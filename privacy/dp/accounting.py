@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .events import PrivacyEvent, group_events
-from .vocabulary import (
+from fedveil.protocol.dp_rules import (
     ACCOUNTANTS,
     FIXED,
     PLD,
@@ -33,6 +32,8 @@ from .vocabulary import (
     sound_accountants,
     supported_accountants,
 )
+
+from .events import PrivacyEvent, group_events
 
 # Opacus and dp-accounting are imported lazily: edge clients import this package for
 # clipping and encoding with neither installed (they are server/simulation extras).

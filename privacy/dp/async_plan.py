@@ -46,12 +46,12 @@ from fedveil.config.async_dp import (
     participation_cap,
     server_mode,
 )
+from fedveil.protocol.dp_rules import PLD, POISSON, RDP, REPLACE_ONE, SKELLAM_RDP_INTEGER
 
 from .calibration import calibrate_noise_multiplier
 from .config import DpConfig
 from .participation import cap_bound
 from .plan import MECHANISM_NAMES
-from .vocabulary import PLD, POISSON, RDP, REPLACE_ONE, SKELLAM_RDP_INTEGER
 
 if TYPE_CHECKING:
     from .plan import DistributedDpPlan

@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from .vocabulary import (
+from fedveil.protocol.dp_rules import (
     ADD_REMOVE,
     FIXED,
     NEIGHBOURING_RELATIONS,

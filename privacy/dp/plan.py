@@ -25,16 +25,16 @@ from typing import Any
 from fedveil.config import ConfigError, RunConfig
 from fedveil.config.async_dp import is_async
 from fedveil.config.async_mode import resolved_group_size
-
-from .calibration import calibrate_noise_multiplier
-from .config import DpConfig
-from .skellam import SkellamParams
-from .vocabulary import (
+from fedveil.protocol.dp_rules import (
     FIXED,
     POISSON,
     default_neighbouring,
     neighbouring_refusal,
 )
+
+from .calibration import calibrate_noise_multiplier
+from .config import DpConfig
+from .skellam import SkellamParams
 
 MECHANISM_NAMES = {"central": "central_gaussian", "distributed": "distributed_skellam"}
 

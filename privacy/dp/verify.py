@@ -54,6 +54,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
+from fedveil.protocol.dp_rules import (
+    LEGACY_ACCOUNTANTS,
+    SKELLAM_ACCOUNTANTS,
+    SKELLAM_RDP_INTEGER,
+    sound_accountants,
+    verifiable_accountants,
+)
+
 from .accounting import compute_epsilon, individual_epsilon
 from .budget import event_from_entry
 from .events import PrivacyEvent
@@ -80,13 +88,6 @@ from .ledger import (
 from .participation import capped_events
 from .signing import find_public_key, key_dir, key_id_for, verify_signature
 from .skellam import SkellamParams
-from .vocabulary import (
-    LEGACY_ACCOUNTANTS,
-    SKELLAM_ACCOUNTANTS,
-    SKELLAM_RDP_INTEGER,
-    sound_accountants,
-    verifiable_accountants,
-)
 
 STATUS_FINAL = "final"
 STATUS_INTERRUPTED = "interrupted"
