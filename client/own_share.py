@@ -24,7 +24,7 @@ from fedveil.protocol.dp_rules import POISSON
 from fedveil.protocol.envelope import MessageError
 
 if TYPE_CHECKING:
-    from fedveil.privacy.dp.plan import DistributedDpPlan
+    from fedveil.privacy.dp.distributed_plan import DistributedDpPlan
 
 
 class OwnShareRefusal(MessageError):

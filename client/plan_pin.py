@@ -33,7 +33,7 @@ from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.kinds import Kind
 
 if TYPE_CHECKING:
-    from fedveil.privacy.dp.plan import DistributedDpPlan
+    from fedveil.privacy.dp.distributed_plan import DistributedDpPlan
 
 _MISSING = "(missing)"
 

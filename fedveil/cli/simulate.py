@@ -220,8 +220,7 @@ def _init_model(given: str | None, registry: str | None) -> tuple[Path | None, s
 def _check_privacy_plan(cfg: RunConfig) -> None:
     """Before any data is loaded: refuse secure aggregation that cannot reach its threshold
     (ConfigError -> exit 2), and warn with the numbers when DP noise dominates the update."""
-    from fedveil.privacy.dp.signal import noise_to_signal
-    from fedveil.privacy.secagg.feasibility import check_secagg_feasible
+    from fedveil.server.engine.dp_from_config import check_secagg_feasible, noise_to_signal
 
     check_secagg_feasible(cfg, cfg.data.num_clients)
     signal = noise_to_signal(cfg, cfg.data.num_clients)

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedveil.config.async_mode import check_async_fields
+from fedveil.config.async_mode import check_async_fields, resolved_group_size
 from fedveil.config.fields import ConfigError, build, help_of, spec
 from fedveil.config.poisoning import PoisoningConfig, check_poisoning
 from fedveil.config.ray_address import check_ray_address
 from fedveil.config.robust_bounds import AGGREGATORS, check_robust_config
+from fedveil.protocol.dp_parameters import DpParameters
 from fedveil.protocol.dp_rules import (
     ACCOUNTANTS,
     AUTO,
@@ -403,6 +404,39 @@ class RunConfig:
         (PUBLIC_UNDER_DP; the rest to the private annex): under any DP, DP-SGD on the
         clients alone included (a NaN noise counts as DP)."""
         return self.dp.mechanism != "none" or self.client.dp_sgd_noise != 0
+
+    def dp_parameters(self) -> DpParameters:
+        """The plain values the privacy layer computes this run's DP plan from."""
+        dp, s, sa = self.dp, self.server, self.secagg
+        return DpParameters(
+            mechanism=dp.mechanism,
+            clip_norm=dp.clip,
+            noise_multiplier=dp.noise_multiplier,
+            epsilon=dp.epsilon,
+            delta=dp.delta,
+            neighbouring=dp.neighbouring,
+            accountant=dp.accountant,
+            adaptive_clipping=dp.adaptive_clip,
+            target_quantile=dp.target_quantile,
+            clip_learning_rate=dp.clip_lr,
+            modulus_bits=dp.modulus_bits,
+            seeded_cohorts=dp.seeded_cohorts,
+            rounds=s.rounds,
+            sampling=s.sampling,
+            per_round=s.per_round,
+            sample_rate=s.sample_rate,
+            poisson_rate=self.poisson_rate,
+            mode=s.mode,
+            group_size=resolved_group_size(self),
+            buffer=s.buffer,
+            max_participations=s.max_participations,
+            secure_aggregation=sa.enabled,
+            adversarial_rate=sa.adversarial_rate,
+            dropout_rate=sa.dropout_rate,
+            threat=sa.threat,
+            neighbors=sa.neighbors,
+            threshold=sa.threshold,
+        )
 
     @property
     def poisson_rate(self) -> float:

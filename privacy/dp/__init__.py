@@ -14,13 +14,13 @@ from .adaptive_clipping import (
     total_noise_multiplier,
     update_noise_multiplier,
 )
-from .budget import BudgetExceededError, PrivacyBudget, entry_fields, event_from_entry
+from .budget import BudgetExceededError, PrivacyBudget, entry_fields
 from .calibration import calibrate_noise_multiplier
 from .central import add_gaussian_noise
 from .clipping import Clipped, check_l2_bound, clip_l2, clip_update, l2_norm
 from .config import DpConfig
 from .dpsgd import DpSgdSession, make_private_dp_sgd
-from .events import PrivacyEvent, group_events
+from .events import PrivacyEvent, event_from_entry, group_events
 from .html_report import render_html
 from .individual import coordinator_epsilon_after, individual_epsilon_summary, individual_epsilons
 from .ledger import GENESIS_HASH, Ledger, LedgerCorruptError, canonical_json, entry_hash

@@ -26,8 +26,7 @@ from typing import Any
 from fedveil.protocol.dp_rules import CENTRAL_GAUSSIAN, DISTRIBUTED_SKELLAM
 
 from .accounting import individual_epsilon
-from .budget import event_from_entry
-from .events import PrivacyEvent
+from .events import PrivacyEvent, event_from_entry
 from .individual import individual_epsilon_summary, individual_epsilons
 from .participation import capped_events
 

@@ -63,8 +63,7 @@ from fedveil.protocol.dp_rules import (
 )
 
 from .accounting import compute_epsilon, individual_epsilon
-from .budget import event_from_entry
-from .events import PrivacyEvent
+from .events import PrivacyEvent, event_from_entry
 from .ledger import (
     CLOSE_KINDS,
     ENTRY_FIELDS,
