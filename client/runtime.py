@@ -209,7 +209,7 @@ class ClientRuntime:
             self.own_share = OwnShareAccount(
                 plan, self.run_config.dp.delta, self.max_own_share_epsilon
             )
-            self._pin = PinnedPlan(plan, float(self.run_config.dp.clip))
+            self._pin = PinnedPlan(plan, float(self.run_config.dp.clip_norm))
         return self._pin
 
     def distributed_dp_plan(self) -> DistributedDpPlan | None:

@@ -51,7 +51,7 @@ SIMULATE_FLAGS: list[tuple[str, str, type, str]] = [
     ("--momentum", "client.momentum", float, "local SGD momentum"),
     ("--prox-mu", "client.prox_mu", float, "FedProx mu"),
     ("--dp", "dp.mechanism", str, "differential privacy: none, central or distributed"),
-    ("--clip", "dp.clip", float, "L2 clip norm of a client update"),
+    ("--clip", "dp.clip_norm", float, "L2 clip norm of a client update"),
     ("--noise-multiplier", "dp.noise_multiplier", float, "noise std / clip; 0: from --epsilon"),
     ("--epsilon", "dp.epsilon", float, "privacy budget epsilon"),
     ("--delta", "dp.delta", float, "privacy budget delta"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -240,7 +241,9 @@ class DpSection:
         help="none; central (server adds Gaussian noise to the sum); distributed "
         "(clients add Skellam noise shares under secure aggregation)",
     )
-    clip: float = spec(1.0, lo=0.0, lo_open=True, hi=1e6, help="L2 clip norm C of a client update")
+    clip_norm: float = spec(
+        1.0, lo=0.0, lo_open=True, hi=1e6, help="L2 clip norm C of a client update (was dp.clip)"
+    )
     noise_multiplier: float = spec(
         0.0, lo=0.0, hi=1e4, help="noise std / C; 0 means calibrate it from epsilon"
     )
@@ -260,9 +263,13 @@ class DpSection:
         "skellam_rdp_integer (distributed: the only one sound for Skellam noise, at integer "
         "Renyi orders); skellam_rdp (fractional orders, not proven) only verifies old ledgers",
     )
-    adaptive_clip: bool = spec(False, help="adapt C toward a quantile of update norms")
+    adaptive_clipping: bool = spec(
+        False, help="adapt C toward a quantile of update norms (was dp.adaptive_clip)"
+    )
     target_quantile: float = spec(0.5, lo=0.0, hi=1.0, help="adaptive clipping target quantile")
-    clip_lr: float = spec(0.2, lo=0.0, lo_open=True, hi=10.0, help="adaptive clipping step")
+    clip_learning_rate: float = spec(
+        0.2, lo=0.0, lo_open=True, hi=10.0, help="adaptive clipping step (was dp.clip_lr)"
+    )
     modulus_bits: int = spec(20, lo=8, hi=22, help="distributed DP: bits of the integer modulus")
     budget_against: str = spec(
         "observers",
@@ -277,6 +284,36 @@ class DpSection:
         help="draw DP cohorts from the public run seed (reproducible); anyone holding the run "
         "files then knows the cohorts, so the run is accounted without amplification (q = 1)",
     )
+
+    # The earlier attribute names, for code written against them (the TOML keys of the
+    # same names are mapped by `renamed_keys`, with a warning). The ledger's opening
+    # record keeps its keys 'clip' and 'adaptive_clip' (server/engine/ledger_opening.py).
+    @property
+    def clip(self) -> float:
+        """Deprecated spelling of `clip_norm`."""
+        return self.clip_norm
+
+    @clip.setter
+    def clip(self, value: float) -> None:
+        self.clip_norm = value
+
+    @property
+    def adaptive_clip(self) -> bool:
+        """Deprecated spelling of `adaptive_clipping`."""
+        return self.adaptive_clipping
+
+    @adaptive_clip.setter
+    def adaptive_clip(self, value: bool) -> None:
+        self.adaptive_clipping = value
+
+    @property
+    def clip_lr(self) -> float:
+        """Deprecated spelling of `clip_learning_rate`."""
+        return self.clip_learning_rate
+
+    @clip_lr.setter
+    def clip_lr(self, value: float) -> None:
+        self.clip_learning_rate = value
 
 
 @dataclass
@@ -410,15 +447,15 @@ class RunConfig:
         dp, s, sa = self.dp, self.server, self.secagg
         return DpParameters(
             mechanism=dp.mechanism,
-            clip_norm=dp.clip,
+            clip_norm=dp.clip_norm,
             noise_multiplier=dp.noise_multiplier,
             epsilon=dp.epsilon,
             delta=dp.delta,
             neighbouring=dp.neighbouring,
             accountant=dp.accountant,
-            adaptive_clipping=dp.adaptive_clip,
+            adaptive_clipping=dp.adaptive_clipping,
             target_quantile=dp.target_quantile,
-            clip_learning_rate=dp.clip_lr,
+            clip_learning_rate=dp.clip_learning_rate,
             modulus_bits=dp.modulus_bits,
             seeded_cohorts=dp.seeded_cohorts,
             rounds=s.rounds,
@@ -522,8 +559,8 @@ def _check_dp_fields(cfg: RunConfig) -> None:
             "central DP the coordinator is a trusted curator and no epsilon holds against it; "
             "use dp.mechanism = 'distributed' (or budget_against = 'observers')"
         )
-    if dp.mechanism == "distributed" and dp.adaptive_clip:
-        raise ConfigError("dp.adaptive_clip is not supported with dp.mechanism = 'distributed'")
+    if dp.mechanism == "distributed" and dp.adaptive_clipping:
+        raise ConfigError("dp.adaptive_clipping is not supported with dp.mechanism = 'distributed'")
     _check_distributed_evaluation(cfg)
 
 
@@ -647,8 +684,50 @@ def parse_stage_dropout(text: str) -> dict[str, float]:
     return out
 
 
+class DeprecatedKeyWarning(FutureWarning):
+    """A run-config key under its earlier name: it still works; the warning names the new."""
+
+
+# Run-config keys renamed to the names the ledger records -> their new names. The old
+# spelling is read, with a DeprecatedKeyWarning, until fedveil 1.0 (docs/explanation/
+# dp-rules.md, "Names").
+RENAMED_KEYS: dict[str, str] = {
+    "dp.clip": "dp.clip_norm",
+    "dp.clip_lr": "dp.clip_learning_rate",
+    "dp.adaptive_clip": "dp.adaptive_clipping",
+}
+
+
+def renamed_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with each RENAMED_KEYS key under its new name (a warning naming both);
+    ConfigError when a table gives both names different values."""
+    out = dict(values)
+    for old, new in RENAMED_KEYS.items():
+        section, old_key = old.split(".")
+        new_key = new.split(".")[1]
+        table = out.get(section)
+        if not isinstance(table, dict) or old_key not in table:
+            continue
+        table = dict(table)
+        value = table.pop(old_key)
+        if new_key in table and table[new_key] != value:
+            raise ConfigError(
+                f"{old} = {value!r} and {new} = {table[new_key]!r}: {old} is the earlier name "
+                f"of {new}; give only {new}"
+            )
+        warnings.warn(
+            f"{old} is deprecated: use {new} (the name the privacy ledger records); {old} "
+            "is read until fedveil 1.0",
+            DeprecatedKeyWarning,
+            stacklevel=3,
+        )
+        table[new_key] = value
+        out[section] = table
+    return out
+
+
 def config_from_dict(values: dict[str, Any]) -> RunConfig:
-    cfg = build(RunConfig, values, sections=SECTIONS)
+    cfg = build(RunConfig, renamed_keys(values), sections=SECTIONS)
     _check_cross_fields(cfg)
     return cfg
 
