@@ -54,7 +54,7 @@ from fedveil.privacy.audit import fdp_audit, one_run_lower_bound
 from fedveil.privacy.audit.canary_sums import simulate_canary_sums
 from fedveil.privacy.audit.fdp import CONFIDENCE, ceiling_epsilon, guesses_for
 from fedveil.privacy.dp.events import PrivacyEvent
-from fedveil.privacy.dp.vocabulary import PLD
+from fedveil.protocol.dp_rules import PLD
 
 # The README's defaults: epsilon 8 at delta 1e-5, q = 0.2, T = 60; z as calibrated.
 RATE, ROUNDS, Z, EPSILON, DELTA = 0.2, 60, 1.216, 8.0, 1e-5

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from fedveil.privacy.dp.accounting import compute_epsilon
 from fedveil.privacy.dp.events import PrivacyEvent
-from fedveil.privacy.dp.vocabulary import ADD_REMOVE, DP_SGD, POISSON, default_accountant
+from fedveil.protocol.dp_rules import ADD_REMOVE, DP_SGD, POISSON, default_accountant
 from fedveil.protocol.envelope import MessageError
 
 log = logging.getLogger("fedveil.edge")

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 
 from fedveil.privacy.dp.accounting import individual_epsilon
 from fedveil.privacy.dp.events import PrivacyEvent
-from fedveil.privacy.dp.vocabulary import POISSON
+from fedveil.protocol.dp_rules import POISSON
 from fedveil.protocol.envelope import MessageError
 
 if TYPE_CHECKING:
-    from fedveil.privacy.dp.plan import DistributedDpPlan
+    from fedveil.privacy.dp.distributed_plan import DistributedDpPlan
 
 
 class OwnShareRefusal(MessageError):

@@ -6,7 +6,7 @@ stated against the coordinator holds only if every masked sum carries this clien
 Skellam noise share with the plan's parameters, so a client holding a plan:
 
 - trains only as a secure-aggregation masked input that names the plan's encoding
-  (`skellam`), the plan's noise parameters, the plan's clip (`clip_norm` = dp.clip)
+  (`skellam`), the plan's noise parameters, the plan's clip (`clip_norm` = dp.clip_norm)
   and uniform weighting (`examples` weighting would reveal the sum of example counts);
   a masked input naming `quantized` would hand the coordinator the cohort's un-noised
   sum and mean loss; a plain `train` would hand it this client's update in the clear;
@@ -33,7 +33,7 @@ from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.kinds import Kind
 
 if TYPE_CHECKING:
-    from fedveil.privacy.dp.plan import DistributedDpPlan
+    from fedveil.privacy.dp.distributed_plan import DistributedDpPlan
 
 _MISSING = "(missing)"
 
@@ -66,7 +66,7 @@ class PinnedPlan:
     """The distributed-DP plan a client holds for its run, and the check of each request."""
 
     plan: DistributedDpPlan
-    clip_norm: float  # the run config's dp.clip
+    clip_norm: float  # the run config's dp.clip_norm
     weighting: str = F.WEIGHT_UNIFORM
 
     def check_masked_input(self, msg: Envelope) -> None:
@@ -90,7 +90,7 @@ class PinnedPlan:
             )
         check_skellam_params(SkellamEncoding.requested_params(msg), self.plan.params)
         clip = config.get(F.CLIP_NORM, _MISSING)
-        # Exactly dp.clip: both sides read it from the same config text (a NaN is unequal).
+        # Exactly dp.clip_norm: both sides read it from the same config text (a NaN is unequal).
         same_clip = (
             isinstance(clip, (int, float)) and not isinstance(clip, bool) and clip == self.clip_norm
         )

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from fedveil.client.own_share import OwnShareAccount
     from fedveil.client.plan_pin import PinnedPlan
     from fedveil.config import RunConfig
-    from fedveil.privacy.dp.plan import DistributedDpPlan
+    from fedveil.privacy.dp.distributed_plan import DistributedDpPlan
 
 TRAIN_FIELDS = F.HYPERPARAMETERS
 
@@ -209,7 +209,7 @@ class ClientRuntime:
             self.own_share = OwnShareAccount(
                 plan, self.run_config.dp.delta, self.max_own_share_epsilon
             )
-            self._pin = PinnedPlan(plan, float(self.run_config.dp.clip))
+            self._pin = PinnedPlan(plan, float(self.run_config.dp.clip_norm))
         return self._pin
 
     def distributed_dp_plan(self) -> DistributedDpPlan | None:
@@ -224,7 +224,9 @@ class ClientRuntime:
             # The model size as the server's pipeline counts it (parameters only).
             model_size = sum(p.numel() for p in self.task.model_fn().parameters())
             try:
-                self._dp_plan = plan_distributed_dp(cfg, model_size, self.task.num_clients)
+                self._dp_plan = plan_distributed_dp(
+                    cfg.dp_parameters(), model_size, self.task.num_clients
+                )
             except ValueError as exc:
                 raise MessageError(f"this client's distributed-DP plan: {exc}") from None
         return self._dp_plan

@@ -5,6 +5,8 @@ from mkdocs.yml), so that they cannot drift from the code they describe:
   from the dataclasses of fedveil/config (type, default, limits, help);
 - reference/cli.md: every `fedveil` command's --help, from the argparse parser;
 - reference/openapi.md and openapi.json: the coordinator's HTTP API, from its FastAPI app;
+- reference/dp-rules.md: the DP rule table (fedveil/protocol/dp_rules.py) and the
+  accountant registry's declarations (privacy/dp/accounting.py);
 - explanation/round-architecture.md, dp-design.md, secagg-design.md, simulation-engine.md:
   ARCHITECTURE.md and the design notes kept beside the code (privacy/dp, privacy/secagg,
   simulations), copied as they stand.
@@ -40,11 +42,70 @@ def main() -> None:
         f.write(config_schema())
     with mkdocs_gen_files.open("reference/cli.md", "w") as f:
         f.write(cli_reference())
+    with mkdocs_gen_files.open("reference/dp-rules.md", "w") as f:
+        f.write(dp_rules_page())
     spec = openapi_spec()
     with mkdocs_gen_files.open("reference/openapi.json", "w") as f:
         json.dump(spec, f, indent=1)
     with mkdocs_gen_files.open("reference/openapi.md", "w") as f:
         f.write(openapi_page(spec))
+
+
+# -- the DP rule table ---------------------------------------------------------------
+
+
+def dp_rules_page() -> str:
+    from fedveil.privacy.dp.accounting import create_accountant, registered_accountants
+    from fedveil.protocol.dp_rules import CONFIG_KEYS, CONFIG_OF_MECHANISM, REFUSALS, SOUND
+
+    def names(values: tuple[str, ...] | None) -> str:
+        return "any" if values is None else ", ".join(f"`{v}`" for v in values)
+
+    out = [
+        "# DP rule table\n",
+        "Generated from `fedveil/protocol/dp_rules.py` and the accountant registry",
+        "(`privacy/dp/accounting.py`) when the site is built. Why the table is what it is, and",
+        "how to extend it: [The DP rules](../explanation/dp-rules.md). Mechanisms by their",
+        "ledger names; a run config's `dp.mechanism` maps "
+        + ", ".join(f"`{k}` to `{v}`" for v, k in CONFIG_OF_MECHANISM.items())
+        + ".\n",
+        "## Sound combinations\n",
+        "Accountants tightest first: `auto` resolves to the first.\n",
+        "| mechanism | sampling | neighbouring | accountants | why |",
+        "|---|---|---|---|---|",
+    ]
+    for row in SOUND:
+        out.append(
+            f"| {names(row.mechanisms)} | `{row.sampling}` | `{row.neighbouring}` | "
+            f"{names(row.accountants)} | {row.why} |"
+        )
+    out += [
+        "\n## Refusals\n",
+        "Every combination no row above lists is refused by the first of these that matches",
+        "(a test checks that each is matched), with an error naming the run config's key.\n",
+        "| refuses | mechanism | sampling | neighbouring | accountant | secure aggregation "
+        "| why | fix |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in REFUSALS:
+        secagg = "any" if r.secure_aggregation is None else str(r.secure_aggregation).lower()
+        out.append(
+            f"| `{CONFIG_KEYS[r.field]}` | {names(r.mechanisms)} | {names(r.samplings)} | "
+            f"{names(r.neighbourings)} | {names(r.accountants)} | {secagg} | {r.why} | {r.fix} |"
+        )
+    out += [
+        "\n## Accountant registry\n",
+        "What each registered accountant declares sound for (mechanism, sampling, neighbouring).\n",
+        "| accountant | class | sound for |",
+        "|---|---|---|",
+    ]
+    for name in registered_accountants():
+        acc = create_accountant(name)
+        combos = ", ".join(f"{m} / {s} / {n}" for m, s, n in sorted(acc.sound_for))
+        if acc.successor:
+            combos = f"none (legacy: old ledgers verify as {acc.successor}'s)"
+        out.append(f"| `{name}` | `{type(acc).__name__}` | {combos} |")
+    return "\n".join(out) + "\n"
 
 
 # -- configuration -------------------------------------------------------------------

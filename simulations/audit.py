@@ -63,8 +63,8 @@ from fedveil.privacy.audit.canaries import HELD_OUT, new_secret_seed
 from fedveil.privacy.audit.fdp import CONFIDENCE
 from fedveil.privacy.dp.html_report import audit_html, render_audit_page
 from fedveil.privacy.dp.report import audit_section
-from fedveil.privacy.dp.vocabulary import PLD, supported_accountants
 from fedveil.privacy.encodings import SkellamEncoding
+from fedveil.protocol.dp_rules import PLD, supported_accountants
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.lifecycle import RunLifecycle
@@ -311,7 +311,10 @@ class AuditRuntimeFactory:
         )
         task = canary_task(users, rows)
         canaries = ClientRuntime(
-            task, "cpu", run_config=self.audit_cfg, trainer=CanaryTrainer(self.audit_cfg.dp.clip)
+            task,
+            "cpu",
+            run_config=self.audit_cfg,
+            trainer=CanaryTrainer(self.audit_cfg.dp.clip_norm),
         )
         device = ray_client_device(self.audit_cfg.simulation.client_gpus)
         return AuditClientRuntime(users, canaries, device, run_config=self.audit_cfg)
@@ -437,7 +440,7 @@ def run_audit(
             )
         else:
             run.privacy = _ScaledNoise(run.privacy, mechanism.noise_scale)  # type: ignore[assignment]
-    clip = plan.cfg.dp.clip
+    clip = plan.cfg.dp.clip_norm
     runtime = ClientRuntime(task, "cpu", run_config=plan.cfg, trainer=CanaryTrainer(clip))
     # The released model before the first round and after the last: the statistic
     # telescopes, so no per-round copy of the model is kept. The rounds are counted.

@@ -51,7 +51,7 @@ SIMULATE_FLAGS: list[tuple[str, str, type, str]] = [
     ("--momentum", "client.momentum", float, "local SGD momentum"),
     ("--prox-mu", "client.prox_mu", float, "FedProx mu"),
     ("--dp", "dp.mechanism", str, "differential privacy: none, central or distributed"),
-    ("--clip", "dp.clip", float, "L2 clip norm of a client update"),
+    ("--clip", "dp.clip_norm", float, "L2 clip norm of a client update"),
     ("--noise-multiplier", "dp.noise_multiplier", float, "noise std / clip; 0: from --epsilon"),
     ("--epsilon", "dp.epsilon", float, "privacy budget epsilon"),
     ("--delta", "dp.delta", float, "privacy budget delta"),
@@ -220,8 +220,7 @@ def _init_model(given: str | None, registry: str | None) -> tuple[Path | None, s
 def _check_privacy_plan(cfg: RunConfig) -> None:
     """Before any data is loaded: refuse secure aggregation that cannot reach its threshold
     (ConfigError -> exit 2), and warn with the numbers when DP noise dominates the update."""
-    from fedveil.privacy.dp.signal import noise_to_signal
-    from fedveil.privacy.secagg.feasibility import check_secagg_feasible
+    from fedveil.server.engine.dp_from_config import check_secagg_feasible, noise_to_signal
 
     check_secagg_feasible(cfg, cfg.data.num_clients)
     signal = noise_to_signal(cfg, cfg.data.num_clients)

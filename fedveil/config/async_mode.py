@@ -30,10 +30,7 @@ def resolved_concurrency(cfg: RunConfig) -> int:
 
 def resolved_group_size(cfg: RunConfig) -> int:
     """G: clients per dispatch unit (server.group_size; 0: K under secagg, else 1)."""
-    s = cfg.server
-    if s.group_size:
-        return s.group_size
-    return s.buffer if cfg.secagg.enabled else 1
+    return cfg.group_size
 
 
 def rounds_are_dispatches(cfg: RunConfig | None) -> bool:

@@ -8,6 +8,7 @@ the allowed range.
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,14 @@ from fedveil.config.run_schema import (
     TrackingConfig,
 )
 from fedveil.config.validator import ConfigError, build, help_of
+from fedveil.protocol.dp_rules import (
+    AUTO,
+    MECHANISM_OF_CONFIG,
+    POISSON,
+    ZERO_OUT,
+    default_neighbouring,
+)
+from fedveil.protocol.dp_rules import refusal as dp_refusal
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -81,16 +90,7 @@ def _check_dp_fields(cfg: RunConfig) -> None:
         raise ConfigError(
             f"dp.mechanism = {dp.mechanism!r} needs a budget: set dp.epsilon > 0 (e.g. --epsilon 8)"
         )
-    if (
-        dp.neighbouring == "add_remove"
-        and cfg.server.sampling == "fixed"
-        and dp.mechanism != "none"
-    ):
-        raise ConfigError(
-            "dp.neighbouring = 'add_remove' with server.sampling = 'fixed': no accountant bounds "
-            "this pair; use Poisson sampling or replace_one"
-        )
-    _check_dp_soundness(cfg)
+    _check_dp_rules(cfg)
     if dp.mechanism == "distributed" and not cfg.secagg.enabled:
         raise ConfigError(
             "dp.mechanism = 'distributed' needs secure aggregation (secagg.enabled = true, "
@@ -102,8 +102,8 @@ def _check_dp_fields(cfg: RunConfig) -> None:
             "central DP the coordinator is a trusted curator and no epsilon holds against it; "
             "use dp.mechanism = 'distributed' (or budget_against = 'observers')"
         )
-    if dp.mechanism == "distributed" and dp.adaptive_clip:
-        raise ConfigError("dp.adaptive_clip is not supported with dp.mechanism = 'distributed'")
+    if dp.mechanism == "distributed" and dp.adaptive_clipping:
+        raise ConfigError("dp.adaptive_clipping is not supported with dp.mechanism = 'distributed'")
     _check_distributed_evaluation(cfg)
 
 
@@ -159,48 +159,52 @@ def _check_tracking(t: TrackingConfig) -> None:
         )
 
 
-def _check_dp_soundness(cfg: RunConfig) -> None:
-    # Only accountants proven for the mechanism (privacy/dp/vocabulary.sound_accountants).
-    dp, sampling = cfg.dp, cfg.server.sampling
+def _check_dp_rules(cfg: RunConfig) -> None:
+    """dp.mechanism, dp.accountant, server.sampling and dp.neighbouring against the one DP
+    rule table (fedveil.protocol.dp_rules), at the sampling the run is configured with and,
+    where it differs, the one its releases are accounted at."""
+    dp = cfg.dp
     if dp.mechanism == "none":
         return
-    if dp.neighbouring == "zero_out" and sampling == "fixed":
-        raise ConfigError(
-            "dp.neighbouring = 'zero_out' with server.sampling = 'fixed': no accountant bounds "
-            "this pair; use replace_one (or 'auto')"
-        )
-    if dp.mechanism == "distributed":
+    mechanism = MECHANISM_OF_CONFIG[dp.mechanism]
+    secagg = cfg.secagg.enabled
+    shown = {
+        "mechanism": repr(dp.mechanism),
+        "accountant": repr(dp.accountant),
+        "sampling": repr(cfg.server.sampling),
+        "neighbouring": repr(dp.neighbouring),
+        "secure_aggregation": "true" if secagg else "false",
+    }
+    row = dp_refusal(mechanism, dp.accountant, cfg.server.sampling, dp.neighbouring, secagg)
+    if row is not None:
+        raise ConfigError(row.message(shown))
+    accounted = _accounted_setting(cfg, mechanism)
+    if accounted is None:
+        return
+    sampling, neighbouring, why = accounted
+    row = dp_refusal(mechanism, dp.accountant, sampling, neighbouring, secagg)
+    if row is not None:
+        shown["sampling"] = f"{cfg.server.sampling!r} ({why}: accounted as {sampling!r})"
+        shown["neighbouring"] = repr(neighbouring)
+        raise ConfigError(row.message(shown))
+
+
+def _accounted_setting(cfg: RunConfig, mechanism: str) -> tuple[str, str, str] | None:
+    """(sampling, neighbouring, why) the releases are accounted at when that is not the
+    configured sampling: unsampled (q = 1, as Poisson) for seeded cohorts, which anyone
+    holding the run files can recompute, and for asynchronous runs; None otherwise."""
+    dp, sampling = cfg.dp, cfg.server.sampling
+    if cfg.server.mode != "sync":
         if dp.neighbouring == "add_remove":
-            fix = "replace_one" if sampling == "fixed" else "zero_out"
-            raise ConfigError(
-                "dp.neighbouring = 'add_remove': not sound for distributed DP (the target's "
-                f"noise share leaves with it); use 'auto' or {fix!r}"
-            )
-        if dp.accountant == "skellam_rdp":
-            raise ConfigError(
-                "dp.accountant = 'skellam_rdp': evaluates the Skellam bound at fractional "
-                "Renyi orders, for which it is not proven; kept only so that old ledgers "
-                "verify as what they were. Use 'auto' or 'skellam_rdp_integer'"
-            )
-        if dp.accountant not in ("auto", "skellam_rdp_integer"):
-            raise ConfigError(
-                f"dp.accountant = {dp.accountant!r}: not sound for distributed DP (Skellam); "
-                "use 'auto' or 'skellam_rdp_integer'"
-            )
-    elif dp.neighbouring == "add_remove" and sampling == "poisson" and cfg.secagg.enabled:
-        # The rule of privacy/dp/vocabulary.REFUSED_NEIGHBOURING.
-        raise ConfigError(
-            "dp.neighbouring = 'add_remove' with dp.mechanism = 'central', secagg.enabled = "
-            "true and server.sampling = 'poisson': refused. Whether a secure-aggregation "
-            "round aborts depends on how many sampled clients survive, and that public abort "
-            "status then depends on whether the target was sampled, which add/remove does "
-            "not account for; use 'auto' (zero_out under secure aggregation) or 'zero_out'"
-        )
-    elif dp.accountant in ("skellam_rdp_integer", "skellam_rdp"):
-        raise ConfigError(
-            f"dp.accountant = {dp.accountant!r}: only for dp.mechanism = 'distributed'; "
-            "use 'auto' for central DP"
-        )
+            return None  # fedveil.config.async_dp refuses it, naming server.mode
+        neighbouring = ZERO_OUT if dp.neighbouring == AUTO else dp.neighbouring
+        return POISSON, neighbouring, f"server.mode = {cfg.server.mode!r}"
+    if not dp.seeded_cohorts or sampling == POISSON:
+        return None
+    neighbouring = dp.neighbouring
+    if neighbouring == AUTO:
+        neighbouring = default_neighbouring(mechanism, sampling, cfg.secagg.enabled)
+    return POISSON, neighbouring, "dp.seeded_cohorts = true"
 
 
 def parse_stage_dropout(text: str) -> dict[str, float]:
@@ -223,8 +227,50 @@ def parse_stage_dropout(text: str) -> dict[str, float]:
     return out
 
 
+class DeprecatedKeyWarning(FutureWarning):
+    """A run-config key under its earlier name: it still works; the warning names the new."""
+
+
+# Run-config keys renamed to the names the ledger records -> their new names. The old
+# spelling is read, with a DeprecatedKeyWarning, until fedveil 1.0 (docs/explanation/
+# dp-rules.md, "Names").
+RENAMED_KEYS: dict[str, str] = {
+    "dp.clip": "dp.clip_norm",
+    "dp.clip_lr": "dp.clip_learning_rate",
+    "dp.adaptive_clip": "dp.adaptive_clipping",
+}
+
+
+def renamed_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with each RENAMED_KEYS key under its new name (a warning naming both);
+    ConfigError when a table gives both names different values."""
+    out = dict(values)
+    for old, new in RENAMED_KEYS.items():
+        section, old_key = old.split(".")
+        new_key = new.split(".")[1]
+        table = out.get(section)
+        if not isinstance(table, dict) or old_key not in table:
+            continue
+        table = dict(table)
+        value = table.pop(old_key)
+        if new_key in table and table[new_key] != value:
+            raise ConfigError(
+                f"{old} = {value!r} and {new} = {table[new_key]!r}: {old} is the earlier name "
+                f"of {new}; give only {new}"
+            )
+        warnings.warn(
+            f"{old} is deprecated: use {new} (the name the privacy ledger records); {old} "
+            "is read until fedveil 1.0",
+            DeprecatedKeyWarning,
+            stacklevel=3,
+        )
+        table[new_key] = value
+        out[section] = table
+    return out
+
+
 def config_from_dict(values: dict[str, Any]) -> RunConfig:
-    cfg = build(RunConfig, values, sections=SECTIONS)
+    cfg = build(RunConfig, renamed_keys(values), sections=SECTIONS)
     _check_cross_fields(cfg)
     return cfg
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedveil.config.validator import spec
+from fedveil.protocol.dp_parameters import DpParameters
+from fedveil.protocol.dp_rules import ACCOUNTANTS, AUTO, MECHANISM_OF_CONFIG, NEIGHBOURING_RELATIONS
 
 AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "bulyan", "norm_bound")
 
@@ -217,11 +219,13 @@ class SecAggSection:
 class DpSection:
     mechanism: str = spec(
         "none",
-        choices=("none", "central", "distributed"),
+        choices=("none", *MECHANISM_OF_CONFIG),
         help="none; central (server adds Gaussian noise to the sum); distributed "
         "(clients add Skellam noise shares under secure aggregation)",
     )
-    clip: float = spec(1.0, lo=0.0, lo_open=True, hi=1e6, help="L2 clip norm C of a client update")
+    clip_norm: float = spec(
+        1.0, lo=0.0, lo_open=True, hi=1e6, help="L2 clip norm C of a client update (was dp.clip)"
+    )
     noise_multiplier: float = spec(
         0.0, lo=0.0, hi=1e4, help="noise std / C; 0 means calibrate it from epsilon"
     )
@@ -229,21 +233,25 @@ class DpSection:
     delta: float = spec(1e-5, lo=0.0, lo_open=True, hi=0.1, help="privacy budget delta")
     neighbouring: str = spec(
         "auto",
-        choices=("auto", "add_remove", "replace_one", "zero_out"),
+        choices=(AUTO, *NEIGHBOURING_RELATIONS),
         help="neighbouring relation; auto: replace_one for fixed sampling; for Poisson, "
         "add_remove (central) or zero_out (distributed: the client still takes part, its "
         "update replaced by zeros; hides what it sent, not that it took part)",
     )
     accountant: str = spec(
         "auto",
-        choices=("auto", "pld", "prv", "rdp", "dpa_rdp", "skellam_rdp_integer", "skellam_rdp"),
+        choices=(AUTO, *ACCOUNTANTS),
         help="privacy accountant; auto: pld (central, Poisson), dpa_rdp (central, fixed), "
         "skellam_rdp_integer (distributed: the only one sound for Skellam noise, at integer "
         "Renyi orders); skellam_rdp (fractional orders, not proven) only verifies old ledgers",
     )
-    adaptive_clip: bool = spec(False, help="adapt C toward a quantile of update norms")
+    adaptive_clipping: bool = spec(
+        False, help="adapt C toward a quantile of update norms (was dp.adaptive_clip)"
+    )
     target_quantile: float = spec(0.5, lo=0.0, hi=1.0, help="adaptive clipping target quantile")
-    clip_lr: float = spec(0.2, lo=0.0, lo_open=True, hi=10.0, help="adaptive clipping step")
+    clip_learning_rate: float = spec(
+        0.2, lo=0.0, lo_open=True, hi=10.0, help="adaptive clipping step (was dp.clip_lr)"
+    )
     modulus_bits: int = spec(20, lo=8, hi=22, help="distributed DP: bits of the integer modulus")
     budget_against: str = spec(
         "observers",
@@ -258,6 +266,36 @@ class DpSection:
         help="draw DP cohorts from the public run seed (reproducible); anyone holding the run "
         "files then knows the cohorts, so the run is accounted without amplification (q = 1)",
     )
+
+    # The earlier attribute names, for code written against them (the TOML keys of the
+    # same names are mapped by `renamed_keys`, with a warning). The ledger's opening
+    # record keeps its keys 'clip' and 'adaptive_clip' (server/engine/ledger_opening.py).
+    @property
+    def clip(self) -> float:
+        """Deprecated spelling of `clip_norm`."""
+        return self.clip_norm
+
+    @clip.setter
+    def clip(self, value: float) -> None:
+        self.clip_norm = value
+
+    @property
+    def adaptive_clip(self) -> bool:
+        """Deprecated spelling of `adaptive_clipping`."""
+        return self.adaptive_clipping
+
+    @adaptive_clip.setter
+    def adaptive_clip(self, value: bool) -> None:
+        self.adaptive_clipping = value
+
+    @property
+    def clip_lr(self) -> float:
+        """Deprecated spelling of `clip_learning_rate`."""
+        return self.clip_learning_rate
+
+    @clip_lr.setter
+    def clip_lr(self, value: float) -> None:
+        self.clip_learning_rate = value
 
 
 @dataclass
@@ -422,6 +460,47 @@ class RunConfig:
         (PUBLIC_UNDER_DP; the rest to the private annex): under any DP, DP-SGD on the
         clients alone included (a NaN noise counts as DP)."""
         return self.dp.mechanism != "none" or self.client.dp_sgd_noise != 0
+
+    def dp_parameters(self) -> DpParameters:
+        """The plain values the privacy layer computes this run's DP plan from."""
+        dp, s, sa = self.dp, self.server, self.secagg
+        return DpParameters(
+            mechanism=dp.mechanism,
+            clip_norm=dp.clip_norm,
+            noise_multiplier=dp.noise_multiplier,
+            epsilon=dp.epsilon,
+            delta=dp.delta,
+            neighbouring=dp.neighbouring,
+            accountant=dp.accountant,
+            adaptive_clipping=dp.adaptive_clipping,
+            target_quantile=dp.target_quantile,
+            clip_learning_rate=dp.clip_learning_rate,
+            modulus_bits=dp.modulus_bits,
+            seeded_cohorts=dp.seeded_cohorts,
+            rounds=s.rounds,
+            sampling=s.sampling,
+            per_round=s.per_round,
+            sample_rate=s.sample_rate,
+            poisson_rate=self.poisson_rate,
+            mode=s.mode,
+            group_size=self.group_size,
+            buffer=s.buffer,
+            max_participations=s.max_participations,
+            secure_aggregation=sa.enabled,
+            adversarial_rate=sa.adversarial_rate,
+            dropout_rate=sa.dropout_rate,
+            threat=sa.threat,
+            neighbors=sa.neighbors,
+            threshold=sa.threshold,
+        )
+
+    @property
+    def group_size(self) -> int:
+        """G: clients per dispatch unit (server.group_size; 0: K under secagg, else 1)."""
+        s = self.server
+        if s.group_size:
+            return s.group_size
+        return s.buffer if self.secagg.enabled else 1
 
     @property
     def poisson_rate(self) -> float:

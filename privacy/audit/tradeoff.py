@@ -27,7 +27,7 @@ import numpy as np
 
 from fedveil.privacy.dp.accounting import PLD_DISCRETIZATION, composed_pld, compute_epsilon
 from fedveil.privacy.dp.events import PrivacyEvent, group_events
-from fedveil.privacy.dp.vocabulary import PLD
+from fedveil.protocol.dp_rules import PLD
 
 # Type I errors the curve is kept at: 0 and 2,500 log-spaced points from 1e-16 to 1.
 ALPHA = np.concatenate([[0.0], np.geomspace(1e-16, 1.0, 2500)])

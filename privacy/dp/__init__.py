@@ -4,6 +4,8 @@ Pure logic, no transport: nothing here imports Flower or FastAPI or knows the ru
 directory layout; files are passed in as paths or file objects.
 """
 
+from fedveil.protocol.dp_rules import sound_accountants, supported_accountants
+
 from .accounting import compute_epsilon, individual_epsilon
 from .adaptive_clipping import (
     clip_indicator,
@@ -12,13 +14,13 @@ from .adaptive_clipping import (
     total_noise_multiplier,
     update_noise_multiplier,
 )
-from .budget import BudgetExceededError, PrivacyBudget, entry_fields, event_from_entry
+from .budget import BudgetExceededError, PrivacyBudget, entry_fields
 from .calibration import calibrate_noise_multiplier
 from .central import add_gaussian_noise
 from .clipping import Clipped, check_l2_bound, clip_l2, clip_update, l2_norm
 from .config import DpConfig
 from .dpsgd import DpSgdSession, make_private_dp_sgd
-from .events import PrivacyEvent, group_events
+from .events import PrivacyEvent, event_from_entry, group_events
 from .html_report import render_html
 from .individual import coordinator_epsilon_after, individual_epsilon_summary, individual_epsilons
 from .ledger import GENESIS_HASH, Ledger, LedgerCorruptError, canonical_json, entry_hash
@@ -26,7 +28,6 @@ from .report import build_report
 from .rng import secure_generator
 from .skellam import SkellamEncoder, SkellamParams
 from .verify import VerifyResult, verify_ledger
-from .vocabulary import sound_accountants, supported_accountants
 
 __all__ = [
     "GENESIS_HASH",

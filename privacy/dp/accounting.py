@@ -1,26 +1,37 @@
-"""Accountant facade over Opacus (RDP, PRV), Google dp-accounting (PLD, RDP) and the
-general subsampled-RDP bounds of subsampled_rdp.py (skellam_rdp).
+"""Accountants behind one interface and a registry: Opacus (RDP, PRV), Google
+dp-accounting (PLD, RDP) and the general subsampled-RDP bounds of subsampled_rdp.py
+(skellam_rdp_integer, and the legacy skellam_rdp that old ledgers name).
 
-Events are grouped into constant-parameter blocks and handed to the libraries, which
-recompute epsilon from (q, z, T) each time. skellam_rdp composes the Gaussian-equivalent
-curve of distributed Skellam (skellam.py), amplified by bounds valid for any mechanism.
+Each accountant is a registered `Accountant` class that declares the (mechanism,
+sampling, neighbouring) combinations it is sound for; those declarations equal the rule
+table (fedveil.protocol.dp_rules) and what the run config enforces (tests check both).
+`create_accountant(name)` gives the instance `compute_epsilon` uses.
+
+Stateless: an accountant composes a list of events each time (grouped into
+constant-parameter blocks and handed to the libraries, which recompute epsilon from
+(q, z, T)), unlike Opacus' stateful history, so a ledger's epsilons are re-verified from
+its entries alone. skellam_rdp_integer composes the Gaussian-equivalent curve of
+distributed Skellam (skellam.py), amplified by bounds valid for any mechanism.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from .events import PrivacyEvent, group_events
-from .vocabulary import (
-    ACCOUNTANTS,
+from fedveil.protocol.dp_rules import (
+    ADD_REMOVE,
+    DISTRIBUTED_SKELLAM,
+    DPA_RDP,
     FIXED,
+    GAUSSIAN_MECHANISMS,
     PLD,
     POISSON,
     PRV,
@@ -29,10 +40,12 @@ from .vocabulary import (
     SKELLAM_ACCOUNTANTS,
     SKELLAM_RDP,
     SKELLAM_RDP_INTEGER,
-    legacy_twins,
+    ZERO_OUT,
     sound_accountants,
     supported_accountants,
 )
+
+from .events import PrivacyEvent, group_events
 
 # Opacus and dp-accounting are imported lazily: edge clients import this package for
 # clipping and encoding with neither installed (they are server/simulation extras).
@@ -64,7 +77,7 @@ def compute_epsilon(
     """Epsilon at `delta` of the composition of `events` (an upper bound; inf if unbounded).
 
     With `mechanism` given, an accountant that is not sound for it is refused
-    (vocabulary.sound_accountants), e.g. 'pld' for 'distributed_skellam'.
+    (each accountant's `sound_for`), e.g. 'pld' for 'distributed_skellam'.
     """
     if not 0 < delta < 1:
         raise ValueError(f"delta={delta!r} is invalid; allowed: (0, 1)")
@@ -78,17 +91,14 @@ def compute_epsilon(
             "one run has one sampling scheme and one neighbouring relation"
         )
     ((sampling, neighbouring),) = relations
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant={accountant!r} is invalid; allowed: {ACCOUNTANTS}")
-    supported = supported_accountants(sampling, neighbouring)
-    if accountant not in supported + legacy_twins(supported):
+    chosen = create_accountant(accountant)
+    if not chosen.models(sampling, neighbouring):
         allowed = supported_accountants(sampling, neighbouring)
         raise ValueError(
             f"accountant={accountant!r} does not model sampling={sampling!r} with "
             f"neighbouring={neighbouring!r}; allowed: {allowed}"
         )
-    sound = sound_accountants(mechanism, sampling, neighbouring) if mechanism else ()
-    if mechanism is not None and accountant not in sound + legacy_twins(sound):
+    if mechanism is not None and not chosen.verifies(mechanism, sampling, neighbouring):
         allowed = sound_accountants(mechanism, sampling, neighbouring)
         raise ValueError(
             f"accountant={accountant!r} is not sound for mechanism={mechanism!r} with "
@@ -126,15 +136,7 @@ def individual_epsilon(
 def _cached_epsilon(grouped: tuple[PrivacyEvent, ...], delta: float, accountant: str) -> float:
     # The budget check before a round and the ledger entry after it ask for the same
     # composition; caching makes the second call free.
-    if accountant == RDP:
-        return _opacus_rdp_epsilon(grouped, delta)
-    if accountant == PRV:
-        return _opacus_prv_epsilon(grouped, delta)
-    if accountant == PLD:
-        return _pld_epsilon(grouped, delta)
-    if accountant in SKELLAM_ACCOUNTANTS:
-        return _skellam_rdp_epsilon(grouped, delta, accountant)
-    return _dpa_rdp_epsilon(grouped, delta)
+    return create_accountant(accountant).epsilon(grouped, delta)
 
 
 def skellam_orders(accountant: str = SKELLAM_RDP_INTEGER) -> tuple[float, ...]:
@@ -322,3 +324,148 @@ def _dpa_event(event: PrivacyEvent, z: float) -> Any:
 def _finite_or_inf(value: float) -> float:
     value = float(value)
     return value if math.isfinite(value) else math.inf
+
+
+# ------------------------------------------------------------------ the registry
+Combination = tuple[str, str, str]  # (mechanism, sampling, neighbouring)
+
+
+def _combinations(
+    mechanisms: Iterable[str], pairs: Iterable[tuple[str, str]]
+) -> frozenset[Combination]:
+    return frozenset((m, s, n) for m in mechanisms for s, n in pairs)
+
+
+class Accountant(ABC):
+    """An accountant: the epsilon at `delta` of a composition of privacy events.
+
+    `name` is what ledgers and dp.accountant call it. `sound_for` declares the
+    (mechanism, sampling, neighbouring) combinations whose epsilon it bounds from
+    above; a legacy accountant declares none and names its `successor`, whose
+    combinations old ledgers naming it still verify under.
+    """
+
+    name: ClassVar[str]
+    sound_for: ClassVar[frozenset[Combination]]
+    successor: ClassVar[str | None] = None
+
+    @abstractmethod
+    def epsilon(self, grouped: tuple[PrivacyEvent, ...], delta: float) -> float:
+        """Epsilon of the composition of `grouped` (group_events' blocks); inf if unbounded."""
+
+    def verifies_for(self) -> frozenset[Combination]:
+        """What a ledger naming this accountant may record: its own combinations, or a
+        legacy accountant's successor's."""
+        if self.successor is not None:
+            return create_accountant(self.successor).sound_for
+        return self.sound_for
+
+    def verifies(self, mechanism: str, sampling: str, neighbouring: str) -> bool:
+        return (mechanism, sampling, neighbouring) in self.verifies_for()
+
+    def models(self, sampling: str, neighbouring: str) -> bool:
+        """Whether it bounds this sampling and relation for some mechanism."""
+        return any(s == sampling and n == neighbouring for _, s, n in self.verifies_for())
+
+
+_REGISTRY: dict[str, type[Accountant]] = {}
+A = TypeVar("A", bound=type[Accountant])
+
+
+def register_accountant(cls: A) -> A:
+    """Register an Accountant class under its `name` (a class decorator; the name must be
+    new). Its `sound_for` lists what the rule table's SOUND rows list for it
+    (tests/privacy/dp/test_accountant_registry.py checks both against the validator)."""
+    name = cls.name
+    if name in _REGISTRY:
+        raise ValueError(f"accountant {name!r} is registered already ({_REGISTRY[name]!r})")
+    _REGISTRY[name] = cls
+    return cls
+
+
+def create_accountant(name: str) -> Accountant:
+    """The registered accountant called `name` (ValueError naming the allowed ones)."""
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise ValueError(f"accountant={name!r} is invalid; allowed: {registered_accountants()}")
+    return cls()
+
+
+def registered_accountants() -> tuple[str, ...]:
+    """Every registered accountant's name, in registration order."""
+    return tuple(_REGISTRY)
+
+
+_ALL_GAUSSIAN_PAIRS = ((POISSON, ADD_REMOVE), (POISSON, ZERO_OUT))
+
+
+@register_accountant
+class PldAccountant(Accountant):
+    """dp-accounting's privacy loss distributions: the tightest for the Gaussian."""
+
+    name = PLD
+    sound_for = _combinations(GAUSSIAN_MECHANISMS, (*_ALL_GAUSSIAN_PAIRS, (POISSON, REPLACE_ONE)))
+
+    def epsilon(self, grouped: tuple[PrivacyEvent, ...], delta: float) -> float:
+        return _pld_epsilon(grouped, delta)
+
+
+@register_accountant
+class PrvAccountant(Accountant):
+    """Opacus' privacy random variables (add/remove, and zero-out, which composes alike)."""
+
+    name = PRV
+    sound_for = _combinations(GAUSSIAN_MECHANISMS, _ALL_GAUSSIAN_PAIRS)
+
+    def epsilon(self, grouped: tuple[PrivacyEvent, ...], delta: float) -> float:
+        return _opacus_prv_epsilon(grouped, delta)
+
+
+@register_accountant
+class OpacusRdpAccountant(Accountant):
+    """Opacus' Renyi DP of the Poisson-subsampled Gaussian."""
+
+    name = RDP
+    sound_for = _combinations(GAUSSIAN_MECHANISMS, _ALL_GAUSSIAN_PAIRS)
+
+    def epsilon(self, grouped: tuple[PrivacyEvent, ...], delta: float) -> float:
+        return _opacus_rdp_epsilon(grouped, delta)
+
+
+@register_accountant
+class DpaRdpAccountant(Accountant):
+    """dp-accounting's Renyi DP: the only one for fixed-size sampling without replacement."""
+
+    name = DPA_RDP
+    sound_for = _combinations(GAUSSIAN_MECHANISMS, (*_ALL_GAUSSIAN_PAIRS, (FIXED, REPLACE_ONE)))
+
+    def epsilon(self, grouped: tuple[PrivacyEvent, ...], delta: float) -> float:
+        return _dpa_rdp_epsilon(grouped, delta)
+
+
+@register_accountant
+class SkellamRdpIntegerAccountant(Accountant):
+    """The Skellam RDP curve at integer orders, amplified by bounds valid for any
+    mechanism: the only accountant sound for distributed DP."""
+
+    name = SKELLAM_RDP_INTEGER
+    sound_for = _combinations(
+        (DISTRIBUTED_SKELLAM,),
+        ((POISSON, REPLACE_ONE), (POISSON, ZERO_OUT), (FIXED, REPLACE_ONE)),
+    )
+
+    def epsilon(self, grouped: tuple[PrivacyEvent, ...], delta: float) -> float:
+        return _skellam_rdp_epsilon(grouped, delta, self.name)
+
+
+@register_accountant
+class LegacySkellamRdpAccountant(Accountant):
+    """The Skellam curve at fractional orders too, where its bound is not proven: sound for
+    nothing; old ledgers naming it verify as what they were."""
+
+    name = SKELLAM_RDP
+    sound_for: ClassVar[frozenset[Combination]] = frozenset()
+    successor = SKELLAM_RDP_INTEGER
+
+    def epsilon(self, grouped: tuple[PrivacyEvent, ...], delta: float) -> float:
+        return _skellam_rdp_epsilon(grouped, delta, self.name)

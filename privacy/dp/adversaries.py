@@ -23,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from fedveil.protocol.dp_rules import CENTRAL_GAUSSIAN, DISTRIBUTED_SKELLAM
+
 from .accounting import individual_epsilon
-from .budget import event_from_entry
-from .events import PrivacyEvent
+from .events import PrivacyEvent, event_from_entry
 from .individual import individual_epsilon_summary, individual_epsilons
 from .participation import capped_events
-from .vocabulary import CENTRAL_GAUSSIAN, DISTRIBUTED_SKELLAM
 
 CHARGE = "charge"
 # The realised largest per-client figure: private annex and operator's views only.

@@ -7,7 +7,7 @@ figures come from report.py and adversaries.py.
 
 from __future__ import annotations
 
-from .vocabulary import (
+from fedveil.protocol.dp_rules import (
     ADD_REMOVE,
     CENTRAL_GAUSSIAN,
     DISTRIBUTED_SKELLAM,

@@ -32,59 +32,91 @@ add/remove shift does not cover, so add/remove is refused. replace_one is accept
 Refused, because no accounting for them is stated here (each refusal names the field):
 adaptive clipping (its count release is calibrated to a sampled cohort), a missing cap,
 add/remove adjacency, and distributed DP on devices (fedveil.config.async_dp
-check_wall_clock_dp says why).
+check_wall_clock_dp says why). The run config refuses them when it loads, with the
+full explanation; `check_async_invariants` refuses them here again, from the plain
+parameters (fedveil.protocol.dp_parameters), so that no plan is built without them.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fedveil.config import ConfigError, RunConfig
-from fedveil.config.async_dp import (
-    async_neighbouring,
-    check_async_dp,
-    participation_cap,
-    server_mode,
+from fedveil.config.validator import ConfigError
+from fedveil.protocol.dp_parameters import DpParameters
+from fedveil.protocol.dp_rules import (
+    ADD_REMOVE,
+    AUTO,
+    DISTRIBUTED_SKELLAM,
+    MECHANISM_OF_CONFIG,
+    PLD,
+    POISSON,
+    RDP,
+    REPLACE_ONE,
+    SKELLAM_RDP_INTEGER,
+    ZERO_OUT,
 )
 
 from .calibration import calibrate_noise_multiplier
 from .config import DpConfig
 from .participation import cap_bound
-from .plan import MECHANISM_NAMES
-from .vocabulary import PLD, POISSON, RDP, REPLACE_ONE, SKELLAM_RDP_INTEGER
 
 if TYPE_CHECKING:
-    from .plan import DistributedDpPlan
+    from .distributed_plan import DistributedDpPlan
 
 
-def async_accountant(cfg: RunConfig, neighbouring: str) -> str:
+def check_async_invariants(p: DpParameters) -> None:
+    """What an asynchronous DP plan needs, or a ConfigError naming the field: a cap of
+    at least one participation, no adaptive clipping, and no add/remove adjacency."""
+    if p.max_participations < 1:
+        raise ConfigError(
+            f"server.max_participations = {p.max_participations}: must be >= 1 with "
+            f"dp.mechanism = {p.mechanism!r} and server.mode = {p.mode!r} (unsampled "
+            "releases compose without bound unless capped)"
+        )
+    if p.adaptive_clipping:
+        raise ConfigError(
+            f"dp.adaptive_clipping = true with server.mode = {p.mode!r}: refused (its "
+            "count release is calibrated to a sampled cohort)"
+        )
+    if p.neighbouring == ADD_REMOVE:
+        raise ConfigError(
+            f"dp.neighbouring = 'add_remove' with server.mode = {p.mode!r}: refused (a "
+            "buffer slot freed by a removed client is filled by another: a replacement)"
+        )
+
+
+def async_neighbouring(p: DpParameters) -> str:
+    """dp.neighbouring, 'auto' resolved: zero-out."""
+    return ZERO_OUT if p.neighbouring == AUTO else p.neighbouring
+
+
+def async_accountant(p: DpParameters, neighbouring: str) -> str:
     """dp.accountant, 'auto' resolved: distributed DP's only sound one (skellam_rdp_integer);
     for central DP Opacus' RDP under zero-out, PLD under replace-one (Opacus does not
     model replace-one's 2C distance)."""
-    if cfg.dp.accountant != "auto":
-        return cfg.dp.accountant
-    if cfg.dp.mechanism == "distributed":
+    if p.accountant != AUTO:
+        return p.accountant
+    if MECHANISM_OF_CONFIG[p.mechanism] == DISTRIBUTED_SKELLAM:
         return SKELLAM_RDP_INTEGER
     return PLD if neighbouring == REPLACE_ONE else RDP
 
 
-def async_dp_config(cfg: RunConfig, num_clients: int) -> DpConfig:
+def async_dp_config(p: DpParameters, num_clients: int) -> DpConfig:
     """The DP layer's config of an asynchronous run: unsampled releases (q = 1), capped at
     server.max_participations; z calibrated so that the cap meets dp.epsilon when
     dp.noise_multiplier = 0. Raises ConfigError when the cap-based bound exceeds dp.epsilon
-    or the accounting cannot be stated (check_async_dp)."""
-    check_async_dp(cfg)
-    dp = cfg.dp
-    cap = participation_cap(cfg)
-    neighbouring = async_neighbouring(cfg)
-    accountant = async_accountant(cfg, neighbouring)
-    mechanism = MECHANISM_NAMES[dp.mechanism]
-    z = float(dp.noise_multiplier)
+    or the accounting cannot be stated (check_async_invariants)."""
+    check_async_invariants(p)
+    cap = p.max_participations
+    neighbouring = async_neighbouring(p)
+    accountant = async_accountant(p, neighbouring)
+    mechanism = MECHANISM_OF_CONFIG[p.mechanism]
+    z = float(p.noise_multiplier)
     try:
         if z == 0:
             z = calibrate_noise_multiplier(
-                dp.epsilon,
-                dp.delta,
+                p.epsilon,
+                p.delta,
                 cap,
                 1.0,
                 sampling=POISSON,
@@ -95,30 +127,30 @@ def async_dp_config(cfg: RunConfig, num_clients: int) -> DpConfig:
         config = DpConfig(
             mechanism=mechanism,
             noise_multiplier=z,
-            clip_norm=dp.clip,
+            clip_norm=p.clip_norm,
             sampling_rate=1.0,
             rounds=cap,
-            delta=dp.delta,
-            budget_epsilon=dp.epsilon,
+            delta=p.delta,
+            budget_epsilon=p.epsilon,
             sampling=POISSON,
             neighbouring=neighbouring,
             population_size=num_clients,
             accountant=accountant,
-            modulus_bits=dp.modulus_bits,
+            modulus_bits=p.modulus_bits,
             max_participations=cap,
         )
     except ValueError as error:
         if isinstance(error, ConfigError):
             raise
         raise ConfigError(
-            f"dp.accountant = {dp.accountant!r} with server.mode = {server_mode(cfg)!r}: {error}"
+            f"dp.accountant = {p.accountant!r} with server.mode = {p.mode!r}: {error}"
         ) from None
     bound = stated_bound(config)
-    if bound > dp.epsilon:
+    if not bound <= p.epsilon:  # NaN fails closed
         raise ConfigError(
             f"dp.noise_multiplier = {z:g} with server.max_participations = {cap}: a client "
             f"in {cap} unsampled releases has epsilon {bound:.4g} > dp.epsilon = "
-            f"{dp.epsilon:g} (delta {dp.delta:g}, {config.accountant_name}); raise "
+            f"{p.epsilon:g} (delta {p.delta:g}, {config.accountant_name}); raise "
             "dp.noise_multiplier (0 calibrates it), lower server.max_participations, or "
             "raise dp.epsilon"
         )
@@ -141,7 +173,7 @@ def check_group_bound(config: DpConfig, plan: DistributedDpPlan) -> float:
     """Distributed DP: the bound stated before the run, at the z every unmasked group sum
     reaches (the plan's fewest honest shares); ConfigError when it exceeds dp.epsilon."""
     bound = stated_bound(config, plan.noise_multiplier)
-    if bound > config.budget_epsilon:
+    if not bound <= config.budget_epsilon:  # NaN fails closed
         cap = config.max_participations
         raise ConfigError(
             f"dp.noise_multiplier = {config.noise_multiplier:g} with "

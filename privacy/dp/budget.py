@@ -8,7 +8,7 @@ from typing import Any
 
 from .accounting import compute_epsilon
 from .config import DpConfig
-from .events import PrivacyEvent
+from .events import PrivacyEvent, event_from_entry
 from .ledger import RELEASE, Ledger, entry_kind
 from .participation import capped_events
 
@@ -141,18 +141,6 @@ def entry_fields(
         {"max_participations": config.max_participations}
         if config.max_participations is not None
         else {}
-    )
-
-
-def event_from_entry(entry: Mapping[str, Any]) -> PrivacyEvent:
-    """The privacy event a ledger entry records (what the accountant composes)."""
-    return PrivacyEvent(
-        noise_multiplier=float(entry["noise_multiplier"]),
-        sampling_rate=float(entry["sampling_rate"]),
-        steps=int(entry.get("steps", 1)),
-        sampling=entry["sampling"],
-        neighbouring=entry["neighbouring"],
-        population_size=entry.get("population_size"),
     )
 
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .accounting import compute_epsilon
-from .events import PrivacyEvent
-from .vocabulary import (
+from fedveil.protocol.dp_rules import (
     AUTO,
     CENTRAL_GAUSSIAN,
     POISSON,
@@ -14,6 +12,9 @@ from .vocabulary import (
     default_neighbouring,
     sound_accountants,
 )
+
+from .accounting import compute_epsilon
+from .events import PrivacyEvent
 
 _MAX_BRACKET_DOUBLINGS = 40
 

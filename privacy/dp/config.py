@@ -7,8 +7,7 @@ import numbers
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .events import PrivacyEvent
-from .vocabulary import (
+from fedveil.protocol.dp_rules import (
     ACCOUNTANTS,
     AUTO,
     CENTRAL_GAUSSIAN,
@@ -28,6 +27,8 @@ from .vocabulary import (
     sound_accountants,
     supported_accountants,
 )
+
+from .events import PrivacyEvent
 
 # Andrew et al. 2021 defaults for adaptive clipping.
 DEFAULT_INITIAL_CLIP = 0.1

@@ -13,9 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fedveil.protocol.dp_rules import ADD_REMOVE, AUTO, DP_SGD, POISSON, default_accountant
+
 from .accounting import compute_epsilon
 from .events import PrivacyEvent
-from .vocabulary import ADD_REMOVE, AUTO, DP_SGD, POISSON, default_accountant
 
 
 @dataclass

@@ -41,12 +41,13 @@ from typing import Any
 
 import numpy as np
 
+from fedveil.protocol.dp_rules import ADD_REMOVE, CENTRAL_GAUSSIAN, POISSON, PRV
+
 from .accounting import compute_epsilon
 from .calibration import calibrate_noise_multiplier
 from .central import add_gaussian_noise
 from .config import DpConfig
 from .events import PrivacyEvent
-from .vocabulary import ADD_REMOVE, CENTRAL_GAUSSIAN, POISSON, PRV
 
 SENSITIVITY = math.sqrt(3.0)  # ||(count 1, accuracy, scaled loss)||_2 at most
 CONTRIBUTION_SIZE = 2  # what a device encodes: (accuracy, scaled loss); the count is its weight

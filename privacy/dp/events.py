@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
-from .vocabulary import (
+from fedveil.protocol.dp_rules import (
     ADD_REMOVE,
     FIXED,
     NEIGHBOURING_RELATIONS,
@@ -109,3 +110,15 @@ def group_events(events: Iterable[PrivacyEvent]) -> tuple[PrivacyEvent, ...]:
 def _require(ok: bool, field: str, value: object, allowed: object) -> None:
     if not ok:
         raise ValueError(f"PrivacyEvent.{field}={value!r} is invalid; allowed: {allowed}")
+
+
+def event_from_entry(entry: Mapping[str, Any]) -> PrivacyEvent:
+    """The privacy event a ledger entry records (what the accountant composes)."""
+    return PrivacyEvent(
+        noise_multiplier=float(entry["noise_multiplier"]),
+        sampling_rate=float(entry["sampling_rate"]),
+        steps=int(entry.get("steps", 1)),
+        sampling=entry["sampling"],
+        neighbouring=entry["neighbouring"],
+        population_size=entry.get("population_size"),
+    )

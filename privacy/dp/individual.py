@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from fedveil.protocol.dp_rules import POISSON
+
 from .accounting import individual_epsilon
 from .events import PrivacyEvent, group_events
-from .vocabulary import POISSON
 
 HISTOGRAM_BINS = 10
 

@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Any
 
 from .accounting import compute_epsilon
-from .events import PrivacyEvent
+from .events import PrivacyEvent, event_from_entry
 
 
 class ParticipationCapError(RuntimeError):
@@ -124,8 +124,6 @@ class ParticipationCap:
 def participation_section(entry: Mapping[str, Any]) -> dict[str, Any]:
     """The public report's part for a capped (asynchronous) run, from one release entry
     (or the config's stand-in): the cap and the bound stated before the run, no counts."""
-    from .budget import event_from_entry  # budget imports this module
-
     cap = int(entry["max_participations"])
     event = event_from_entry({**entry, "steps": 1})
     bound = cap_bound(event, cap, float(entry["delta"]), str(entry["accountant"]))

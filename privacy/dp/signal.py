@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedveil.config import RunConfig
-from fedveil.config.async_dp import is_async
+from fedveil.protocol.dp_parameters import DpParameters
 
+from .async_plan import async_dp_config
 from .plan import dp_config
 
 NOISE_DOMINATES = 0.1
@@ -71,19 +71,16 @@ class NoiseToSignal:
         }
 
 
-def noise_to_signal(cfg: RunConfig, num_clients: int) -> NoiseToSignal | None:
+def noise_to_signal(p: DpParameters, num_clients: int) -> NoiseToSignal | None:
     """The run's expected noise-to-signal (None without DP); z is calibrated if not given."""
-    if cfg.dp.mechanism == "none":
+    if p.mechanism == "none":
         return None
-    s = cfg.server
-    if is_async(cfg):
+    if p.asynchronous:
         # Each release is a buffer of K updates, divided by K; the cap-based z (and its
         # refusal when the cap cannot be afforded: ConfigError before any data loads).
-        from .async_plan import async_dp_config
-
-        z = async_dp_config(cfg, num_clients).noise_multiplier
+        z = async_dp_config(p, num_clients).noise_multiplier
         remedy = "Raise server.buffer (the noise falls as 1/K), lower server.max_participations,"
-        return NoiseToSignal(float(z), float(cfg.dp.clip), float(s.buffer), remedy)
-    expected = float(s.per_round) if s.sampling == "fixed" else cfg.poisson_rate * num_clients
-    z = dp_config(cfg, num_clients).noise_multiplier
-    return NoiseToSignal(float(z), float(cfg.dp.clip), expected)
+        return NoiseToSignal(float(z), float(p.clip_norm), float(p.buffer), remedy)
+    expected = float(p.per_round) if p.sampling == "fixed" else p.poisson_rate * num_clients
+    z = dp_config(p, num_clients).noise_multiplier
+    return NoiseToSignal(float(z), float(p.clip_norm), expected)

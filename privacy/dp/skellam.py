@@ -31,11 +31,12 @@ from typing import Any
 
 import numpy as np
 
+from fedveil.protocol.dp_rules import ADD_REMOVE, NEIGHBOURING_RELATIONS, REPLACE_ONE
+
 from .clipping import check_l2_bound
 from .hadamard import padded_dimension, rotate, unrotate
 from .rng import resolve_generator
 from .vectors import as_vector
-from .vocabulary import ADD_REMOVE, NEIGHBOURING_RELATIONS, REPLACE_ONE
 
 DEFAULT_BETA = math.exp(-0.5)  # conditional rounding: each try passes w.p. >= 1 - beta
 DEFAULT_WRAP_SIGMAS = 3.9  # per-coordinate wrap probability ~1e-4 (Gaussian tail)

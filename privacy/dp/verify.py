@@ -54,9 +54,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
+from fedveil.protocol.dp_rules import (
+    LEGACY_ACCOUNTANTS,
+    SKELLAM_ACCOUNTANTS,
+    SKELLAM_RDP_INTEGER,
+    sound_accountants,
+    verifiable_accountants,
+)
+
 from .accounting import compute_epsilon, individual_epsilon
-from .budget import event_from_entry
-from .events import PrivacyEvent
+from .events import PrivacyEvent, event_from_entry
 from .ledger import (
     CLOSE_KINDS,
     ENTRY_FIELDS,
@@ -80,13 +87,6 @@ from .ledger import (
 from .participation import capped_events
 from .signing import find_public_key, key_dir, key_id_for, verify_signature
 from .skellam import SkellamParams
-from .vocabulary import (
-    LEGACY_ACCOUNTANTS,
-    SKELLAM_ACCOUNTANTS,
-    SKELLAM_RDP_INTEGER,
-    sound_accountants,
-    verifiable_accountants,
-)
 
 STATUS_FINAL = "final"
 STATUS_INTERRUPTED = "interrupted"

@@ -11,41 +11,39 @@ from __future__ import annotations
 
 import math
 
-from fedveil.config import ConfigError, RunConfig
-from fedveil.config.async_mode import resolved_group_size
+from fedveil.config.validator import ConfigError
+from fedveil.protocol.dp_parameters import DpParameters
 
+from .cohort_bounds import max_cohort, survivor_floor
 from .params import ThreatModel, find_parameters
 
 MIN_CLIENTS = 3
 
 
-def _cohort(cfg: RunConfig, num_clients: int) -> tuple[str, str, float]:
+def _cohort(p: DpParameters, num_clients: int) -> tuple[str, str, float]:
     """(the config key that sets the cohort, its value, the expected cohort size).
     Asynchronous training runs one protocol session per group of G clients: G is the
     cohort whose threshold the threat model must admit."""
-    s = cfg.server
-    if s.mode != "sync":
-        g = resolved_group_size(cfg)
-        return "server.group_size", str(g), float(g)
-    if s.sampling == "fixed":
-        return "server.per_round", str(s.per_round), float(s.per_round)
-    expected = cfg.poisson_rate * num_clients
-    if s.sample_rate > 0:
-        return "server.sample_rate", f"{s.sample_rate:g}", expected
-    return "server.per_round", str(s.per_round), expected
+    if p.asynchronous:
+        return "server.group_size", str(p.group_size), float(p.group_size)
+    if p.sampling == "fixed":
+        return "server.per_round", str(p.per_round), float(p.per_round)
+    expected = p.poisson_rate * num_clients
+    if p.sample_rate > 0:
+        return "server.sample_rate", f"{p.sample_rate:g}", expected
+    return "server.per_round", str(p.per_round), expected
 
 
-def check_secagg_feasible(cfg: RunConfig, num_clients: int, wait_for_clients: int = 0) -> None:
+def check_secagg_feasible(p: DpParameters, num_clients: int, wait_for_clients: int = 0) -> None:
     """Raise ConfigError, naming the field, when secure aggregation's rounds cannot reach
     the protocol's threshold: the cohort (fixed, or the expected Poisson cohort) is below
     3 clients or below the distributed-DP survivor floor, the threat model admits no
     threshold for it, or `wait_for_clients` (deployment; 0: not set) starts the run with
     fewer clients than a round needs."""
-    if not cfg.secagg.enabled:
+    if not p.secure_aggregation:
         return
-    s = cfg.secagg
-    key, value, expected = _cohort(cfg, num_clients)
-    how = "a cohort of" if cfg.server.sampling == "fixed" else "an expected Poisson cohort of"
+    key, value, expected = _cohort(p, num_clients)
+    how = "a cohort of" if p.sampling == "fixed" else "an expected Poisson cohort of"
     if expected < MIN_CLIENTS:
         raise ConfigError(
             f"{key} = {value}: secure aggregation needs at least {MIN_CLIENTS} clients per "
@@ -55,34 +53,32 @@ def check_secagg_feasible(cfg: RunConfig, num_clients: int, wait_for_clients: in
         )
     n = max(MIN_CLIENTS, math.floor(expected))
     try:
-        threat = ThreatModel(s.adversarial_rate, s.dropout_rate, s.threat)
-        find_parameters(n, threat, neighbors=s.neighbors or None, threshold=s.threshold or None)
+        threat = ThreatModel(p.adversarial_rate, p.dropout_rate, p.threat)
+        find_parameters(n, threat, neighbors=p.neighbors or None, threshold=p.threshold or None)
     except ValueError as exc:
         field = key
-        if s.threshold and "threshold=" in str(exc):
+        if p.threshold and "threshold=" in str(exc):
             field = "secagg.threshold"
-        elif s.neighbors and "neighbors" in str(exc):
+        elif p.neighbors and "neighbors" in str(exc):
             field = "secagg.neighbors"
-        shown = {"secagg.threshold": s.threshold, "secagg.neighbors": s.neighbors}.get(field, value)
+        shown = {"secagg.threshold": p.threshold, "secagg.neighbors": p.neighbors}.get(field, value)
         if field == "server.group_size":  # every group's session would fail to start
-            smallest = smallest_feasible_group(cfg, num_clients)
+            smallest = smallest_feasible_group(p, num_clients)
             least = f"at least {smallest}" if smallest else f"none up to {num_clients}"
             raise ConfigError(
                 f"server.group_size = {value}: a secure-aggregation group of {n} admits no "
-                f"threshold under secagg.threat = {s.threat!r} (adversarial_rate "
-                f"{s.adversarial_rate:g}, dropout_rate {s.dropout_rate:g}): {exc}. "
+                f"threshold under secagg.threat = {p.threat!r} (adversarial_rate "
+                f"{p.adversarial_rate:g}, dropout_rate {p.dropout_rate:g}): {exc}. "
                 f"server.group_size must be {least}"
             ) from None
         raise ConfigError(f"{field} = {shown}: for {how} {n}: {exc}") from None
     need, why = MIN_CLIENTS, f"secure aggregation needs at least {MIN_CLIENTS} clients"
-    if cfg.dp.mechanism == "distributed":
-        from fedveil.privacy.dp.plan import max_cohort, survivor_floor
-
-        top = max_cohort(cfg, num_clients)
+    if p.mechanism == "distributed":
+        top = max_cohort(p, num_clients)
         t_top = find_parameters(
-            top, threat, neighbors=s.neighbors or None, threshold=s.threshold or None
+            top, threat, neighbors=p.neighbors or None, threshold=p.threshold or None
         ).threshold
-        need = survivor_floor(cfg, num_clients, t_top)
+        need = survivor_floor(p, num_clients, t_top)
         why = f"distributed DP unmasks a round only with at least {need} surviving clients"
         if expected < need:
             raise ConfigError(
@@ -97,14 +93,13 @@ def check_secagg_feasible(cfg: RunConfig, num_clients: int, wait_for_clients: in
         )
 
 
-def smallest_feasible_group(cfg: RunConfig, num_clients: int) -> int | None:
+def smallest_feasible_group(p: DpParameters, num_clients: int) -> int | None:
     """The fewest clients (>= 3, <= num_clients) for which the threat model admits a
     threshold with the configured overrides; None when no group size does."""
-    s = cfg.secagg
-    threat = ThreatModel(s.adversarial_rate, s.dropout_rate, s.threat)
+    threat = ThreatModel(p.adversarial_rate, p.dropout_rate, p.threat)
     for g in range(MIN_CLIENTS, num_clients + 1):
         try:
-            find_parameters(g, threat, neighbors=s.neighbors or None, threshold=s.threshold or None)
+            find_parameters(g, threat, neighbors=p.neighbors or None, threshold=p.threshold or None)
         except ValueError:
             continue
         return g

@@ -3,7 +3,7 @@
 NAME.identity.key   the device's Ed25519 private key (PKCS#8 PEM, mode 0600);
                     made on the device and never leaves it
 NAME.identity.pub   its public key, one base64 line: what the operator collects
-roster.json         client id -> public key (privacy.secagg.identity.Roster),
+roster.json         client id -> public key (privacy.secagg.identity_keys.Roster),
                     copied by the operator to the coordinator and to every device
 """
 

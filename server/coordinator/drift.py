@@ -49,7 +49,7 @@ from typing import Any
 from fedveil.config import ConfigError, config_from_dict
 from fedveil.config.service_settings import DriftSection
 from fedveil.privacy.dp.evaluation import EvaluationPlan
-from fedveil.privacy.secagg.feasibility import MIN_CLIENTS, smallest_feasible_group
+from fedveil.privacy.secagg.feasibility import MIN_CLIENTS
 from fedveil.server.coordinator.drift_budget import DriftBudget
 from fedveil.server.coordinator.drift_devices import (
     counted_charges,
@@ -61,6 +61,7 @@ from fedveil.server.coordinator.drift_run import DRIFT_FILE, EVALUATE, RETRAIN
 from fedveil.server.coordinator.model_versions import coordinator_registry
 from fedveil.server.coordinator.rundir import FINAL, read_json, write_json
 from fedveil.server.coordinator.runs import RunManager, RunNotFound, SubmissionError
+from fedveil.server.engine.dp_from_config import smallest_feasible_group
 from fedveil.server.registry import RegistryError
 from fedveil.server.registry.drift_evaluations import (
     DRIFT_EVALUATIONS_FILE,

@@ -178,7 +178,7 @@ def parse_submission(
             f"data.num_clients = {cfg.data.num_clients}",
         )
     from fedveil.config.async_dp import check_wall_clock_dp
-    from fedveil.privacy.secagg.feasibility import check_secagg_feasible
+    from fedveil.server.engine.dp_from_config import check_secagg_feasible
 
     try:  # rounds that could only abort are refused, not reported as "completed"
         check_wall_clock_dp(cfg)  # a deployed async run runs on the wall clock
@@ -243,7 +243,7 @@ def deployed_round_timeout(cfg: RunConfig) -> float:
 
 def submission_warnings(cfg: RunConfig) -> list[str]:
     """What the submitter should know before the run spends its budget (DP noise)."""
-    from fedveil.privacy.dp.signal import noise_to_signal
+    from fedveil.server.engine.dp_from_config import noise_to_signal
 
     signal = noise_to_signal(cfg, cfg.data.num_clients)
     warning = signal.warning() if signal is not None else None

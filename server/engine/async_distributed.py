@@ -38,8 +38,8 @@ import torch
 from fedveil.config import RunConfig
 from fedveil.privacy.dp.adversaries import coordinator_bound_after
 from fedveil.privacy.dp.async_plan import check_group_bound
+from fedveil.privacy.dp.distributed_plan import DistributedDpPlan
 from fedveil.privacy.dp.events import PrivacyEvent
-from fedveil.privacy.dp.plan import DistributedDpPlan
 from fedveil.privacy.secagg import SecAggAborted
 from fedveil.server.engine.async_privacy import AsyncCentralDP
 from fedveil.server.engine.privacy_stage import Release

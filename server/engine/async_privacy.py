@@ -32,11 +32,11 @@ import torch
 
 from fedveil.config import RunConfig
 from fedveil.privacy.dp import Ledger, PrivacyBudget, add_gaussian_noise
-from fedveil.privacy.dp.async_plan import async_dp_config, stated_bound
+from fedveil.privacy.dp.async_plan import stated_bound
 from fedveil.privacy.dp.participation import ParticipationCap, participation_bound
-from fedveil.privacy.dp.plan import cohorts_are_secret
 from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.protocol import fields as F
+from fedveil.server.engine.dp_from_config import async_dp_config, cohorts_are_secret
 from fedveil.server.engine.ledger_opening import open_ledger, request_head
 from fedveil.server.engine.privacy_stage import PrivateSink, Release
 from fedveil.server.engine.requests import ClientPrivacy

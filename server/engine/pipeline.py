@@ -22,13 +22,16 @@ from typing import Any
 
 from fedveil.config import RunConfig
 from fedveil.config.async_dp import check_async_dp, is_async
-from fedveil.privacy.dp.plan import max_cohort, plan_distributed_dp
 from fedveil.privacy.encodings import QuantizedEncoding, SkellamEncoding
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
-from fedveil.privacy.secagg.feasibility import check_secagg_feasible
 from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel
 from fedveil.server.engine.async_distributed import AsyncDistributedDP
 from fedveil.server.engine.async_privacy import AsyncCentralDP, dispatch_counts
+from fedveil.server.engine.dp_from_config import (
+    check_secagg_feasible,
+    max_cohort,
+    plan_distributed_dp,
+)
 from fedveil.server.engine.privacy_stage import CentralDP, DistributedDP
 from fedveil.server.engine.robust import robust_aggregator
 from fedveil.server.engine.runstore import RunStore

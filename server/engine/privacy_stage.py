@@ -43,11 +43,12 @@ from fedveil.privacy.dp import (
 )
 from fedveil.privacy.dp.accounting import individual_epsilon
 from fedveil.privacy.dp.adversaries import coordinator_bound_after
-from fedveil.privacy.dp.plan import DistributedDpPlan, cohorts_are_secret, dp_config
+from fedveil.privacy.dp.distributed_plan import DistributedDpPlan
 from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.privacy.secagg import SecAggAborted
 from fedveil.protocol import fields as F
 from fedveil.server.engine.aggregation import Aggregate
+from fedveil.server.engine.dp_from_config import cohorts_are_secret, dp_config
 from fedveil.server.engine.ledger_opening import open_ledger, request_head
 from fedveil.server.engine.requests import ClientPrivacy
 from fedveil.server.engine.sampling import cohort_commitment

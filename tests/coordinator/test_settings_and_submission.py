@@ -13,9 +13,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from fedveil.config import ConfigError, config_from_dict, device_config, device_toml, load_config
-from fedveil.privacy.dp.plan import plan_distributed_dp
 from fedveil.server.coordinator.runs import RunManager, SubmissionError, parse_submission
 from fedveil.server.coordinator.settings import settings_from_dict
+from fedveil.server.engine.dp_from_config import plan_distributed_dp
 
 
 def tls_files(tmp_path):

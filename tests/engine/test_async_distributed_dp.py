@@ -21,7 +21,6 @@ from fedveil.config import ConfigError, load_config
 from fedveil.privacy.dp import Ledger, SkellamParams
 from fedveil.privacy.dp.accounting import compute_epsilon, individual_epsilon
 from fedveil.privacy.dp.events import PrivacyEvent
-from fedveil.privacy.dp.plan import plan_distributed_dp
 from fedveil.privacy.dp.report import headline_lines
 from fedveil.privacy.dp.subsampled_rdp import DEFAULT_ORDERS, rdp_to_epsilon
 from fedveil.privacy.dp.verify import verify_ledger
@@ -30,6 +29,7 @@ from fedveil.protocol.envelope import Envelope
 from fedveil.server.engine.async_distributed import AsyncDistributedDP
 from fedveil.server.engine.async_engine import AsyncEngine
 from fedveil.server.engine.async_wall import WallClockEngine
+from fedveil.server.engine.dp_from_config import plan_distributed_dp
 from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.pipeline import make_privacy_pipeline

@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file
 
 from fedveil.config import load_config
-from fedveil.simulations.run import simulate
+from fedveil.simulations.simulate_run import simulate
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -21,8 +21,8 @@ import torch
 import tiny_task
 from fedveil.config import load_config
 from fedveil.privacy.dp import Ledger
-from fedveil.privacy.dp.plan import plan_distributed_dp
 from fedveil.protocol.envelope import Envelope
+from fedveil.server.engine.dp_from_config import plan_distributed_dp
 from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.runstore import RunStore

@@ -8,8 +8,7 @@ import pytest
 import tiny_task
 from fedveil.cli.main import main
 from fedveil.config import ConfigError, load_config
-from fedveil.privacy.dp.signal import noise_to_signal
-from fedveil.privacy.secagg.feasibility import check_secagg_feasible
+from fedveil.server.engine.dp_from_config import check_secagg_feasible, noise_to_signal
 from fedveil.server.engine.pipeline import make_privacy_pipeline
 
 # A data directory that does not exist: reaching the data loader would fail differently.

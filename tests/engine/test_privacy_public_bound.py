@@ -23,8 +23,8 @@ from fedveil.config import load_config
 from fedveil.privacy.dp import Ledger, canonical_json, entry_hash
 from fedveil.privacy.dp.accounting import individual_epsilon
 from fedveil.privacy.dp.ledger import signed_message
-from fedveil.privacy.dp.plan import dp_config, plan_distributed_dp
 from fedveil.privacy.dp.signing import load_or_create_signer
+from fedveil.server.engine.dp_from_config import dp_config, plan_distributed_dp
 from fedveil.server.engine.pipeline import make_privacy_pipeline, private_run_args
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.runstore import RunStore

@@ -22,7 +22,7 @@ from fedveil.client.edge.device_app import BAD_MESSAGE, EdgeClient, TaskSource, 
 from fedveil.client.edge.edge_policy import LocalPolicy
 from fedveil.client.own_share import OwnShareAccount
 from fedveil.config import load_config
-from fedveil.privacy.dp.plan import DistributedDpPlan, plan_distributed_dp
+from fedveil.privacy.dp.distributed_plan import DistributedDpPlan
 from fedveil.privacy.secagg import (
     SecAggServer,
     SessionConfig,
@@ -34,6 +34,7 @@ from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.flower_codec import from_content, to_content
 from fedveil.protocol.secagg_frame import protocol_part, wrap
+from fedveil.server.engine.dp_from_config import plan_distributed_dp
 
 RUN = 1
 

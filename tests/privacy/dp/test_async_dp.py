@@ -14,7 +14,7 @@ from test_ledger_signing import write_chain
 
 from fedveil.config import ConfigError, load_config
 from fedveil.privacy.dp import Ledger, PrivacyBudget, build_report
-from fedveil.privacy.dp.async_plan import async_dp_config, stated_bound
+from fedveil.privacy.dp.async_plan import stated_bound
 from fedveil.privacy.dp.events import PrivacyEvent
 from fedveil.privacy.dp.ledger import RELEASE, entry_kind
 from fedveil.privacy.dp.participation import (
@@ -27,6 +27,7 @@ from fedveil.privacy.dp.participation import (
 from fedveil.privacy.dp.report import headline_lines
 from fedveil.privacy.dp.signing import load_or_create_signer
 from fedveil.privacy.dp.verify import verify_ledger
+from fedveil.server.engine.dp_from_config import async_dp_config
 
 DELTA = 1e-5
 
@@ -155,7 +156,7 @@ def test_z_zero_is_calibrated_to_the_cap_and_budget():
 
 def test_sync_mode_is_untouched():
     cfg = async_config(mode="sync", cap=0)
-    from fedveil.privacy.dp.async_plan import check_async_dp
+    from fedveil.config.async_dp import check_async_dp
 
     check_async_dp(cfg)  # nothing to refuse: sync keeps its own accounting
 
@@ -256,7 +257,7 @@ def test_the_public_report_shows_the_bound_not_counts(tmp_path):
 
 
 def test_the_noise_warning_counts_the_buffer_not_a_cohort():
-    from fedveil.privacy.dp.signal import noise_to_signal
+    from fedveil.server.engine.dp_from_config import noise_to_signal
 
     cfg = async_config(cap=10, noise_multiplier=3.0, epsilon=8.0)
     cfg.server.buffer = 2
@@ -275,7 +276,7 @@ def distributed_group_run(path, releases=6, cap=2):
     """A ledger as the asynchronous distributed-DP stage writes it: one release per group,
     its Skellam parameters and the coordinator's (capped) bound on every entry."""
     from fedveil.privacy.dp.adversaries import coordinator_bound_after
-    from fedveil.privacy.dp.plan import plan_distributed_dp
+    from fedveil.server.engine.dp_from_config import plan_distributed_dp
 
     cfg = async_config(cap=cap)
     cfg.dp.mechanism = "distributed"

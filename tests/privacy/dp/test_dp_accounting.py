@@ -6,7 +6,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import optimize, stats
 
 from fedveil.privacy.dp import PrivacyEvent, calibrate_noise_multiplier, compute_epsilon
-from fedveil.privacy.dp.vocabulary import default_accountant
+from fedveil.protocol.dp_rules import default_accountant
 
 
 def exact_gaussian_epsilon(mu: float, delta: float) -> float:

@@ -33,7 +33,7 @@ from fedveil.privacy.dp.subsampled_rdp import (
     poisson_mixture_rdp,
     without_replacement_general_rdp,
 )
-from fedveil.privacy.dp.vocabulary import default_accountant, default_neighbouring
+from fedveil.protocol.dp_rules import default_accountant, default_neighbouring
 
 SKELLAM = "distributed_skellam"
 INTEGER_ORDERS = np.arange(2, 65, dtype=np.float64)
@@ -358,8 +358,8 @@ def test_run_config_refuses_add_remove_with_central_dp_secagg_and_poisson():
 
 
 def test_every_refused_relation_of_the_rule_table_is_refused_by_the_validator():
-    from fedveil.privacy.dp.plan import dp_config, resolve_neighbouring
-    from fedveil.privacy.dp.vocabulary import REFUSED_NEIGHBOURING, default_neighbouring
+    from fedveil.protocol.dp_rules import REFUSED_NEIGHBOURING, default_neighbouring
+    from fedveil.server.engine.dp_from_config import dp_config, resolve_neighbouring
 
     names = {"central_gaussian": "central", SKELLAM: "distributed"}
     assert REFUSED_NEIGHBOURING

@@ -25,9 +25,9 @@ from fedveil.privacy.dp import (
 )
 from fedveil.privacy.dp.accounting import individual_epsilon, skellam_orders
 from fedveil.privacy.dp.ledger import RECORD_FIELDS, RELEASE, SIGNATURE_FIELDS, entry_kind
-from fedveil.privacy.dp.plan import dp_config
 from fedveil.privacy.dp.signing import load_or_create_signer
 from fedveil.privacy.dp.subsampled_rdp import rdp_to_epsilon
+from fedveil.server.engine.dp_from_config import dp_config
 
 SKELLAM = "distributed_skellam"
 DELTA = 1e-5
@@ -201,7 +201,7 @@ def test_calibration_meets_the_budget_at_integer_orders(rounds, q, sampling, fra
 
 
 def test_async_distributed_dp_calibrates_at_integer_orders():
-    from fedveil.privacy.dp.async_plan import async_dp_config
+    from fedveil.server.engine.dp_from_config import async_dp_config
 
     cfg = load_config(
         None,
