@@ -2,7 +2,7 @@
 
 It answers fedveil's own message types (`query.hello`, `train.train`, ...) and, beside
 them, a stock Flower server's `train` / `evaluate` (flwr.serverapp.strategy.FedAvg's
-conventions, see flower_stock.py). The client's logical id is its `partition-id`
+conventions, see flower_stock_server.py). The client's logical id is its `partition-id`
 (Flower simulation) or the `client-id` given in the SuperNode's node config
 (deployment). A bad server message is logged and answered with an error reply; it
 never crashes the node.

@@ -15,7 +15,9 @@ from mkdocs.yml), so that they cannot drift from the code they describe:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import io
 import json
 import os
 from pathlib import Path
@@ -215,7 +217,24 @@ def cli_reference() -> str:
     for path, p in walk(parser, ["fedveil"]):
         out.append(f"{'#' * min(len(path) + 1, 4)} {' '.join(path)}\n")
         out.append("```text\n" + p.format_help().rstrip() + "\n```\n")
+        if path == ["fedveil", "bench"]:
+            out += benchmark_helps()
     return "\n".join(out)
+
+
+def benchmark_helps() -> list[str]:
+    """`fedveil bench X --help` of every benchmark: each benchmark module owns its flags
+    (fedveil/cli/bench.py only lists them), so each prints its own help."""
+    from fedveil.cli.bench import BENCHMARKS
+
+    out = []
+    for name, bench in BENCHMARKS.items():
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text), contextlib.suppress(SystemExit):
+            bench.main(["--help"], f"fedveil bench {name}")
+        out.append(f"#### fedveil bench {name}\n")
+        out.append("```text\n" + text.getvalue().rstrip() + "\n```\n")
+    return out
 
 
 def walk(parser: argparse.ArgumentParser, path: list[str]) -> list[tuple[list[str], Any]]:

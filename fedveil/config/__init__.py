@@ -1,6 +1,6 @@
 """Configuration: one validator for run configs, service settings and deploy settings.
 
-Every setting is a dataclass field declared with `spec(...)` (fields.py) and read by
+Every setting is a dataclass field declared with `spec(...)` (validator.py) and read by
 the same code, so every error names the field, the value and the limit. Run configs
 (run.py) are the documented user API: `fedveil.config.RunConfig`, `load_config`.
 """

@@ -3,7 +3,7 @@
 Each field carries its default, limits and help (`spec`), so the schema is the one
 place a setting is declared. It imports no validator: the checks that need more than
 one field (run.py, and the sub-validators async_mode.py, robust_bounds.py,
-poisoning.py, ...) import this module, never the other way round.
+poisoning_checks.py, ...) import this module, never the other way round.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ statistics lives in `fedveil.simulations.audit`.
 - `estimate`: one-shot empirical epsilon (Andrew et al., ICLR 2024). An estimate, not a
   bound.
 - `canaries`: Dirac canaries (one coordinate each) and their statistic.
-- `simulate`: the idealised simulation of the mechanism on the canaries' statistics.
+- `canary_sums`: the idealised simulation of the mechanism on the canaries' statistics.
 """
 
 from fedveil.privacy.audit.canaries import dirac_coordinates, projection_sums, supported_canaries

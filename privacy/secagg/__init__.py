@@ -10,12 +10,13 @@ an arrays dict. Modules, bottom-up:
 * `quantize`  – float ↔ Z_(2^b) with no wrap-around, weight packing
 * `messages`, `wire` – typed messages and their strict codec
 * `client`, `server` – the two state machines
-* `simulate`  – `run_in_memory`, a whole round over dicts
+* `in_memory` – `run_in_memory`, a whole round over dicts
 """
 
 from . import crypto, shamir  # noqa: F401  (re-exported for tools and tests)
 from .client import ClientStage, SecAggClient
 from .errors import SecAggAborted, SecAggError, SecAggProtocolError, SecAggStateError
+from .in_memory import DropoutPattern, RoundReport, run_in_memory
 from .messages import (
     AdvertiseKeys,
     AdvertiseRequest,
@@ -35,7 +36,6 @@ from .params import GraphParameters, ThreatMode, ThreatModel, find_parameters
 from .quantize import Quantizer, pack, unpack
 from .server import AggregateResult, Rejection, SecAggServer
 from .session import SIMULATION_RUN_ID, SessionConfig, flower_run_id
-from .simulate import DropoutPattern, RoundReport, run_in_memory
 
 __all__ = [
     "SIMULATION_RUN_ID",

@@ -2,7 +2,7 @@
 act on: the SuperLink, the run manager, client registry, drift monitor, counters) and
 its owner-only, locked state directory.
 
-`fedveil server` (main.py) builds one and serves the API over it; the API and its
+`fedveil server` (launch.py) builds one and serves the API over it; the API and its
 routers only read its type, so this module imports neither.
 """
 

@@ -36,7 +36,7 @@ from fedveil.config.service_settings import (
     ServingSection,
     service_config,
 )
-from fedveil.ops.bearer import is_loopback  # noqa: F401 - re-exported for main.py
+from fedveil.ops.bearer import is_loopback  # noqa: F401 - re-exported for launch.py
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -21,7 +21,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from fedveil.server.coordinator.routes import dashboard
+from fedveil.server.coordinator.routes import dashboard_api
 
 pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
 
@@ -73,7 +73,7 @@ DP_ROUNDS = [
 
 def fixture_app(rounds: list[dict[str, Any]]) -> FastAPI:
     app = FastAPI()
-    app.include_router(dashboard.router)
+    app.include_router(dashboard_api.router)
 
     @app.get("/cluster")
     def cluster() -> dict[str, Any]:

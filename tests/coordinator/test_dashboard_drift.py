@@ -20,7 +20,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from fedveil.server.coordinator.routes import dashboard
+from fedveil.server.coordinator.routes import dashboard_api
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
@@ -151,7 +151,7 @@ DP_DRIFT = {
 
 def fixture_app(drift: dict[str, Any] | None) -> FastAPI:
     app = FastAPI()
-    app.include_router(dashboard.router)
+    app.include_router(dashboard_api.router)
 
     @app.get("/cluster")
     def cluster() -> dict[str, Any]:

@@ -23,7 +23,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from fedveil.server.coordinator.clients import ClientRegistry
-from fedveil.server.coordinator.routes import dashboard
+from fedveil.server.coordinator.routes import dashboard_api
 
 NOW = 1_750_000_000.0
 
@@ -113,7 +113,7 @@ ROUNDS = {
 
 def fixture_app(selected: str) -> FastAPI:
     app = FastAPI()
-    app.include_router(dashboard.router)
+    app.include_router(dashboard_api.router)
     runs = sorted(RUNS, key=lambda r: r["id"] != selected)  # the page selects the first
 
     @app.get("/cluster")
