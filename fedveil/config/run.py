@@ -15,6 +15,7 @@ from typing import Any
 
 from fedveil.config.async_mode import check_async_fields
 from fedveil.config.fields import ConfigError, build, help_of, spec
+from fedveil.config.gossip import AGGREGATIONS, GossipConfig, check_gossip
 from fedveil.config.poisoning import PoisoningConfig, check_poisoning
 from fedveil.config.ray_address import check_ray_address
 from fedveil.config.robust_bounds import AGGREGATORS, check_robust_config
@@ -169,6 +170,12 @@ class ServerConfig:
     )
     max_participations: int = spec(
         0, lo=0, hi=1_000_000, help="async/ssp: most dispatches per client in a run; 0: no cap"
+    )
+    aggregation: str = spec(
+        "coordinator",
+        choices=AGGREGATIONS,
+        help="coordinator: a server aggregates each round; gossip: no server, each client "
+        "mixes its model with its neighbours' ([gossip])",
     )
 
 
@@ -383,6 +390,7 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     audit: AuditSection = field(default_factory=AuditSection)
     poisoning: PoisoningConfig = field(default_factory=PoisoningConfig)
+    gossip: GossipConfig = field(default_factory=GossipConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -414,13 +422,15 @@ SECTIONS = {
     "tracking": TrackingConfig,
     "audit": AuditSection,
     "poisoning": PoisoningConfig,
+    "gossip": GossipConfig,
 }
 
 
 def _check_cross_fields(cfg: RunConfig) -> None:
     """Limits that depend on more than one field."""
     n = cfg.data.num_clients
-    if cfg.server.sampling == "fixed" and cfg.server.per_round > n:
+    gossip = cfg.server.aggregation == "gossip"  # every client trains: no cohort
+    if cfg.server.sampling == "fixed" and cfg.server.per_round > n and not gossip:
         raise ConfigError(
             f"server.per_round = {cfg.server.per_round}: more sampled clients than exist; "
             f"must be <= data.num_clients = {n}"
@@ -444,6 +454,7 @@ def _check_cross_fields(cfg: RunConfig) -> None:
     _check_simulation_fields(cfg)
     check_robust_config(cfg)
     check_poisoning(cfg)
+    check_gossip(cfg)
     _check_tracking(cfg.tracking)
     task = cfg.model.task
     if task is None:
