@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -144,29 +144,9 @@ class GossipEngine:
 
     def train(self, round_num: int, x: torch.Tensor) -> tuple[torch.Tensor, int, list[float]]:
         """x after every client's local training (a failed client's row unchanged)."""
-        requests = {
-            cid: Envelope(Kind.TRAIN, round_num, dict(self.config), {F.MODEL: x[cid]})
-            for cid in range(self.n)
-        }
-        replies = self.transport.exchange(requests, None)
-        out = x.clone()
-        trained, losses = 0, []
-        for cid in range(self.n):
-            reply = replies.get(cid)
-            try:
-                if not isinstance(reply, Envelope):
-                    why = reply.reason if isinstance(reply, ClientFailure) else "no reply"
-                    raise MessageError(why)
-                delta = reply.tensor(F.DELTA, numel=self.model.size)  # refuses NaN, inf
-            except MessageError as exc:
-                if len(self.failures) < 5:
-                    self.failures.append(f"client {cid}: {exc}")
-                continue
-            out[cid] += delta.to(out.device)
-            trained += 1
-            loss = reply.config.get(F.LOSS)
-            if isinstance(loss, float) and math.isfinite(loss):
-                losses.append(loss)
+        out, trained, losses = local_training(
+            self.transport, self.config, round_num, range(self.n), x, self.failures
+        )
         self.client_updates += trained
         return out, trained, losses
 
@@ -203,3 +183,44 @@ class GossipEngine:
             train_loss=statistics.fmean(losses) if losses else None,
             wall_s=wall,
         )
+
+
+def local_training(
+    transport: Exchange,
+    config: Mapping[str, Any],
+    round_num: int,
+    clients: Sequence[int],
+    rows: torch.Tensor,
+    failures: list[str],
+) -> tuple[torch.Tensor, int, list[float]]:
+    """`rows` (one per client of `clients`, in order) after each client's local training.
+
+    Each client's request carries its own row; every row is a view of `rows`, so the
+    in-process transport trains same-size clients as vmap units. A client that fails,
+    or whose update is not finite, keeps its row (the first causes go to `failures`).
+    """
+    requests = {
+        cid: Envelope(Kind.TRAIN, round_num, dict(config), {F.MODEL: rows[k]})
+        for k, cid in enumerate(clients)
+    }
+    replies = transport.exchange(requests, None)
+    out = rows.clone()
+    trained, losses = 0, []
+    size = rows.shape[1]
+    for k, cid in enumerate(clients):
+        reply = replies.get(cid)
+        try:
+            if not isinstance(reply, Envelope):
+                why = reply.reason if isinstance(reply, ClientFailure) else "no reply"
+                raise MessageError(why)
+            delta = reply.tensor(F.DELTA, numel=size)  # refuses NaN and infinity
+        except MessageError as exc:
+            if len(failures) < 5:
+                failures.append(f"client {cid}: {exc}")
+            continue
+        out[k] += delta.to(out.device)
+        trained += 1
+        loss = reply.config.get(F.LOSS)
+        if isinstance(loss, float) and math.isfinite(loss):
+            losses.append(loss)
+    return out, trained, losses

@@ -9,6 +9,8 @@ their average; `average(x)` the consensus model (what an exact all-reduce gives)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from fedveil.simulations.gossip.topology import Mixing
@@ -20,15 +22,16 @@ def mix(x: torch.Tensor, mixing: Mixing) -> torch.Tensor:
     return mix_rows(rows, lambda ids: x[ids], mixing)
 
 
-def mix_rows(rows: torch.Tensor, lookup: object, mixing: Mixing) -> torch.Tensor:
+def mix_rows(
+    rows: torch.Tensor, lookup: Callable[[torch.Tensor], torch.Tensor], mixing: Mixing
+) -> torch.Tensor:
     """W x for `rows` only; `lookup(ids)` gives the current models of clients `ids`
     (a tensor of client ids, len(ids) x d): the rows and their neighbours."""
-    fetch = lookup  # type: ignore[assignment]
     sw = mixing.self_weight[rows].to(torch.float32).unsqueeze(1)
-    out = fetch(rows) * sw  # type: ignore[operator]
+    out = lookup(rows) * sw
     for k in range(mixing.index.shape[1]):
         w = mixing.weight[rows, k].to(torch.float32).unsqueeze(1)
-        out.add_(fetch(mixing.index[rows, k]) * w)  # type: ignore[operator]
+        out.add_(lookup(mixing.index[rows, k]) * w)
     return out
 
 

@@ -21,9 +21,9 @@ import torch
 from fedveil.config import RunConfig
 from fedveil.server.engine.lifecycle import MODEL_FILE, model_metadata
 from fedveil.server.engine.runstore import RunStore, atomic_write_bytes
+from fedveil.simulations.failures import RunFailed
 from fedveil.simulations.gossip.engine import GossipEngine, GossipRecord
 from fedveil.simulations.gossip.privacy import gossip_privacy_report
-from fedveil.simulations.failures import RunFailed
 from fedveil.simulations.gossip.topology import spectral_gap
 
 log = logging.getLogger("fedveil.gossip")
