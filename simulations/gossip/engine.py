@@ -221,6 +221,7 @@ def local_training(
         out[k] += delta.to(out.device)
         trained += 1
         loss = reply.config.get(F.LOSS)
-        if isinstance(loss, float) and math.isfinite(loss):
+        # A DP-SGD reply carries no loss the guarantee covers: none is recorded.
+        if F.DP_SGD_NOISE not in config and isinstance(loss, float) and math.isfinite(loss):
             losses.append(loss)
     return out, trained, losses

@@ -25,8 +25,8 @@ import torch
 from fedveil.config.gossip import torus_shape
 
 Graph = list[list[int]]
-# Tries of the pairing model before a random regular graph is given up on.
-_REGULAR_TRIES = 2000
+# Draws before a random regular graph is given up on.
+_REGULAR_TRIES = 200
 
 
 def default_degree(name: str, n: int) -> int:
@@ -84,24 +84,27 @@ def _exponential(n: int, degree: int) -> list[set[int]]:
 
 
 def _random_regular(n: int, degree: int, seed: int) -> list[set[int]]:
-    """A uniformly drawn simple D-regular graph (the pairing model, retried until simple
-    and connected)."""
+    """A random simple D-regular graph (Steger-Wormald pairing: stubs are paired at
+    random, a pair that would make a loop or a double edge goes back to be re-paired;
+    a draw that gets stuck, or is disconnected, is drawn again)."""
     if not 1 <= degree < n or (n * degree) % 2:
         raise ValueError(f"random-regular: degree {degree} with {n} clients (need n x D even)")
     rng = np.random.default_rng([seed, 0x6055])
-    stubs = np.repeat(np.arange(n), degree)
     for _ in range(_REGULAR_TRIES):
-        pairs = rng.permutation(stubs).reshape(-1, 2)
-        if np.any(pairs[:, 0] == pairs[:, 1]):
-            continue
-        edges = {(int(min(a, b)), int(max(a, b))) for a, b in pairs}
-        if len(edges) != len(pairs):
-            continue
         sets: list[set[int]] = [set() for _ in range(n)]
-        for a, b in edges:
-            sets[a].add(b)
-            sets[b].add(a)
-        if _connected([sorted(s) for s in sets]):
+        stubs = np.repeat(np.arange(n), degree)
+        while len(stubs):
+            left = []
+            for a, b in rng.permutation(stubs).reshape(-1, 2).tolist():
+                if a == b or b in sets[a]:
+                    left += [a, b]
+                else:
+                    sets[a].add(b)
+                    sets[b].add(a)
+            if len(left) == len(stubs):
+                break  # stuck: no pair left can be joined
+            stubs = np.asarray(left, dtype=np.int64)
+        if not len(stubs) and _connected([sorted(s) for s in sets]):
             return sets
     raise ValueError(
         f"random-regular: no simple connected {degree}-regular graph on {n} clients "
