@@ -170,6 +170,14 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     add_async_arguments(p)
     p.set_defaults(func=cmd_bench_async)
 
+    p = bsub.add_parser(
+        "gossip",
+        help="gossip training (ring, exponential graph) vs FedAvg at equal client updates",
+        description=GOSSIP_SUMMARY,
+    )
+    p.set_defaults(func=cmd_bench_gossip)
+    add_gossip_arguments(p)
+
 
 ASYNC_SUMMARY = (
     "`fedveil bench async`: the default job trained synchronously (waiting for every "
@@ -255,6 +263,40 @@ def cmd_bench_async(args: argparse.Namespace) -> int:
             f"--contenders: unknown {sorted(unknown)}; choose from {', '.join(ASYNC_CONTENDERS)}"
         )
     return load_benchmark("bench_async").cmd_bench_async(args)
+
+
+GOSSIP_SUMMARY = (
+    "`fedveil bench gossip`: FedAvg (20 clients a round) and gossip on a ring and on an "
+    "exponential graph (every client trains, then mixes with its neighbours) train the "
+    "Fashion-MNIST job (100 clients, Dirichlet(0.5)) with the same budget of client updates; "
+    "prints client updates to the target accuracy, final accuracy of the global or consensus "
+    "model, bytes each node sent, the spread of client models' accuracies and the graphs' "
+    "spectral gaps; --json prints one JSON object (gossip_updates_ratio, gossip_accuracy_gap, "
+    "bytes_per_node, ring_spectral_gap) as the last line of stdout."
+)
+
+
+def add_gossip_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `fedveil bench gossip` (also `python -m benchmarks.bench_gossip`)."""
+    p.add_argument(
+        "--quick", action="store_true", help="digits, 20 clients, target 0.5 (a smoke test)"
+    )
+    p.add_argument(
+        "--model", default=None, help="logreg, mlp or cnn [mlp: the CNN cannot be vmapped on a CPU]"
+    )
+    p.add_argument("--clients", type=int, help="population [100; --quick 20]")
+    p.add_argument("--per-round", type=int, help="FedAvg cohort [20; --quick 4]")
+    p.add_argument(
+        "--updates", type=int, help="client-update budget of each contender [2000; --quick 80]"
+    )
+    p.add_argument("--target", type=float, help="target accuracy [0.8; --quick 0.5]")
+    p.add_argument("--seed", type=int, default=0, help="seed of data split and init [0]")
+    p.add_argument("--out", default="runs/bench-gossip", help="run directories [runs/bench-gossip]")
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
+def cmd_bench_gossip(args: argparse.Namespace) -> int:
+    return load_benchmark("bench_gossip").cmd_bench_gossip(args)
 
 
 AUDIT_SUMMARY = (
