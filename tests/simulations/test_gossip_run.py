@@ -152,3 +152,13 @@ def test_privacy_report_with_dp_sgd_accounts_each_client(tmp_path: Path) -> None
     assert eps["max"] == pytest.approx(want)
     assert eps["min"] < eps["max"]
     assert f"{want:.4g}" in report["against_a_neighbour"]
+
+
+def test_the_how_to_config_is_the_config(tmp_path: Path) -> None:
+    from docs_pages import code_blocks, page
+
+    (block,) = code_blocks(page("how-to/gossip-training.md"), "toml")
+    path = tmp_path / "gossip.toml"
+    path.write_text(block)
+    cfg = load_config(path)
+    assert cfg.server.aggregation == "gossip" and cfg.gossip == RunConfig().gossip
