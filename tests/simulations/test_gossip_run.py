@@ -162,3 +162,23 @@ def test_the_how_to_config_is_the_config(tmp_path: Path) -> None:
     path.write_text(block)
     cfg = load_config(path)
     assert cfg.server.aggregation == "gossip" and cfg.gossip == RunConfig().gossip
+
+
+def test_gossip_with_dp_sgd_trains_through_opacus_and_reports_each_client(tmp_path: Path) -> None:
+    cfg = _cfg(
+        tmp_path,
+        **{"data.num_clients": 6, "server.rounds": 1, "client.dp_sgd_noise": 1.0,
+           "client.batch_size": 8},
+    )  # fmt: skip
+    simulate(cfg)
+    run = Path(cfg.out)
+    (row,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert row["clients_trained"] == 6
+    assert row["train_loss"] is None  # a DP-SGD reply carries no loss
+    report = json.loads((run / "privacy" / "gossip.json").read_text())
+    dp = report["client_dp_sgd"]
+    assert dp["noise_multiplier"] == 1.0 and dp["delta"] == cfg.dp.delta
+    sizes = [int(s) for s in make_task(cfg).client_sizes]
+    want = gossip_privacy_report(cfg, sizes, 1, [2] * 6)["client_dp_sgd"]["epsilon_per_client"]
+    assert dp["epsilon_per_client"] == want
+    assert 0 < want["min"] <= want["max"] < float("inf")
