@@ -19,6 +19,7 @@ from fedveil.privacy.dp.events import PrivacyEvent
 from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
+from fedveil.server.engine.requests import training_config
 from fedveil.simulations.batched import BatchedTrainer
 from fedveil.simulations.gossip.engine import GossipEngine
 from fedveil.simulations.gossip.privacy import gossip_privacy_report
@@ -182,3 +183,32 @@ def test_gossip_with_dp_sgd_trains_through_opacus_and_reports_each_client(tmp_pa
     want = gossip_privacy_report(cfg, sizes, 1, [2] * 6)["client_dp_sgd"]["epsilon_per_client"]
     assert dp["epsilon_per_client"] == want
     assert 0 < want["min"] <= want["max"] < float("inf")
+
+
+def test_a_lane_trains_a_unit_of_rows_each_from_its_own_model(tmp_path: Path) -> None:
+    """The in-process lane's vmap unit of gossip requests: each client starts from its
+    own row (the old lane started every client of a unit from the first one's model)."""
+    import dataclasses
+
+    from fedveil.simulations.lane import ClientLane
+
+    cfg = _cfg(tmp_path)
+    tiny = make_task(cfg)
+
+    def equal_size(cid: int) -> ClientData:  # 20 examples each: one vmap unit
+        data = tiny.client_data(cid)
+        return ClientData(data.x[:20], data.y[:20])
+
+    task = dataclasses.replace(tiny, client_data=equal_size, client_sizes=np.full(12, 20))
+    lane = ClientLane(task, "cpu", unit_size=32, run_config=cfg)
+    assert lane.batcher is not None
+    torch.manual_seed(1)
+    rows = 0.3 * torch.randn(2, lane.runtime.model.size)
+    config = training_config(cfg, None)
+    unit = [(c, Envelope(Kind.TRAIN, 1, dict(config), {F.MODEL: rows[c]})) for c in range(2)]
+    together = dict(lane.run_unit(unit))
+    for cid, msg in unit:
+        ((_, alone),) = lane.run_unit([(cid, msg)])
+        torch.testing.assert_close(
+            together[cid].tensor(F.DELTA), alone.tensor(F.DELTA), rtol=1e-4, atol=1e-5
+        )
