@@ -28,14 +28,14 @@ class GossipConfig:
         "exponential",
         choices=TOPOLOGIES,
         help="graph: ring (2 neighbours), torus (2-D grid with wrap-around, 4), exponential "
-        "(neighbours at distance 2^k, k < degree), random-regular (degree D, a seeded draw)",
+        "(neighbours at +-2^k, k < degree / 2), random-regular (degree D, a seeded draw)",
     )
     degree: int = spec(
         0,
         lo=0,
         hi=1024,
         help="neighbours per client; 0: the topology's own (ring 2, torus 4, exponential "
-        "ceil(log2 n), random-regular 4); set for exponential and random-regular only",
+        "2 floor(log2(n - 1)), random-regular 4); set for exponential and random-regular only",
     )
     mixing: str = spec(
         "metropolis-hastings",

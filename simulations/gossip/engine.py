@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
@@ -101,6 +102,8 @@ def spread_subset(cfg: RunConfig, n: int) -> list[int]:
 
 
 class GossipEngine:
+    """The rounds of a gossip run over one transport; `x` holds every client's model."""
+
     def __init__(
         self,
         cfg: RunConfig,
@@ -130,8 +133,7 @@ class GossipEngine:
             self.run_round()
 
     def run_round(self) -> GossipRecord:
-        import time
-
+        """Train every client, mix, record (one line of metrics.jsonl)."""
         t0 = time.perf_counter()
         self.round += 1
         half, trained, losses = self.train(self.round, self.x)
