@@ -121,18 +121,33 @@ class BatchedTrainer:
         hp: LocalTraining,
         generators: Sequence[torch.Generator],
     ) -> list[LocalResult]:
-        """train_local for every client of a unit (all with the same number of examples)."""
+        """train_local for every client of a unit (all with the same number of examples).
+
+        `global_vector`: the model every client starts from, or one row per client
+        (clients x d: gossip, where each client trains its own model).
+        """
         count = len(clients)
         n = len(clients[0])
         if n == 0 or any(len(c) != n for c in clients):
             raise ValueError("a unit's clients must have the same, non-zero number of examples")
         device = self.model.device
         base = global_vector.to(device)
+        per_client = base.dim() == 2
+        if per_client and base.shape[0] != count:
+            raise ValueError(f"{base.shape[0]} starting rows for a unit of {count} clients")
         xs = torch.stack([c.x for c in clients]).to(device)
         ys = torch.stack([c.y for c in clients]).to(device)
 
         def view(e: object) -> torch.Tensor:
-            return base[e.offset : e.offset + e.numel].view(e.shape)  # type: ignore[attr-defined]
+            lo, hi = e.offset, e.offset + e.numel  # type: ignore[attr-defined]
+            if per_client:
+                return base[:, lo:hi].view(count, *e.shape)  # type: ignore[attr-defined]
+            return base[lo:hi].view(e.shape)  # type: ignore[attr-defined]
+
+        def shared_view(e: object) -> torch.Tensor:
+            # Buffers that are not trained are the same in every row (they start equal
+            # and nothing changes them): the first row's serve the whole unit.
+            return view(e)[0] if per_client else view(e)
 
         # Matrices are kept transposed: the module then gets a transposed view, whose
         # transpose (what F.linear multiplies by) is contiguous. Batched products with
@@ -146,8 +161,10 @@ class BatchedTrainer:
         leaves = {}
         for e in self.trainable:
             start = leaf_layout(view(e), e.name).contiguous()  # transpose once, then copy
-            leaves[e.name] = start.expand(count, *start.shape).clone().requires_grad_()
-        fixed = {e.name: view(e) for e in self.fixed_entries}
+            if not per_client:
+                start = start.expand(count, *start.shape)
+            leaves[e.name] = start.clone().requires_grad_()
+        fixed = {e.name: shared_view(e) for e in self.fixed_entries}
         anchor = (
             {e.name: leaf_layout(view(e), e.name) for e in self.trainable}
             if hp.prox_mu > 0

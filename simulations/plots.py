@@ -6,6 +6,7 @@
   stragglers and other failures when the availability model recorded them)
 - epsilon.png: privacy spent per round, when DP metrics carry an epsilon
 - staleness.png, in_flight.png: asynchronous runs only (simulations/async_plots.py)
+- consensus.png, client_accuracy.png: gossip runs only (simulations/gossip/plots.py)
 
 Matplotlib's object API with the Agg canvas: no pyplot state, no display needed.
 """
@@ -19,8 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.simulations.async_plots import ASYNC_PLOTS, async_figures
+from fedveil.simulations.gossip.plots import GOSSIP_PLOTS, gossip_figures
 
-PLOTS = ("accuracy.png", "loss.png", "participation.png", "epsilon.png", *ASYNC_PLOTS)
+PLOTS = (
+    "accuracy.png",
+    "loss.png",
+    "participation.png",
+    "epsilon.png",
+    *ASYNC_PLOTS,
+    *GOSSIP_PLOTS,
+)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -131,6 +140,7 @@ def save_plots(run_dir: str | Path) -> list[Path]:
             rows, [(k, k) for k in epsilon_keys(rows)], "privacy spent", "epsilon"
         ),
         **async_figures(rows),
+        **gossip_figures(rows),
     }
     written = []
     for name, fig in figures.items():

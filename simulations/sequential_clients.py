@@ -71,7 +71,7 @@ def plan_units(
         if unit_size > 1 and sizes is not None and cid not in seen and _batchable(msg):
             # Not the round: async dispatches of one model version share a unit, each
             # with its own round (sequence number) and so its own generator.
-            key = (int(sizes[cid]), id(msg.arrays[F.MODEL]), _config_key(msg))
+            key = (int(sizes[cid]), _model_key(msg), _config_key(msg))
             groups.setdefault(key, []).append((cid, msg))
         else:
             units.append([(cid, msg)])
@@ -97,6 +97,15 @@ def _batchable(msg: Envelope) -> bool:
         and set(msg.arrays) == {F.MODEL}
         and msg.config.keys() <= (BATCHABLE_FIELDS)
     )
+
+
+def _model_key(msg: Envelope) -> int:
+    """Requests share a unit when their models share one tensor's storage: the same
+    global model, or rows of one stacked (clients x d) tensor (gossip: each client's own)."""
+    model = msg.arrays[F.MODEL]
+    if isinstance(model, torch.Tensor):
+        return model.untyped_storage().data_ptr()
+    return id(model)
 
 
 def _config_key(msg: Envelope) -> tuple:
@@ -218,7 +227,12 @@ class SequentialClients:
         try:
             hp = parse_training(msg)
             seed = msg.get(F.SEED, int)
-            global_vector = msg.tensor(F.MODEL, numel=self.runtime.model.size)
+            size = self.runtime.model.size
+            first = msg.arrays[F.MODEL]
+            if all(m.arrays[F.MODEL] is first for _, m in unit):
+                global_vector = msg.tensor(F.MODEL, numel=size)
+            else:  # each client its own model (gossip): one row each
+                global_vector = torch.stack([m.tensor(F.MODEL, numel=size) for _, m in unit])
             data = [self.task.client_data(cid) for cid, _ in unit]
             generators = [client_generator(seed, m.round, cid) for cid, m in unit]
             results = self.batcher.train(global_vector, data, hp, generators)

@@ -105,6 +105,8 @@ def simulate(
     client's update was ever aggregated. On KeyboardInterrupt (Ctrl-C; SIGTERM from the
     CLI) the last completed round's model and a summary marked interrupted are written.
     """
+    if cfg.server.aggregation == "gossip":  # no coordinator: simulations/gossip/
+        return _simulate_gossip(cfg, on_round, on_clients, resume, given, init_model)
     start = time.perf_counter()
     device = resolve_device(cfg.device)
     recorded = None
@@ -129,6 +131,25 @@ def simulate(
         attempt.write_interrupted(time.perf_counter() - start)
         raise
     return attempt.finish(time.perf_counter() - start)
+
+
+def _simulate_gossip(
+    cfg: RunConfig,
+    on_round: Callable[[Any], None] | None,
+    on_clients: Callable[[int, int], None] | None,
+    resume: bool,
+    given: Mapping[str, str] | None,
+    init_model: Path | None,
+) -> dict[str, Any]:
+    if resume or init_model is not None:
+        flag = "--resume" if resume else "--init-model"
+        raise ValueError(
+            f"{flag} with server.aggregation = 'gossip': a gossip run keeps no checkpoint "
+            "and starts every client from the seed's initial model"
+        )
+    from fedveil.simulations.gossip.run import simulate_gossip
+
+    return simulate_gossip(cfg, on_round=on_round, on_clients=on_clients, given=given)
 
 
 def require_checkpoint(out: Path) -> None:
@@ -315,7 +336,7 @@ class Attempt:
         engine, summary = self.engine, self.summary(wall)
         assert engine is not None and self.failures is not None
         if self.cfg.simulation.plots:  # from metrics.jsonl, complete once the rounds are done
-            summary["plots"] = _plots(self.store.path)
+            summary["plots"] = run_plots(self.store.path)
         summary = self.run.finish(engine, summary, model_metadata={"task": self.task.name})
         check_some_client_contributed(engine.history, self.failures)
         return summary
@@ -335,7 +356,8 @@ class Attempt:
         log.warning("interrupted after round %d: model and summary written", self.engine.round)
 
 
-def _plots(run_dir: Path) -> list[str]:
+def run_plots(run_dir: Path) -> list[str]:
+    """Draw the run directory's plots (none, with a warning, without matplotlib)."""
     try:
         from fedveil.simulations.plots import save_plots
     except ImportError:  # matplotlib is in the simulation extra, not the lean core

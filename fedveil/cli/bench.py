@@ -71,6 +71,12 @@ def _async(argv: Sequence[str], prog: str) -> int:
     return bench_async.main(argv, prog)
 
 
+def _gossip(argv: Sequence[str], prog: str) -> int:
+    from fedveil.benchmarks import bench_gossip
+
+    return bench_gossip.main(argv, prog)
+
+
 BENCHMARKS: dict[str, Benchmark] = {
     "simulation": Benchmark(
         "the in-process engine against a bare torch loop and Flower's simulation", _simulation
@@ -98,6 +104,9 @@ BENCHMARKS: dict[str, Benchmark] = {
     "async": Benchmark(
         "sync vs asynchronous training (FedBuff, secagg groups): simulated time to target",
         _async,
+    ),
+    "gossip": Benchmark(
+        "gossip training (ring, exponential graph) vs FedAvg at equal client updates", _gossip
     ),
 }
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config.async_mode import check_async_fields
+from fedveil.config.gossip import check_gossip
 from fedveil.config.poisoning_checks import check_poisoning
 from fedveil.config.ray_address import check_ray_address
 from fedveil.config.robust_bounds import check_robust_config
@@ -44,7 +45,8 @@ MLFLOW_SCHEMES = ("file", "http", "https", "sqlite", "postgresql", "mysql", "mss
 def _check_cross_fields(cfg: RunConfig) -> None:
     """Limits that depend on more than one field."""
     n = cfg.data.num_clients
-    if cfg.server.sampling == "fixed" and cfg.server.per_round > n:
+    gossip = cfg.server.aggregation == "gossip"  # every client trains: no cohort
+    if cfg.server.sampling == "fixed" and cfg.server.per_round > n and not gossip:
         raise ConfigError(
             f"server.per_round = {cfg.server.per_round}: more sampled clients than exist; "
             f"must be <= data.num_clients = {n}"
@@ -68,6 +70,7 @@ def _check_cross_fields(cfg: RunConfig) -> None:
     _check_simulation_fields(cfg)
     check_robust_config(cfg)
     check_poisoning(cfg)
+    check_gossip(cfg)
     _check_tracking(cfg.tracking)
     task = cfg.model.task
     if task is None:

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedveil.config.gossip import AGGREGATIONS, GossipConfig
 from fedveil.config.validator import spec
 from fedveil.protocol.dp_parameters import DpParameters
 from fedveil.protocol.dp_rules import ACCOUNTANTS, AUTO, MECHANISM_OF_CONFIG, NEIGHBOURING_RELATIONS
@@ -163,6 +164,12 @@ class ServerConfig:
     )
     max_participations: int = spec(
         0, lo=0, hi=1_000_000, help="async/ssp: most dispatches per client in a run; 0: no cap"
+    )
+    aggregation: str = spec(
+        "coordinator",
+        choices=AGGREGATIONS,
+        help="coordinator: a server aggregates each round; gossip: no server, each client "
+        "mixes its model with its neighbours' ([gossip])",
     )
 
 
@@ -450,6 +457,7 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     audit: AuditSection = field(default_factory=AuditSection)
     poisoning: PoisoningConfig = field(default_factory=PoisoningConfig)
+    gossip: GossipConfig = field(default_factory=GossipConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -522,4 +530,5 @@ SECTIONS = {
     "tracking": TrackingConfig,
     "audit": AuditSection,
     "poisoning": PoisoningConfig,
+    "gossip": GossipConfig,
 }

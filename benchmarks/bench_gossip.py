@@ -1,0 +1,260 @@
+"""`fedveil bench gossip`: gossip training against FedAvg at equal client updates (issue 34).
+
+Three contenders train the same job (Fashion-MNIST, 100 clients, Dirichlet(0.5), one
+local epoch; `--model`, default mlp: see below) with the same budget of client updates
+(local trainings, the training compute), one after another in this process:
+
+- fedavg: the coordinator round, 20 clients per round (`fedveil simulate`'s default);
+- gossip_ring: every client trains each round, then mixes with its 2 ring neighbours
+  (Metropolis-Hastings weights);
+- gossip_exponential: the same on the exponential graph (neighbours at +-2^k).
+
+A FedAvg round is 20 client updates and a gossip round 100, so the budget gives FedAvg
+5x the rounds. Every contender evaluates its model (FedAvg's global model, gossip's
+consensus = average model) on the test set after every round; the accuracies are
+compared as functions of client updates. Reported per contender: client updates to the
+target accuracy (--target, 0.8), final accuracy, bytes each node sent (a gossip client:
+its model to each neighbour per round; a FedAvg client: its update per participation,
+and the server's downloads separately), the spread of client models' accuracies
+(gossip: a fixed subset of 10 clients' own models; FedAvg: one global model, no
+spread), wall time; and the graphs' spectral gaps.
+
+Keys: gossip_updates_ratio (client updates to the target, exponential gossip over
+FedAvg; target <= 1.5), gossip_updates_ratio_ring, gossip_accuracy_gap (FedAvg's final
+accuracy minus exponential gossip's, in points; target <= 2), bytes_per_node per
+contender, ring_spectral_gap.
+
+Why the MLP by default: gossip trains all 100 clients every round, and on a CPU the CNN
+trains one client at a time (vmap batching is refused for convolutions: slower), about
+0.35 s per client update on this shared 2-core machine; three contenders at the
+default budget would take ~30 minutes. `--model cnn` runs the default model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fedveil.benchmarks.harness import command_main
+from fedveil.config import load_config
+from fedveil.simulations.gossip.engine import gossip_graph
+from fedveil.simulations.gossip.topology import spectral_gap
+from fedveil.simulations.simulate_run import simulate
+
+TARGETS = {"gossip_updates_ratio": ("<=", 1.5), "gossip_accuracy_gap": ("<=", 2.0)}
+CONTENDERS = ("fedavg", "gossip_ring", "gossip_exponential")
+
+
+def _job(args: argparse.Namespace) -> tuple[dict[str, Any], int, int, int, float]:
+    if args.quick:
+        base = {"data.dataset": "digits", "model.name": args.model or "mlp"}
+        clients, per_round, updates, target = 20, 4, 80, 0.5
+    else:
+        base = {"data.dataset": "fashion-mnist", "model.name": args.model or "mlp"}
+        clients, per_round, updates, target = 100, 20, 2000, 0.8
+    clients = args.clients or clients
+    per_round = args.per_round or per_round
+    updates = args.updates or updates
+    target = args.target if args.target is not None else target
+    if not (0 < target <= 1):
+        raise ValueError(f"--target {target}: must be in (0, 1]")
+    if updates < clients or updates < per_round:
+        raise ValueError(f"--updates {updates}: at least one gossip round ({clients} updates)")
+    base.update({"data.num_clients": clients, "seed": args.seed, "simulation.plots": False})
+    return base, clients, per_round, updates, target
+
+
+def _configs(args: argparse.Namespace) -> tuple[dict[str, dict[str, Any]], float]:
+    base, clients, per_round, updates, target = _job(args)
+    out = Path(args.out)
+    fedavg = {**base, "server.per_round": per_round, "server.rounds": updates // per_round}
+    gossip = {**base, "server.aggregation": "gossip", "server.rounds": updates // clients}
+    return {
+        "fedavg": {**fedavg, "out": str(out / "fedavg")},
+        "gossip_ring": {**gossip, "gossip.topology": "ring", "out": str(out / "gossip_ring")},
+        "gossip_exponential": {
+            **gossip,
+            "gossip.topology": "exponential",
+            "out": str(out / "gossip_exponential"),
+        },
+    }, target
+
+
+def _curve(run_dir: Path, gossip: bool) -> list[tuple[int, float]]:
+    """(client updates so far, test accuracy) after each round."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    out, updates = [], 0
+    for row in rows:
+        updates = row["client_updates"] if gossip else updates + int(row["cohort_aggregated"])
+        acc = row.get("test_accuracy")
+        if isinstance(acc, (int, float)) and math.isfinite(acc):
+            out.append((updates, float(acc)))
+    return out
+
+
+def _to_target(curve: list[tuple[int, float]], target: float) -> int | None:
+    return next((u for u, acc in curve if acc >= target), None)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    configs, target = _configs(args)
+    results: dict[str, dict[str, Any]] = {}
+    for name in CONTENDERS:
+        cfg = load_config(None, configs[name])
+        t0 = time.perf_counter()
+        summary = simulate(cfg)
+        wall = time.perf_counter() - t0
+        run_dir = Path(cfg.out)
+        gossip = name != "fedavg"
+        curve = _curve(run_dir, gossip)
+        size = _model_size(run_dir)
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        result: dict[str, Any] = {
+            "client_updates": curve[-1][0] if curve else 0,
+            "rounds": summary["rounds"],
+            "updates_to_target": _to_target(curve, target),
+            "final_accuracy": curve[-1][1] if curve else None,
+            "wall_s": wall,
+        }
+        if gossip:
+            last = rows[-1]
+            result["bytes_per_node"] = summary["bytes_sent_per_node"]
+            result["spectral_gap"] = summary["spectral_gap"]
+            result["degree"] = summary["degree_max"]
+            result["client_accuracy_spread"] = {
+                k: last[f"client_accuracy_{k}"] for k in ("min", "median", "max", "std")
+            }
+            result["consensus_distance"] = last["consensus_distance"]
+        else:
+            # A client sends its update (d float32 values) each time it takes part; the
+            # server sends the model to every sampled client.
+            uploads = sum(int(r["cohort_aggregated"]) for r in rows)
+            result["bytes_per_node"] = uploads * size * 4 / cfg.data.num_clients
+            result["server_bytes_sent"] = uploads * size * 4
+            result["client_accuracy_spread"] = None  # one global model: every client's
+        results[name] = result
+        _say(f"{name}: {json.dumps(result)}")
+    fed, exp, ring = results["fedavg"], results["gossip_exponential"], results["gossip_ring"]
+    cfg = load_config(None, configs["gossip_ring"])
+    summary: dict[str, Any] = {
+        "target_accuracy": target,
+        "contenders": results,
+        "gossip_updates_ratio": _ratio(exp["updates_to_target"], fed["updates_to_target"]),
+        "gossip_updates_ratio_ring": _ratio(ring["updates_to_target"], fed["updates_to_target"]),
+        "gossip_accuracy_gap": None
+        if fed["final_accuracy"] is None or exp["final_accuracy"] is None
+        else 100 * (fed["final_accuracy"] - exp["final_accuracy"]),
+        "gossip_accuracy_gap_ring": None
+        if fed["final_accuracy"] is None or ring["final_accuracy"] is None
+        else 100 * (fed["final_accuracy"] - ring["final_accuracy"]),
+        "bytes_per_node": {name: r["bytes_per_node"] for name, r in results.items()},
+        "ring_spectral_gap": spectral_gap(gossip_graph(cfg, cfg.data.num_clients)),
+        "exponential_spectral_gap": exp["spectral_gap"],
+        "job": {k: v for k, v in configs["fedavg"].items() if k != "out"},
+        "targets": {k: f"{op} {v}" for k, (op, v) in TARGETS.items()},
+    }
+    summary["targets_met"] = {k: _meets(summary[k], op, v) for k, (op, v) in TARGETS.items()}
+    return summary
+
+
+def _ratio(a: int | None, b: int | None) -> float | None:
+    """None when either never reached the target within the budget."""
+    return None if a is None or b is None else a / b
+
+
+def _meets(value: float | None, op: str, limit: float) -> bool:
+    if value is None:
+        return False
+    return value <= limit if op == "<=" else value >= limit
+
+
+def _model_size(run_dir: Path) -> int:
+    from safetensors import safe_open
+
+    with safe_open(str(run_dir / "model.safetensors"), framework="pt") as f:
+        return sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys())  # noqa: SIM118
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    _say(f"target accuracy {summary['target_accuracy']}")
+    head = ("contender", "updates->target", "final acc", "bytes/node", "wall s")
+    _say(f"{head[0]:20} {head[1]:>16} {head[2]:>10} {head[3]:>12} {head[4]:>8}")
+    for name, r in summary["contenders"].items():
+        reach = r["updates_to_target"]
+        _say(
+            f"{name:20} {('never' if reach is None else reach):>16} "
+            f"{r['final_accuracy']:>10.4f} {r['bytes_per_node']:>12.3g} {r['wall_s']:>8.1f}"
+        )
+    for key in (
+        "gossip_updates_ratio",
+        "gossip_updates_ratio_ring",
+        "gossip_accuracy_gap",
+        "ring_spectral_gap",
+        "exponential_spectral_gap",
+    ):
+        _say(f"{key}: {summary[key]}")
+    for key, met in summary["targets_met"].items():
+        _say(f"target {key} {summary['targets'][key]}: {'met' if met else 'NOT met'}")
+
+
+GOSSIP_SUMMARY = (
+    "`fedveil bench gossip`: FedAvg (20 clients a round) and gossip on a ring and on an "
+    "exponential graph (every client trains, then mixes with its neighbours) train the "
+    "Fashion-MNIST job (100 clients, Dirichlet(0.5)) with the same budget of client updates; "
+    "prints client updates to the target accuracy, final accuracy of the global or consensus "
+    "model, bytes each node sent, the spread of client models' accuracies and the graphs' "
+    "spectral gaps; --json prints one JSON object (gossip_updates_ratio, gossip_accuracy_gap, "
+    "bytes_per_node, ring_spectral_gap) as the last line of stdout."
+)
+
+
+def add_gossip_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `fedveil bench gossip` (also `python -m fedveil.benchmarks.bench_gossip`)."""
+    p.add_argument(
+        "--quick", action="store_true", help="digits, 20 clients, target 0.5 (a smoke test)"
+    )
+    p.add_argument(
+        "--model", default=None, help="logreg, mlp or cnn [mlp: the CNN cannot be vmapped on a CPU]"
+    )
+    p.add_argument("--clients", type=int, help="population [100; --quick 20]")
+    p.add_argument("--per-round", type=int, help="FedAvg cohort [20; --quick 4]")
+    p.add_argument(
+        "--updates", type=int, help="client-update budget of each contender [2000; --quick 80]"
+    )
+    p.add_argument("--target", type=float, help="target accuracy [0.8; --quick 0.5]")
+    p.add_argument("--seed", type=int, default=0, help="seed of data split and init [0]")
+    p.add_argument("--out", default="runs/bench-gossip", help="run directories [runs/bench-gossip]")
+    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+
+
+def cmd_bench_gossip(args: argparse.Namespace) -> int:
+    summary = run(args)
+    print_table(summary)
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """`fedveil bench gossip` and `python -m fedveil.benchmarks.bench_gossip`."""
+    return command_main(
+        argv,
+        prog=prog or "python -m fedveil.benchmarks.bench_gossip",
+        description=GOSSIP_SUMMARY,
+        add_arguments=add_gossip_arguments,
+        run=cmd_bench_gossip,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
