@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config.async_mode import check_async_fields
-from fedveil.config.gossip import check_gossip
+from fedveil.config.gossip_checks import check_gossip
 from fedveil.config.poisoning_checks import check_poisoning
 from fedveil.config.ray_address import check_ray_address
 from fedveil.config.robust_bounds import check_robust_config

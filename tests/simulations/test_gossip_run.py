@@ -190,7 +190,7 @@ def test_a_lane_trains_a_unit_of_rows_each_from_its_own_model(tmp_path: Path) ->
     own row (the old lane started every client of a unit from the first one's model)."""
     import dataclasses
 
-    from fedveil.simulations.sequential_clients import ClientLane
+    from fedveil.simulations.sequential_clients import SequentialClients
 
     cfg = _cfg(tmp_path)
     tiny = make_task(cfg)
@@ -200,7 +200,7 @@ def test_a_lane_trains_a_unit_of_rows_each_from_its_own_model(tmp_path: Path) ->
         return ClientData(data.x[:20], data.y[:20])
 
     task = dataclasses.replace(tiny, client_data=equal_size, client_sizes=np.full(12, 20))
-    lane = ClientLane(task, "cpu", unit_size=32, run_config=cfg)
+    lane = SequentialClients(task, "cpu", unit_size=32, run_config=cfg)
     assert lane.batcher is not None
     torch.manual_seed(1)
     rows = 0.3 * torch.randn(2, lane.runtime.model.size)
