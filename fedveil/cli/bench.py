@@ -372,7 +372,8 @@ FLEET_SUMMARY = (
     "`fedveil bench fleet`: start a real coordinator on loopback (TLS, SuperNode "
     "authentication) and hold N emulated devices on its Fleet gateway at Flower's idle "
     "poll, with requests built and signed by Flower's SuperNode client code; print p50/p99 "
-    "Fleet request latency and the coordinator's CPU and RSS per N. --json prints one JSON "
+    "Fleet request latency and the coordinator's CPU and RSS per N; --peer flower runs the "
+    "same devices against stock Flower's SuperLink in the same run. --json prints one JSON "
     "object as the last line of stdout."
 )
 
@@ -399,6 +400,13 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         help="write a cProfile (pstats) of the coordinator process to FILE",
+    )
+    p.add_argument(
+        "--peer",
+        choices=["flower"],
+        help="also hold the same devices against stock Flower's SuperLink (flower-superlink "
+        "with TLS and SuperNode authentication, as shipped) in the same run: peer_sweep, "
+        "peer_held_at_p99_under_1s and capacity_ratio in the JSON",
     )
     p.add_argument(
         "--secagg-round",
