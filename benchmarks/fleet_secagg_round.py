@@ -3,7 +3,7 @@ compared with `fedveil simulate` of the same config and seed.
 
 Each emulated device is a thread that does what a `fedveil client` does, on Flower's own
 SuperNode connection (flwr.supernode.fleet_http_connection.http_request_response: TLS,
-the device's enrolled SECP384R1 key signing every request, ActivateNode, heartbeats,
+the device's enrolled key (CLIENT_CURVE) signing every request, ActivateNode, heartbeats,
 Flower's retry invoker), without a SuperNode process: PullMessages (every 3 s when idle,
 as flwr.supernode.start_client_internal sleeps), GetRun and GetFab once per run for the
 run config, PullObject for each part of the message and ConfirmMessageReceived
