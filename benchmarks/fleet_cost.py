@@ -44,7 +44,7 @@ from benchmarks.fleet_wire import call
 CURVES: dict[str, ec.EllipticCurve] = {"p256": ec.SECP256R1(), "p384": ec.SECP384R1()}
 
 
-async def _drive(coord: Any, devices: list[Any], requests: int, concurrency: int) -> dict:
+async def _drive(coord: Any, devices: list[Any], requests: int, concurrency: int) -> dict[str, Any]:
     limits = httpx.Limits(
         max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8
     )
