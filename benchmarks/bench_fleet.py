@@ -2,10 +2,11 @@
 
 One real `fedveil server` (TLS, SuperNode authentication, Flower's SuperLink behind
 fedveil's Fleet gateway) on loopback, and N emulated devices in this one process. Each
-device has its own enrolled SECP384R1 key and speaks the Fleet protocol as Flower's
-SuperNode does when idle: ActivateNode, then PullMessages every 3 s (the SuperNode's
-sleep after an empty pull, flwr.supernode.start_client_internal) and SendNodeHeartbeat
-every (30 - 5) * U(0.7, 0.9) s (flwr.supercore.heartbeat, HEARTBEAT_DEFAULT_INTERVAL 30).
+device has its own enrolled key (fedveil.ops.certs.CLIENT_CURVE) and speaks the Fleet
+protocol as Flower's SuperNode does when idle: ActivateNode, then PullMessages every 3 s
+(the SuperNode's sleep after an empty pull, flwr.supernode.start_client_internal) and
+SendNodeHeartbeat every (30 - 5) * U(0.7, 0.9) s (flwr.supercore.heartbeat,
+HEARTBEAT_DEFAULT_INTERVAL 30).
 Requests are built and signed by Flower's own client code (fleet_wire.py) and sent with
 one shared asyncio httpx client, so a thousand devices need no thousand SuperNodes.
 
@@ -14,6 +15,13 @@ Fleet request, the request rate achieved, failures, the devices the coordinator 
 as connected (GET /cluster), and the CPU and RSS of the coordinator's process tree
 (the `fedveil server` process and its SuperLink child) read from /proc; the
 emulator's own CPU is reported too, as it shares the machine.
+
+`--peer flower` holds the same devices (same keys, poll, heartbeats and Flower client
+code) against stock Flower's `flower-superlink` with TLS and SuperNode authentication
+(fleet_peer_flower.py), in the same run, one after the other: `peer_sweep`,
+`peer_held_at_p99_under_1s` and `capacity_ratio` (fedveil's knee over Flower's). Every
+count records the machine's load average (`load_average_1m`): quote ratios, not
+absolute figures, on a shared machine.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import random
 import resource
 import signal
@@ -74,7 +83,8 @@ FLEET_SUMMARY = (
     "`fedveil bench fleet`: start a real coordinator on loopback (TLS, SuperNode "
     "authentication) and hold N emulated devices on its Fleet gateway at Flower's idle "
     "poll, with requests built and signed by Flower's SuperNode client code; print p50/p99 "
-    "Fleet request latency and the coordinator's CPU and RSS per N. --json prints one JSON "
+    "Fleet request latency and the coordinator's CPU and RSS per N; --peer flower runs the "
+    "same devices against stock Flower's SuperLink in the same run. --json prints one JSON "
     "object as the last line of stdout."
 )
 
@@ -101,6 +111,13 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         help="write a cProfile (pstats) of the coordinator process to FILE",
+    )
+    p.add_argument(
+        "--peer",
+        choices=["flower"],
+        help="also hold the same devices against stock Flower's SuperLink (flower-superlink "
+        "with TLS and SuperNode authentication, as shipped) in the same run: peer_sweep, "
+        "peer_held_at_p99_under_1s and capacity_ratio in the JSON",
     )
     p.add_argument(
         "--secagg-round",
@@ -407,8 +424,11 @@ def _round(v: float | None) -> float | None:
     return None if v is None else round(v, 4)
 
 
-def make_devices(count: int, address: str) -> list[Device]:
-    devices = [Device(i, ec.generate_private_key(CLIENT_CURVE)) for i in range(count)]
+def make_devices(
+    count: int, address: str, curve: ec.EllipticCurve = CLIENT_CURVE, first_id: int = 0
+) -> list[Device]:
+    """`count` devices with fresh keys on `curve` (fedveil's enrollment curve by default)."""
+    devices = [Device(first_id + i, ec.generate_private_key(curve)) for i in range(count)]
     for d in devices:
         d.client = capturing_client(address, d.key)
     return devices
@@ -425,17 +445,22 @@ def run(
     profile: Path | None = None,
     workdir: Path | None = None,
     log: Any = sys.stderr,
+    peer: str | None = None,
 ) -> list[dict[str, Any]]:
-    """One coordinator; for each count, that many devices activated, held, measured, left."""
+    """One coordinator; for each count, that many devices activated, held, measured, left.
+
+    `peer="flower"`: stock Flower's SuperLink (fleet_peer_flower.py) instead of fedveil's
+    coordinator, with the same devices, poll and heartbeats."""
     # SIGTERM unwinds like Ctrl-C, so the coordinator (its own session) is stopped too.
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     with tempfile.TemporaryDirectory(prefix="fedveil-fleet-", dir=workdir) as tmp:
-        coord = Coordinator(Path(tmp), profile=profile)
+        coord = _coordinator(Path(tmp), peer, profile)
+        name = "fedveil" if peer is None else coord.name
         try:
             t0 = time.perf_counter()
             coord.start()
-            print(f"coordinator ready in {time.perf_counter() - t0:.1f} s", file=log)
+            print(f"{name}: ready in {time.perf_counter() - t0:.1f} s", file=log)
             devices = make_devices(max(counts), coord.fleet_address)
             t0 = time.perf_counter()
             for d in devices:
@@ -446,7 +471,7 @@ def run(
             before, t_idle = coord.sample(), time.perf_counter()
             time.sleep(idle_s)
             idle_pct = 100 * (coord.sample().cpu_s - before.cpu_s) / (time.perf_counter() - t_idle)
-            print(f"coordinator idle: {idle_pct:.1f}% CPU", file=log)
+            print(f"{name} idle: {idle_pct:.1f}% CPU", file=log)
             results = []
             for n in counts:
                 r = asyncio.run(
@@ -459,6 +484,10 @@ def run(
                         seed=seed,
                     )
                 )
+                r["coordinator"] = name
+                # The machine's 1-minute load average as the window closed: on a shared
+                # machine every figure comes with it.
+                r["load_average_1m"] = round(os.getloadavg()[0], 2)
                 r["gateway_warnings"] = coord.gateway_warnings()
                 r["coordinator_idle_cpu_percent"] = round(idle_pct, 1)
                 busy_s = (r["coordinator_cpu_percent"] - idle_pct) / 100 * r["window_s"]
@@ -467,13 +496,23 @@ def run(
                 )
                 print(format_row(r), file=log)
                 for line in r["gateway_warnings"][-3:]:
-                    print(f"  gateway: {line}", file=log)
+                    print(f"  {name}: {line}", file=log)
                 results.append(r)
                 if n != counts[-1]:
                     time.sleep(2.5)  # past /cluster's node cache before the next step
         finally:
             coord.stop()
     return results
+
+
+def _coordinator(root: Path, peer: str | None, profile: Path | None) -> Any:
+    if peer is None:
+        return Coordinator(root, profile=profile)
+    if peer == "flower":
+        from fedveil.benchmarks.fleet_peer_flower import StockSuperLink
+
+        return StockSuperLink(root)
+    raise ValueError(f"--peer = {peer!r}: the one peer is 'flower'")
 
 
 HEADER = (
@@ -501,14 +540,9 @@ def format_table(results: list[dict[str, Any]]) -> str:
     return "\n".join([HEADER, *(format_row(r) for r in results)])
 
 
-def summary(
-    results: list[dict[str, Any]],
-    target_p99_s: float = 1.0,
-    secagg: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The largest count's figures at the top level, the sweep under `sweep`, and the
-    knee: the largest count that held every device with p99 under the target. `secagg`:
-    the `secagg_round_*` figures of fleet_secagg_round.secagg_round, if it ran."""
+def held_at(results: list[dict[str, Any]], target_p99_s: float = 1.0) -> int:
+    """The largest count that held every device (all connected, none lost a pull) with
+    p99 under the target; 0 if none did."""
     held = [
         r["devices"]
         for r in results
@@ -517,15 +551,39 @@ def summary(
         and r["p99_s"] is not None
         and r["p99_s"] < target_p99_s
     ]
+    return max(held) if held else 0
+
+
+def summary(
+    results: list[dict[str, Any]],
+    target_p99_s: float = 1.0,
+    secagg: dict[str, Any] | None = None,
+    peer: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The largest count's figures at the top level, the sweep under `sweep`, and the
+    knee: the largest count that held every device with p99 under the target. `secagg`:
+    the `secagg_round_*` figures of fleet_secagg_round.secagg_round, if it ran. `peer`:
+    stock Flower's sweep on the same devices, under `peer_sweep`, with its knee and
+    `capacity_ratio` (fedveil's knee over the peer's; None when the peer held none)."""
     top = dict(results[-1])
     top.update(
         {
             "secagg_round_ok": None,
             "secagg_round_note": SECAGG_NOT_RUN,
-            "held_at_p99_under_1s": max(held) if held else 0,
+            "held_at_p99_under_1s": held_at(results, target_p99_s),
             "sweep": results,
         }
     )
+    if peer is not None:
+        ours, theirs = top["held_at_p99_under_1s"], held_at(peer, target_p99_s)
+        top.update(
+            {
+                "peer": peer[-1]["coordinator"],
+                "peer_sweep": peer,
+                "peer_held_at_p99_under_1s": theirs,
+                "capacity_ratio": round(ours / theirs, 3) if theirs else None,
+            }
+        )
     top.update(secagg or {})
     return top
 
@@ -540,16 +598,22 @@ def cmd_bench_fleet(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--secagg-round = {args.secagg_round}: secure aggregation needs >= 3 devices"
         )
-    results = run(
-        sorted(args.devices),
-        poll_s=args.poll,
-        warmup_s=args.warmup,
-        window_s=args.window,
-        seed=args.seed,
-        profile=args.profile.resolve() if args.profile else None,
-    )
+    common = {
+        "poll_s": args.poll,
+        "warmup_s": args.warmup,
+        "window_s": args.window,
+        "seed": args.seed,
+    }
     out = sys.stderr if args.json else sys.stdout
+    counts = sorted(args.devices)
+    results = run(counts, profile=args.profile.resolve() if args.profile else None, **common)
+    peer = None
+    if args.peer is not None:
+        peer = run(counts, peer=args.peer, **common)
     print(format_table(results), file=out)
+    if peer is not None:
+        print(f"peer: {peer[-1]['coordinator']}", file=out)
+        print(format_table(peer), file=out)
     secagg = None
     if args.secagg_round is not None:
         from fedveil.benchmarks.fleet_secagg_round import secagg_round
@@ -564,7 +628,7 @@ def cmd_bench_fleet(args: argparse.Namespace) -> int:
             file=out,
         )
     if args.json:
-        print(json.dumps(summary(results, secagg=secagg), sort_keys=True))
+        print(json.dumps(summary(results, secagg=secagg, peer=peer), sort_keys=True))
     return 0
 
 

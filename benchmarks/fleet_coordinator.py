@@ -48,7 +48,7 @@ def process_tree(pid: int) -> list[int]:
 
 @dataclass
 class TreeSample:
-    cpu_s: float  # user + system seconds of the tree's live processes
+    cpu_s: float  # user + system seconds of the tree's live processes and ended children
     rss_mb: float
     root_cpu_s: float  # the `fedveil server` process alone: API, gateway, supervisor
 
@@ -58,7 +58,9 @@ def sample_tree(pid: int) -> TreeSample:
     for p in process_tree(pid):
         with contextlib.suppress(OSError, ValueError, IndexError):
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            seconds = (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+            # utime, stime, and cutime, cstime: the CPU of its children that have ended and
+            # been waited for (a run's ServerApp, gone by the time a round is read).
+            seconds = sum(int(f) for f in fields[11:15]) / CLK_TCK
             cpu += seconds
             root += seconds if p == pid else 0.0
             rss += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * PAGE

@@ -3,7 +3,7 @@ compared with `fedveil simulate` of the same config and seed.
 
 Each emulated device is a thread that does what a `fedveil client` does, on Flower's own
 SuperNode connection (flwr.supernode.fleet_http_connection.http_request_response: TLS,
-the device's enrolled SECP384R1 key signing every request, ActivateNode, heartbeats,
+the device's enrolled key (CLIENT_CURVE) signing every request, ActivateNode, heartbeats,
 Flower's retry invoker), without a SuperNode process: PullMessages (every 3 s when idle,
 as flwr.supernode.start_client_internal sleeps), GetRun and GetFab once per run for the
 run config, PullObject for each part of the message and ConfirmMessageReceived
@@ -315,13 +315,16 @@ def secagg_round(
             while up[0] < devices and time.monotonic() < deadline:
                 time.sleep(0.5)
             say(f"secagg round: {up[0]}/{devices} devices activated")
-            start = time.perf_counter()
+            start, cpu_before = time.perf_counter(), coord.sample().cpu_s
             r = coord.http.post("/runs", content=toml, headers={"Content-Type": "application/toml"})
             if r.status_code != 201:
                 raise RuntimeError(f"submitting the run: {r.status_code} {r.text}")
             rid = r.json()["id"]
             run = _wait_run(coord, rid, ROUND_TIMEOUT_S)
             elapsed = time.perf_counter() - start
+            # The coordinator's processes (gateway, SuperLink, the run's ServerApp) over
+            # the run: what one secure round of N costs it, whatever the machine's load.
+            cpu_s = coord.sample().cpu_s - cpu_before
             say(f"secagg round: run {rid} {run['status']} in {elapsed:.1f} s")
             deployed: dict[str, torch.Tensor] | None = None
             if run["status"] == "completed":
@@ -354,6 +357,7 @@ def secagg_round(
         "secagg_round_devices": devices,
         "secagg_round_status": run["status"],
         "secagg_round_s": round(elapsed, 2),
+        "secagg_round_coordinator_cpu_s": round(cpu_s, 2),
         "secagg_round_tolerance": tol,
         "secagg_round_max_abs_diff": diff,
         "secagg_round_models_differ": changed,  # fresh rounding keys: they should

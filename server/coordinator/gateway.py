@@ -17,9 +17,14 @@ import ssl
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-import httpx
+import httpcore
 
 from fedveil.server.coordinator.metrics import ServiceCounters
+from fedveil.server.coordinator.upstream_pool import (
+    UPSTREAM_ERRORS,
+    UpstreamPool,
+    UpstreamResponse,
+)
 
 log = logging.getLogger("fedveil.gateway")
 
@@ -33,14 +38,11 @@ _FLEET_PATH = re.compile(r"/v1/fleet/[a-z][a-z-]*")
 _HOP = {b"host", b"content-length", b"connection", b"transfer-encoding", b"keep-alive", b"upgrade"}
 
 # Upstream connections are kept and reused: each new one costs a TLS handshake on both
-# sides. The pool keeps every connection it may open (httpx keeps only 20 of its 100, so
-# under load every connection past the 20th was closed after one request and the next
-# one paid a handshake), and lets an idle one go well before the SuperLink's keep-alive
-# timeout (link_socket.SUPERLINK_KEEP_ALIVE_S), so the gateway never sends on a
-# connection the SuperLink is closing at that moment. The pool is small on purpose:
-# httpcore scans every pooled connection for each queued request, which cost 8-10 ms of
-# CPU per request with 64 connections against 3-4 ms with 16 (benchmarks/fleet_cost.py);
-# more parallel requests would not make the SuperLink (one event loop) any faster.
+# sides. The pool (upstream_pool.py) keeps every connection it opens, and lets an idle
+# one go well before the SuperLink's keep-alive timeout (link_socket.SUPERLINK_KEEP_ALIVE_S),
+# so the gateway never sends on a connection the SuperLink is closing at that moment.
+# 16 connections: more parallel requests would not make the SuperLink (one event loop)
+# any faster.
 UPSTREAM_CONNECTIONS = 16
 UPSTREAM_IDLE_S = 30.0
 # The bytes of request bodies the gateway holds at once, across requests: each request
@@ -117,32 +119,25 @@ class FleetGateway:
         self.max_body = max_body_bytes
         self.counters = counters
         self._verify = verify
-        self._client: httpx.AsyncClient | None = None
+        self._pool: UpstreamPool | None = None
 
-    def client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            transport: httpx.AsyncHTTPTransport | None = None
-            limits = httpx.Limits(
-                max_connections=UPSTREAM_CONNECTIONS,
-                max_keepalive_connections=UPSTREAM_CONNECTIONS,
-                keepalive_expiry=UPSTREAM_IDLE_S,
+    def pool(self) -> UpstreamPool:
+        if self._pool is None:
+            self._pool = UpstreamPool(
+                self.upstream,
+                self._verify,
+                uds=self._uds,
+                size=UPSTREAM_CONNECTIONS,
+                idle_s=UPSTREAM_IDLE_S,
+                timeout_s=120.0,
+                connect_timeout_s=5.0,
             )
-            if self._uds is not None:
-                transport = httpx.AsyncHTTPTransport(
-                    uds=self._uds, verify=self._verify, limits=limits
-                )
-            self._client = httpx.AsyncClient(
-                verify=self._verify,
-                timeout=httpx.Timeout(120.0, connect=5.0),
-                transport=transport,
-                limits=limits,
-            )
-        return self._client
+        return self._pool
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        if self._pool is not None:
+            await self._pool.aclose()
+            self._pool = None
 
     def _reject(self, reason: str) -> None:
         with self.counters.lock:
@@ -150,9 +145,9 @@ class FleetGateway:
 
     async def _forward(
         self, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
-    ) -> httpx.Response:
+    ) -> UpstreamResponse:
         """POST to the SuperLink, sent a second time only if the first connection was closed
-        before a single response byte came back (httpx.RemoteProtocolError: "Server
+        before a single response byte came back (httpcore.RemoteProtocolError: "Server
         disconnected without sending a response").
 
         Why the retry is safe: uvicorn closes a kept-alive connection only while it is idle
@@ -165,12 +160,12 @@ class FleetGateway:
         memory, so it can be sent again as is. Any other error, or a second failure,
         is the caller's 503.
         """
-        client = self.client()
+        pool = self.pool()
         try:
-            return await client.post(self.upstream + path, content=body, headers=headers)
-        except httpx.RemoteProtocolError as exc:
+            return await pool.post(path, body, headers)
+        except httpcore.RemoteProtocolError as exc:
             log.info("Fleet request %s: SuperLink closed the connection (%s); retrying", path, exc)
-            return await client.post(self.upstream + path, content=body, headers=headers)
+            return await pool.post(path, body, headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -209,14 +204,16 @@ class FleetGateway:
             headers.append((b"x-forwarded-for", str(client[0]).encode()))
         try:
             resp = await self._forward(path, body, headers)
-        except httpx.LocalProtocolError as exc:  # the device's headers cannot be sent on
+        except httpcore.LocalProtocolError as exc:  # the device's headers cannot be sent on
             self._reject("bad_request")
             log.info("Fleet request %s: malformed headers refused: %s", path, exc)
             await send_json(send, 400, "malformed request headers")
             return
-        except httpx.HTTPError as exc:
+        except UPSTREAM_ERRORS as exc:
             self._reject("upstream")
-            log.warning("Fleet request %s: SuperLink unreachable: %s", path, exc)
+            log.warning(
+                "Fleet request %s: SuperLink unreachable: %s", path, exc or type(exc).__name__
+            )
             await send_json(send, 503, "the coordinator is starting or restarting; retry")
             return
         content = resp.content
@@ -224,13 +221,8 @@ class FleetGateway:
             self.counters.fleet_requests += 1
             self.counters.fleet_bytes_in += len(body)
             self.counters.fleet_bytes_out += len(content)
-        out_headers = [
-            (k.encode("latin-1"), v.encode("latin-1"))
-            for k, v in resp.headers.items()
-            if k.lower().encode() not in _HOP and k.lower() != "content-encoding"
-        ]
+        # The body goes back as it came (not decoded), with its own Content-Encoding if any.
+        out_headers = [(k, v) for k, v in resp.headers if k.lower() not in _HOP]
         out_headers.append((b"content-length", str(len(content)).encode()))
-        await send(
-            {"type": "http.response.start", "status": resp.status_code, "headers": out_headers}
-        )
+        await send({"type": "http.response.start", "status": resp.status, "headers": out_headers})
         await send({"type": "http.response.body", "body": content})

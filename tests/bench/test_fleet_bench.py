@@ -34,6 +34,17 @@ from fedveil.cli.main import main as cli_main
 from fedveil.ops.certs import CLIENT_CURVE, create_test_deployment
 
 SIGNED = {"flwr-timestamp", "flwr-signature"}  # differ per request: time, ECDSA nonce
+# The figures per device count, for fedveil and for the peer alike (issue 33).
+PER_N = (
+    "devices",
+    "devices_connected",
+    "p50_s",
+    "p99_s",
+    "requests_per_s",
+    "coordinator_cpu_percent",
+    "coordinator_rss_mb",
+    "coordinator_cpu_ms_per_request",
+)
 
 
 class Recorder(BaseHTTPRequestHandler):
@@ -127,22 +138,28 @@ def test_emulated_requests_equal_flowers_supernode_client_on_the_wire(
 
 
 @pytest.mark.procs
-def test_a_small_run_holds_every_device_connected_and_prints_the_json_contract(
+def test_a_small_run_holds_every_device_on_fedveil_and_stock_flower_in_one_json(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    # With stock Flower's SuperLink as the peer, on the same devices, in the same run.
     code = cli_main(
-        ["bench", "fleet", "--devices", "20", "--warmup", "1", "--window", "4", "--json"]
+        [
+            "bench",
+            "fleet",
+            "--devices",
+            "20",
+            "--warmup",
+            "1",
+            "--window",
+            "4",
+            "--peer",
+            "flower",
+            "--json",
+        ]
     )
     assert code == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    for key in (
-        "devices",
-        "p50_s",
-        "p99_s",
-        "coordinator_cpu_percent",
-        "coordinator_rss_mb",
-        "secagg_round_ok",
-    ):
+    for key in (*PER_N, "secagg_round_ok", "held_at_p99_under_1s"):
         assert key in summary, key
     assert summary["devices"] == 20
     # GET /cluster (enrolled keys the SuperLink lists online), asked while all 20 polled.
@@ -152,6 +169,19 @@ def test_a_small_run_holds_every_device_connected_and_prints_the_json_contract(
     assert summary["requests"] > 0 and 0 < summary["p50_s"] <= summary["p99_s"]
     assert summary["coordinator_cpu_percent"] > 0 and summary["coordinator_rss_mb"] > 0
     assert summary["secagg_round_ok"] is None and summary["secagg_round_note"]
+    # The peer: flower-superlink (TLS, SuperNode auth) held the same 20 devices, each
+    # listed online by its own Control API, with the same keys per N.
+    assert summary["peer"].startswith("flower-superlink ")
+    (theirs,) = summary["peer_sweep"]
+    assert theirs["coordinator"] == summary["peer"]
+    for key in (*PER_N, "load_average_1m"):
+        assert key in theirs and key in summary, key
+    assert theirs["devices"] == theirs["devices_connected"] == 20
+    assert theirs["devices_failed"] == 0 and theirs["activation_failures"] == {}
+    assert theirs["requests"] > 0 and theirs["coordinator_cpu_ms_per_request"] > 0
+    ours, peer = summary["held_at_p99_under_1s"], summary["peer_held_at_p99_under_1s"]
+    assert peer in (0, 20) and ours in (0, 20)
+    assert summary["capacity_ratio"] == (ours / peer if peer else None)
 
 
 @pytest.mark.flower

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
@@ -75,7 +76,8 @@ def test_test_deployment_files_and_a_verified_tls_handshake(tmp_path):
 def test_client_keys_are_what_flower_supernode_auth_loads(tmp_path):
     key_path, pub_path = create_client_key(tmp_path, "dev-1")
     private = load_ssh_private_key(key_path.read_bytes(), None)  # as flower-supernode does
-    assert isinstance(private, ec.EllipticCurvePrivateKey) and private.curve.name == "secp384r1"
+    # P-256: the cheapest NIST curve to verify, at TLS's 128-bit level (issue 33).
+    assert isinstance(private, ec.EllipticCurvePrivateKey) and private.curve.name == "secp256r1"
     public = load_client_public_key(pub_path.read_text())
     assert public.public_numbers() == private.public_key().public_numbers()
     assert (
@@ -109,3 +111,12 @@ def test_certs_command(tmp_path, fedveil_cli):
     assert "(0o600)" in proc.stdout
     again = fedveil_cli("certs", "--out", str(out))
     assert again.returncode == 2 and "exists" in again.stderr
+
+
+@pytest.mark.parametrize("curve", [ec.SECP256R1(), ec.SECP384R1(), ec.SECP521R1()])
+def test_keys_on_every_nist_curve_stay_enrollable(curve):
+    """P-256 is what `fedveil clients keygen` makes now; devices enrolled with P-384 before
+    (or bringing P-521) are still accepted, as Flower's SuperLink accepts them."""
+    key = ec.generate_private_key(curve).public_key()
+    text = key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    assert load_client_public_key(text.decode()).public_numbers() == key.public_numbers()

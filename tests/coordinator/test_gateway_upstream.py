@@ -24,6 +24,7 @@ class Upstream:
     connections: int = 0
     requests: int = 0
     drop_next: int = 0  # connections to close right after reading their request
+    close_after_answer: bool = False  # close each connection once it has answered
     bodies: list[bytes] = field(default_factory=list)
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -45,6 +46,9 @@ class Upstream:
                 await asyncio.sleep(0.05)  # long enough for a burst to overlap
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
                 await writer.drain()
+                if self.close_after_answer:  # as uvicorn's keep-alive timer does, idle
+                    writer.close()
+                    return
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
 
@@ -136,5 +140,21 @@ def test_a_second_drop_is_a_503_not_a_loop() -> None:
         assert upstream.requests == 0
         assert upstream.drop_next == 0  # tried exactly twice
         assert await _post(gateway) == 200
+
+    _run(test)
+
+
+def test_a_connection_the_superlink_closed_while_idle_is_not_sent_on() -> None:
+    """The SuperLink let a kept-alive connection go while it sat idle in the pool: the
+    next request opens a new one and is answered on its first attempt (the pool checks
+    the connection it takes), and the closed one is not counted against the pool."""
+
+    async def test(upstream: Upstream, gateway: FleetGateway) -> None:
+        upstream.close_after_answer = True
+        for _ in range(3):
+            assert await _post(gateway) == 200
+            await asyncio.sleep(0.05)  # the close reaches the gateway's side
+        assert upstream.requests == 3 and upstream.connections == 3
+        assert gateway.pool().opened == 3
 
     _run(test)
