@@ -105,6 +105,14 @@ def simulate(
     client's update was ever aggregated. On KeyboardInterrupt (Ctrl-C; SIGTERM from the
     CLI) the last completed round's model and a summary marked interrupted are written.
     """
+    if cfg.server.aggregation == "allreduce":  # no coordinator, no round engine
+        if resume or init_model is not None:
+            raise ConfigError(
+                'server.aggregation = "allreduce": --resume and --init-model are not offered'
+            )
+        from .allreduce_run import simulate_allreduce
+
+        return simulate_allreduce(cfg)
     start = time.perf_counter()
     device = resolve_device(cfg.device)
     recorded = None

@@ -87,7 +87,7 @@ def exchange_mask_keys(
     names = [attempt.prefix + f"advert/{peer}" for peer in peers]
     store.wait(names, timedelta(seconds=timeout_s))
     out: dict[int, bytes] = {}
-    for peer, name in zip(peers, names):
+    for peer, name in zip(peers, names, strict=True):
         advert = bytes(store.get(name))
         public, sig = advert[: crypto.KEY_BYTES], advert[crypto.KEY_BYTES :]
         listed = roster.get(peer)

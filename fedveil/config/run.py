@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedveil.config.allreduce import check_allreduce_fields
 from fedveil.config.async_mode import check_async_fields
 from fedveil.config.fields import ConfigError, build, help_of, spec
 from fedveil.config.poisoning import PoisoningConfig, check_poisoning
@@ -127,6 +128,15 @@ class ServerConfig:
         hi=1e3,
         help="norm_bound: std of Gaussian noise added to the aggregate (weak DP, "
         "Sun et al. 2019; no DP guarantee)",
+    )
+    # Who sums the updates: the coordinator (the round engine), or the clients among
+    # themselves (docs/how-to/secure-allreduce.md, gossip).
+    aggregation: str = spec(
+        "coordinator",
+        choices=("coordinator", "allreduce", "gossip"),
+        help="coordinator: the round engine sums (secure aggregation optional); allreduce: "
+        "every client is a silo and the silos sum masked updates among themselves "
+        "(torch.distributed, no coordinator); gossip: clients average with graph neighbours",
     )
     # Asynchronous / stale-synchronous training (docs/how-to/async-training.md).
     mode: str = spec(
@@ -441,6 +451,7 @@ def _check_cross_fields(cfg: RunConfig) -> None:
         )
     _check_dp_fields(cfg)
     check_async_fields(cfg)
+    check_allreduce_fields(cfg)
     _check_simulation_fields(cfg)
     check_robust_config(cfg)
     check_poisoning(cfg)
@@ -476,7 +487,9 @@ def _check_dp_fields(cfg: RunConfig) -> None:
             "this pair; use Poisson sampling or replace_one"
         )
     _check_dp_soundness(cfg)
-    if dp.mechanism == "distributed" and not cfg.secagg.enabled:
+    # Under allreduce every sum is masked (the silos' secure all-reduce): no secagg switch.
+    masked = cfg.secagg.enabled or cfg.server.aggregation == "allreduce"
+    if dp.mechanism == "distributed" and not masked:
         raise ConfigError(
             "dp.mechanism = 'distributed' needs secure aggregation (secagg.enabled = true, "
             "--secagg): the noise shares only protect a sum the server cannot see"
