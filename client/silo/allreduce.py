@@ -160,6 +160,8 @@ class SecureAllReduce:
         start = _cpu()
         if s.backend == "nccl":
             wire = wire.cuda()
+        if self.received is not None:
+            self.received.attempt = attempt.attempt
         collective: Callable[[dist.ProcessGroup, torch.Tensor], None] = (
             all_reduce
             if s.collective == "all_reduce"

@@ -23,9 +23,11 @@ ALL_GATHER = "all_gather"
 
 @dataclass
 class Received:
-    """Chunks a silo received, in order: (phase, step, chunk index, a copy of the chunk)."""
+    """Chunks a silo received, in order: (attempt, phase, step, chunk index, a copy of the
+    chunk). `attempt` is set by the caller before each collective."""
 
-    chunks: list[tuple[str, int, int, torch.Tensor]] = field(default_factory=list)
+    chunks: list[tuple[int, str, int, int, torch.Tensor]] = field(default_factory=list)
+    attempt: int = 0
 
 
 def all_reduce(group: ProcessGroup, tensor: torch.Tensor) -> None:
@@ -50,7 +52,9 @@ def ring_all_reduce(
         group.recv([incoming], left, step).wait()
         sent.wait()
         if received is not None:
-            received.chunks.append((REDUCE_SCATTER, step, recv_index, incoming.clone()))
+            received.chunks.append(
+                (received.attempt, REDUCE_SCATTER, step, recv_index, incoming.clone())
+            )
         chunks[recv_index].add_(incoming)
     for step in range(size - 1):
         send_index, recv_index = (rank + 1 - step) % size, (rank - step) % size
@@ -59,7 +63,9 @@ def ring_all_reduce(
         group.recv([incoming], left, size + step).wait()
         sent.wait()
         if received is not None:
-            received.chunks.append((ALL_GATHER, step, recv_index, incoming.clone()))
+            received.chunks.append(
+                (received.attempt, ALL_GATHER, step, recv_index, incoming.clone())
+            )
         chunks[recv_index].copy_(incoming)
 
 
