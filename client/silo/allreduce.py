@@ -21,6 +21,7 @@ Steps 1-3 do not depend on the update: `prepare` may run while the silo trains a
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,13 +33,30 @@ import torch.distributed as dist
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .adverts import Attempt, exchange_mask_keys
-from .collectives import Received, all_reduce, ring_all_reduce
+from .collectives import Received, ring_all_reduce
 from .masks import apply_masks, mask_total
 from .membership import commit, join
 from .signed_wire import from_wire, to_wire
 
 BACKENDS = ("gloo", "nccl")
 COLLECTIVES = ("all_reduce", "ring")
+
+
+MIN_PIECE = 1 << 16  # coordinates: smaller pieces pay gloo's per-call latency
+
+
+@dataclass(frozen=True)
+class Encoder:
+    """An encoded vector of `dimension` coordinates in Z_(2^b), produced piece by piece:
+    `encode(lo, hi)` returns coordinates [lo, hi) (unsigned, < 2^b), called once per
+    piece, in order."""
+
+    dimension: int
+    encode: Callable[[int, int], np.ndarray]
+
+    @classmethod
+    def of(cls, vector: np.ndarray) -> Encoder:
+        return cls(int(vector.shape[0]), lambda lo, hi: vector[lo:hi])
 
 
 class SiloRoundFailed(RuntimeError):
@@ -62,6 +80,7 @@ class SiloSettings:
     collective: str = "all_reduce"
     min_silos: int = 2
     max_attempts: int = 3
+    pipeline_pieces: int = 8
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -78,6 +97,8 @@ class SiloSettings:
             value = getattr(self, name)
             if not (value > 0 and value < float("inf")):
                 raise ValueError(f"{name} = {value!r}: must be a finite number > 0")
+        if not 1 <= self.pipeline_pieces <= 1024:
+            raise ValueError(f"pipeline_pieces = {self.pipeline_pieces}: must be in [1, 1024]")
         if not 1 <= self.max_attempts <= 100:
             raise ValueError(f"max_attempts = {self.max_attempts}: must be in [1, 100]")
 
@@ -90,7 +111,7 @@ class Prepared:
     group: dist.ProcessGroup
     masks: np.ndarray
     bits: int
-    cpu_s: dict[str, float]
+    seconds: dict[str, float]
 
 
 @dataclass
@@ -99,11 +120,24 @@ class SecureSum:
     members: tuple[int, ...]
     attempt: int
     aborted: list[str]  # why each earlier attempt of the round aborted
-    cpu_s: dict[str, float]
+    seconds: dict[str, float]
 
 
 def _cpu() -> float:
     return time.thread_time()
+
+
+class _Steps:
+    """Records `<step>_cpu` and `<step>_wall` seconds since the previous lap."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self.into = into
+        self.cpu, self.wall = _cpu(), time.perf_counter()
+
+    def lap(self, step: str) -> None:
+        cpu, wall = _cpu(), time.perf_counter()
+        self.into[f"{step}_cpu"], self.into[f"{step}_wall"] = cpu - self.cpu, wall - self.wall
+        self.cpu, self.wall = cpu, wall
 
 
 class SecureAllReduce:
@@ -116,9 +150,10 @@ class SecureAllReduce:
         self.received: Received | None = None  # set to record what the ring receives
 
     def prepare(self, round_num: int, attempt_num: int, dimension: int, bits: int) -> Prepared:
+        """Join, group, keys and masks of an attempt (`seconds`: `<step>_cpu`/`_wall` s)."""
         s = self.settings
-        cpu: dict[str, float] = {}
-        start = _cpu()
+        times: dict[str, float] = {}
+        clock = _Steps(times)
         prefix = Attempt(s.run_id, round_num, attempt_num, ()).prefix
         window = s.join_window_s if attempt_num == 0 else s.timeout_s
         members = join(self.store, prefix, s.silo, len(self.members), window, s.timeout_s)
@@ -129,15 +164,13 @@ class SecureAllReduce:
             )
         attempt = Attempt(s.run_id, round_num, attempt_num, members)
         group = self._group(attempt)
-        cpu["join"] = _cpu() - start
-        start = _cpu()
+        clock.lap("join")
         keys = exchange_mask_keys(self.store, attempt, s.silo, s.identity, s.roster, s.timeout_s)
-        cpu["keys"] = _cpu() - start
-        start = _cpu()
+        clock.lap("keys")
         dtype = np.uint32 if bits <= 32 else np.uint64
         masks = mask_total(s.silo, keys, dimension, dtype, bits)
-        cpu["masks"] = _cpu() - start
-        return Prepared(attempt, group, masks, bits, cpu)
+        clock.lap("masks")
+        return Prepared(attempt, group, masks, bits, times)
 
     def _group(self, attempt: Attempt) -> dist.ProcessGroup:
         s = self.settings
@@ -150,37 +183,70 @@ class SecureAllReduce:
             return dist.ProcessGroupNCCL(store, rank, size, options)
         return dist.ProcessGroupGloo(store, rank, size, timeout)
 
-    def reduce(self, prepared: Prepared, vector: np.ndarray) -> tuple[np.ndarray, dict[str, float]]:
-        """The span: mask, all-reduce, commit. Raises RuntimeError when the attempt fails."""
+    def reduce(
+        self, prepared: Prepared, source: np.ndarray | Encoder
+    ) -> tuple[np.ndarray, dict[str, float]]:
+        """The span: encode, mask, all-reduce, commit. Raises RuntimeError when the attempt
+        fails. `source`: the encoded vector, or an `Encoder` producing it piece by piece:
+        then with `all_reduce` the pieces are pipelined (piece i+1 is encoded and masked
+        while the collective of piece i runs). Returns the sum and the seconds of each
+        step: `<step>_cpu` (this thread's CPU; gloo's own threads are not in it) and
+        `<step>_wall`."""
         s, attempt, bits = self.settings, prepared.attempt, prepared.bits
-        cpu: dict[str, float] = {}
-        start = _cpu()
-        wire = to_wire(apply_masks(vector, prepared.masks, bits), bits, len(attempt.members))
-        cpu["mask_add"] = _cpu() - start
-        start = _cpu()
-        if s.backend == "nccl":
-            wire = wire.cuda()
+        encoder = source if isinstance(source, Encoder) else Encoder.of(source)
+        if encoder.dimension != prepared.masks.size:
+            raise ValueError(
+                f"encoded dimension {encoder.dimension} != the attempt's {prepared.masks.size}"
+            )
+        times: dict[str, float] = {"encode_cpu": 0.0, "encode_wall": 0.0}
         if self.received is not None:
             self.received.attempt = attempt.attempt
-        collective: Callable[[dist.ProcessGroup, torch.Tensor], None] = (
-            all_reduce
-            if s.collective == "all_reduce"
-            else lambda group, t: ring_all_reduce(group, t, self.received)
-        )
-        collective(prepared.group, wire)
+        wires: list[torch.Tensor] = []
+        works: list[dist.Work] = []
+        clock = _Steps(times)
+        for lo, hi in self._pieces(encoder.dimension):
+            cpu, wall = _cpu(), time.perf_counter()
+            piece = encoder.encode(lo, hi)
+            times["encode_cpu"] += _cpu() - cpu
+            times["encode_wall"] += time.perf_counter() - wall
+            wire = to_wire(
+                apply_masks(piece, prepared.masks[lo:hi], bits), bits, len(attempt.members)
+            )
+            if s.backend == "nccl":
+                wire = wire.cuda()
+            wires.append(wire)
+            if s.collective == "all_reduce":  # asynchronous: the next piece overlaps it
+                works.append(prepared.group.allreduce([wire]))
+            else:
+                ring_all_reduce(prepared.group, wire, self.received)
+        clock.lap("encode_mask_send")
+        for work in works:
+            work.wait()
+        clock.lap("collective_wait")
         commit(self.store, attempt.prefix, s.silo, attempt.members, s.timeout_s)
-        total = from_wire(wire, bits)
-        cpu["collective"] = _cpu() - start
-        return total, cpu
+        clock.lap("commit")
+        total = np.concatenate([from_wire(w, bits) for w in wires])
+        return total, times
 
-    def sum(self, round_num: int, vector: np.ndarray, bits: int) -> SecureSum:
-        """The round's secure sum, rerun among survivors after an aborted attempt."""
+    def _pieces(self, dimension: int) -> list[tuple[int, int]]:
+        """Pipeline pieces: `pipeline_pieces` of at least MIN_PIECE coordinates (one for the
+        ring, whose chunks a caller may inspect)."""
+        count = 1
+        if self.settings.collective == "all_reduce":
+            count = max(1, min(self.settings.pipeline_pieces, dimension // MIN_PIECE))
+        bounds = np.linspace(0, dimension, count + 1).astype(int)
+        return [(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
+
+    def sum(self, round_num: int, source: np.ndarray | Encoder, bits: int) -> SecureSum:
+        """The round's secure sum, rerun among survivors after an aborted attempt (the
+        encoder runs again: fresh rounding, fresh masks)."""
         s = self.settings
+        encoder = source if isinstance(source, Encoder) else Encoder.of(source)
         aborted: list[str] = []
         for attempt_num in range(s.max_attempts):
-            prepared = self.prepare(round_num, attempt_num, vector.shape[0], bits)
+            prepared = self.prepare(round_num, attempt_num, encoder.dimension, bits)
             try:
-                total, cpu = self.reduce(prepared, vector)
+                total, times = self.reduce(prepared, encoder)
             except RuntimeError as exc:  # DistBackendError, DistStoreError, timeouts
                 # The group is unusable; its masked values stay with it. The next attempt
                 # expects the members of this one (the dead silo will not join).
@@ -189,7 +255,7 @@ class SecureAllReduce:
                 continue
             self.members = prepared.attempt.members
             return SecureSum(
-                total, prepared.attempt.members, attempt_num, aborted, {**prepared.cpu_s, **cpu}
+                total, prepared.attempt.members, attempt_num, aborted, {**prepared.seconds, **times}
             )
         raise SiloRoundFailed(
             f"round {round_num}: no sum after {s.max_attempts} attempts: " + "; ".join(aborted)

@@ -38,8 +38,9 @@ from fedveil.privacy.dp.vocabulary import (
     USER,
 )
 from fedveil.privacy.secagg import Quantizer
+from fedveil.privacy.secagg.quantize import WEIGHT_COORDINATES
 
-from .allreduce import SecureAllReduce, SecureSum
+from .allreduce import Encoder, SecureAllReduce, SecureSum
 from .silo_ledger import SiloLedger
 
 
@@ -67,7 +68,26 @@ class RoundResult:
     attempt: int
     aborted: list[str]
     epsilon: float | None
-    cpu_s: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def weighted_encoder(q: Quantizer, vector: np.ndarray, weight: int) -> Encoder:
+    """`q.encode_weighted(vector, weight)` piece by piece, for the pipelined all-reduce:
+    pieces of the update are `quantize(x · w / W)` (what encode_weighted does to the
+    whole), the last piece is encode_weighted of its part, ending with [w, 1]. Each
+    piece's rounding draws its own key from the OS CSPRNG."""
+    size = int(vector.size)
+    if not 0 <= weight <= q.max_weight:
+        raise ValueError(f"weight {weight} outside [0, max_weight={q.max_weight}]")
+
+    def encode(lo: int, hi: int) -> np.ndarray:
+        if hi <= size:
+            return q.quantize(vector[lo:hi], scale=weight / q.max_weight)
+        if lo > size:
+            raise ValueError(f"piece [{lo}, {hi}) starts inside the weight coordinates")
+        return q.encode_weighted(vector[lo:size], weight)
+
+    return Encoder(size + WEIGHT_COORDINATES, encode)
 
 
 def rotation_seed(run_id: str, round_num: int) -> int:
@@ -117,8 +137,8 @@ class SiloRound:
         if self.dp is None:
             assert self.quantizer is not None
             q = self.quantizer
-            encoded = q.encode_weighted(vector, min(int(weight), q.max_weight))
-            secure = self.allreduce.sum(round_num, encoded, q.bits)
+            encoder = weighted_encoder(q, vector, min(int(weight), q.max_weight))
+            secure = self.allreduce.sum(round_num, encoder, q.bits)
             mean, _, count = q.decode_weighted_mean(secure.total)
             if count != len(secure.members):
                 raise RuntimeError(f"sum counts {count} silos, {len(secure.members)} took part")
@@ -171,5 +191,5 @@ class SiloRound:
     @staticmethod
     def _result(secure: SecureSum, mean: np.ndarray, epsilon: float | None) -> RoundResult:
         return RoundResult(
-            mean, secure.members, secure.attempt, secure.aborted, epsilon, secure.cpu_s
+            mean, secure.members, secure.attempt, secure.aborted, epsilon, secure.seconds
         )

@@ -170,6 +170,36 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     add_async_arguments(p)
     p.set_defaults(func=cmd_bench_async)
 
+    p = bsub.add_parser(
+        "decentral",
+        help="aggregation without a coordinator: secure all-reduce vs plain all-reduce vs "
+        "the coordinator's secure round",
+        description=DECENTRAL_SUMMARY,
+    )
+    add_decentral_arguments(p)
+    p.set_defaults(func=cmd_bench_decentral)
+
+
+DECENTRAL_SUMMARY = (
+    "`fedveil bench decentral`: N silo processes and a coordinator on loopback, in one run: "
+    "plain gloo all-reduce, the secure all-reduce (masked quantised updates) and fedveil's "
+    "coordinator-based secure round; span from update ready to the sum at every silo, CPU "
+    "per step and bytes per silo; secure_overhead_ratio (secure / plain, target <= 1.5) and "
+    "vs_coordinator_ratio (coordinator / secure, target >= 1)."
+)
+
+
+def add_decentral_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `fedveil bench decentral` (also `python -m benchmarks.bench_decentral`)."""
+    p.add_argument("--silos", type=int, default=4, help="silo processes [4]")
+    p.add_argument("--dim", type=int, default=1_000_000, help="update dimension d [1000000]")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved repeats [5]")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+def cmd_bench_decentral(args: argparse.Namespace) -> int:
+    return load_benchmark("bench_decentral").cmd_bench_decentral(args)
+
 
 ASYNC_SUMMARY = (
     "`fedveil bench async`: the default job trained synchronously (waiting for every "

@@ -97,3 +97,29 @@ def test_an_advert_not_signed_by_the_rostered_key_fails_the_round_closed():
         run_silos(WORLD, body, run_id="forged", timeout_s=4, identities=_ImpostorAt(3))
     assert isinstance(caught.value.__cause__, SiloAuthError)
     assert "silo 3: advert signature does not verify" in str(caught.value.__cause__)
+
+
+def test_pipelined_pieces_sum_to_the_weighted_mean_within_the_quantisation_bound():
+    from fedveil.client.silo.round import weighted_encoder
+
+    dim, weights = 3 * (1 << 16) + 5, [3, 1, 4, 2]  # three pieces, the last with [w, 1]
+    q = Quantizer(1.0, 2**14, WORLD, max(weights))
+    updates = [
+        np.random.default_rng(s).uniform(-0.9, 0.9, dim).astype(np.float32) for s in range(WORLD)
+    ]
+
+    def body(silo: SecureAllReduce) -> tuple[np.ndarray, dict]:
+        s = silo.settings.silo
+        assert len(silo._pieces(dim + 2)) == 3
+        result = silo.sum(1, weighted_encoder(q, updates[s], weights[s]), q.bits)
+        return result.total, result.seconds
+
+    results = run_silos(WORLD, body, run_id="pieces", timeout_s=30)
+    expected = sum(w * u.astype(np.float64) for w, u in zip(weights, updates, strict=True))
+    expected /= sum(weights)
+    for total, seconds in results:
+        assert np.array_equal(total, results[0][0])
+        mean, weight, count = q.decode_weighted_mean(total)
+        assert (weight, count) == (sum(weights), WORLD)
+        assert np.max(np.abs(mean[:dim] - expected)) <= q.sum_error_bound(WORLD) * q.max_weight
+        assert seconds["encode_cpu"] > 0 and "collective_wait_wall" in seconds
