@@ -27,6 +27,7 @@ of each step (thread CPU time) and the bytes each silo sends are reported per co
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pickle
@@ -47,6 +48,7 @@ from fedveil.cli.bench import add_decentral_arguments
 # Secure all-reduce vs plain all-reduce vs the coordinator-based secure round
 # ----------------------------------------------------------------------------------------
 
+CONTENDERS = ("plain", "secure", "secure_one_piece", "coordinator")
 LEVELS = 2**16
 CLIP_RANGE = 1.0
 TIMEOUT_S = 120.0
@@ -113,11 +115,18 @@ def _silo(rank: int, silos: int, port: int, dim: int, repeats: int, secret: byte
         run_id="bench", silo=rank, world=silos, identity=ids.private_key(rank),
         roster=ids.roster, timeout_s=TIMEOUT_S, min_silos=silos,
     )  # fmt: skip
-    secure = SecureAllReduce(store, settings)
+    # the default (pipelined: quantise and mask piece i+1 while piece i is summed), and the
+    # whole vector as one piece
+    secures = {
+        "secure": SecureAllReduce(store, settings),
+        "secure_one_piece": SecureAllReduce(
+            store, dataclasses.replace(settings, run_id="bench-1", pipeline_pieces=1)
+        ),
+    }
     q = Quantizer(CLIP_RANGE, LEVELS, silos, 1)
     update = _update(rank, dim)
-    out: dict[str, list] = {k: [] for k in ("plain", "secure", "coordinator")}
-    for rep in range(repeats):
+    out: dict[str, list] = {k: [] for k in CONTENDERS}
+    for rep in range(repeats + 1):  # repeat 0 warms up (first groups, page faults): not counted
         # plain all-reduce of the float update
         tensor = torch.from_numpy(update.copy())
         silo_group.barrier().wait()
@@ -127,31 +136,34 @@ def _silo(rank: int, silos: int, port: int, dim: int, repeats: int, secret: byte
             {"start": t0, "end": time.perf_counter(), "cpu": {"collective": _cpu() - c0},
              "bytes": bytes_sent("all_reduce", tensor, silos)}
         )  # fmt: skip
-        # secure all-reduce: masks before the span; quantisation pipelined with the sum
-        prepared = secure.prepare(rep + 1, 0, dim + 2, q.bits)
-        silo_group.barrier().wait()
-        t0, c0 = time.perf_counter(), _cpu()
-        total, steps = secure.reduce(prepared, weighted_encoder(q, update, 1))
-        t1, c1 = time.perf_counter(), _cpu()
-        mean, _, count = q.decode_weighted_mean(total)
-        end, c2 = time.perf_counter(), _cpu()
-        assert count == silos
-        wire = torch.empty(dim + 2, dtype=torch.int32)
-        in_thread = steps["encode_mask_send_cpu"] + steps["collective_wait_cpu"]
-        out["secure"].append(
-            {"start": t0, "end": end,
-             "cpu": {"masks": prepared.seconds["masks_cpu"], "keys": prepared.seconds["keys_cpu"],
-                     "quantisation": steps["encode_cpu"],
-                     "mask_add_and_send": steps["encode_mask_send_cpu"] - steps["encode_cpu"],
-                     "collective": (c1 - c0) - in_thread - steps["commit_cpu"]
-                     + steps["collective_wait_cpu"],
-                     "commit": steps["commit_cpu"], "decode": c2 - c1},
-             "wall": {"quantisation": steps["encode_wall"],
-                      "mask_add_and_send": steps["encode_mask_send_wall"] - steps["encode_wall"],
-                      "collective_wait": steps["collective_wait_wall"],
-                      "commit": steps["commit_wall"], "decode": end - t1},
-             "bytes": bytes_sent("all_reduce", wire, silos), "mean": mean[:4].tolist()}
-        )  # fmt: skip
+        for name, secure in secures.items():
+            # secure all-reduce: masks before the span (a silo expands them while it trains)
+            prepared = secure.prepare(rep + 1, 0, dim + 2, q.bits)
+            silo_group.barrier().wait()
+            t0, c0 = time.perf_counter(), _cpu()
+            total, steps = secure.reduce(prepared, weighted_encoder(q, update, 1))
+            t1, c1 = time.perf_counter(), _cpu()
+            mean, _, count = q.decode_weighted_mean(total)
+            end, c2 = time.perf_counter(), _cpu()
+            assert count == silos
+            wire = torch.empty(dim + 2, dtype=torch.int32)
+            in_thread = steps["encode_mask_send_cpu"] + steps["collective_wait_cpu"]
+            out[name].append(
+                {"start": t0, "end": end,
+                 "cpu": {"masks": prepared.seconds["masks_cpu"],
+                         "keys": prepared.seconds["keys_cpu"],
+                         "quantisation": steps["encode_cpu"],
+                         "mask_add_and_send": steps["encode_mask_send_cpu"] - steps["encode_cpu"],
+                         "collective": (c1 - c0) - in_thread - steps["commit_cpu"]
+                         + steps["collective_wait_cpu"],
+                         "commit": steps["commit_cpu"], "decode": c2 - c1},
+                 "wall": {"quantisation": steps["encode_wall"],
+                          "mask_add_and_send": steps["encode_mask_send_wall"]
+                          - steps["encode_wall"],
+                          "collective_wait": steps["collective_wait_wall"],
+                          "commit": steps["commit_wall"], "decode": end - t1},
+                 "bytes": bytes_sent("all_reduce", wire, silos), "mean": mean[:4].tolist()}
+            )  # fmt: skip
         # coordinator-based secure round: this silo is client `rank`, the coordinator rank 4
         client = None
         record: dict[str, Any] = {"cpu": {}, "bytes": 0, "bytes_before": 0}
@@ -198,7 +210,7 @@ def _coordinator(silos: int, port: int, dim: int, repeats: int) -> dict:
     group = dist.ProcessGroupGloo(dist.PrefixStore("all/", store), silos, silos + 1, timeout)
     q = Quantizer(CLIP_RANGE, LEVELS, silos, 1)
     rounds = []
-    for rep in range(repeats):
+    for rep in range(repeats + 1):  # repeat 0 warms up
         session = SessionConfig.create(
             range(silos), dimension=dim + 2, modulus_bits=q.bits, run_id=b"bench" * 3 + b"x",
             round=rep + 1, threat=ThreatModel(adversarial_rate=0.0, dropout_rate=0.0),
@@ -233,36 +245,35 @@ def _median(values: Sequence[float]) -> float:
 
 def _summarise(silos: list[dict], coordinator: dict, repeats: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name in ("plain", "secure", "coordinator"):
+    for name in CONTENDERS:
         spans = []
-        for rep in range(repeats):
+        counted = range(1, repeats + 1)  # repeat 0 was the warm-up
+        for rep in counted:
             runs = [s[name][rep] for s in silos]
             start = min(r["start"] for r in runs)
             if name == "coordinator":
                 start = coordinator["coordinator"][rep]["start"]
             spans.append(max(r["end"] for r in runs) - start)
-        steps = sorted({k for s in silos for r in s[name] for k in r["cpu"]})
-        cpu = {
-            step: _median([r["cpu"][step] for s in silos for r in s[name] if step in r["cpu"]])
-            for step in steps
-        }
+        kept = [r for s in silos for r in s[name][1:]]
+        steps = sorted({k for r in kept for k in r["cpu"]})
+        cpu = {step: _median([r["cpu"][step] for r in kept if step in r["cpu"]]) for step in steps}
         out[name] = {
             "span_s": _median(spans),
             "spans_s": spans,
             "cpu_s_per_silo": cpu,
             "wall_s_per_silo": {
-                step: _median([r["wall"][step] for s in silos for r in s[name]])
-                for step in sorted({k for s in silos for r in s[name] for k in r.get("wall", {})})
+                step: _median([r["wall"][step] for r in kept])
+                for step in sorted({k for r in kept for k in r.get("wall", {})})
             },
-            "bytes_per_silo": int(_median([r["bytes"] for s in silos for r in s[name]])),
+            "bytes_per_silo": int(_median([r["bytes"] for r in kept])),
         }
-    server = coordinator["coordinator"]
+    server = coordinator["coordinator"][1:]
     stages = sorted({k for r in server for k in r["server_cpu"]})
     out["coordinator"]["server_cpu_s"] = {
         k: _median([r["server_cpu"].get(k, 0.0) for r in server]) for k in stages
     }
     out["coordinator"]["bytes_per_silo_key_stages"] = int(
-        _median([r["bytes_before"] for s in silos for r in s["coordinator"]])
+        _median([r["bytes_before"] for s in silos for r in s["coordinator"][1:]])
     )
     return out
 
@@ -298,6 +309,7 @@ def run_secure_allreduce(silos: int, dim: int, repeats: int) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "contenders": figures,
         "secure_overhead_ratio": secure / plain,
+        "secure_one_piece_overhead_ratio": figures["secure_one_piece"]["span_s"] / plain,
         "vs_coordinator_ratio": coord / secure,
         "bytes_per_node": {k: figures[k]["bytes_per_silo"] for k in figures},
         "targets": {"secure_overhead_ratio": "<= 1.5", "vs_coordinator_ratio": ">= 1"},
@@ -314,11 +326,11 @@ def _print(result: dict[str, Any]) -> None:
         cpu = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in f["cpu_s_per_silo"].items())
         wall = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in f["wall_s_per_silo"].items())
         print(
-            f"  {name:12} span {f['span_s'] * 1e3:8.1f} ms   sent/silo "
+            f"  {name:16} span {f['span_s'] * 1e3:8.1f} ms   sent/silo "
             f"{f['bytes_per_silo'] / 1e6:6.2f} MB   CPU/silo ms: {cpu}"
         )
         if wall:
-            print(f"  {'':12} wall/silo ms: {wall}")
+            print(f"  {'':16} wall/silo ms: {wall}")
     server = result["contenders"]["coordinator"]["server_cpu_s"]
     print(
         "  coordinator server CPU ms: " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in server.items())
