@@ -52,6 +52,7 @@ def simulate_allreduce(cfg: RunConfig) -> dict[str, Any]:
         old.unlink()
     store.write_config(to_toml(cfg))
     model = initial_model(cfg, task)
+    initial = model.flat.detach().clone()  # made once: the silo threads share torch's RNG
     plan = plan_silos(cfg, model.flat.numel(), _max_weight(task))
     run_id = secrets.token_hex(16)
     out = Path(cfg.out)
@@ -78,7 +79,7 @@ def simulate_allreduce(cfg: RunConfig) -> dict[str, Any]:
             else None
         )
         rounds = SiloRound(allreduce, quantizer=plan.quantizer, dp=plan.dp, ledger=ledger)
-        return train_silo(cfg, task, silo, rounds, record if silo == 0 else None)
+        return train_silo(cfg, task, silo, rounds, record if silo == 0 else None, initial)
 
     torch.set_num_threads(1)  # N silos in threads: one core each, not N x all of them
     vectors = run_silos(

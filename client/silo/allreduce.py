@@ -34,9 +34,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .adverts import Attempt, exchange_mask_keys
 from .collectives import Received, ring_all_reduce
-from .masks import apply_masks, mask_total
+from .masks import mask_total
 from .membership import commit, join
-from .signed_wire import from_wire, to_wire
+from .signed_wire import from_wire, mask_into, wire_buffer
 
 BACKENDS = ("gloo", "nccl")
 COLLECTIVES = ("all_reduce", "ring")
@@ -201,7 +201,10 @@ class SecureAllReduce:
         times: dict[str, float] = {"encode_cpu": 0.0, "encode_wall": 0.0}
         if self.received is not None:
             self.received.attempt = attempt.attempt
-        wires: list[torch.Tensor] = []
+        # One wire buffer; each piece is masked straight into its slice and summed there.
+        wire = wire_buffer(encoder.dimension, bits, len(attempt.members))
+        host = wire.numpy()
+        device = torch.empty_like(wire, device="cuda") if s.backend == "nccl" else wire
         works: list[dist.Work] = []
         clock = _Steps(times)
         for lo, hi in self._pieces(encoder.dimension):
@@ -209,24 +212,21 @@ class SecureAllReduce:
             piece = encoder.encode(lo, hi)
             times["encode_cpu"] += _cpu() - cpu
             times["encode_wall"] += time.perf_counter() - wall
-            wire = to_wire(
-                apply_masks(piece, prepared.masks[lo:hi], bits), bits, len(attempt.members)
-            )
-            if s.backend == "nccl":
-                wire = wire.cuda()
-            wires.append(wire)
+            mask_into(piece, prepared.masks[lo:hi], bits, host[lo:hi])
+            target = device[lo:hi]
+            if device is not wire:
+                target.copy_(wire[lo:hi])
             if s.collective == "all_reduce":  # asynchronous: the next piece overlaps it
-                works.append(prepared.group.allreduce([wire]))
+                works.append(prepared.group.allreduce([target]))
             else:
-                ring_all_reduce(prepared.group, wire, self.received)
+                ring_all_reduce(prepared.group, target, self.received)
         clock.lap("encode_mask_send")
         for work in works:
             work.wait()
         clock.lap("collective_wait")
         commit(self.store, attempt.prefix, s.silo, attempt.members, s.timeout_s)
         clock.lap("commit")
-        total = np.concatenate([from_wire(w, bits) for w in wires])
-        return total, times
+        return from_wire(device, bits), times
 
     def _pieces(self, dimension: int) -> list[tuple[int, int]]:
         """Pipeline pieces: `pipeline_pieces` of at least MIN_PIECE coordinates (one for the

@@ -2,7 +2,8 @@
 masks of all members cancel in the sum modulo 2^b (AES-CTR streams: privacy/secagg/masking).
 
 Masks depend only on the attempt's keys, not on the update: a silo may expand them while
-it trains, and adding them to the quantised update is one vector addition."""
+it trains, and adding them to the quantised update is one vector addition
+(signed_wire.mask_into)."""
 
 from __future__ import annotations
 
@@ -26,11 +27,3 @@ def mask_total(
             applier.subtract(total, key)
     applier.reduce(total)
     return total
-
-
-def apply_masks(vector: np.ndarray, masks: np.ndarray, bits: int) -> np.ndarray:
-    """A new vector: (vector + masks) mod 2^bits."""
-    out = np.add(vector, masks)
-    if bits < out.dtype.itemsize * 8:
-        np.bitwise_and(out, out.dtype.type((1 << bits) - 1), out=out)
-    return out

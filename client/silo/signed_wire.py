@@ -37,8 +37,29 @@ def wire_dtype(bits: int, world: int) -> torch.dtype:
     )
 
 
+def wire_buffer(dimension: int, bits: int, world: int) -> torch.Tensor:
+    """An uninitialised signed tensor of `dimension` values to fill with `mask_into`."""
+    return torch.empty(dimension, dtype=wire_dtype(bits, world))
+
+
+def mask_into(vector: np.ndarray, masks: np.ndarray, bits: int, out: np.ndarray) -> None:
+    """out = (vector + masks) mod 2^bits, written into the signed wire buffer `out` (a
+    slice of `wire_buffer(...).numpy()`): one pass, no temporary when the widths match."""
+    if out.dtype.itemsize == vector.dtype.itemsize:
+        unsigned = out.view(vector.dtype)
+        np.add(vector, masks, out=unsigned)
+        if bits < unsigned.dtype.itemsize * 8:
+            np.bitwise_and(unsigned, unsigned.dtype.type((1 << bits) - 1), out=unsigned)
+        return
+    # uint32 update on an int64 wire: wrap at 2^32 (2^bits divides it), then widen
+    total = np.add(vector, masks)
+    np.bitwise_and(total, total.dtype.type((1 << bits) - 1), out=total)
+    out[:] = total
+
+
 def to_wire(vector: np.ndarray, bits: int, world: int) -> torch.Tensor:
-    """`vector` (uint32/uint64, every value < 2^bits) as the signed tensor to all-reduce."""
+    """`vector` (uint32/uint64, every value < 2^bits) as the signed tensor to all-reduce
+    (a view, no copy, when the widths match)."""
     dtype = wire_dtype(bits, world)
     signed = np.int32 if dtype == torch.int32 else np.int64
     if vector.dtype.itemsize == np.dtype(signed).itemsize:
@@ -47,12 +68,13 @@ def to_wire(vector: np.ndarray, bits: int, world: int) -> torch.Tensor:
 
 
 def from_wire(total: torch.Tensor, bits: int) -> np.ndarray:
-    """The all-reduced sum, reduced modulo 2^bits, as uint32 (bits <= 32) or uint64."""
+    """The all-reduced sum, reduced modulo 2^bits, as uint32 (bits <= 32) or uint64 (a new
+    array, one pass)."""
     array = total.detach().cpu().numpy()
     unsigned = np.uint32 if bits <= 32 else np.uint64
     if array.dtype.itemsize == np.dtype(unsigned).itemsize:
-        out = array.view(unsigned).copy()
-    else:
-        out = array.astype(np.int64).view(np.uint64).astype(unsigned)
-    np.bitwise_and(out, unsigned((1 << bits) - 1), out=out)
-    return out
+        out = np.empty(array.shape, unsigned)
+        np.bitwise_and(array.view(unsigned), unsigned((1 << bits) - 1), out=out)
+        return out
+    # int64 wire, bits <= 32: the low 32 bits of the two's complement are the sum mod 2^32
+    return np.bitwise_and(array.view(np.uint64), np.uint64((1 << bits) - 1)).astype(unsigned)

@@ -1,7 +1,8 @@
 """A silo's run: train locally, take the secure mean, apply it; every silo the same.
 
-All silos start from the model the run seed initialises, train on their own data with
-the client's own `train_local` and batch-order generator, and apply the same mean
+All silos start from the model the run seed initialises (in one process: one vector),
+train on their own data with the client's own `train_local` and batch-order generator,
+and apply the same mean
 (server.server_lr x the mean update): their models stay identical without a coordinator.
 `on_round(round, result, vector)` sees each applied round (evaluation, metrics).
 """
@@ -42,11 +43,18 @@ def hyperparameters(cfg: RunConfig) -> LocalTraining:
 
 
 def train_silo(
-    cfg: RunConfig, task: Task, silo: int, rounds: SiloRound, on_round: RoundHook | None = None
+    cfg: RunConfig,
+    task: Task,
+    silo: int,
+    rounds: SiloRound,
+    on_round: RoundHook | None = None,
+    start: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The final model vector after cfg.server.rounds applied rounds."""
+    """The final model vector after cfg.server.rounds applied rounds. `start`: the initial
+    model vector (silos in threads of one process share one: torch's global generator,
+    which seeds the initialisation, is shared by the threads); None: from the run seed."""
     model = initial_model(cfg, task)
-    vector = model.flat.detach().clone()
+    vector = (model.flat if start is None else start).detach().clone()
     data = task.client_data(silo)
     hp = hyperparameters(cfg)
     for round_num in range(1, cfg.server.rounds + 1):

@@ -41,15 +41,17 @@ def _start(tmp_path: Path, collective: str, dying: int | None = None) -> list[su
 
 
 def _finish(procs: list[subprocess.Popen], ranks: list[int]) -> None:
+    errors = {}
+    try:
+        for rank in ranks:
+            _, errors[rank] = procs[rank].communicate(timeout=120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     for rank in ranks:
-        try:
-            _, err = procs[rank].communicate(timeout=120)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        assert procs[rank].returncode == 0, f"silo {rank}: {err[-3000:]}"
+        assert procs[rank].returncode == 0, f"silo {rank}: {errors[rank][-3000:]}"
 
 
 def _load(tmp_path: Path, rank: int) -> dict:
