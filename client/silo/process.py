@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -84,6 +85,9 @@ def run_silo(p: SiloProcess) -> dict[str, Any]:
             f"data.num_clients = {cfg.data.num_clients}: must equal --world {rdv.world} "
             "(each silo trains on its own client's data)"
         )
+    if p.backend == "nccl":  # this silo's GPU
+        local = os.environ.get("LOCAL_RANK")
+        torch.cuda.set_device(int(local) if local else rdv.rank % torch.cuda.device_count())
     torch.manual_seed(cfg.seed)
     task = make_task(cfg)
     store = connect(rdv, p.timeout_s)

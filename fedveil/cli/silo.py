@@ -37,7 +37,12 @@ def add_silo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--identity-key", required=True, help="this silo's Ed25519 identity key")
     p.add_argument("--roster", required=True, help="silo ranks -> identity public keys")
     p.add_argument("--out", required=True, help="this silo's output directory")
-    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="[gloo]")
+    p.add_argument(
+        "--backend",
+        choices=("gloo", "nccl"),
+        default="gloo",
+        help="gloo (CPU), or nccl (a GPU per silo: LOCAL_RANK's, else rank mod the GPUs) [gloo]",
+    )
     p.add_argument(
         "--collective",
         choices=("all_reduce", "ring"),
