@@ -107,6 +107,14 @@ def simulate(
     """
     if cfg.server.aggregation == "gossip":  # no coordinator: simulations/gossip/
         return _simulate_gossip(cfg, on_round, on_clients, resume, given, init_model)
+    if cfg.server.aggregation == "allreduce":  # no coordinator, no round engine
+        if resume or init_model is not None:
+            raise ConfigError(
+                'server.aggregation = "allreduce": --resume and --init-model are not offered'
+            )
+        from .allreduce_run import simulate_allreduce
+
+        return simulate_allreduce(cfg)
     start = time.perf_counter()
     device = resolve_device(cfg.device)
     recorded = None

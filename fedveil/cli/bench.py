@@ -77,6 +77,12 @@ def _gossip(argv: Sequence[str], prog: str) -> int:
     return bench_gossip.main(argv, prog)
 
 
+def _decentral(argv: Sequence[str], prog: str) -> int:
+    from fedveil.benchmarks import bench_decentral
+
+    return bench_decentral.main(argv, prog)
+
+
 BENCHMARKS: dict[str, Benchmark] = {
     "simulation": Benchmark(
         "the in-process engine against a bare torch loop and Flower's simulation", _simulation
@@ -107,6 +113,10 @@ BENCHMARKS: dict[str, Benchmark] = {
     ),
     "gossip": Benchmark(
         "gossip training (ring, exponential graph) vs FedAvg at equal client updates", _gossip
+    ),
+    "decentral": Benchmark(
+        "aggregation without a coordinator: secure all-reduce vs plain all-reduce vs the coordinator's secure round",
+        _decentral,
     ),
 }
 

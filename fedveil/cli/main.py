@@ -47,6 +47,7 @@ def _subcommands() -> list:
     from fedveil.cli.models import add_models
     from fedveil.cli.privacy import add_privacy
     from fedveil.cli.serve import add_serve
+    from fedveil.cli.silo import add_silo
 
     return [
         add_data,
@@ -62,6 +63,7 @@ def _subcommands() -> list:
         add_identity,
         add_certs,
         add_export,
+        add_silo,
     ]
 
 

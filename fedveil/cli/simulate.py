@@ -41,6 +41,7 @@ SIMULATE_FLAGS: list[tuple[str, str, type, str]] = [
     ("--sample-rate", "server.sample_rate", float, "Poisson rate q"),
     ("--optimizer", "server.optimizer", str, "fedavg, fedavgm, fedadam or fedyogi"),
     ("--server-lr", "server.server_lr", float, "server learning rate"),
+    ("--aggregation", "server.aggregation", str, "coordinator, allreduce or gossip"),
     ("--mode", "server.mode", str, "sync, async (FedBuff) or ssp (stale-synchronous)"),
     ("--concurrency", "server.concurrency", int, "async/ssp: clients in flight C"),
     ("--buffer", "server.buffer", int, "async/ssp: client updates K per server update"),

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from fedveil.config.validator import spec
 
-AGGREGATIONS = ("coordinator", "gossip")
+# server.aggregation: who sums the updates (allreduce: fedveil/config/allreduce.py).
+AGGREGATIONS = ("coordinator", "allreduce", "gossip")
 TOPOLOGIES = ("ring", "torus", "exponential", "random-regular")
 
 

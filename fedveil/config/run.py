@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from fedveil.config.allreduce import check_allreduce_fields
 from fedveil.config.async_mode import check_async_fields
 from fedveil.config.gossip_checks import check_gossip
 from fedveil.config.poisoning_checks import check_poisoning
@@ -67,6 +68,7 @@ def _check_cross_fields(cfg: RunConfig) -> None:
         )
     _check_dp_fields(cfg)
     check_async_fields(cfg)
+    check_allreduce_fields(cfg)
     _check_simulation_fields(cfg)
     check_robust_config(cfg)
     check_poisoning(cfg)
@@ -94,7 +96,9 @@ def _check_dp_fields(cfg: RunConfig) -> None:
             f"dp.mechanism = {dp.mechanism!r} needs a budget: set dp.epsilon > 0 (e.g. --epsilon 8)"
         )
     _check_dp_rules(cfg)
-    if dp.mechanism == "distributed" and not cfg.secagg.enabled:
+    # Under allreduce every sum is masked (the silos' secure all-reduce): no secagg switch.
+    masked = cfg.secagg.enabled or cfg.server.aggregation == "allreduce"
+    if dp.mechanism == "distributed" and not masked:
         raise ConfigError(
             "dp.mechanism = 'distributed' needs secure aggregation (secagg.enabled = true, "
             "--secagg): the noise shares only protect a sum the server cannot see"

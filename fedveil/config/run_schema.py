@@ -168,8 +168,10 @@ class ServerConfig:
     aggregation: str = spec(
         "coordinator",
         choices=AGGREGATIONS,
-        help="coordinator: a server aggregates each round; gossip: no server, each client "
-        "mixes its model with its neighbours' ([gossip])",
+        help="coordinator: the round engine sums (secure aggregation optional); allreduce: "
+        "every client is a silo and the silos sum masked updates among themselves "
+        "(torch.distributed, no coordinator); gossip: no server, each client mixes its "
+        "model with its neighbours' ([gossip])",
     )
 
 

@@ -1,0 +1,262 @@
+"""Secure all-reduce among silos: masked quantised updates summed by torch.distributed.
+
+One round, per silo (no coordinator; every silo runs the same code):
+
+1. join the attempt (membership.join): who takes part, ranks by silo id;
+2. a fresh process group on the rendezvous store (gloo on CPU, NCCL on GPU);
+3. signed X25519 adverts, pairwise mask keys (adverts.py) and the mask total (masks.py);
+4. add the masks to the integer update, send it as a signed tensor (signed_wire.py),
+   all-reduce (collectives.py), reduce modulo 2^b: the masks cancel, the sum is exact;
+5. commit (membership.commit): the sum counts only if every member received it.
+
+If any step after joining fails (a dead silo, a timeout), the attempt aborts with nothing
+returned, and the survivors rerun the round under a new attempt number: new members, new
+group, new key pairs, new digest, so new masks. The aborted attempt's masked values are
+never added to the rerun's (different groups, different store prefixes); a sum of values
+masked under two attempts would not cancel anyway, and nothing of an attempt is reused.
+
+Steps 1-3 do not depend on the update: `prepare` may run while the silo trains and
+`reduce` is the span from update ready to sum available.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from .adverts import Attempt, exchange_mask_keys
+from .collectives import Received, ring_all_reduce
+from .masks import mask_total
+from .membership import commit, join
+from .signed_wire import from_wire, mask_into, wire_buffer
+
+BACKENDS = ("gloo", "nccl")
+COLLECTIVES = ("all_reduce", "ring")
+
+
+MIN_PIECE = 1 << 16  # coordinates: smaller pieces pay gloo's per-call latency
+
+
+@dataclass(frozen=True)
+class Encoder:
+    """An encoded vector of `dimension` coordinates in Z_(2^b), produced piece by piece:
+    `encode(lo, hi)` returns coordinates [lo, hi) (unsigned, < 2^b), called once per
+    piece, in order."""
+
+    dimension: int
+    encode: Callable[[int, int], np.ndarray]
+
+    @classmethod
+    def of(cls, vector: np.ndarray) -> Encoder:
+        return cls(int(vector.shape[0]), lambda lo, hi: vector[lo:hi])
+
+
+class SiloRoundFailed(RuntimeError):
+    """No attempt of the round produced a sum: nothing may be applied."""
+
+
+@dataclass(frozen=True)
+class SiloSettings:
+    """One silo's part of the run; every silo of the run holds the same values except
+    `silo` and `identity`. `min_silos`: the fewest members a sum may have (under
+    distributed DP the fewest whose noise shares reach the calibrated noise)."""
+
+    run_id: str
+    silo: int
+    world: int
+    identity: Ed25519PrivateKey = field(repr=False)
+    roster: Mapping[int, bytes] = field(repr=False)
+    timeout_s: float = 30.0
+    join_window_s: float = 300.0
+    backend: str = "gloo"
+    collective: str = "all_reduce"
+    min_silos: int = 2
+    max_attempts: int = 3
+    pipeline_pieces: int = 8
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend = {self.backend!r}: one of {BACKENDS}")
+        if self.collective not in COLLECTIVES:
+            raise ValueError(f"collective = {self.collective!r}: one of {COLLECTIVES}")
+        if not self.world >= 2:
+            raise ValueError(f"world = {self.world}: a secure sum needs at least 2 silos")
+        if not 0 <= self.silo < self.world:
+            raise ValueError(f"silo = {self.silo}: must be in [0, {self.world})")
+        if not 2 <= self.min_silos <= self.world:
+            raise ValueError(f"min_silos = {self.min_silos}: must be in [2, world={self.world}]")
+        for name in ("timeout_s", "join_window_s"):
+            value = getattr(self, name)
+            if not (value > 0 and value < float("inf")):
+                raise ValueError(f"{name} = {value!r}: must be a finite number > 0")
+        if not 1 <= self.pipeline_pieces <= 1024:
+            raise ValueError(f"pipeline_pieces = {self.pipeline_pieces}: must be in [1, 1024]")
+        if not 1 <= self.max_attempts <= 100:
+            raise ValueError(f"max_attempts = {self.max_attempts}: must be in [1, 100]")
+
+
+@dataclass
+class Prepared:
+    """An attempt ready for the update: its group and this silo's mask total."""
+
+    attempt: Attempt
+    group: dist.ProcessGroup
+    masks: np.ndarray
+    bits: int
+    seconds: dict[str, float]
+
+
+@dataclass
+class SecureSum:
+    total: np.ndarray  # the sum modulo 2^b of the members' vectors
+    members: tuple[int, ...]
+    attempt: int
+    aborted: list[str]  # why each earlier attempt of the round aborted
+    seconds: dict[str, float]
+
+
+def _cpu() -> float:
+    return time.thread_time()
+
+
+class _Steps:
+    """Records `<step>_cpu` and `<step>_wall` seconds since the previous lap."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self.into = into
+        self.cpu, self.wall = _cpu(), time.perf_counter()
+
+    def lap(self, step: str) -> None:
+        cpu, wall = _cpu(), time.perf_counter()
+        self.into[f"{step}_cpu"], self.into[f"{step}_wall"] = cpu - self.cpu, wall - self.wall
+        self.cpu, self.wall = cpu, wall
+
+
+class SecureAllReduce:
+    """A silo's side of the secure sum; `store` is the run's rendezvous store."""
+
+    def __init__(self, store: dist.Store, settings: SiloSettings) -> None:
+        self.store = store
+        self.settings = settings
+        self.members: tuple[int, ...] = tuple(range(settings.world))
+        self.received: Received | None = None  # set to record what the ring receives
+
+    def prepare(self, round_num: int, attempt_num: int, dimension: int, bits: int) -> Prepared:
+        """Join, group, keys and masks of an attempt (`seconds`: `<step>_cpu`/`_wall` s)."""
+        s = self.settings
+        times: dict[str, float] = {}
+        clock = _Steps(times)
+        prefix = Attempt(s.run_id, round_num, attempt_num, ()).prefix
+        window = s.join_window_s if attempt_num == 0 else s.timeout_s
+        members = join(self.store, prefix, s.silo, len(self.members), window, s.timeout_s)
+        if len(members) < s.min_silos:
+            raise SiloRoundFailed(
+                f"round {round_num}: {len(members)} silos joined attempt {attempt_num}, "
+                f"fewer than min_silos = {s.min_silos}"
+            )
+        attempt = Attempt(s.run_id, round_num, attempt_num, members)
+        group = self._group(attempt)
+        clock.lap("join")
+        keys = exchange_mask_keys(self.store, attempt, s.silo, s.identity, s.roster, s.timeout_s)
+        clock.lap("keys")
+        dtype = np.uint32 if bits <= 32 else np.uint64
+        masks = mask_total(s.silo, keys, dimension, dtype, bits)
+        clock.lap("masks")
+        return Prepared(attempt, group, masks, bits, times)
+
+    def _group(self, attempt: Attempt) -> dist.ProcessGroup:
+        s = self.settings
+        store = dist.PrefixStore(attempt.prefix + "pg/", self.store)
+        rank, size = attempt.members.index(s.silo), len(attempt.members)
+        timeout = timedelta(seconds=s.timeout_s)
+        if s.backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            return dist.ProcessGroupNCCL(store, rank, size, options)
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+    def reduce(
+        self, prepared: Prepared, source: np.ndarray | Encoder
+    ) -> tuple[np.ndarray, dict[str, float]]:
+        """The span: encode, mask, all-reduce, commit. Raises RuntimeError when the attempt
+        fails. `source`: the encoded vector, or an `Encoder` producing it piece by piece:
+        then with `all_reduce` the pieces are pipelined (piece i+1 is encoded and masked
+        while the collective of piece i runs). Returns the sum and the seconds of each
+        step: `<step>_cpu` (this thread's CPU; gloo's own threads are not in it) and
+        `<step>_wall`."""
+        s, attempt, bits = self.settings, prepared.attempt, prepared.bits
+        encoder = source if isinstance(source, Encoder) else Encoder.of(source)
+        if encoder.dimension != prepared.masks.size:
+            raise ValueError(
+                f"encoded dimension {encoder.dimension} != the attempt's {prepared.masks.size}"
+            )
+        times: dict[str, float] = {"encode_cpu": 0.0, "encode_wall": 0.0}
+        if self.received is not None:
+            self.received.attempt = attempt.attempt
+        # One wire buffer; each piece is masked straight into its slice and summed there.
+        wire = wire_buffer(encoder.dimension, bits, len(attempt.members))
+        host = wire.numpy()
+        device = torch.empty_like(wire, device="cuda") if s.backend == "nccl" else wire
+        works: list[dist.Work] = []
+        clock = _Steps(times)
+        for lo, hi in self._pieces(encoder.dimension):
+            cpu, wall = _cpu(), time.perf_counter()
+            piece = encoder.encode(lo, hi)
+            times["encode_cpu"] += _cpu() - cpu
+            times["encode_wall"] += time.perf_counter() - wall
+            mask_into(piece, prepared.masks[lo:hi], bits, host[lo:hi])
+            target = device[lo:hi]
+            if device is not wire:
+                target.copy_(wire[lo:hi])
+            if s.collective == "all_reduce":  # asynchronous: the next piece overlaps it
+                works.append(prepared.group.allreduce([target]))
+            else:
+                ring_all_reduce(prepared.group, target, self.received)
+        clock.lap("encode_mask_send")
+        for work in works:
+            work.wait()
+        clock.lap("collective_wait")
+        commit(self.store, attempt.prefix, s.silo, attempt.members, s.timeout_s)
+        clock.lap("commit")
+        return from_wire(device, bits), times
+
+    def _pieces(self, dimension: int) -> list[tuple[int, int]]:
+        """Pipeline pieces: `pipeline_pieces` of at least MIN_PIECE coordinates (one for the
+        ring, whose chunks a caller may inspect)."""
+        count = 1
+        if self.settings.collective == "all_reduce":
+            count = max(1, min(self.settings.pipeline_pieces, dimension // MIN_PIECE))
+        bounds = np.linspace(0, dimension, count + 1).astype(int)
+        return [(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
+
+    def sum(self, round_num: int, source: np.ndarray | Encoder, bits: int) -> SecureSum:
+        """The round's secure sum, rerun among survivors after an aborted attempt (the
+        encoder runs again: fresh rounding, fresh masks)."""
+        s = self.settings
+        encoder = source if isinstance(source, Encoder) else Encoder.of(source)
+        aborted: list[str] = []
+        for attempt_num in range(s.max_attempts):
+            prepared = self.prepare(round_num, attempt_num, encoder.dimension, bits)
+            try:
+                total, times = self.reduce(prepared, encoder)
+            except RuntimeError as exc:  # DistBackendError, DistStoreError, timeouts
+                # The group is unusable; its masked values stay with it. The next attempt
+                # expects the members of this one (the dead silo will not join).
+                self.members = prepared.attempt.members
+                aborted.append(f"attempt {attempt_num}: {type(exc).__name__}: {exc}"[:500])
+                continue
+            self.members = prepared.attempt.members
+            return SecureSum(
+                total, prepared.attempt.members, attempt_num, aborted, {**prepared.seconds, **times}
+            )
+        raise SiloRoundFailed(
+            f"round {round_num}: no sum after {s.max_attempts} attempts: " + "; ".join(aborted)
+        )

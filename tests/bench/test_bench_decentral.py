@@ -1,0 +1,34 @@
+"""`fedveil bench decentral`: the secure all-reduce's figures, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.procs
+def test_the_json_has_the_ratios_and_every_contenders_span_cpu_and_bytes():
+    cmd = [sys.executable, "-m", "fedveil.cli", "bench", "decentral"]
+    cmd += ["--silos", "3", "--dim", "20000", "--repeats", "1", "--json"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    figures = result["secure_allreduce"]
+    contenders = figures["contenders"]
+    assert set(contenders) == {"plain", "secure", "secure_one_piece", "coordinator"}
+    for name, f in contenders.items():
+        assert f["span_s"] > 0 and f["bytes_per_silo"] > 0, name
+    secure = contenders["secure"]
+    assert {"masks", "quantisation", "collective"} <= set(secure["cpu_s_per_silo"])
+    # a ring all-reduce sends 2 (N - 1) / N of the int32 vector (d + 2 coordinates)
+    assert secure["bytes_per_silo"] == 2 * 2 * (20_000 + 2) * 4 // 3
+    assert result["secure_overhead_ratio"] == secure["span_s"] / contenders["plain"]["span_s"]
+    ratio = contenders["coordinator"]["span_s"] / secure["span_s"]
+    assert result["vs_coordinator_ratio"] == ratio
+    assert set(figures["bytes_per_node"]) == set(contenders)

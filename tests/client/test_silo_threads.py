@@ -1,0 +1,125 @@
+"""Secure all-reduce among silos in threads (real gloo groups on a loopback TCP store, no
+child process): the signed wire's widths, the masked-chunk check against its control, and
+forged adverts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from silo_checks import leaked_partial_sums
+
+from fedveil.client.silo import SecureAllReduce
+from fedveil.client.silo.adverts import SiloAuthError
+from fedveil.client.silo.collectives import REDUCE_SCATTER, Received, ring_all_reduce
+from fedveil.client.silo.local import run_silos
+from fedveil.client.silo.signed_wire import to_wire, wire_dtype
+from fedveil.privacy.secagg import Quantizer
+from fedveil.privacy.secagg.identity_keys import DerivedIdentities
+
+WORLD = 4
+
+
+def test_wire_width_leaves_room_for_the_signed_sum():
+    assert wire_dtype(29, 4) == torch.int32  # 29 + 2 = 31
+    assert wire_dtype(30, 4) == torch.int64  # 32 > 31
+    assert wire_dtype(29, 5) == torch.int64  # ceil(log2 5) = 3
+    assert wire_dtype(61, 4) == torch.int64
+    with pytest.raises(ValueError, match="62 \\+ ceil\\(log2 4 silos\\) = 64 > 63"):
+        wire_dtype(62, 4)
+
+
+@pytest.mark.parametrize("bits", [29, 30, 32])
+def test_largest_values_sum_modulo_2b_without_signed_overflow(bits):
+    top = (1 << bits) - 1
+    dtype = np.uint32 if bits <= 32 else np.uint64
+    vectors = [np.full(1000, top - s, dtype=dtype) for s in range(WORLD)]
+
+    def body(silo: SecureAllReduce) -> np.ndarray:
+        return silo.sum(1, vectors[silo.settings.silo], bits).total
+
+    totals = run_silos(WORLD, body, run_id=f"wire-{bits}", timeout_s=20)
+    expected = sum(int(v[0]) for v in vectors) % (1 << bits)
+    for total in totals:
+        assert total.dtype == dtype and np.all(total == expected)
+
+
+def _encoded(silo: int, q: Quantizer) -> np.ndarray:
+    update = np.random.default_rng(silo).uniform(-0.9, 0.9, 999).astype(np.float32)
+    return q.encode_weighted(update, 1, seed=bytes([silo]) * 32)
+
+
+def test_ring_chunks_are_masked_and_the_check_finds_unmasked_ones():
+    """Control and claim on the same groups: the ring without masks hands a silo the
+    unmasked partial sums (the check finds them); with masks, no chunk matches any."""
+    q = Quantizer(1.0, 2**12, WORLD, 1)
+    encoded = {s: _encoded(s, q) for s in range(WORLD)}
+
+    def body(silo: SecureAllReduce) -> tuple[list, list]:
+        s = silo.settings.silo
+        prepared = silo.prepare(1, 0, encoded[s].size, q.bits)
+        plain = Received()
+        ring_all_reduce(prepared.group, to_wire(encoded[s].copy(), q.bits, WORLD), plain)
+        silo.received = Received()
+        silo.reduce(prepared, encoded[s])
+        return plain.chunks, silo.received.chunks
+
+    results = run_silos(WORLD, body, run_id="masked", timeout_s=20, collective="ring")
+    for plain, masked in results:
+
+        def scattered(chunks: list) -> list[tuple[int, np.ndarray]]:
+            return [(c[3], c[4].numpy()) for c in chunks if c[1] == REDUCE_SCATTER]
+
+        assert len(leaked_partial_sums(scattered(plain), encoded, q.bits)) == WORLD - 1
+        assert leaked_partial_sums(scattered(masked), encoded, q.bits) == []
+
+
+class _ImpostorAt(DerivedIdentities):
+    """Silo `impostor` signs with a key the roster does not list for it."""
+
+    def __init__(self, impostor: int) -> None:
+        super().__init__()
+        self.impostor = impostor
+        self.other = DerivedIdentities()
+        self.roster = DerivedIdentities(self._secret).roster  # the honest keys
+
+    def private_key(self, client_id: int):  # type: ignore[no-untyped-def]
+        if client_id == self.impostor:
+            return self.other.private_key(client_id)
+        return super().private_key(client_id)
+
+
+def test_an_advert_not_signed_by_the_rostered_key_fails_the_round_closed():
+    def body(silo: SecureAllReduce) -> np.ndarray:
+        return silo.sum(1, np.zeros(16, np.uint32), 20).total
+
+    with pytest.raises(RuntimeError, match="silo 0") as caught:
+        run_silos(WORLD, body, run_id="forged", timeout_s=4, identities=_ImpostorAt(3))
+    assert isinstance(caught.value.__cause__, SiloAuthError)
+    assert "silo 3: advert signature does not verify" in str(caught.value.__cause__)
+
+
+def test_pipelined_pieces_sum_to_the_weighted_mean_within_the_quantisation_bound():
+    from fedveil.client.silo.round import weighted_encoder
+
+    dim, weights = 3 * (1 << 16) + 5, [3, 1, 4, 2]  # three pieces, the last with [w, 1]
+    q = Quantizer(1.0, 2**14, WORLD, max(weights))
+    updates = [
+        np.random.default_rng(s).uniform(-0.9, 0.9, dim).astype(np.float32) for s in range(WORLD)
+    ]
+
+    def body(silo: SecureAllReduce) -> tuple[np.ndarray, dict]:
+        s = silo.settings.silo
+        assert len(silo._pieces(dim + 2)) == 3
+        result = silo.sum(1, weighted_encoder(q, updates[s], weights[s]), q.bits)
+        return result.total, result.seconds
+
+    results = run_silos(WORLD, body, run_id="pieces", timeout_s=30)
+    expected = sum(w * u.astype(np.float64) for w, u in zip(weights, updates, strict=True))
+    expected /= sum(weights)
+    for total, seconds in results:
+        assert np.array_equal(total, results[0][0])
+        mean, weight, count = q.decode_weighted_mean(total)
+        assert (weight, count) == (sum(weights), WORLD)
+        assert np.max(np.abs(mean[:dim] - expected)) <= q.sum_error_bound(WORLD) * q.max_weight
+        assert seconds["encode_cpu"] > 0 and "collective_wait_wall" in seconds
