@@ -115,7 +115,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         "gossip training (ring, exponential graph) vs FedAvg at equal client updates", _gossip
     ),
     "decentral": Benchmark(
-        "aggregation without a coordinator: secure all-reduce vs plain all-reduce vs the coordinator's secure round",
+        "no coordinator: secure vs plain all-reduce vs the coordinator's secure round",
         _decentral,
     ),
 }
