@@ -74,7 +74,7 @@ from fedveil.server.engine.rounds import RoundEngine, RoundRecord
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.transport import ClientFailure
 from fedveil.simulations.inprocess import InProcessTransport
-from fedveil.simulations.simulate_run import prepare_task, resolve_device
+from fedveil.simulations.run_setup import prepare_task, resolve_device
 from fedveil.tasks import ClientData, Task
 
 log = logging.getLogger("fedveil.audit")

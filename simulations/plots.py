@@ -6,7 +6,7 @@
   stragglers and other failures when the availability model recorded them)
 - epsilon.png: privacy spent per round, when DP metrics carry an epsilon
 - staleness.png, in_flight.png: asynchronous runs only (simulations/async_plots.py)
-- consensus.png, client_accuracy.png: gossip runs only (simulations/gossip/plots.py)
+- consensus.png, client_accuracy.png: gossip runs only (simulations/gossip_plots.py)
 
 Matplotlib's object API with the Agg canvas: no pyplot state, no display needed.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.simulations.async_plots import ASYNC_PLOTS, async_figures
-from fedveil.simulations.gossip.plots import GOSSIP_PLOTS, gossip_figures
+from fedveil.simulations.gossip_plots import GOSSIP_PLOTS, gossip_figures
 
 PLOTS = (
     "accuracy.png",

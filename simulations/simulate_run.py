@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fedveil.config import ConfigError, RunConfig, config_from_dict, load_config, to_toml, toml_text
+from fedveil.config import ConfigError, RunConfig, load_config
 from fedveil.config.resume import CONFIG_FILE, check_resume
 from fedveil.privacy.secagg.identity_keys import DerivedIdentities
 from fedveil.server.engine.lifecycle import RunLifecycle
@@ -22,54 +20,20 @@ from fedveil.server.engine.runstore import RunStore
 from fedveil.server.registry.lineage import write_lineage
 from fedveil.simulations.availability import DROPPED, LATE, AvailabilityModel, AvailabilityTransport
 from fedveil.simulations.failures import FailureLog, check_some_client_contributed
-from fedveil.simulations.plots import PLOTS
 from fedveil.simulations.poisoning import BackdoorMeter, attack_plan, install_attack
-from fedveil.taskcheck import check_settings_read, check_task, reading_config
-from fedveil.tasks import Task, make_task
+from fedveil.simulations.run_setup import (
+    TaskFactory,
+    open_run_dir,
+    prepare_task,
+    resolve_device,
+    resolve_workers,
+    run_plots,
+)
+from fedveil.tasks import Task
 
 log = logging.getLogger("fedveil.simulate")
 
 CHECKPOINT = Path("checkpoint") / "state.pt"  # RunStore.checkpoint_path, before the store exists
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device = 'cuda': no CUDA device is available here; use 'auto' or 'cpu'")
-    return torch.device(name)
-
-
-def write_partition_report(store: RunStore, task: Task) -> None:
-    labels, parts = task.info.get("labels"), task.info.get("parts")
-    if labels is None or parts is None:
-        return
-    from fedveil.data.partition import partition_report
-
-    report = partition_report(parts, labels, task.num_classes)
-    (store.path / "partition.json").write_text(json.dumps(report, default=_jsonable) + "\n")
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-class TaskFactory:
-    """Picklable: rebuilds a config's task (in spawned workers and Flower's Ray workers)."""
-
-    def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
-
-    def __call__(self) -> Task:
-        return make_task(self.cfg)
-
-
-def resolve_workers(cfg: RunConfig, device: torch.device) -> int:
-    from fedveil.simulations.inprocess import auto_workers
-
-    return cfg.simulation.workers or auto_workers(device)
 
 
 class _QuietSimulatedDrops(logging.Filter):
@@ -170,83 +134,12 @@ def require_checkpoint(out: Path) -> None:
         )
 
 
-@dataclass
-class PreparedTask:
-    """The task a run trains, checked, and the config it runs under."""
-
-    cfg: RunConfig
-    task: Task
-    # [data]/[model] keys a custom task read (None: the built-in task, which reads all).
-    reads: set[str] | None = None
-
-
-def prepare_task(cfg: RunConfig, device: torch.device, given: Mapping[str, str]) -> PreparedTask:
-    """Load the task (the data: missing files fail here, before training). A custom task's
-    contract is checked on one client first, and the settings it ignores are refused; its
-    population becomes data.num_clients (DP's sampling rate is per_round / num_clients)."""
-    ref = cfg.model.task
-    if ref is None:
-        return PreparedTask(cfg, make_task(cfg))
-    reading, reads = reading_config(cfg)
-    task = make_task(reading)
-    check_task(task, ref, batch_size=cfg.client.batch_size, device=str(device))
-    check_settings_read(ref, task, reads, given, cfg.data.num_clients)
-    if task.num_clients != cfg.data.num_clients:
-        log.info("task %s: %d clients (data.num_clients follows)", task.name, task.num_clients)
-        values = cfg.to_dict()
-        values["data"]["num_clients"] = task.num_clients
-        cfg = config_from_dict(_without_none(values))
-    return PreparedTask(cfg, task, reads)
-
-
-def _without_none(values: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: _without_none(v) if isinstance(v, dict) else v
-        for k, v in values.items()
-        if v is not None
-    }
-
-
-def config_record(prepared: PreparedTask) -> str:
-    """config.toml: the run as it ran. A custom task's run records the task and the [data]
-    and [model] settings it read, not the built-in defaults it ignored."""
-    cfg, task = prepared.cfg, prepared.task
-    if prepared.reads is None:
-        return to_toml(cfg)
-    values = cfg.to_dict()
-    for section in ("data", "model"):
-        values[section] = {
-            k: v
-            for k, v in values[section].items()
-            if f"{section}.{k}" in prepared.reads or k in ("task", "num_clients")
-        }
-    header = (
-        f"# task {task.name!r} from {cfg.model.task}: {task.num_clients} clients, input "
-        f"shape {task.input_shape}, {task.num_classes} classes\n"
-    )
-    return header + toml_text(values)
-
-
 def recorded_config(out: Path) -> RunConfig:
     """The config a run to resume was started with (its config.toml)."""
     path = out / CONFIG_FILE
     if not path.is_file():
         raise ConfigError(f"--resume: no {CONFIG_FILE} in {out}; nothing to resume")
     return load_config(path)
-
-
-def open_run_dir(store: RunStore, prepared: PreparedTask, recorded: RunConfig | None) -> None:
-    """A new run clears the directory and records its config; a resumed run keeps its
-    config.toml, rewritten only to record a changed number of rounds (the run as it ran)."""
-    if recorded is None:
-        store.clear()
-        for name in PLOTS:
-            (store.path / name).unlink(missing_ok=True)
-    elif recorded.server.rounds == prepared.cfg.server.rounds:
-        write_partition_report(store, prepared.task)
-        return
-    store.write_config(config_record(prepared))
-    write_partition_report(store, prepared.task)
 
 
 @contextmanager
@@ -362,13 +255,3 @@ class Attempt:
             log.warning("interrupted: could not write the model and summary: %s", exc)
             return
         log.warning("interrupted after round %d: model and summary written", self.engine.round)
-
-
-def run_plots(run_dir: Path) -> list[str]:
-    """Draw the run directory's plots (none, with a warning, without matplotlib)."""
-    try:
-        from fedveil.simulations.plots import save_plots
-    except ImportError:  # matplotlib is in the simulation extra, not the lean core
-        log.warning("matplotlib is not installed: no plots (pip install 'fedveil[simulation]')")
-        return []
-    return [p.name for p in save_plots(run_dir)]

@@ -47,7 +47,8 @@ from fedveil.simulations.attacks.roc import (
     roc_curve,
     tpr_at_fpr,
 )
-from fedveil.simulations.simulate_run import Attempt, PreparedTask, open_run_dir, resolve_device
+from fedveil.simulations.run_setup import PreparedTask, open_run_dir, resolve_device
+from fedveil.simulations.simulate_run import Attempt
 from fedveil.tasks import ClientData, Task, make_task
 
 LEVELS = ("client", "example")

@@ -39,7 +39,7 @@ def simulate_gossip(
     """Run the gossip rounds of `cfg` in the in-process engine; return the summary.
     Raises RunFailed (after writing the run directory) when no client ever trained."""
     from fedveil.simulations.inprocess import InProcessTransport
-    from fedveil.simulations.simulate_run import (
+    from fedveil.simulations.run_setup import (
         PreparedTask,
         TaskFactory,
         open_run_dir,
@@ -102,7 +102,7 @@ def simulate_gossip(
         "wall_s": time.perf_counter() - start,
     }
     if cfg.simulation.plots:
-        from fedveil.simulations.simulate_run import run_plots
+        from fedveil.simulations.run_setup import run_plots
 
         summary["plots"] = run_plots(store.path)
     store.write_summary(summary)
