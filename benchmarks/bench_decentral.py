@@ -382,14 +382,36 @@ def cmd_bench_decentral(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_all_arguments(p: argparse.ArgumentParser) -> None:
+    add_decentral_arguments(p)
+    # A contender process of this benchmark (the parent starts one per silo and one for
+    # the coordinator): hidden, not for users.
+    p.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--secret", help=argparse.SUPPRESS)
+    p.add_argument("--worker-out", help=argparse.SUPPRESS)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.worker is None:
+        return cmd_bench_decentral(args)
+    if args.worker == args.silos:
+        result = _coordinator(args.silos, args.port, args.dim, args.repeats)
+    else:
+        secret = bytes.fromhex(args.secret)
+        result = _silo(args.worker, args.silos, args.port, args.dim, args.repeats, secret)
+    Path(args.worker_out).write_text(json.dumps(result))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """`fedveil bench decentral` and `python -m fedveil.benchmarks.bench_decentral`."""
     return command_main(
         argv,
         prog=prog or "python -m fedveil.benchmarks.bench_decentral",
         description=DECENTRAL_SUMMARY,
-        add_arguments=add_decentral_arguments,
-        run=cmd_bench_decentral,
+        add_arguments=_add_all_arguments,
+        run=_run,
     )
 
 

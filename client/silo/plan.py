@@ -58,10 +58,10 @@ def plan_silos(cfg: RunConfig, model_size: int, max_weight: int) -> SiloPlan:
             f"secagg.adversarial_rate = {cfg.secagg.adversarial_rate}: {corrupt} colluding "
             f"silos of the {min_silos} a sum needs leave no honest noise share"
         )
-    privacy = dp_config(cfg, n)
+    privacy = dp_config(cfg.dp_parameters(), n)
     params = SkellamParams.calibrate(
         dim=model_size,
-        clip_norm=cfg.dp.clip,
+        clip_norm=cfg.dp.clip_norm,
         noise_multiplier=privacy.noise_multiplier,
         num_clients=n,
         min_clients=honest,
