@@ -35,8 +35,8 @@ def test_production_randomness_is_the_os_csprng(monkeypatch: pytest.MonkeyPatch)
 
 def test_protocol_code_uses_no_other_random_source() -> None:
     forbidden = re.compile(r"^\s*(import|from) (random|secrets)\b|np\.random|numpy\.random", re.M)
-    # simulate.py only picks which simulated clients drop out; it makes no protocol secrets.
-    allowed = {"randomness.py", "simulate.py"}
+    # in_memory.py only picks which simulated clients drop out; it makes no protocol secrets.
+    allowed = {"randomness.py", "in_memory.py"}
     offenders = [
         path.name
         for path in SOURCES.glob("*.py")
