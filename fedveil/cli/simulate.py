@@ -78,7 +78,7 @@ def _flat_defaults() -> dict[str, Any]:
     return flat
 
 
-def _parse_set(items: list[str]) -> dict[str, Any]:
+def parse_set(items: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -235,7 +235,7 @@ def _check_privacy_plan(cfg: RunConfig) -> None:
 def command_line_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, str]]:
     """The overrides (dotted key -> value) and, for [data] and model.name, how each was
     given ('--clients 50', '--set data.alpha=0.1'): a custom task must honour those."""
-    overrides = _parse_set(args.set)
+    overrides = parse_set(args.set)
     given = {k: f"--set {k}={v}" for k, v in overrides.items()}
     for flag, key, _, _ in SIMULATE_FLAGS:
         value = getattr(args, key)
