@@ -141,7 +141,9 @@ def run_bare(overrides: dict[str, Any]) -> dict[str, Any]:
         stopped = time.time()
         accuracy.append(_test_accuracy(model, global_params, task, cfg.eval.batch_size))
         paused += time.time() - stopped
-    return {"time_s": times, "accuracy": accuracy, "config": _hyper(cfg)}
+    # The bare loop applies the plain weighted mean, whatever the job's server optimizer.
+    plain = {"server_optimizer": "fedavg", "server_lr": 1.0, "server_momentum": 0.0}
+    return {"time_s": times, "accuracy": accuracy, "config": {**_hyper(cfg), **plain}}
 
 
 def _test_accuracy(model: Any, weights: list[Any], task: Task, batch: int) -> float:
