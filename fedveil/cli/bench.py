@@ -191,7 +191,7 @@ DEFAULT_SUMMARY = (
     "`fedveil bench default`: `fedveil simulate` on its defaults against plain torch FedAvg "
     "on the same model, data split and local hyper-parameters (one process, one torch "
     "thread, clients one after another, no time cap), each in a fresh process: final test "
-    "accuracy and the wall time (from launch) to 85%% test accuracy; the bare loop's clock "
+    "accuracy and the wall time (from launch) to 85% test accuracy; the bare loop's clock "
     "stops while it evaluates. --json prints bare_final_accuracy, ours_final_accuracy, "
     "bare_time_to_85_s, ours_time_to_85_s and time_to_85_ratio (ours over bare) as the last "
     "line of stdout."
