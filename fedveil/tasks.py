@@ -69,12 +69,20 @@ class PartitionedData:
         return np.where(total >= 2, total - n_eval, total)
 
 
-# What each built-in dataset runs well on, where the global defaults (Fashion-MNIST's:
-# the small CNN, 100 clients) do not fit it: synthetic data is tabular (no CNN), and
+# What each built-in dataset runs well on, where the global defaults (the small CNN,
+# 100 clients, plain FedAvg) do not fit it: synthetic data is tabular (no CNN), and
 # digits' 1,437 training images are 8x8 (too small for the CNN, too few for 100
-# Dirichlet clients of at least 10 examples). Applied to settings the user left unset.
+# Dirichlet clients of at least 10 examples). Fashion-MNIST, the default job, trains
+# with server momentum (FedAvgM, 0.7) and a local learning rate of 0.1: under
+# Dirichlet(0.5) skew it reaches 85% test accuracy in about half the rounds plain
+# FedAvg at 0.05 takes (docs/explanation/performance.md). Applied to settings the user
+# left unset.
 DATASET_DEFAULTS: dict[str, dict[str, object]] = {
-    "fashion-mnist": {},
+    "fashion-mnist": {
+        "client.lr": 0.1,
+        "server.optimizer": "fedavgm",
+        "server.server_momentum": 0.7,
+    },
     "digits": {"model.name": "mlp", "data.num_clients": 20},
     "synthetic": {"model.name": "mlp"},
 }

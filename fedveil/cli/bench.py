@@ -83,6 +83,12 @@ def _decentral(argv: Sequence[str], prog: str) -> int:
     return bench_decentral.main(argv, prog)
 
 
+def _default(argv: Sequence[str], prog: str) -> int:
+    from fedveil.benchmarks import bench_default
+
+    return bench_default.main(argv, prog)
+
+
 BENCHMARKS: dict[str, Benchmark] = {
     "simulation": Benchmark(
         "the in-process engine against a bare torch loop and Flower's simulation", _simulation
@@ -117,6 +123,9 @@ BENCHMARKS: dict[str, Benchmark] = {
     "decentral": Benchmark(
         "no coordinator: secure vs plain all-reduce vs the coordinator's secure round",
         _decentral,
+    ),
+    "default": Benchmark(
+        "the default job (fedveil simulate) vs the bare torch FedAvg loop: time to 85%", _default
     ),
 }
 

@@ -61,13 +61,13 @@ def add_silo(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_silo(args: argparse.Namespace) -> int:
-    from fedveil.cli.simulate import _parse_set
     from fedveil.client.silo.process import SiloProcess, run_silo
     from fedveil.client.silo.rendezvous import from_environment, parse_address
     from fedveil.config import ConfigError, load_config
+    from fedveil.config.run import parse_set
     from fedveil.privacy.secagg.identity_files import load_identity_key, load_roster
 
-    overrides = {"server.aggregation": "allreduce", **_parse_set(args.set)}
+    overrides = {"server.aggregation": "allreduce", **parse_set(args.set)}
     cfg = load_config(args.config, overrides)
     if args.rendezvous is not None:
         if args.rank is None or args.world is None:

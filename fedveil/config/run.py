@@ -282,6 +282,17 @@ def config_from_dict(values: dict[str, Any]) -> RunConfig:
     return cfg
 
 
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` items -> {dotted key: value as text} (load_config types them)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. client.lr=0.1")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def set_dotted(values: dict[str, Any], key: str, value: Any) -> None:
     """Set 'section.key' in a nested dict (command-line overrides)."""
     parts = key.split(".")

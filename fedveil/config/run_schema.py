@@ -44,7 +44,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = spec("cnn", help="built-in model (logreg, mlp, cnn)")
+    name: str = spec("cnn", help="built-in model (logreg, mlp, cnn, cnn-wide)")
     task: str | None = spec(
         None, optional=True, help="custom task as 'module:function' returning a fedveil Task"
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +44,17 @@ class CohortSampler:
         if self.scheme == "fixed":
             chosen = self.rng.choice(self.num_clients, size=self.per_round, replace=False)
         else:
-            chosen = np.flatnonzero(self.rng.random(self.num_clients) < self.rate)
+            # Chunk by chunk: the generator's stream is the same as one draw of
+            # num_clients uniforms, with one chunk in memory at a time.
+            chosen = np.concatenate(
+                [
+                    start
+                    + np.flatnonzero(
+                        self.rng.random(min(CHUNK, self.num_clients - start)) < self.rate
+                    )
+                    for start in range(0, self.num_clients, CHUNK)
+                ]
+            )
         return sorted(int(c) for c in chosen)
 
     def state(self) -> dict[str, Any]:
@@ -54,6 +65,8 @@ class CohortSampler:
 
 
 COMMIT_LABEL = b"fedveil-cohort-key/1"
+# Uniforms drawn per step of a secret draw: 512 KiB of float64 however large the population.
+CHUNK = 1 << 16
 
 
 def cohort_commitment(key: bytes) -> str:
@@ -107,10 +120,20 @@ class SecretCohortSampler:
 
     def uniforms(self, label: bytes, index: int, count: int) -> np.ndarray:
         """`count` independent uniforms in [0, 1) from (key, label, index)."""
+        return np.concatenate([u for _, u in self.uniform_chunks(label, index, count)])
+
+    def uniform_chunks(
+        self, label: bytes, index: int, count: int
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """The same uniforms as `uniforms`, as (offset, chunk) pairs of at most CHUNK:
+        the AES-CTR stream is cut, not changed, so a million clients' draw holds
+        one chunk at a time."""
         nonce = hashlib.sha256(label + index.to_bytes(8, "big")).digest()[:16]
         stream = Cipher(algorithms.AES(self._key), modes.CTR(nonce)).encryptor()
-        words = np.frombuffer(stream.update(bytes(8 * count)), dtype="<u8")
-        return (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
+        for start in range(0, count, CHUNK):
+            size = min(CHUNK, count - start)
+            words = np.frombuffer(stream.update(bytes(8 * size)), dtype="<u8")
+            yield start, (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
     def sample(self) -> list[int]:
         self.draws += 1
@@ -118,18 +141,34 @@ class SecretCohortSampler:
 
     def cohort(self, draw: int) -> list[int]:
         """The `draw`-th cohort (round r's cohort is draw r): what an auditor recomputes."""
-        u = self.uniforms(b"cohort", draw, self.num_clients)
         if self.scheme == "fixed":
             # The per_round clients with the smallest uniforms: a uniform random subset.
-            chosen = np.argpartition(u, self.per_round - 1)[: self.per_round]
-        else:
-            chosen = np.flatnonzero(u < self.rate)
-        return sorted(int(c) for c in chosen)
+            return self.choice(b"cohort", draw, self.per_round)
+        chosen = [
+            start + np.flatnonzero(u < self.rate)
+            for start, u in self.uniform_chunks(b"cohort", draw, self.num_clients)
+        ]
+        return sorted(int(c) for c in np.concatenate(chosen))
 
     def choice(self, label: bytes, index: int, k: int) -> list[int]:
-        """k distinct clients for another private purpose (federated evaluation)."""
-        u = self.uniforms(label, index, self.num_clients)
-        return sorted(int(c) for c in np.argpartition(u, k - 1)[:k])
+        """The k clients with the smallest uniforms of (label, index): k distinct clients,
+        a uniform random subset. Kept as a running k smallest over the stream's chunks
+        (memory O(k + CHUNK), not O(num_clients)); the same set as one argpartition
+        over all the uniforms."""
+        if not 1 <= k <= self.num_clients:
+            raise ValueError(f"k = {k}: must be in [1, {self.num_clients}]")
+        best_u = np.empty(0, dtype=np.float64)
+        best_id = np.empty(0, dtype=np.int64)
+        for start, u in self.uniform_chunks(label, index, self.num_clients):
+            ids = np.arange(start, start + u.size, dtype=np.int64)
+            if u.size > k:
+                keep = np.argpartition(u, k - 1)[:k]
+                u, ids = u[keep], ids[keep]
+            best_u, best_id = np.concatenate([best_u, u]), np.concatenate([best_id, ids])
+            if best_u.size > k:
+                keep = np.argpartition(best_u, k - 1)[:k]
+                best_u, best_id = best_u[keep], best_id[keep]
+        return sorted(int(c) for c in best_id)
 
     def state(self) -> dict[str, Any]:
         return {"draws": self.draws}
