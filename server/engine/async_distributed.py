@@ -41,8 +41,9 @@ from fedveil.privacy.dp.async_plan import check_group_bound
 from fedveil.privacy.dp.events import PrivacyEvent
 from fedveil.privacy.dp.plan import DistributedDpPlan
 from fedveil.privacy.secagg import SecAggAborted
+from fedveil.server.engine.aggregation import Aggregate
 from fedveil.server.engine.async_privacy import AsyncCentralDP
-from fedveil.server.engine.privacy_stage import Release
+from fedveil.server.engine.release_mechanism import Release
 
 CHARGE = "charge"  # private-annex record kind: who a group release charged
 
@@ -123,12 +124,11 @@ class AsyncDistributedDP(AsyncCentralDP):
             )
 
     # --------------------------------------------------------------- the apply
-    def release(self, version: int, total: torch.Tensor, divisor: float) -> Release:
-        """Model version `version` from the buffered groups' sums (already noised and
-        charged when unmasked): `total` / `divisor` (server.buffer, public), no noise
-        and no ledger entry."""
-        if not divisor > 0:
-            raise ValueError(f"divisor={divisor!r} is invalid; allowed: > 0")
+    def release(self, round_num: int, agg: Aggregate | None, model_size: int) -> Release:
+        """Model version `round_num` from the buffered groups' sums (already noised and
+        charged when unmasked): their sum / server.buffer (public), no noise and no
+        ledger entry."""
+        total = torch.zeros(model_size) if agg is None else agg.total
         metrics = {
             "epsilon": self.epsilon(),
             "epsilon_cap_bound": self.bound,
@@ -136,11 +136,7 @@ class AsyncDistributedDP(AsyncCentralDP):
             "clip_norm": self.clip,
             "noise_multiplier": self._event().noise_multiplier,
         }
-        return Release(total / divisor, metrics)
-
-    def noise_only(self, version: int, shape: torch.Size, divisor: float) -> Release:
-        """No noise is the server's to add: an empty buffer releases nothing new."""
-        return self.release(version, torch.zeros(shape), divisor)
+        return Release(total / self.divisor, metrics)
 
     # ---------------------------------------------------------------- the figures
     @property

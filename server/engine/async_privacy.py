@@ -37,8 +37,10 @@ from fedveil.privacy.dp.participation import ParticipationCap, participation_bou
 from fedveil.privacy.dp.plan import cohorts_are_secret
 from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.protocol import fields as F
+from fedveil.server.engine.aggregation import Aggregate
 from fedveil.server.engine.ledger_opening import open_ledger, request_head
-from fedveil.server.engine.privacy_stage import PrivateSink, Release
+from fedveil.server.engine.privacy_stage import PrivateSink
+from fedveil.server.engine.release_mechanism import Release
 from fedveil.server.engine.requests import ClientPrivacy
 from fedveil.server.engine.sampling import cohort_commitment
 
@@ -70,7 +72,6 @@ class AsyncCentralDP:
         private: PrivateSink | None = None,
         dispatches: Mapping[int, int] | None = None,
         cohort_key: bytes | None = None,
-        **_unused: Any,  # the sync stage's arguments (participations)
     ) -> None:
         self.config = async_dp_config(cfg, num_clients)  # ConfigError when not accountable
         # Nothing is sampled (no amplification to protect), but which clients form each
@@ -90,6 +91,8 @@ class AsyncCentralDP:
         self.budget = PrivacyBudget.from_ledger(self.config, self.ledger.releases)
         self.private = private
         self.cap = ParticipationCap(self.config.max_participations, dispatches)
+        # A release divides by the buffer K (public), never by how many arrived.
+        self.divisor = float(cfg.server.buffer)
 
     # -------------------------------------------------------------- dispatch gate
     def eligible(self, clients: Iterable[int]) -> list[int]:
@@ -105,6 +108,10 @@ class AsyncCentralDP:
             # No "round" field: RunStore.truncate_private keeps it on resume.
             self.private({"kind": DISPATCH, "client": int(client), "version": int(version)})
         self.cap.dispatch(client)
+
+    def admits(self, client: int) -> bool:
+        """Whether `client` may be dispatched once more."""
+        return self.cap.admits(client)
 
     def exhausted(self, population: Iterable[int]) -> bool:
         """No client may be dispatched again: the run must end."""
@@ -125,17 +132,15 @@ class AsyncCentralDP:
             ledger_head=request_head(self.ledger),
         )
 
-    def release(self, version: int, total: torch.Tensor, divisor: float) -> Release:
-        """Noise `total` (the weighted sum of this release's re-clipped updates, each
-        weight <= 1; zeros: noise only), write the ledger entry durably, and return
-        (noised total) / `divisor` (a public constant, e.g. server.buffer) to apply as
-        model version `version`."""
-        if not divisor > 0:
-            raise ValueError(f"divisor={divisor!r} is invalid; allowed: > 0")
+    def release(self, round_num: int, agg: Aggregate | None, model_size: int) -> Release:
+        """Noise the buffer's sum (`agg`: the staleness-weighted sum of its re-clipped
+        updates, each weight <= 1; None: noise only), write the ledger entry durably, and
+        return (noised total) / server.buffer (public) to apply as version `round_num`."""
+        total = torch.zeros(model_size) if agg is None else agg.total
         flat = total.detach().cpu().reshape(-1).to(torch.float64)
         noised = add_gaussian_noise(flat.numpy(), self.config.noise_multiplier, self.clip)
         extra: dict[str, Any] = {
-            "training_round": int(version),
+            "training_round": int(round_num),
             "budget_against": self.budget_against,
         }
         if not len(self.ledger) and self.cohort_commitment is not None:
@@ -153,12 +158,8 @@ class AsyncCentralDP:
             "clip_norm": self.clip,
             "noise_multiplier": self.config.noise_multiplier,
         }
-        update = (torch.from_numpy(noised) / divisor).reshape(total.shape).to(total.dtype)
+        update = (torch.from_numpy(noised) / self.divisor).reshape(total.shape).to(total.dtype)
         return Release(update, metrics)
-
-    def noise_only(self, version: int, shape: torch.Size, divisor: float) -> Release:
-        """A release with no update in it (every update of the buffer was dropped)."""
-        return self.release(version, torch.zeros(shape), divisor)
 
     # ---------------------------------------------------------------- the figures
     def epsilon(self) -> float:

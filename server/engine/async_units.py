@@ -176,7 +176,7 @@ class UnitRunner:
         channel: UpdateChannel,
         model_size: int,
         availability: Availability | None,
-        privacy_fields: Callable[[], ClientPrivacy] | None = None,
+        privacy_fields: Callable[[], ClientPrivacy | None] | None = None,
     ) -> None:
         self.cfg, self.transport, self.channel = cfg, transport, channel
         self.model_size, self.availability = model_size, availability

@@ -30,6 +30,7 @@ from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel
 from fedveil.server.engine.async_distributed import AsyncDistributedDP
 from fedveil.server.engine.async_privacy import AsyncCentralDP, dispatch_counts
 from fedveil.server.engine.privacy_stage import CentralDP, DistributedDP
+from fedveil.server.engine.release_mechanism import ReleaseMechanism
 from fedveil.server.engine.robust import robust_aggregator
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.sampling import committed_graph_seed
@@ -85,12 +86,13 @@ def make_privacy_pipeline(
     *,
     secagg_run_id: bytes = SIMULATION_RUN_ID,
     **privacy_args: Any,
-) -> tuple[CentralDP | AsyncCentralDP | None, UpdateChannel]:
+) -> tuple[ReleaseMechanism | None, UpdateChannel]:
     """The run's DP accounting and update channel. `roster` (client id -> Ed25519
     identity public key) is required for secagg.threat = 'malicious'. `secagg_run_id`
     is the run every secure-aggregation session names (deployment: Flower's run id,
-    which devices take from their own context). `privacy_args` go to the DP stage
-    (run_id, signer, private sink, participations)."""
+    which devices take from their own context). `privacy_args` go to the release
+    mechanism (private_run_args: run_id, signer, private sink, and the participations
+    of sync rounds or the dispatches of asynchronous training)."""
     mechanism = cfg.dp.mechanism
     if cfg.secagg.enabled and cfg.secagg.threat == "malicious" and roster is None:
         raise ValueError(
@@ -161,7 +163,7 @@ def _distributed_dp(
 
 
 def _committed_graph_seeds(
-    privacy: CentralDP | AsyncCentralDP | None,
+    privacy: ReleaseMechanism | None,
 ) -> Callable[[int], bytes] | None:
     if privacy is None or not privacy.cohorts_secret:
         return None

@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +48,7 @@ from fedveil.privacy.secagg import SecAggAborted
 from fedveil.protocol import fields as F
 from fedveil.server.engine.aggregation import Aggregate
 from fedveil.server.engine.ledger_opening import open_ledger, request_head
+from fedveil.server.engine.release_mechanism import Release
 from fedveil.server.engine.requests import ClientPrivacy
 from fedveil.server.engine.sampling import cohort_commitment
 
@@ -56,14 +56,6 @@ log = logging.getLogger("fedveil.privacy")
 
 # A private record sink: the run's operator-only annex (RunStore.append_private).
 PrivateSink = Callable[[dict[str, Any]], None]
-
-
-@dataclass
-class Release:
-    """An update the engine may apply, with the figures the round's record shows."""
-
-    update: torch.Tensor
-    metrics: dict[str, Any]
 
 
 class CentralDP:
