@@ -181,7 +181,7 @@ class UnitRunner:
         self.cfg, self.transport, self.channel = cfg, transport, channel
         self.model_size, self.availability = model_size, availability
         self.timeout = cfg.server.round_timeout or None
-        # Async DP (async_privacy.py): the clip C the request carries, which the plain
+        # Async DP (central_release.AsyncCentralDP): the clip C the request carries, which the plain
         # channel then enforces (re-clip, weight 1).
         self.privacy_fields = privacy_fields
 

@@ -6,11 +6,11 @@ applies, and accounts for it:
 
     none          no mechanism (`privacy` None): the contributors' mean, when at least
                   the scheduler's `min_contributors` contributed (round_steps.plain_release)
-    central       privacy_stage.CentralDP (sync: sampled rounds, amplified) and
-                  privacy_stage.AsyncCentralDP (async groups: no sampling, every client
+    central       central_release.CentralDP (sync: sampled rounds, amplified) and
+                  central_release.AsyncCentralDP (async buffers: no sampling, every client
                   capped at server.max_participations): Gaussian noise on the sum, the
                   signed ledger entry, then the update
-    distributed   privacy_stage.DistributedDP / AsyncDistributedDP: the clients' Skellam
+    distributed   distributed_release.DistributedDP / AsyncDistributedDP: the clients' Skellam
                   shares noise the sum under secure aggregation; charged at the channel's
                   UnmaskGate before unmasking, released here without more noise
 

@@ -27,9 +27,9 @@ from fedveil.privacy.dp.subsampled_rdp import DEFAULT_ORDERS, rdp_to_epsilon
 from fedveil.privacy.dp.verify import verify_ledger
 from fedveil.privacy.encodings import SkellamEncoding
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.engine.async_distributed import AsyncDistributedDP
 from fedveil.server.engine.buffered_scheduler import BufferedScheduler
 from fedveil.server.engine.device_scheduler import DeviceScheduler
+from fedveil.server.engine.distributed_release import AsyncDistributedDP
 from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.pipeline import make_privacy_pipeline
