@@ -1,7 +1,7 @@
 """The buffer of K (FedBuff) and the staleness bound (SSP): the scheduler of
 server.mode = async | ssp.
 
-C clients are in flight (server.concurrency) in dispatch units (async_units.py). Each
+C clients are in flight (server.concurrency) in dispatch units (dispatches.py). Each
 unit that comes back is replaced at once, with the then-current model version, by
 clients not already in flight, drawn from the run seed. An update tau versions old
 (staleness.py) weighs s(tau) x its example weight; one older than server.max_staleness
@@ -45,9 +45,8 @@ import torch
 from fedveil.config import RunConfig
 from fedveil.config.async_mode import resolved_concurrency, resolved_group_size
 from fedveil.server.engine.aggregation import Aggregate, PlainChannel
-from fedveil.server.engine.async_units import KeyedGroup, Unit, UnitRunner
+from fedveil.server.engine.dispatches import Dispatch, DispatchRunner, GroupKeyedAhead
 from fedveil.server.engine.drops import drops_by_reason
-from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.release_mechanism import ParticipationCapped
 from fedveil.server.engine.round_record import RoundRecord
 from fedveil.server.engine.round_steps import Collected
@@ -61,6 +60,7 @@ from fedveil.server.engine.sim_clock import (
     plain_unit_fate,
 )
 from fedveil.server.engine.staleness import ssp_allows, staleness_weight, too_stale
+from fedveil.server.engine.unmask_gate import Aborted
 
 log = logging.getLogger("fedveil.server")
 
@@ -113,7 +113,7 @@ class BufferedScheduler:
         self.availability = availability
         self.draw_rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xA5F1]))
         self.next_seq = 1
-        self.in_flight: dict[int, Unit] = {}
+        self.in_flight: dict[int, Dispatch] = {}
         self.versions: dict[int, torch.Tensor] = {}  # weights of versions still in flight
         self.participations: Counter[int] = Counter()
         self.last_apply_clock = 0.0
@@ -125,7 +125,7 @@ class BufferedScheduler:
         # client failing, or every update too stale, would otherwise never end).
         self.stall_limit = max(100, STALL_UNITS_PER_SLOT * max(self.concurrency, s.buffer))
         self.stalled = False
-        self.keyed: list[KeyedGroup] = []  # formed, keys agreed or agreeing, in seq order
+        self.keyed: list[GroupKeyedAhead] = []  # formed, keys agreed or agreeing, in seq order
 
     def attach(self, engine: EngineView) -> None:
         privacy = engine.privacy
@@ -152,7 +152,7 @@ class BufferedScheduler:
             else SecretCohortSampler(engine.task.num_clients, "fixed", 1, 1.0, key)
         )
         # Secure aggregation on the simulated clock: each slot's next group agrees its keys
-        # while the slot's group trains (KeyedGroup), so a dispatched group waits for two
+        # while the slot's group trains (GroupKeyedAhead), so a dispatched group waits for two
         # exchanges (masked input with training, unmask), not four. Not under DP (a group
         # drawn ahead would be counted before its model goes out) nor on the wall clock.
         latency = self.availability is not None and self.availability.latency_median > 0
@@ -163,11 +163,11 @@ class BufferedScheduler:
         )  # fmt: skip
         # On the simulated clock a group member that has sent its masked input stops
         # training: it is free to join the next group while its own waits for stragglers
-        # to report or hit the deadline (Unit.frees), so the slot holds no idle client.
+        # to report or hit the deadline (Dispatch.frees), so the slot holds no idle client.
         self.free_early = self.secagg and latency and simulated
 
-    def _runner(self, engine: EngineView) -> UnitRunner:
-        return UnitRunner(
+    def _runner(self, engine: EngineView) -> DispatchRunner:
+        return DispatchRunner(
             self.cfg, engine.transport, engine.channel, engine.model.size, self.availability,
             privacy_fields=engine.client_privacy,
         )  # fmt: skip
@@ -175,7 +175,7 @@ class BufferedScheduler:
     # -- dispatch -----------------------------------------------------------
     def clients_in_flight(self) -> int:
         """Clients training now (a group's members that have sent their masked input do
-        not count: Unit.frees)."""
+        not count: Dispatch.frees)."""
         now = self.clock.now()
         return sum(len(u.busy(now)) for u in self.in_flight.values())
 
@@ -215,7 +215,9 @@ class BufferedScheduler:
             if keys is None:
                 self.window.aborted_groups += 1
                 continue
-            self.keyed.append(KeyedGroup(seq, tuple(clients), self.clock.now() + elapsed, keys))
+            self.keyed.append(
+                GroupKeyedAhead(seq, tuple(clients), self.clock.now() + elapsed, keys)
+            )
 
     def _pool(self) -> Sequence[int]:
         """The clients a unit may be drawn from. (H4: on devices, DeviceScheduler in
@@ -243,10 +245,10 @@ class BufferedScheduler:
             chosen = self.draw_rng.choice(len(eligible), size=self.group, replace=False)
         return sorted(eligible[int(i)] for i in chosen)
 
-    def _dispatch_keyed(self, group: KeyedGroup) -> None:
+    def _dispatch_keyed(self, group: GroupKeyedAhead) -> None:
         """A group whose keys were agreed ahead: training goes out with masked input
         once the slot is free and the keys are agreed (whichever is later)."""
-        unit = Unit(group.seq, group.clients, self.engine.round, self.clock.now())
+        unit = Dispatch(group.seq, group.clients, self.engine.round, self.clock.now())
         self.versions.setdefault(self.engine.round, self.engine.weights)
         self.participations.update(group.clients)
         keys = group.keys
@@ -263,7 +265,7 @@ class BufferedScheduler:
 
     def _dispatch(self, clients: list[int]) -> None:
         seq, self.next_seq = self.next_seq, self.next_seq + 1
-        unit = Unit(seq, tuple(clients), self.engine.round, self.clock.now())
+        unit = Dispatch(seq, tuple(clients), self.engine.round, self.clock.now())
         self.versions.setdefault(self.engine.round, self.engine.weights)
         if self.dp is not None:  # counted durably BEFORE the model goes out
             for client in clients:
@@ -330,7 +332,7 @@ class BufferedScheduler:
         if self.engine.first_client_error is None and w.dropped:
             self.engine.first_client_error = w.dropped[min(w.dropped)]
 
-    def _compute(self, unit: Unit) -> None:
+    def _compute(self, unit: Dispatch) -> None:
         """The unit's update, computed now: after a resume (never stored), or a unit in the
         clear together with every other one not computed yet (one exchange per version)."""
         if self.secagg:  # its arrival time stays the checkpoint's
@@ -339,7 +341,7 @@ class BufferedScheduler:
         pending = [u for u in self.in_flight.values() if not u.computed]
         self.runner.compute_plain([unit, *pending], self.versions.__getitem__)
 
-    def _receive(self, unit: Unit) -> None:
+    def _receive(self, unit: Dispatch) -> None:
         w, outcome = self.window, unit.outcome
         w.clients += len(unit.clients)
         w.units += 1
@@ -547,7 +549,7 @@ class BufferedScheduler:
         self.versions = {int(v): t.to(device) for v, t in a["versions"].items()}
         self.in_flight = {}
         for s in a["in_flight"]:
-            unit = Unit.from_state(s)
+            unit = Dispatch.from_state(s)
             if not self.secagg:  # the same dropouts as at dispatch
                 timeout = self.cfg.server.round_timeout or None
                 _, unit.failed = plain_unit_fate(self.availability, unit.seq, unit.clients, timeout)
@@ -555,11 +557,11 @@ class BufferedScheduler:
                 continue  # a client past its cap: the unit is dropped, never recomputed
             self.in_flight[unit.seq] = unit
             self.clock.schedule(unit.seq, unit.arrival)
-        self.keyed = [KeyedGroup.from_state(g) for g in a.get("keyed", [])]
+        self.keyed = [GroupKeyedAhead.from_state(g) for g in a.get("keyed", [])]
         self.last_apply_clock = float(a["last_apply_clock"])
         self.totals = Counter(a["totals"])
 
-    def _recount(self, unit: Unit) -> bool:
+    def _recount(self, unit: Dispatch) -> bool:
         """Async DP after a lost release: a recomputed update counts as a new dispatch of
         each of its clients (it may have been in the lost release, which stays charged);
         False when that would pass a client's cap."""

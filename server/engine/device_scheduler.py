@@ -32,8 +32,8 @@ import torch
 from fedveil.config import RunConfig
 from fedveil.config.async_dp import check_wall_clock_dp
 from fedveil.server.engine.aggregation import NoUpdates
-from fedveil.server.engine.async_units import Unit, UnitRunner
 from fedveil.server.engine.buffered_scheduler import BufferedScheduler
+from fedveil.server.engine.dispatches import Dispatch, DispatchRunner
 from fedveil.server.engine.scheduler import EngineView
 from fedveil.server.engine.wall_clock import WallClock, Work
 
@@ -58,11 +58,11 @@ class DeviceFleet(Protocol):
         ...
 
 
-class _SessionOnItsThread(UnitRunner):
+class _SessionOnItsThread(DispatchRunner):
     """The unit runner whose secure-aggregation group does not run at dispatch: on the
     wall clock the group's session runs on the unit's thread (DeviceScheduler._work)."""
 
-    def run_group(self, unit: Unit, weights: torch.Tensor, start: float | None = None) -> float:
+    def run_group(self, unit: Dispatch, weights: torch.Tensor, start: float | None = None) -> float:
         return 0.0
 
 
@@ -85,7 +85,7 @@ class DeviceScheduler(BufferedScheduler):
         self.fleet = transport if isinstance(transport, DeviceFleet) else None
         engine.annotators.append(lambda r: r.extra.update(clock="wall"))
 
-    def _runner(self, engine: EngineView) -> UnitRunner:
+    def _runner(self, engine: EngineView) -> DispatchRunner:
         return _SessionOnItsThread(
             self.cfg, engine.transport, engine.channel, engine.model.size, None,
             privacy_fields=engine.client_privacy,

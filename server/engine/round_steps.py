@@ -15,10 +15,10 @@ from typing import Any
 
 from fedveil.server.engine.aggregation import Aggregate, NoUpdates
 from fedveil.server.engine.drops import drops_by_reason, failure_summary
-from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.release_mechanism import Release
 from fedveil.server.engine.round_record import RoundRecord
 from fedveil.server.engine.runstore import RunStore
+from fedveil.server.engine.unmask_gate import Aborted
 
 log = logging.getLogger("fedveil.server")
 

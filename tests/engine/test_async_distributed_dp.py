@@ -31,13 +31,13 @@ from fedveil.server.engine.buffered_scheduler import BufferedScheduler
 from fedveil.server.engine.device_scheduler import DeviceScheduler
 from fedveil.server.engine.distributed_release import AsyncDistributedDP
 from fedveil.server.engine.lifecycle import RunLifecycle
-from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.privacy_report import write_privacy_report
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.secagg_channel import SecAggChannel
 from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.unmask_gate import Aborted
 from fedveil.simulations.availability import AvailabilityModel
 from fedveil.simulations.inprocess import InProcessTransport
 

@@ -13,8 +13,8 @@ import pytest
 import tiny_task
 from fedveil.config import load_config
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.engine.async_units import Unit
 from fedveil.server.engine.buffered_scheduler import BufferedScheduler
+from fedveil.server.engine.dispatches import Dispatch
 from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.transport import ClientFailure, Transport
@@ -113,7 +113,7 @@ def test_without_a_latency_model_every_group_runs_whole_at_dispatch(tmp_path):
 def test_a_member_that_sent_its_masked_input_trains_again_before_its_group_unmasks(tmp_path):
     """Stragglers hold their group's release, not its fast members: once a member has sent
     its masked input it may join the next group, and no more than C clients ever train."""
-    units: dict[int, Unit] = {}
+    units: dict[int, Dispatch] = {}
 
     def watch(engine: RoundEngine) -> None:  # the units in flight at each server update
         units.update(engine.scheduler.in_flight)

@@ -25,12 +25,12 @@ from fedveil.server.engine import secagg_channel
 from fedveil.server.engine.buffered_scheduler import BufferedScheduler
 from fedveil.server.engine.device_scheduler import DeviceScheduler
 from fedveil.server.engine.lifecycle import RunLifecycle
-from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.sampling import cohort_commitment, committed_graph_seed
 from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.unmask_gate import Aborted
 from fedveil.simulations.inprocess import InProcessTransport
 
 
