@@ -89,6 +89,8 @@ class Scheduler(Protocol):
     """Who trains when, and when a server update is due (see the module docstring)."""
 
     mode: str  # server.mode it implements ("sync", "async", "ssp")
+    # Without DP, the fewest contributors whose mean is applied (fewer: nothing is).
+    min_contributors: int
 
     def attach(self, engine: EngineView) -> None:
         """Bind to the engine, once, when the engine is built."""
