@@ -74,10 +74,10 @@ from fedveil.protocol.kinds import Kind
 from fedveil.protocol.piggyback import detach, join_replies
 from fedveil.server.engine.aggregation import Aggregate, NoUpdates, UpdateChannel
 from fedveil.server.engine.lifecycle import RunLifecycle
-from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.rounds import RoundEngine, initial_model
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.transport import ClientFailure, RoundReporter, Transport
+from fedveil.server.engine.unmask_gate import Aborted
 from fedveil.tasks import Task
 
 # -- our side -------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ prefixed `fedveil.`); keys of the app's own are ignored.
 
 The server takes stock Flower ClientApps (`@app.train()`, as in Flower's quickstart) as
 well as fedveil's: it speaks to them as `flwr.serverapp.strategy.FedAvg` does (see
-fedveil.server.engine.flower_stock). Runs that need fedveil's protocol (secure
+fedveil.server.engine.flower_stock_codec). Runs that need fedveil's protocol (secure
 aggregation, distributed DP, DP-SGD) refuse them, and legacy NumPyClient apps are refused,
 each with a message saying why.
 """
@@ -39,7 +39,6 @@ from fedveil.client.flower_secagg_mod import fedveil_secagg_mod
 from fedveil.client.runtime import ClientRuntime
 from fedveil.config import SECTIONS, ConfigError, RunConfig, config_from_dict, load_config, to_toml
 from fedveil.protocol.flower_codec import KINDS, STOCK_EVALUATE, STOCK_TRAIN, message_type
-from fedveil.server.engine.flower_app import FlowerTransport
 from fedveil.server.engine.flower_secagg import (
     BudgetExhausted,
     FlowerDP,
@@ -48,7 +47,8 @@ from fedveil.server.engine.flower_secagg import (
     secure,
 )
 from fedveil.server.engine.flower_secagg_strategies import StrategyRefused
-from fedveil.server.engine.flower_stock import StockCodec, protocol_needs
+from fedveil.server.engine.flower_server_app import FlowerTransport
+from fedveil.server.engine.flower_stock_codec import StockCodec, protocol_needs
 from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.rounds import RoundRecord, initial_model
 from fedveil.server.engine.runstore import RunStore

@@ -67,9 +67,10 @@ from fedveil.privacy.encodings import SkellamEncoding
 from fedveil.protocol.dp_rules import PLD, supported_accountants
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
+from fedveil.server.engine.central_release import CentralDP
 from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.privacy_report import write_privacy_report
-from fedveil.server.engine.privacy_stage import CentralDP, Release
+from fedveil.server.engine.release_mechanism import Release
 from fedveil.server.engine.rounds import RoundEngine, RoundRecord
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.transport import ClientFailure

@@ -28,7 +28,7 @@ from fedveil.client.flower_client_app import make_client_app
 from fedveil.client.runtime import ClientRuntime, IdentitySource
 from fedveil.config import RunConfig
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.engine.flower_app import FlowerTransport, make_server_app
+from fedveil.server.engine.flower_server_app import FlowerTransport, make_server_app
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.simulations.ray_cluster import (
     check_fits,

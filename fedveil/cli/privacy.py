@@ -107,7 +107,7 @@ def _add_audit_cohorts(psub: argparse._SubParsersAction) -> None:
 
 
 def cmd_audit_cohorts(args: argparse.Namespace) -> int:
-    from fedveil.server.engine.cohort_audit import audit_cohorts
+    from fedveil.server.engine.cohort_key_check import audit_cohorts
 
     audit = audit_cohorts(Path(args.run_dir), args.key)
     for problem in audit.problems:

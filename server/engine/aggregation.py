@@ -25,9 +25,9 @@ from fedveil.privacy.dp.clipping import clip_l2, l2_norm
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import CLIP_NORM, DELTA, LOSS, NUM_EXAMPLES, UNCLIPPED, WEIGHT
 from fedveil.protocol.kinds import Kind
-from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.robust import RobustAggregator
 from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.unmask_gate import Aborted
 
 log = logging.getLogger("fedveil.aggregation")
 

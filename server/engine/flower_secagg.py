@@ -55,9 +55,9 @@ from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import CLIP_NORM
 from fedveil.protocol.kinds import TRAINING_STAGE, Kind
 from fedveil.server.engine.aggregation import Aggregate
+from fedveil.server.engine.central_release import CentralDP
 from fedveil.server.engine.flower_secagg_strategies import check_strategy
 from fedveil.server.engine.privacy_report import ledger_path, write_privacy_report
-from fedveil.server.engine.privacy_stage import CentralDP
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.sampling import CohortSampler, SecretCohortSampler
 from fedveil.server.engine.secagg_channel import SecAggChannel

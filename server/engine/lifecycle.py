@@ -27,15 +27,14 @@ from fedveil.config import RunConfig
 from fedveil.flat_model import FlatModel
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.server.engine.aggregation import UpdateChannel
-from fedveil.server.engine.async_engine import AsyncEngine
-from fedveil.server.engine.async_wall import WallClockEngine
 from fedveil.server.engine.ledger_opening import DpSgdLedger, is_dp_run
 from fedveil.server.engine.pipeline import make_privacy_pipeline, private_run_args
 from fedveil.server.engine.privacy_report import write_privacy_report
-from fedveil.server.engine.privacy_stage import CentralDP
+from fedveil.server.engine.release_mechanism import ReleaseMechanism
 from fedveil.server.engine.round_record import public_summary
 from fedveil.server.engine.rounds import RoundEngine, RoundRecord, initial_model
 from fedveil.server.engine.runstore import RunStore, atomic_write_bytes
+from fedveil.server.engine.schedulers import make_scheduler
 from fedveil.server.engine.sim_clock import Availability
 from fedveil.server.engine.tracking import RunTracking, close_unfinished, summary_status
 from fedveil.server.engine.transport import Transport
@@ -70,7 +69,7 @@ class RunLifecycle:
         self.cfg, self.task, self.store = cfg, task, store
         self.ledger_run_id = ledger_run_id
         self.device = torch.device(device)
-        self.privacy: CentralDP | None
+        self.privacy: ReleaseMechanism | None
         self.channel: UpdateChannel
         self.privacy, self.channel = make_privacy_pipeline(
             cfg,
@@ -106,20 +105,15 @@ class RunLifecycle:
         wall_clock: bool = False,
     ) -> RoundEngine:
         """The round engine over `transport`, restored from the checkpoint if `resume`
-        and there is one. server.mode = async | ssp: the AsyncEngine, whose arrivals follow
-        `availability` (simulated latency and dropouts; None: every unit takes 1 s), or
-        with `wall_clock` (a deployment's devices) the WallClockEngine, whose units come
-        back when their exchanges end. `wall_clock` changes nothing under sync."""
+        and there is one, with the scheduler of server.mode (schedulers.make_scheduler):
+        async | ssp arrivals follow `availability` (simulated latency and dropouts; None:
+        every unit takes 1 s), or with `wall_clock` (a deployment's devices) come back
+        when their exchanges end. `wall_clock` changes nothing under sync."""
         model, self._model = self._model, None  # the first engine takes the model built
         if self.tracking is not None:
             on_round = _tracked(self.tracking, on_round)
-        engine_kind: type[RoundEngine] = RoundEngine
-        extra: dict[str, Any] = {}
-        if self.cfg.server.mode != "sync" and wall_clock:
-            engine_kind = WallClockEngine
-        elif self.cfg.server.mode != "sync":
-            engine_kind, extra = AsyncEngine, {"availability": availability}
-        engine = engine_kind(
+        scheduler = make_scheduler(self.cfg, availability=availability, wall_clock=wall_clock)
+        engine = RoundEngine(
             self.cfg,
             self.task,
             transport,
@@ -129,7 +123,7 @@ class RunLifecycle:
             on_round=on_round,
             privacy=self.privacy,
             model=model,
-            **extra,
+            scheduler=scheduler,
         )
         if self.privacy is None and is_dp_run(self.cfg):
             # DP-SGD only: no release to account, but a signed ledger devices witness.

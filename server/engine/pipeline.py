@@ -1,6 +1,6 @@
 """A run's privacy pipeline from its config: how updates travel, and what DP does on top.
 
-| secagg | dp          | channel                      | server DP stage            |
+| secagg | dp          | channel                      | release mechanism          |
 | ------ | ----------- | ---------------------------- | -------------------------- |
 | off    | none        | PlainChannel                 | -                          |
 | off    | central     | PlainChannel (clipped)       | Gaussian noise + ledger    |
@@ -8,9 +8,10 @@
 | on     | central     | SecAgg, quantized (clipped)  | Gaussian noise + ledger    |
 | on     | distributed | SecAgg, Skellam noise shares | ledger (noise from clients)|
 
-server.mode = async | ssp swaps the DP stage for its asynchronous one: central DP
-(async_privacy.py, noise at each apply) or distributed DP (async_distributed.py, one
-release per secure-aggregation group, charged at its unmask), both capped per client.
+server.mode = async | ssp swaps the mechanism for its asynchronous one: central DP
+(central_release.AsyncCentralDP, noise at each apply) or distributed DP
+(distributed_release.AsyncDistributedDP, one release per secure-aggregation group,
+charged at its unmask), both capped per client (release_mechanism.ParticipationCapped).
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ from fedveil.config.async_dp import check_async_dp, is_async
 from fedveil.privacy.encodings import QuantizedEncoding, SkellamEncoding
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel
-from fedveil.server.engine.async_distributed import AsyncDistributedDP
-from fedveil.server.engine.async_privacy import AsyncCentralDP, dispatch_counts
+from fedveil.server.engine.central_release import AsyncCentralDP, CentralDP, dispatch_counts
+from fedveil.server.engine.distributed_release import AsyncDistributedDP, DistributedDP
 from fedveil.server.engine.dp_from_config import (
     check_secagg_feasible,
     max_cohort,
     plan_distributed_dp,
 )
-from fedveil.server.engine.privacy_stage import CentralDP, DistributedDP
+from fedveil.server.engine.release_mechanism import ReleaseMechanism
 from fedveil.server.engine.robust import robust_aggregator
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.sampling import committed_graph_seed
@@ -64,7 +65,7 @@ def private_run_args(
             "signer": load_or_create_signer(signing_key),
             "private": store.append_private,
             "dispatches": dispatch_counts(store.read_private()),
-            # Groups and graph seeds follow it (async_engine.py); the same key on resume.
+            # Groups and graph seeds follow it (buffered_scheduler.py); the same key on resume.
             "cohort_key": bytes.fromhex(store.run_identity()["cohort_key"]),
         }
     for line in store.read_private():
@@ -88,12 +89,13 @@ def make_privacy_pipeline(
     *,
     secagg_run_id: bytes = SIMULATION_RUN_ID,
     **privacy_args: Any,
-) -> tuple[CentralDP | AsyncCentralDP | None, UpdateChannel]:
+) -> tuple[ReleaseMechanism | None, UpdateChannel]:
     """The run's DP accounting and update channel. `roster` (client id -> Ed25519
     identity public key) is required for secagg.threat = 'malicious'. `secagg_run_id`
     is the run every secure-aggregation session names (deployment: Flower's run id,
-    which devices take from their own context). `privacy_args` go to the DP stage
-    (run_id, signer, private sink, participations)."""
+    which devices take from their own context). `privacy_args` go to the release
+    mechanism (private_run_args: run_id, signer, private sink, and the participations
+    of sync rounds or the dispatches of asynchronous training)."""
     mechanism = cfg.dp.mechanism
     if cfg.secagg.enabled and cfg.secagg.threat == "malicious" and roster is None:
         raise ValueError(
@@ -164,7 +166,7 @@ def _distributed_dp(
 
 
 def _committed_graph_seeds(
-    privacy: CentralDP | AsyncCentralDP | None,
+    privacy: ReleaseMechanism | None,
 ) -> Callable[[int], bytes] | None:
     if privacy is None or not privacy.cohorts_secret:
         return None

@@ -1,11 +1,11 @@
 """The training request, assembled in one place from its parts.
 
 A round's training request carries the local-training hyper-parameters (from the
-run config), the privacy stage's client-side fields (`ClientPrivacy`, from
-`privacy_stage`) and the global model; under secure aggregation the masked-input
-stage adds the update encoding's fields (`EncodingRequest`, from
-`privacy.encodings`). The parts are typed data; only this module writes them
-into a request, with the field names of fedveil.protocol.fields.
+run config), the release mechanism's client-side fields (`ClientPrivacy`, from
+central_release.py, distributed_release.py) and the global model; under secure
+aggregation the masked-input stage adds the update encoding's fields
+(`EncodingRequest`, from `privacy.encodings`). The parts are typed data; only this
+module writes them into a request, with the field names of fedveil.protocol.fields.
 """
 
 from __future__ import annotations

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from fedveil.server.engine.aggregation import Aggregate, NoUpdates
 from fedveil.server.engine.drops import drops_by_reason, failure_summary
-from fedveil.server.engine.outcome import Aborted
-from fedveil.server.engine.privacy_stage import Release
+from fedveil.server.engine.release_mechanism import Release
 from fedveil.server.engine.round_record import RoundRecord
 from fedveil.server.engine.runstore import RunStore
+from fedveil.server.engine.unmask_gate import Aborted
 
 log = logging.getLogger("fedveil.server")
 
@@ -93,18 +94,15 @@ def plain_release(got: Collected, min_clients: int) -> Release | None:
     return Release(agg.mean, {})
 
 
-def persist(
-    store: RunStore, record: RoundRecord, cohort: list[int], got: Collected, *, dp: bool
-) -> None:
-    """The round's durable line. Without DP it is public whole. Under DP metrics.jsonl
-    gets the accounted figures only (`public_json`); the whole record, the cohort, the
-    survivors and every drop reason go to the operator's private annex."""
-    if not dp:
+def persist(store: RunStore, record: RoundRecord, annex: dict[str, Any] | None) -> None:
+    """The round's durable line. Without DP (`annex` None) it is public whole. Under DP
+    metrics.jsonl gets the accounted figures only (`public_json`); the whole record and
+    the scheduler's `annex` (a sync round's cohort, survivors and every drop reason) go
+    to the operator's private annex."""
+    if annex is None:
         store.append_metrics(record.to_json())
         return
     private = record.to_json()
-    private.update(cohort=cohort, dropped_reasons={str(c): r for c, r in got.dropped.items()})
-    if got.agg is not None:
-        private["survivors"] = list(got.agg.contributors)
+    private.update(annex)
     store.append_private(private)
     store.append_metrics(record.public_json())

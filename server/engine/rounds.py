@@ -1,11 +1,13 @@
-"""The round engine: written once against the Transport interface.
+"""The one engine: written once against the Transport interface, for every mode.
 
-One round is data through named steps (`RoundEngine.run_round`):
-draw cohort -> build request -> collect (the UpdateChannel) -> account drops ->
-release (none / central / distributed DP) -> apply (server optimizer) -> evaluate ->
-report (RoundReporter parts, annotators) -> persist (metrics, private annex,
-checkpoint). The steps that need no engine state are in round_steps.py; the record
-in round_record.py; drop reasons in drops.py.
+One server update is data through named steps (`RoundEngine.run_round`):
+gather (the Scheduler: a sync round's cohort through the UpdateChannel, or FedBuff's
+buffer of K arrivals) -> release (the release mechanism: none / central / distributed
+DP) -> apply (server optimizer) -> evaluate -> after_apply (the scheduler: dispatch
+with the new version) -> report (RoundReporter parts, annotators) -> persist (metrics,
+private annex, checkpoint). Schedulers: scheduler.py; release mechanisms:
+release_mechanism.py; the steps that need no engine state are in round_steps.py; the
+record in round_record.py; drop reasons in drops.py.
 """
 
 from __future__ import annotations
@@ -27,16 +29,17 @@ from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel
-from fedveil.server.engine.dpsgd_accounting import ClientDpSgdAccountant
+from fedveil.server.engine.barrier_scheduler import BarrierScheduler
 from fedveil.server.engine.ledger_opening import DpSgdLedger
 from fedveil.server.engine.optimizers import ServerOptimizer, make_optimizer
-from fedveil.server.engine.privacy_stage import CentralDP, Release
-from fedveil.server.engine.requests import build_train_request
+from fedveil.server.engine.release_mechanism import Release, ReleaseMechanism
+from fedveil.server.engine.requests import ClientPrivacy, build_train_request
 from fedveil.server.engine.robust import robust_summary
 from fedveil.server.engine.round_record import PUBLIC_UNDER_DP, RoundRecord
-from fedveil.server.engine.round_steps import Collected, account_drops, persist, plain_release
+from fedveil.server.engine.round_steps import Collected, persist, plain_release
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.sampling import CohortSampler, SecretCohortSampler
+from fedveil.server.engine.scheduler import Scheduler
 from fedveil.server.engine.transport import (
     CentralEvaluator,
     ClientFailure,
@@ -59,6 +62,11 @@ def initial_model(task: Task, seed: int) -> torch.nn.Module:
 
 
 class RoundEngine:
+    """The one engine: every server update runs the same steps (`run_round`); what
+    differs between sync rounds, FedBuff and SSP is the `scheduler` (scheduler.py),
+    and what may be published is the release mechanism (`privacy`,
+    release_mechanism.py)."""
+
     def __init__(
         self,
         cfg: RunConfig,
@@ -69,18 +77,21 @@ class RoundEngine:
         channel: UpdateChannel | None = None,
         device: torch.device | str = "cpu",
         on_round: Callable[[RoundRecord], None] | None = None,
-        privacy: CentralDP | None = None,
+        privacy: ReleaseMechanism | None = None,
         model: FlatModel | None = None,
+        scheduler: Scheduler | None = None,
     ) -> None:
         """`model`: the global model, already built from `initial_model(task, cfg.seed)`
         (the run lifecycle builds it first, so a transport can know the model's size);
-        None: built here on `device`."""
+        None: built here on `device`. `scheduler`: None: the barrier (sync rounds);
+        server.mode = async | ssp needs a BufferedScheduler (schedulers.make_scheduler)."""
         _check_client_ids(transport, task)
         self.cfg, self.task, self.transport, self.store = cfg, task, transport, store
         self.privacy = privacy
         # A DP-SGD-only run's ledger (opened, shown to devices, closed): witness_ledger().
         self.ledger_only: DpSgdLedger | None = None
         self.stopped_reason: str | None = None
+        self.public_stop_reason: str | None = None
         self.channel = channel or PlainChannel()
         self.on_round = on_round
         self.model = (
@@ -89,12 +100,8 @@ class RoundEngine:
         self.weights = self.model.get()
         self.optimizer = _server_optimizer(cfg)
         self.secret_sampler, self.sampler = _cohort_samplers(cfg, task, privacy)
-        self.dp_sgd = _dp_sgd_accountant(cfg, task)
         self.eval_rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xE7A1]))
         self.round = 0
-        # The next round's cohort, drawn one round ahead so the channel can prepare it
-        # (secure aggregation's key stages); the draws and their order are unchanged.
-        self.upcoming: list[int] | None = None
         self.history: list[RoundRecord] = []
         # The first drop reason of this run, whole (the summary's `first_client_error`).
         self.first_client_error: str | None = None
@@ -104,6 +111,13 @@ class RoundEngine:
         self.annotators: list[Callable[[RoundRecord], None]] = []
         # Simulated seconds since the run began (the rounds' sim_time_s, with a latency model).
         self.sim_clock = 0.0
+        self.scheduler: Scheduler = scheduler or BarrierScheduler(cfg)
+        if self.scheduler.mode != cfg.server.mode:
+            raise ValueError(
+                f"server.mode = {cfg.server.mode!r} needs its scheduler, not the "
+                f"{self.scheduler.mode!r} one (schedulers.make_scheduler)"
+            )
+        self.scheduler.attach(self)
 
     # -- checkpoint -------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -113,19 +127,19 @@ class RoundEngine:
             "optimizer": {k: v.cpu() for k, v in self.optimizer.state_dict().items()},
             "sampler": self.sampler.state(),
             "eval_rng": self.eval_rng.bit_generator.state,
-            "upcoming": self.upcoming,
             "sim_clock": self.sim_clock,
+            **self.scheduler.state(),
         }
 
     def restore(self, state: dict[str, Any]) -> None:
+        # The scheduler first: it compares the checkpoint with the ledger as they were.
+        self.scheduler.restore(state)
         device = self.model.device
         self.round = int(state["round"])
         self.weights = state["weights"].to(device)
         self.optimizer.load_state_dict({k: v.to(device) for k, v in state["optimizer"].items()})
         self.sampler.restore(state["sampler"])
         self.eval_rng.bit_generator.state = state["eval_rng"]
-        upcoming = state.get("upcoming")  # absent in checkpoints of older versions
-        self.upcoming = None if upcoming is None else [int(c) for c in upcoming]
         self.sim_clock = float(state.get("sim_clock", 0.0))
         if self.privacy is not None and self.privacy.last_round > self.round:
             # Crashed between the ledger entry and the checkpoint: that release was
@@ -142,80 +156,51 @@ class RoundEngine:
         """A DP-SGD-only run: every request carries this ledger's head; run() closes it."""
         self.ledger_only = ledger
 
-    def train_request(self, round_num: int) -> Envelope:
-        privacy = None if self.privacy is None else self.privacy.client_fields()
-        if privacy is None and self.ledger_only is not None:
-            privacy = self.ledger_only.client_fields()
-        return build_train_request(self.cfg, round_num, self.weights, privacy)
+    def client_privacy(self) -> ClientPrivacy | None:
+        """The release mechanism's part of a training request (or the DP-SGD ledger's)."""
+        if self.privacy is not None:
+            return self.privacy.client_fields()
+        if self.ledger_only is not None:
+            return self.ledger_only.client_fields()
+        return None
 
-    def run_round(self) -> RoundRecord:
-        """One round, as data through its steps (see ARCHITECTURE.md)."""
+    def train_request(self, round_num: int) -> Envelope:
+        return build_train_request(self.cfg, round_num, self.weights, self.client_privacy())
+
+    def run_round(self) -> RoundRecord | None:
+        """One server update, as data through its steps (see ARCHITECTURE.md); None:
+        the scheduler has nothing more to gather (engine.stopped_reason says why)."""
         round_num = self.round + 1
-        start = time.perf_counter()
-        # Under any DP (DP-SGD alone included) the record's counts stay private.
-        dp = self.cfg.publishes_privately
-        cohort = self._draw_cohort(round_num)
-        record = RoundRecord(round_num, len(cohort), 0, 0, applied=False)
-        got = self._collect(round_num, cohort)
-        account_drops(record, cohort, got, dp=dp)
-        self._account_dp_sgd(record, got)
-        self._note_first_error(got)
+        gathered = self.scheduler.gather(round_num)
+        if gathered is None:
+            return None
+        record, got = gathered.record, gathered.got
         release = self._release(round_num, got)
-        self._apply(record, cohort, got, release)
+        self._apply(record, got, release)
         self.round = round_num
         self._evaluate(record)
-        self._report(record, start)
+        self.scheduler.after_apply(record)
+        self._report(record, gathered.started)
         self.history.append(record)
         if self.store is not None:
-            persist(self.store, record, cohort, got, dp=dp)
+            persist(self.store, record, gathered.annex)
             self.store.save_checkpoint(self.state())
         if self.on_round:
             self.on_round(record)
         return record
 
-    def _draw_cohort(self, round_num: int) -> list[int]:
-        """This round's cohort (drawn one round ahead when known) and the next one's."""
-        cohort = self.upcoming if self.upcoming is not None else self.sampler.sample()
-        self.upcoming = self.sampler.sample() if round_num < self.cfg.server.rounds else None
-        return cohort
-
-    def _collect(self, round_num: int, cohort: list[int]) -> Collected:
-        """The training request to every cohort member, and the update channel's sum."""
-        if not cohort:
-            return Collected()
-        request = self.train_request(round_num)
-        requests = {cid: request for cid in cohort}
-        timeout = self.cfg.server.round_timeout or None
-        outcome = self.channel.collect(
-            self.transport, requests, self.model.size, timeout, upcoming=self.upcoming
-        )
-        return Collected.of(outcome)
-
-    def _account_dp_sgd(self, record: RoundRecord, got: Collected) -> None:
-        # Simulation only (it knows every client's n): the busiest client's figure inverts
-        # to its n, so it goes to the private annex (not in PUBLIC_UNDER_DP); devices
-        # account their own (client/dpsgd_budget.py).
-        if self.dp_sgd is not None and got.agg is not None:
-            record.extra["dp_sgd_epsilon_max"] = self.dp_sgd.record_round(got.agg.contributors)
-
-    def _note_first_error(self, got: Collected) -> None:
-        if self.first_client_error is None and got.dropped:
-            self.first_client_error = got.dropped[min(got.dropped)]
-
     def _release(self, round_num: int, got: Collected) -> Release | None:
-        """What the round may publish. None: nothing (too few updates without DP; under
+        """What the update may publish. None: nothing (too few updates without DP; under
         distributed DP nothing unmasked and charged; any abort). Central DP always
         releases, noise alone when no update arrived: the accountant charges every round
         the sampling scheme ran."""
         if self.privacy is None:
-            return plain_release(got, self.cfg.server.min_clients)
+            return plain_release(got, self.scheduler.min_contributors)
         if got.aborted is not None:
             return None
         return self.privacy.release(round_num, got.agg, self.model.size)
 
-    def _apply(
-        self, record: RoundRecord, cohort: list[int], got: Collected, release: Release | None
-    ) -> None:
+    def _apply(self, record: RoundRecord, got: Collected, release: Release | None) -> None:
         """The server optimizer's step on the released update, and the round's status."""
         agg = got.agg
         if release is not None:
@@ -231,13 +216,13 @@ class RoundEngine:
                     record.extra["noise_only"] = True  # private: it reveals participation
             if self.cfg.client.dp_sgd_noise > 0:
                 record.train_loss = None  # DP-SGD replies carry no loss (dpsgd_reply.py)
-        elif cohort and got.aborted is None and self.privacy is None:
+        elif record.cohort_planned and got.aborted is None and self.privacy is None:
             log.warning(
                 "round %d: %d of %d clients aggregated, fewer than min_clients=%d; "
                 "global model unchanged",
                 record.round,
                 record.cohort_aggregated,
-                len(cohort),
+                record.cohort_planned,
                 self.cfg.server.min_clients,
             )
         record.extra.setdefault("status", "applied" if record.applied else "skipped")
@@ -310,37 +295,36 @@ class RoundEngine:
 
     # -- whole run --------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        """All remaining rounds. Under DP the ledger then gets its signed closing record:
-        'final' when the run ends (rounds done or budget spent), 'interrupted' when it is
+        """All remaining server updates, while the scheduler admits them and has them to
+        gather. Under DP the ledger then gets its signed closing record: 'final' when
+        the run ends (rounds done, budget or caps spent), 'interrupted' when it is
         stopped or fails (a resume continues it)."""
         start = time.perf_counter()
+        self.scheduler.begin()
         try:
-            while self.round < self.cfg.server.rounds:
-                if self.privacy is not None:
-                    allowed, eps = self.privacy.admits_next_round()
-                    if not allowed:
-                        self.stopped_reason = (
-                            f"privacy budget: round {self.round + 1} would bring epsilon "
-                            f"({self.privacy.budget_against}) to {eps:.4g} > budget "
-                            f"{self.privacy.config.budget_epsilon:g}; stopped"
-                        )
-                        log.warning(self.stopped_reason)
-                        break
-                self.run_round()
+            while self.round < self.cfg.server.rounds and self.scheduler.admits_next():
+                if self.run_round() is None:
+                    break
         except BaseException as exc:
-            closer = self.privacy if self.privacy is not None else self.ledger_only
-            if closer is not None:
-                reason = f"{type(exc).__name__}: {exc}"[:200]
-                try:
-                    closer.close("interrupted", self.round, reason)
-                except Exception as close_error:  # the original failure matters more
-                    log.warning("could not write the ledger's interruption record: %s", close_error)
+            self._close_ledger("interrupted", f"{type(exc).__name__}: {exc}"[:200])
+            self.scheduler.end(failed=True)
             raise
-        if self.privacy is not None:
-            self.privacy.close("final", self.round, self.stopped_reason)
-        elif self.ledger_only is not None:
-            self.ledger_only.close("final", self.round, self.stopped_reason)
-        return self.summary(time.perf_counter() - start)
+        # The public ledger states the public reason (async: the cap, never failure counts).
+        self._close_ledger("final", self.public_stop_reason or self.stopped_reason)
+        summary = self.summary(time.perf_counter() - start)
+        self.scheduler.end(failed=False)
+        return summary
+
+    def _close_ledger(self, kind: str, reason: str | None) -> None:
+        closer = self.privacy if self.privacy is not None else self.ledger_only
+        if closer is None:
+            return
+        try:
+            closer.close(kind, self.round, reason)
+        except Exception as error:  # an original failure matters more
+            if kind == "final":
+                raise
+            log.warning("could not write the ledger's interruption record: %s", error)
 
     def summary(self, wall_s: float) -> dict[str, Any]:
         last_eval = next((r for r in reversed(self.history) if r.test_accuracy is not None), None)
@@ -360,6 +344,7 @@ class RoundEngine:
             "stopped_reason": self.stopped_reason,
             **self._privacy_summary(),
             **self._dp_sgd_summary(),
+            **self.scheduler.summary(),
         }
 
     def _dp_sgd_summary(self) -> dict[str, Any]:
@@ -434,7 +419,7 @@ def _server_optimizer(cfg: RunConfig) -> ServerOptimizer:
 
 
 def _cohort_samplers(
-    cfg: RunConfig, task: Task, privacy: CentralDP | None
+    cfg: RunConfig, task: Task, privacy: ReleaseMechanism | None
 ) -> tuple[SecretCohortSampler | None, CohortSampler | SecretCohortSampler]:
     """(the secret sampler or None, the sampler the rounds draw from).
 
@@ -449,15 +434,3 @@ def _cohort_samplers(
         return secret, secret
     seeded = CohortSampler(task.num_clients, s.sampling, s.per_round, cfg.poisson_rate, cfg.seed)
     return None, seeded
-
-
-def _dp_sgd_accountant(cfg: RunConfig, task: Task) -> ClientDpSgdAccountant | None:
-    if cfg.client.dp_sgd_noise <= 0 or task.client_sizes is None:
-        return None
-    return ClientDpSgdAccountant(
-        cfg.client.dp_sgd_noise,
-        cfg.client.batch_size,
-        max(1, cfg.client.local_epochs),
-        task.client_sizes,
-        cfg.dp.delta,
-    )

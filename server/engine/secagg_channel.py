@@ -44,10 +44,10 @@ from fedveil.protocol.kinds import TRAINING_STAGE, Kind, Stage
 from fedveil.protocol.piggyback import IGNORED, attach, split_reply
 from fedveil.protocol.secagg_frame import protocol_part, wrap
 from fedveil.server.engine.aggregation import Aggregate
-from fedveil.server.engine.outcome import Aborted, UnmaskGate
 from fedveil.server.engine.requests import encoding_config
 from fedveil.server.engine.sum_checks import check_quantized_sum
 from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.unmask_gate import Aborted, UnmaskGate
 
 log = logging.getLogger("fedveil.secagg")
 

@@ -26,17 +26,18 @@ from fedveil.privacy.dp.subsampled_rdp import DEFAULT_ORDERS, rdp_to_epsilon
 from fedveil.privacy.dp.verify import verify_ledger
 from fedveil.privacy.encodings import SkellamEncoding
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.engine.async_distributed import AsyncDistributedDP
-from fedveil.server.engine.async_engine import AsyncEngine
-from fedveil.server.engine.async_wall import WallClockEngine
+from fedveil.server.engine.buffered_scheduler import BufferedScheduler
+from fedveil.server.engine.device_scheduler import DeviceScheduler
+from fedveil.server.engine.distributed_release import AsyncDistributedDP
 from fedveil.server.engine.dp_from_config import plan_distributed_dp
 from fedveil.server.engine.lifecycle import RunLifecycle
-from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.privacy_report import write_privacy_report
+from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.secagg_channel import SecAggChannel
 from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.unmask_gate import Aborted
 from fedveil.simulations.availability import AvailabilityModel
 from fedveil.simulations.inprocess import InProcessTransport
 
@@ -66,7 +67,7 @@ def config(out, **extra):
     return load_config(None, values)
 
 
-def run(cfg, *, resume=False, wrap=None, on_round=None) -> tuple[AsyncEngine, RunStore]:
+def run(cfg, *, resume=False, wrap=None, on_round=None) -> tuple[RoundEngine, RunStore]:
     """A whole run as `fedveil simulate` makes it: its clients hold the run config (and so
     compute the group plan themselves)."""
     task = tiny_task.make(cfg)
@@ -79,7 +80,9 @@ def run(cfg, *, resume=False, wrap=None, on_round=None) -> tuple[AsyncEngine, Ru
         engine = life.engine(
             outer, resume=resume, availability=AvailabilityModel.from_config(cfg), on_round=on_round
         )
-        assert isinstance(engine, AsyncEngine) and isinstance(engine.dp, AsyncDistributedDP)
+        assert isinstance(engine.scheduler, BufferedScheduler) and isinstance(
+            engine.privacy, AsyncDistributedDP
+        )
         engine.run()
     return engine, store
 
@@ -122,7 +125,7 @@ def test_every_group_is_charged_before_its_unmasking_and_the_bound_is_the_p_fold
 
     # The auditor: every release's z from its recorded Skellam parameters at the plan's
     # fewest honest shares, composed P times at q = 1 (nothing sampled, no amplification).
-    plan = engine.dp.plan
+    plan = engine.privacy.plan
     assert plan is not None
     for entry in releases:
         params = SkellamParams.from_dict(entry["skellam"])
@@ -142,7 +145,7 @@ def test_every_group_is_charged_before_its_unmasking_and_the_bound_is_the_p_fold
     result = verify_ledger(store.ledger_path)
     assert result.ok, result.message
     assert result.final_epsilon == pytest.approx(composed, rel=1e-12)
-    assert engine.dp.bound == pytest.approx(composed, rel=1e-12) and composed <= 8.0
+    assert engine.privacy.bound == pytest.approx(composed, rel=1e-12) and composed <= 8.0
     # The coordinator's figure is the same unamplified bound, stated from the ledger alone.
     closing = Ledger(store.ledger_path).entries[-1]
     assert closing["epsilon_coordinator_bound"] == pytest.approx(composed, rel=1e-12)
@@ -160,8 +163,8 @@ def test_the_reports_state_each_adversary_and_no_counts(tmp_path):
     from fedveil.cli.main import main
 
     engine, store = run(config(tmp_path / "run"))
-    report = write_privacy_report(store.path, engine.dp.config)
-    bound = engine.dp.bound
+    report = write_privacy_report(store.path, engine.privacy.config)
+    bound = engine.privacy.bound
     assert report["epsilon"] == pytest.approx(bound)
     assert report["participation"]["epsilon_cap_bound"] == pytest.approx(bound)
     assert report["adversaries"]["observers"]["amplified_by_sampling"] is False
@@ -214,9 +217,11 @@ def one_group(tmp_path, gate_of=None, encoding_of=None, drop=True):
         return drop and masked and cid in sorted(requests)[:2]
 
     stages = Stages(InProcessTransport(task, run_config=cfg), drop_two)
-    engine = AsyncEngine(cfg, task, stages, channel=channel, privacy=stage)
-    engine.fill()
-    unit = engine.in_flight[1]
+    engine = RoundEngine(
+        cfg, task, stages, channel=channel, privacy=stage, scheduler=BufferedScheduler(cfg)
+    )
+    engine.scheduler.fill()
+    unit = engine.scheduler.in_flight[1]
     assert unit.computed and len(unit.clients) == 6
     return stage, stages, unit
 
@@ -314,7 +319,7 @@ def test_a_crash_after_groups_were_charged_resumes_within_the_cap_and_applies_no
     assert engine.round == 5
     result = verify_ledger(store.ledger_path)
     assert result.ok, result.message
-    assert result.final_epsilon == pytest.approx(engine.dp.bound)
+    assert result.final_epsilon == pytest.approx(engine.privacy.bound)
     private = store.read_private()
     dispatches = Counter(r["client"] for r in private if r.get("kind") == "dispatch")
     charged = Counter(c for r in private if r.get("kind") == "charge" for c in r["survivors"])
@@ -346,7 +351,9 @@ def test_what_cannot_be_accounted_or_afforded_is_refused_naming_the_field(tmp_pa
     cfg = config(tmp_path / "w")
     task = tiny_task.make(cfg)
     with pytest.raises(ConfigError, match=r"dp\.mechanism = 'distributed'.*on devices"):
-        WallClockEngine(cfg, task, InProcessTransport(task, run_config=cfg))
+        RoundEngine(
+            cfg, task, InProcessTransport(task, run_config=cfg), scheduler=DeviceScheduler(cfg)
+        )
 
 
 def test_the_member_computes_the_servers_group_plan(tmp_path):

@@ -18,10 +18,11 @@ from fedveil.privacy.dp import Ledger
 from fedveil.privacy.dp.participation import ParticipationCapError, cap_bound
 from fedveil.privacy.dp.verify import verify_ledger
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.engine.async_engine import AsyncEngine
+from fedveil.server.engine.buffered_scheduler import BufferedScheduler
 from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.privacy_report import write_privacy_report
+from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.transport import ClientFailure, Transport
 from fedveil.simulations.availability import AvailabilityModel
@@ -73,7 +74,7 @@ class Counting:
         self.inner.close()
 
 
-def run(cfg, *, resume=False, wrap=None, on_round=None) -> tuple[AsyncEngine, RunStore]:
+def run(cfg, *, resume=False, wrap=None, on_round=None) -> tuple[RoundEngine, RunStore]:
     task = tiny_task.make(cfg)
     store = RunStore(cfg.out)
     if not resume:
@@ -87,7 +88,7 @@ def run(cfg, *, resume=False, wrap=None, on_round=None) -> tuple[AsyncEngine, Ru
             availability=AvailabilityModel.from_config(cfg),
             on_round=on_round,
         )
-        assert isinstance(engine, AsyncEngine)
+        assert isinstance(engine.scheduler, BufferedScheduler)
         engine.run()
     return engine, store
 
@@ -114,7 +115,7 @@ def test_a_dp_run_charges_every_release_before_the_model_moves(tmp_path):
     assert seen == [(v, v) for v in range(1, 7)]
     result = verify_ledger(store.ledger_path)
     assert result.ok, result.message
-    bound = cap_bound(engine.dp.config.round_event(), CAP, 1e-5, "rdp")
+    bound = cap_bound(engine.privacy.config.round_event(), CAP, 1e-5, "rdp")
     assert result.final_epsilon == pytest.approx(bound)
     releases = Ledger(store.ledger_path).releases
     assert {e["max_participations"] for e in releases} == {CAP}
@@ -131,7 +132,7 @@ def test_no_client_is_ever_dispatched_past_its_cap(tmp_path):
     # The engine itself refuses a further dispatch, whoever asks.
     client = next(iter(counting[0].trained))
     with pytest.raises(ParticipationCapError):
-        engine.dp.dispatch(client, engine.round)
+        engine.privacy.dispatch(client, engine.round)
     assert verify_ledger(store.ledger_path).ok  # a run cut short by the cap still ends final
 
 
@@ -158,7 +159,7 @@ def test_the_public_files_show_the_bound_not_counts(tmp_path):
     assert dispatches and max(dispatches.values()) <= CAP
     close = [r for r in private if r.get("kind") == "close"]
     assert close and close[-1]["epsilon_client_max_realised"] <= summary["epsilon"] + 1e-12
-    report = write_privacy_report(store.path, engine.dp.config)
+    report = write_privacy_report(store.path, engine.privacy.config)
     assert report["participation"]["max_participations"] == CAP
     assert report["epsilon"] == pytest.approx(report["participation"]["epsilon_cap_bound"])
     public_report = (store.path / "privacy" / "report.json").read_text()
@@ -239,10 +240,10 @@ def test_secure_aggregation_groups_under_central_dp(tmp_path):
         },
     )
     engine, store = run(cfg)
-    assert engine.secagg and engine.round == 6
+    assert engine.scheduler.secagg and engine.round == 6
     result = verify_ledger(store.ledger_path)
     assert result.ok, result.message
-    assert result.final_epsilon == pytest.approx(engine.dp.bound)
+    assert result.final_epsilon == pytest.approx(engine.privacy.bound)
     # Counted per dispatch (a group's session sends each member several requests).
     dispatches = Counter(r["client"] for r in store.read_private() if r.get("kind") == "dispatch")
     assert max(dispatches.values()) <= 3

@@ -15,8 +15,9 @@ import tiny_task
 from fedveil.config import load_config
 from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.engine.async_engine import AsyncEngine
+from fedveil.server.engine.buffered_scheduler import BufferedScheduler
 from fedveil.server.engine.pipeline import make_privacy_pipeline
+from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.staleness import ssp_allows, staleness_weight, too_stale
 from fedveil.server.engine.transport import ClientFailure, Transport
 from fedveil.simulations.availability import AvailabilityModel
@@ -72,7 +73,8 @@ def build(cfg, tmp_path, wrap=None):
     transport = InProcessTransport(task)
     outer = transport if wrap is None else wrap(transport)
     availability = AvailabilityModel.from_config(cfg)
-    return AsyncEngine(cfg, task, outer, channel=channel, availability=availability), outer
+    scheduler = BufferedScheduler(cfg, availability=availability)
+    return RoundEngine(cfg, task, outer, channel=channel, scheduler=scheduler), outer
 
 
 def test_staleness_weight_and_limits():
@@ -135,17 +137,17 @@ def test_updates_beyond_max_staleness_are_dropped_and_counted(tmp_path):
     assert dropped > 0 and summary["stale_dropped"] == dropped
 
 
-def _spread_tracker(engine: AsyncEngine) -> list[int]:
+def _spread_tracker(engine: RoundEngine) -> list[int]:
     """The widest gap between versions downloaded by units in flight together."""
     spreads: list[int] = []
-    dispatch = engine._dispatch
+    dispatch = engine.scheduler._dispatch
 
     def watched(clients):
         dispatch(clients)
-        versions = [u.version for u in engine.in_flight.values()]
+        versions = [u.version for u in engine.scheduler.in_flight.values()]
         spreads.append(max(versions) - min(versions))
 
-    engine._dispatch = watched  # type: ignore[method-assign]
+    engine.scheduler._dispatch = watched  # type: ignore[method-assign]
     return spreads
 
 
@@ -186,10 +188,10 @@ def test_a_replayed_or_late_arrival_is_dropped_and_counted(tmp_path):
     engine.run()
     applied = engine.history[-1].extra["applied_dispatches"][0]
     before = engine.weights.clone()
-    assert engine.deliver(applied) is None  # already applied: a replay
-    assert engine.deliver(10_000) is None  # never dispatched
+    assert engine.scheduler.deliver(applied) is None  # already applied: a replay
+    assert engine.scheduler.deliver(10_000) is None  # never dispatched
     assert torch.equal(engine.weights, before)
-    assert engine.window.replays_dropped == 2
+    assert engine.scheduler.window.replays_dropped == 2
 
 
 @pytest.mark.parametrize(
@@ -241,10 +243,10 @@ def test_a_run_whose_every_client_fails_stops_instead_of_dispatching_forever(tmp
     task = tiny_task.make_nan(cfg)
     _, channel = make_privacy_pipeline(cfg, task, tmp_path / "ledger.jsonl")
     log = FailureLog(InProcessTransport(task))
-    engine = AsyncEngine(cfg, task, log, channel=channel)
+    engine = RoundEngine(cfg, task, log, channel=channel, scheduler=BufferedScheduler(cfg))
     summary = engine.run()
     assert engine.round == 0 and "server.buffer" in summary["stopped_reason"]
     last = engine.history[-1]
-    assert not last.applied and last.dropped == last.cohort_planned >= engine.stall_limit
+    assert not last.applied and last.dropped == last.cohort_planned >= engine.scheduler.stall_limit
     with pytest.raises(RunFailed, match="every client failed"):
         check_some_client_contributed(engine.history, log)

@@ -13,9 +13,10 @@ import pytest
 import tiny_task
 from fedveil.config import load_config
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.engine.async_engine import AsyncEngine
-from fedveil.server.engine.async_units import Unit
+from fedveil.server.engine.buffered_scheduler import BufferedScheduler
+from fedveil.server.engine.dispatches import Dispatch
 from fedveil.server.engine.pipeline import make_privacy_pipeline
+from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.transport import ClientFailure, Transport
 from fedveil.simulations.availability import AvailabilityModel
 from fedveil.simulations.inprocess import InProcessTransport
@@ -47,8 +48,8 @@ class Recorder:
 
 
 def run(
-    tmp_path, watch: Callable[[AsyncEngine], None] | None = None, **extra
-) -> tuple[AsyncEngine, Recorder]:
+    tmp_path, watch: Callable[[RoundEngine], None] | None = None, **extra
+) -> tuple[RoundEngine, Recorder]:
     values = {
         "model.task": "tiny_task:make",
         "data.num_clients": 12,
@@ -69,12 +70,12 @@ def run(
     task = tiny_task.make(cfg)
     _, channel = make_privacy_pipeline(cfg, task, tmp_path / "ledger.jsonl")
     recorder = Recorder(InProcessTransport(task))
-    engine = AsyncEngine(
+    engine = RoundEngine(
         cfg,
         task,
         recorder,
         channel=channel,
-        availability=AvailabilityModel.from_config(cfg),
+        scheduler=BufferedScheduler(cfg, availability=AvailabilityModel.from_config(cfg)),
         on_round=None if watch is None else (lambda _record: watch(engine)),
     )
     engine.run()
@@ -98,24 +99,24 @@ def test_groups_agree_keys_while_others_train(tmp_path):
         assert [kind for kind, _ in mine] == STAGES
         assert len({who for _, who in mine}) == 1
     # No client trains in two groups at once (keys agreed ahead count as busy).
-    busy = [set(u.busy(engine.clock.now())) for u in engine.in_flight.values()]
-    busy += [set(g.clients) for g in engine.keyed]
+    busy = [set(u.busy(engine.scheduler.clock.now())) for u in engine.scheduler.in_flight.values()]
+    busy += [set(g.clients) for g in engine.scheduler.keyed]
     assert sum(map(len, busy)) == len(set().union(*busy))
 
 
 def test_without_a_latency_model_every_group_runs_whole_at_dispatch(tmp_path):
     engine, _ = run(tmp_path, **{"simulation.latency_median": 0.0})
-    assert not engine.keys_ahead and not engine.keyed
+    assert not engine.scheduler.keys_ahead and not engine.scheduler.keyed
     assert [r.extra["sim_clock_s"] for r in engine.history] == [1.0, 1.0, 2.0, 2.0]
 
 
 def test_a_member_that_sent_its_masked_input_trains_again_before_its_group_unmasks(tmp_path):
     """Stragglers hold their group's release, not its fast members: once a member has sent
     its masked input it may join the next group, and no more than C clients ever train."""
-    units: dict[int, Unit] = {}
+    units: dict[int, Dispatch] = {}
 
-    def watch(engine: AsyncEngine) -> None:  # the units in flight at each server update
-        units.update(engine.in_flight)
+    def watch(engine: RoundEngine) -> None:  # the units in flight at each server update
+        units.update(engine.scheduler.in_flight)
 
     engine, recorder = run(
         tmp_path,
@@ -127,8 +128,8 @@ def test_a_member_that_sent_its_masked_input_trains_again_before_its_group_unmas
             "simulation.message_latency_share": 0.1,
         },
     )
-    assert engine.free_early
-    units.update(engine.in_flight)
+    assert engine.scheduler.free_early
+    units.update(engine.scheduler.in_flight)
     early = 0
     for seq, unit in units.items():
         for other in units.values():
@@ -143,7 +144,7 @@ def test_a_member_that_sent_its_masked_input_trains_again_before_its_group_unmas
             for c in u.clients
             if u.dispatched_at <= unit.dispatched_at < u.frees[c]
         )
-        assert training <= engine.concurrency
+        assert training <= engine.scheduler.concurrency
     assert early > 0
     # Each applied group still ran every stage once, in order, to the same members.
     for seq in [s for r in engine.history for s in r.extra["applied_dispatches"]]:

@@ -12,9 +12,10 @@ import torch
 import tiny_task
 from fedveil.config import load_config
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.engine.async_engine import AsyncEngine
+from fedveil.server.engine.buffered_scheduler import BufferedScheduler
 from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.pipeline import make_privacy_pipeline
+from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.transport import ClientFailure, Transport
 from fedveil.simulations.availability import AvailabilityModel
@@ -64,7 +65,7 @@ class CrashAfter:
         self.inner.close()
 
 
-def run_lifecycle(cfg, wrap=None, resume=False) -> AsyncEngine:
+def run_lifecycle(cfg, wrap=None, resume=False) -> RoundEngine:
     task = tiny_task.make(cfg)
     store = RunStore(cfg.out)
     if not resume:
@@ -73,7 +74,7 @@ def run_lifecycle(cfg, wrap=None, resume=False) -> AsyncEngine:
     with InProcessTransport(task) as transport:
         outer = transport if wrap is None else wrap(transport)
         engine = life.engine(outer, resume=resume, availability=AvailabilityModel.from_config(cfg))
-        assert isinstance(engine, AsyncEngine)
+        assert isinstance(engine.scheduler, BufferedScheduler)
         engine.run()
     return engine
 
@@ -103,12 +104,13 @@ def test_a_run_killed_mid_stream_resumes_to_the_uninterrupted_model(tmp_path, ex
     assert "delta" not in repr(ckpt["async"]["in_flight"]), "no client update on disk"
 
 
-def engine_for(cfg, tmp_path) -> AsyncEngine:
+def engine_for(cfg, tmp_path) -> RoundEngine:
     task = tiny_task.make(cfg)
     _, channel = make_privacy_pipeline(cfg, task, tmp_path / "ledger.jsonl")
     availability = AvailabilityModel.from_config(cfg)
     transport = InProcessTransport(task)
-    return AsyncEngine(cfg, task, transport, channel=channel, availability=availability)
+    scheduler = BufferedScheduler(cfg, availability=availability)
+    return RoundEngine(cfg, task, transport, channel=channel, scheduler=scheduler)
 
 
 GROUPED = {
@@ -129,7 +131,7 @@ def test_secagg_groups_reach_the_clear_model_on_the_same_schedule(tmp_path):
     w0 = clear.weights.clone()
     clear.run()
     secure.run()
-    assert secure.secagg and not clear.secagg
+    assert secure.scheduler.secagg and not clear.scheduler.secagg
     for a, b in zip(clear.history, secure.history, strict=True):
         assert a.extra["applied_dispatches"] == b.extra["applied_dispatches"]
         assert a.extra["staleness"] == b.extra["staleness"] and b.cohort_aggregated == 3

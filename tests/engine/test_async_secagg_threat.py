@@ -22,14 +22,15 @@ from fedveil.privacy.secagg.server import ServerPhase
 from fedveil.privacy.secagg.wire import encode_members
 from fedveil.protocol.envelope import Envelope
 from fedveil.server.engine import secagg_channel
-from fedveil.server.engine.async_engine import AsyncEngine
-from fedveil.server.engine.async_wall import WallClockEngine
+from fedveil.server.engine.buffered_scheduler import BufferedScheduler
+from fedveil.server.engine.device_scheduler import DeviceScheduler
 from fedveil.server.engine.lifecycle import RunLifecycle
-from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.pipeline import make_privacy_pipeline
+from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.sampling import cohort_commitment, committed_graph_seed
 from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.unmask_gate import Aborted
 from fedveil.simulations.inprocess import InProcessTransport
 
 
@@ -92,8 +93,8 @@ def engine_for(cfg, tmp_path, fail=None, wall=False):
     task = tiny_task.make(cfg)
     _, channel = make_privacy_pipeline(cfg, task, tmp_path / "ledger.jsonl", ids.roster)
     stages = Stages(InProcessTransport(task, identities=ids), fail)
-    kind = WallClockEngine if wall else AsyncEngine
-    return kind(cfg, task, stages, channel=channel), stages
+    scheduler = DeviceScheduler(cfg) if wall else BufferedScheduler(cfg)
+    return RoundEngine(cfg, task, stages, channel=channel, scheduler=scheduler), stages
 
 
 @pytest.mark.parametrize("wall", [False, True], ids=["simulated", "wall_clock"])
@@ -154,8 +155,8 @@ def test_a_server_that_drops_members_to_isolate_one_update_gets_nothing(tmp_path
         return cid not in sorted(requests)[:2]
 
     engine, stages = engine_for(cfg, tmp_path, fail=isolate)
-    engine.fill()
-    unit = engine.in_flight[1]
+    engine.scheduler.fill()
+    unit = engine.scheduler.in_flight[1]
     assert unit.computed and len(unit.clients) == 5
     assert stages.replied[(1, "secagg.masked_input")] == set(sorted(unit.clients)[:2])
     # Both kept members were shown a set of 2 < t = 4 and refused to sign it: no
@@ -167,11 +168,11 @@ def test_a_server_that_drops_members_to_isolate_one_update_gets_nothing(tmp_path
     assert all("too few survivors to unmask safely" in why for why in refusals.values())
     assert stages.asked["secagg.unmask"] == 0
     assert isinstance(unit.outcome, Aborted) and not unit.outcome.unmasked
-    engine.deliver(1)
-    assert engine.window.aborted_groups == 1 and not engine.window.buffer
+    engine.scheduler.deliver(1)
+    assert engine.scheduler.window.aborted_groups == 1 and not engine.scheduler.window.buffer
 
 
-def dp_groups(tmp_path, name: str, **extra) -> tuple[dict[int, set[int]], RunStore, AsyncEngine]:
+def dp_groups(tmp_path, name: str, **extra) -> tuple[dict[int, set[int]], RunStore, RoundEngine]:
     cfg = config(
         tmp_path / name,
         **{
@@ -191,7 +192,7 @@ def dp_groups(tmp_path, name: str, **extra) -> tuple[dict[int, set[int]], RunSto
     with InProcessTransport(task) as inner:
         stages = Stages(inner)
         engine = RunLifecycle(cfg, task, store).engine(stages)
-        assert isinstance(engine, AsyncEngine)
+        assert isinstance(engine.scheduler, BufferedScheduler)
         engine.run()
     groups = {seq: ids for (seq, kind), ids in stages.replied.items() if kind.endswith("advertise")}
     return groups, store, engine

@@ -15,8 +15,9 @@ import torch
 import tiny_task
 from fedveil.config import load_config
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.engine.async_wall import WallClockEngine
+from fedveil.server.engine.device_scheduler import DeviceScheduler
 from fedveil.server.engine.pipeline import make_privacy_pipeline
+from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.transport import ClientFailure, Transport
 from fedveil.server.engine.wall_clock import WallClock
 from fedveil.simulations.inprocess import InProcessTransport
@@ -71,7 +72,8 @@ def wall_engine(tmp_path, delay, **extra):
     task = tiny_task.make(cfg)
     _, channel = make_privacy_pipeline(cfg, task, tmp_path / "ledger.jsonl")
     devices = SlowDevices(InProcessTransport(task), delay)
-    return WallClockEngine(cfg, task, devices, channel=channel), devices
+    scheduler = DeviceScheduler(cfg)
+    return RoundEngine(cfg, task, devices, channel=channel, scheduler=scheduler), devices
 
 
 def test_units_arrive_in_wall_clock_order_with_c_in_flight(tmp_path):
@@ -104,10 +106,10 @@ def test_a_repeated_or_late_arrival_is_dropped_and_counted(tmp_path):
     engine.run()
     before = engine.weights.clone()
     applied = engine.history[-1].extra["applied_dispatches"][0]
-    assert engine.deliver(applied) is None  # its reply again
-    assert engine.deliver(10_000) is None  # a dispatch of before a crash
+    assert engine.scheduler.deliver(applied) is None  # its reply again
+    assert engine.scheduler.deliver(10_000) is None  # a dispatch of before a crash
     assert torch.equal(engine.weights, before)
-    assert engine.window.replays_dropped == 2
+    assert engine.scheduler.window.replays_dropped == 2
 
 
 def test_the_clock_hands_back_a_unit_reported_twice_twice():
@@ -144,14 +146,14 @@ def test_ssp_gate_holds_on_the_wall_clock(tmp_path):
         **{"server.mode": "ssp", "server.ssp_bound": 1, "server.buffer": 1},
     )
     spreads: list[int] = []
-    dispatch = engine._dispatch
+    dispatch = engine.scheduler._dispatch
 
     def watched(clients: list[int]) -> None:
         dispatch(clients)
-        versions = [u.version for u in engine.in_flight.values()]
+        versions = [u.version for u in engine.scheduler.in_flight.values()]
         spreads.append(max(versions) - min(versions))
 
-    engine._dispatch = watched  # type: ignore[method-assign]
+    engine.scheduler._dispatch = watched  # type: ignore[method-assign]
     engine.run()
     assert len(engine.history) == 5 and max(spreads) <= 1
     assert min(r.extra["in_flight"] for r in engine.history) < 4  # slots waited
@@ -172,7 +174,7 @@ def test_secure_aggregation_groups_run_at_once_on_the_wall_clock(tmp_path):
         },
     )
     engine.run()
-    assert engine.secagg and len(engine.history) == 3
+    assert engine.scheduler.secagg and len(engine.history) == 3
     for r in engine.history:
         assert r.cohort_aggregated == 3 and r.extra["aborted_groups"] == 0
         assert len(r.extra["applied_dispatches"]) == 1  # one group: its sum only
@@ -198,13 +200,13 @@ def test_a_crash_mid_stream_resumes_without_applying_a_dispatch_twice(tmp_path):
     first.store, first.on_round = store, crash_after_2
     with pytest.raises(Crash):
         first.run()
-    in_flight = sorted(first.in_flight)
+    in_flight = sorted(first.scheduler.in_flight)
     assert in_flight  # the checkpoint holds units in flight
     second, devices = wall_engine(tmp_path, lambda seq: 0.02)
     second.store = store
     second.restore(store.load_checkpoint())
-    assert second.round == 2 and sorted(second.in_flight) == in_flight
-    assert second.wall_clock.in_flight() == 0  # sent again by run(), once devices can be
+    assert second.round == 2 and sorted(second.scheduler.in_flight) == in_flight
+    assert second.scheduler.wall_clock.in_flight() == 0  # sent again by run(), once devices can be
     second.run()
     records = store.read_metrics()
     assert [r["round"] for r in records] == [1, 2, 3, 4, 5]

@@ -12,7 +12,7 @@ from local_ray import local_ray
 
 from fedveil.config import ConfigError, load_config
 from fedveil.flower import client_app, run_config_of, server_app
-from fedveil.server.engine.flower_stock import error_essence
+from fedveil.server.engine.flower_stock_codec import error_essence
 
 
 @pytest.mark.procs

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from fedveil.config import RunConfig, load_config
 from fedveil.flat_model import FlatModel
 from fedveil.flower import server_app
-from fedveil.server.engine.flower_stock import MIGRATION_GUIDE
+from fedveil.server.engine.flower_stock_codec import MIGRATION_GUIDE
 from fedveil.server.engine.rounds import initial_model
 from fedveil.tasks import make_server_task
 

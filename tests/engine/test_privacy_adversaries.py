@@ -238,7 +238,7 @@ def test_ledger_entries_do_not_publish_counts(tmp_path, field):
 def test_cohorts_and_graphs_follow_the_committed_key(tmp_path):
     """An auditor holding the key checks afterwards that the server chose no cohort or graph
     per round: both follow the key whose commitment opens the signed ledger."""
-    from fedveil.server.engine.cohort_audit import audit_cohorts
+    from fedveil.server.engine.cohort_key_check import audit_cohorts
 
     cfg = config(
         tmp_path,

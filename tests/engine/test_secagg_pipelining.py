@@ -187,12 +187,12 @@ def test_a_resumed_run_uses_the_cohort_it_had_drawn(tmp_path):
     _, channel = make_privacy_pipeline(cfg, task, tmp_path / "ledger.jsonl")
     first = RoundEngine(cfg, task, InProcessTransport(task), channel=channel, store=store)
     first.run_round()
-    drawn = first.upcoming
+    drawn = first.scheduler.upcoming
     assert drawn is not None and len(drawn) == 8
     _, channel = make_privacy_pipeline(cfg, task, tmp_path / "ledger.jsonl")
     resumed = RoundEngine(cfg, task, InProcessTransport(task), channel=channel, store=store)
     resumed.restore(store.load_checkpoint())
-    assert resumed.upcoming == drawn
+    assert resumed.scheduler.upcoming == drawn
     record = resumed.run_round()  # the early key exchange died with the process: afresh
     assert record.round == 2 and record.cohort_planned == 8 and record.applied
 

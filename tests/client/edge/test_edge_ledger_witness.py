@@ -33,7 +33,7 @@ from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.privacy.dp.verify import read_witness_file, verify_ledger
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.flower_codec import from_content, message_type, to_content
-from fedveil.server.engine.privacy_stage import CentralDP
+from fedveil.server.engine.central_release import CentralDP
 from fedveil.server.engine.requests import build_train_request
 
 N = 5

@@ -26,17 +26,17 @@ from fedveil.config import RunConfig
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import TRAINING_KINDS
 from fedveil.server.engine.aggregation import Aggregate, NoUpdates, UpdateChannel
-from fedveil.server.engine.outcome import Aborted
 from fedveil.server.engine.requests import ClientPrivacy, build_train_request
 from fedveil.server.engine.secagg_channel import SecAggChannel
 from fedveil.server.engine.sim_clock import DEFAULT_LATENCY_S, Availability
 from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.unmask_gate import Aborted
 
 Outcome = Aggregate | Aborted | NoUpdates | None
 
 
 @dataclass
-class KeyedGroup:
+class GroupKeyedAhead:
     """A secure-aggregation group formed ahead of a free slot: its key stages (advertise,
     share keys; they do not depend on the model) run at once, while other groups train,
     and its training request goes out with masked input when a slot frees, no earlier
@@ -51,13 +51,13 @@ class KeyedGroup:
         return {"seq": self.seq, "clients": list(self.clients), "keys_ready": self.keys_ready}
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> KeyedGroup:
+    def from_state(cls, state: Mapping[str, Any]) -> GroupKeyedAhead:
         clients = tuple(int(c) for c in state["clients"])
         return cls(int(state["seq"]), clients, float(state["keys_ready"]))
 
 
 @dataclass
-class Unit:
+class Dispatch:
     """One dispatch: its clients, the model version they downloaded, when it comes back."""
 
     seq: int
@@ -91,7 +91,7 @@ class Unit:
         }
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> Unit:
+    def from_state(cls, state: Mapping[str, Any]) -> Dispatch:
         unit = cls(
             int(state["seq"]),
             tuple(int(c) for c in state["clients"]),
@@ -166,7 +166,7 @@ class StagedAvailability:
         return None
 
 
-class UnitRunner:
+class DispatchRunner:
     """Computes units' updates over the transport, through the run's update channel."""
 
     def __init__(
@@ -176,16 +176,16 @@ class UnitRunner:
         channel: UpdateChannel,
         model_size: int,
         availability: Availability | None,
-        privacy_fields: Callable[[], ClientPrivacy] | None = None,
+        privacy_fields: Callable[[], ClientPrivacy | None] | None = None,
     ) -> None:
         self.cfg, self.transport, self.channel = cfg, transport, channel
         self.model_size, self.availability = model_size, availability
         self.timeout = cfg.server.round_timeout or None
-        # Async DP (async_privacy.py): the clip C the request carries, which the plain
+        # Async DP (central_release.AsyncCentralDP): the clip C the request carries, which the plain
         # channel then enforces (re-clip, weight 1).
         self.privacy_fields = privacy_fields
 
-    def requests(self, unit: Unit, weights: torch.Tensor) -> dict[int, Envelope]:
+    def requests(self, unit: Dispatch, weights: torch.Tensor) -> dict[int, Envelope]:
         """The unit's training requests: its sequence number is their round."""
         privacy = self.privacy_fields() if self.privacy_fields is not None else None
         base = build_train_request(self.cfg, unit.seq, weights, privacy)
@@ -194,10 +194,10 @@ class UnitRunner:
         }
 
     def compute_plain(
-        self, units: Sequence[Unit], weights_of: Callable[[int], torch.Tensor]
+        self, units: Sequence[Dispatch], weights_of: Callable[[int], torch.Tensor]
     ) -> None:
         """Every unit's update in the clear: one exchange per model version."""
-        by_version: dict[int, list[Unit]] = {}
+        by_version: dict[int, list[Dispatch]] = {}
         for unit in units:
             by_version.setdefault(unit.version, []).append(unit)
         for version in sorted(by_version):
@@ -211,7 +211,7 @@ class UnitRunner:
 
     def _finish_plain(
         self,
-        unit: Unit,
+        unit: Dispatch,
         requests: dict[int, Envelope],
         replies: Mapping[int, Envelope | ClientFailure],
     ) -> None:
@@ -221,13 +221,13 @@ class UnitRunner:
         unit.outcome = self.channel.collect(_Replies(mine), requests, self.model_size, None)
         unit.computed = True
 
-    def run_group(self, unit: Unit, weights: torch.Tensor, start: float | None = None) -> float:
+    def run_group(self, unit: Dispatch, weights: torch.Tensor, start: float | None = None) -> float:
         """A secure-aggregation group's whole session; its simulated duration (and, given
         the simulated time `start` its first stage begins, when each member is free)."""
         return self.run_keyed_group(unit, weights, None, start)
 
     def agree_keys(self, seq: int, clients: Sequence[int]) -> tuple[Any, float]:
-        """A group's key stages, run before its training (KeyedGroup): the agreed keys
+        """A group's key stages, run before its training (GroupKeyedAhead): the agreed keys
         (None: the session aborted, nothing revealed) and their simulated duration."""
         assert isinstance(self.channel, SecAggChannel)
         staged = StagedAvailability(self.transport, self.availability)
@@ -235,7 +235,7 @@ class UnitRunner:
         return keys, staged.elapsed
 
     def run_keyed_group(
-        self, unit: Unit, weights: torch.Tensor, keys: Any, start: float | None = None
+        self, unit: Dispatch, weights: torch.Tensor, keys: Any, start: float | None = None
     ) -> float:
         """A group's session from masked input on when `keys` (agree_keys) are given, else
         whole; its simulated duration. With `start` (the simulated time the session's first

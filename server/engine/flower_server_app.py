@@ -19,7 +19,7 @@ from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import CLIENT_ID
 from fedveil.protocol.flower_codec import from_content, message_type, to_content
 from fedveil.protocol.kinds import Kind
-from fedveil.server.engine.flower_stock import (
+from fedveil.server.engine.flower_stock_codec import (
     StockCodec,
     error_essence,
     legacy_refusal,
@@ -41,7 +41,7 @@ class FlowerTransport:
 
     fedveil's ClientApp answers `query.hello` with its client id. A stock Flower
     ClientApp (Message API) answers it with an error; with `stock` (the task's model
-    layout) it takes part under Flower's conventions (flower_stock.py), and gets the dense
+    layout) it takes part under Flower's conventions (flower_stock_codec.py), and gets the dense
     ids fedveil's clients left free, in node-id order. `protocol_needs`: what of fedveil's
     protocol the run needs from every client (secure aggregation, ...): stock nodes are then
     refused at once, as legacy (NumPyClient) nodes always are.

@@ -1,7 +1,7 @@
-"""Asynchronous (FedBuff) and stale-synchronous training: the engine for server.mode
-= async | ssp.
+"""The buffer of K (FedBuff) and the staleness bound (SSP): the scheduler of
+server.mode = async | ssp.
 
-C clients are in flight (server.concurrency) in dispatch units (async_units.py). Each
+C clients are in flight (server.concurrency) in dispatch units (dispatches.py). Each
 unit that comes back is replaced at once, with the then-current model version, by
 clients not already in flight, drawn from the run seed. An update tau versions old
 (staleness.py) weighs s(tau) x its example weight; one older than server.max_staleness
@@ -16,13 +16,19 @@ The checkpoint at each apply (the buffer is empty then) holds the units in fligh
 the weights of every version they downloaded; on resume their updates are computed
 again (never stored), so the run continues to the model an uninterrupted run reaches.
 
+The engine's pipeline (rounds.RoundEngine.run_round) is the same as for sync rounds:
+`gather` runs arrivals until K updates are buffered and hands the engine their
+staleness-weighted sum (in arrival order, the same float sums on every run); the
+release mechanism publishes it; `after_apply` dispatches replacements with the new
+version before the checkpoint.
+
 Under DP every dispatch is counted against server.max_participations before it goes
-out, and units are drawn from the secret cohort key (unless dp.seeded_cohorts). Central
-DP (async_privacy.py) noises and charges each apply; distributed DP
-(async_distributed.py) charges each secure-aggregation group at its unmask gate, which
-in simulation is at dispatch: so no group is dispatched after the last update, and on
-resume every unit in flight counts as a new dispatch of its clients (its recomputed
-session is a new release).
+out (release_mechanism.ParticipationCapped), and units are drawn from the secret cohort
+key (unless dp.seeded_cohorts). Central DP noises and charges each apply; distributed
+DP charges each secure-aggregation group at its unmask gate, which in simulation is at
+dispatch: so no group is dispatched after the last update, and on resume every unit in
+flight counts as a new dispatch of its clients (its recomputed session is a new
+release).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -38,18 +44,14 @@ import torch
 
 from fedveil.config import RunConfig
 from fedveil.config.async_mode import resolved_concurrency, resolved_group_size
-from fedveil.flat_model import FlatModel
-from fedveil.server.engine.aggregation import Aggregate, PlainChannel, UpdateChannel
-from fedveil.server.engine.async_privacy import AsyncCentralDP
-from fedveil.server.engine.async_units import KeyedGroup, Unit, UnitRunner
+from fedveil.server.engine.aggregation import Aggregate, PlainChannel
+from fedveil.server.engine.dispatches import Dispatch, DispatchRunner, GroupKeyedAhead
 from fedveil.server.engine.drops import drops_by_reason
-from fedveil.server.engine.ledger_opening import DpSgdLedger
-from fedveil.server.engine.outcome import Aborted
-from fedveil.server.engine.privacy_stage import CentralDP
+from fedveil.server.engine.release_mechanism import ParticipationCapped
 from fedveil.server.engine.round_record import RoundRecord
-from fedveil.server.engine.rounds import RoundEngine
-from fedveil.server.engine.runstore import RunStore
+from fedveil.server.engine.round_steps import Collected
 from fedveil.server.engine.sampling import SecretCohortSampler
+from fedveil.server.engine.scheduler import EngineView, Gathered
 from fedveil.server.engine.secagg_channel import SecAggChannel
 from fedveil.server.engine.sim_clock import (
     ArrivalClock,
@@ -58,12 +60,11 @@ from fedveil.server.engine.sim_clock import (
     plain_unit_fate,
 )
 from fedveil.server.engine.staleness import ssp_allows, staleness_weight, too_stale
-from fedveil.server.engine.transport import Transport
-from fedveil.tasks import Task
+from fedveil.server.engine.unmask_gate import Aborted
 
 log = logging.getLogger("fedveil.server")
 
-__all__ = ["AsyncEngine"]
+__all__ = ["BufferedScheduler"]
 
 # A run stops once this many units per slot came back with no server update.
 STALL_UNITS_PER_SLOT = 20
@@ -90,99 +91,104 @@ class _Window:
         return sum(len(agg.contributors) for agg, _ in self.buffer)
 
 
-class AsyncEngine(RoundEngine):
-    """The round engine's interface (run, state/restore, history, summary, annotators,
-    on_round) for asynchronous training; `round` counts applied server updates."""
+class BufferedScheduler:
+    """FedBuff's buffer of K, and with `ssp_bound` SSP's staleness bound on dispatch;
+    the engine's `round` counts applied server updates (model versions)."""
 
     def __init__(
         self,
         cfg: RunConfig,
-        task: Task,
-        transport: Transport,
         *,
-        store: RunStore | None = None,
-        channel: UpdateChannel | None = None,
-        device: torch.device | str = "cpu",
-        on_round: Callable[[RoundRecord], None] | None = None,
-        privacy: CentralDP | AsyncCentralDP | None = None,
-        model: FlatModel | None = None,
         availability: Availability | None = None,
         clock: ArrivalClock | None = None,
     ) -> None:
-        if privacy is not None and not isinstance(privacy, AsyncCentralDP):
-            # The sync stage accounts sampled rounds; asynchronous releases are not.
-            raise ValueError(
-                f"server.mode = {cfg.server.mode!r}: DP needs the asynchronous DP stage "
-                "(server/engine/async_privacy.py), not the sync one"
-            )
-        super().__init__(
-            cfg, task, transport, store=store, channel=channel, device=device,
-            on_round=on_round, model=model, privacy=privacy,
-        )  # fmt: skip
+        """`availability`: simulated latency and dropouts (None: every unit takes 1 s);
+        `clock`: where arrivals come from (None: the simulated clock)."""
         s = cfg.server
+        self.cfg = cfg
+        self.mode = s.mode
+        self.min_contributors = 1  # a buffer is applied once K updates are in it
         self.concurrency, self.group = resolved_concurrency(cfg), resolved_group_size(cfg)
-        self.secagg = not isinstance(self.channel, PlainChannel)
         self.clock: ArrivalClock = clock or SimulatedClock()
-        # Async DP (H2): the dispatch gate, the request's clip, the release at apply
-        # (distributed DP: also each group's unmask gate, held by the channel).
-        self.dp: AsyncCentralDP | None = privacy
-        self.public_stop_reason: str | None = None  # the final ledger record's reason
-        self.runner = UnitRunner(
-            cfg, transport, self.channel, self.model.size, availability,
-            privacy_fields=privacy.client_fields if privacy is not None else None,
-        )  # fmt: skip
         self.availability = availability
         self.draw_rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 0xA5F1]))
-        # Under DP, who forms each unit comes from the secret cohort key (AES-CTR keyed by
-        # the dispatch number), never the public seed: issue 16's secret cohorts.
-        key = privacy.cohort_key if privacy is not None and privacy.cohorts_secret else None
-        self.group_keys = (
-            None if key is None else SecretCohortSampler(task.num_clients, "fixed", 1, 1.0, key)
-        )
         self.next_seq = 1
-        self.in_flight: dict[int, Unit] = {}
+        self.in_flight: dict[int, Dispatch] = {}
         self.versions: dict[int, torch.Tensor] = {}  # weights of versions still in flight
         self.participations: Counter[int] = Counter()
         self.last_apply_clock = 0.0
         self.window = _Window()
+        self._applying = self.window  # the window of the server update being applied
         self.totals: Counter[str] = Counter()
         self.ssp_bound = s.ssp_bound if s.mode == "ssp" else None
         # Units that may come back with no server update before the run gives up (every
         # client failing, or every update too stale, would otherwise never end).
         self.stall_limit = max(100, STALL_UNITS_PER_SLOT * max(self.concurrency, s.buffer))
         self.stalled = False
+        self.keyed: list[GroupKeyedAhead] = []  # formed, keys agreed or agreeing, in seq order
+
+    def attach(self, engine: EngineView) -> None:
+        privacy = engine.privacy
+        if privacy is not None and not isinstance(privacy, ParticipationCapped):
+            # The sync mechanisms account sampled rounds; asynchronous releases are not.
+            raise ValueError(
+                f"server.mode = {self.cfg.server.mode!r}: DP needs an asynchronous release "
+                "mechanism with a participation cap (AsyncCentralDP, AsyncDistributedDP), "
+                "not the sync one"
+            )
+        self.engine = engine
+        # Async DP (H2): the dispatch gate, the request's clip, the release at apply
+        # (distributed DP: also each group's unmask gate, held by the channel).
+        self.dp: ParticipationCapped | None = privacy
+        channel = engine.channel
+        self.secagg = not isinstance(channel, PlainChannel)
+        self.runner = self._runner(engine)
+        # Under DP, who forms each unit comes from the secret cohort key (AES-CTR keyed by
+        # the dispatch number), never the public seed: issue 16's secret cohorts.
+        key = privacy.cohort_key if privacy is not None and privacy.cohorts_secret else None
+        self.group_keys = (
+            None
+            if key is None
+            else SecretCohortSampler(engine.task.num_clients, "fixed", 1, 1.0, key)
+        )
         # Secure aggregation on the simulated clock: each slot's next group agrees its keys
-        # while the slot's group trains (KeyedGroup), so a dispatched group waits for two
+        # while the slot's group trains (GroupKeyedAhead), so a dispatched group waits for two
         # exchanges (masked input with training, unmask), not four. Not under DP (a group
         # drawn ahead would be counted before its model goes out) nor on the wall clock.
-        latency = availability is not None and availability.latency_median > 0
+        latency = self.availability is not None and self.availability.latency_median > 0
+        simulated = isinstance(self.clock, SimulatedClock)
         self.keys_ahead = (
-            self.secagg and latency and privacy is None and isinstance(self.clock, SimulatedClock)
-            and isinstance(self.channel, SecAggChannel)
+            self.secagg and latency and privacy is None and simulated
+            and isinstance(channel, SecAggChannel)
         )  # fmt: skip
-        self.keyed: list[KeyedGroup] = []  # formed, keys agreed or agreeing, in seq order
         # On the simulated clock a group member that has sent its masked input stops
         # training: it is free to join the next group while its own waits for stragglers
-        # to report or hit the deadline (Unit.frees), so the slot holds no idle client.
-        self.free_early = self.secagg and latency and isinstance(self.clock, SimulatedClock)
+        # to report or hit the deadline (Dispatch.frees), so the slot holds no idle client.
+        self.free_early = self.secagg and latency and simulated
+
+    def _runner(self, engine: EngineView) -> DispatchRunner:
+        return DispatchRunner(
+            self.cfg, engine.transport, engine.channel, engine.model.size, self.availability,
+            privacy_fields=engine.client_privacy,
+        )  # fmt: skip
 
     # -- dispatch -----------------------------------------------------------
     def clients_in_flight(self) -> int:
         """Clients training now (a group's members that have sent their masked input do
-        not count: Unit.frees)."""
+        not count: Dispatch.frees)."""
         now = self.clock.now()
         return sum(len(u.busy(now)) for u in self.in_flight.values())
 
     def fill(self) -> None:
         """Dispatch units into every free slot the SSP gate and the cap allow (with keys
         ahead, then form the groups that agree their keys for the next free slots)."""
-        done = self.round >= self.cfg.server.rounds
+        done = self.engine.round >= self.cfg.server.rounds
         if done and self.dp is not None and self.dp.charges_at_unmask:
             return  # distributed DP charges a group when unmasked: none after the last update
         while not self.stalled and self.concurrency - self.clients_in_flight() >= self.group:
             if self.ssp_bound is not None:
                 oldest = min((u.version for u in self.in_flight.values()), default=None)
-                if not ssp_allows(self.round, oldest, self.ssp_bound):
+                if not ssp_allows(self.engine.round, oldest, self.ssp_bound):
                     break
             if self.keyed:
                 self._dispatch_keyed(self.keyed.pop(0))
@@ -191,7 +197,7 @@ class AsyncEngine(RoundEngine):
             if clients is None:
                 break
             self._dispatch(clients)
-        if self.keys_ahead and not self.stalled and self.round < self.cfg.server.rounds:
+        if self.keys_ahead and not self.stalled and self.engine.round < self.cfg.server.rounds:
             self._form_keyed()
 
     def _form_keyed(self) -> None:
@@ -209,12 +215,14 @@ class AsyncEngine(RoundEngine):
             if keys is None:
                 self.window.aborted_groups += 1
                 continue
-            self.keyed.append(KeyedGroup(seq, tuple(clients), self.clock.now() + elapsed, keys))
+            self.keyed.append(
+                GroupKeyedAhead(seq, tuple(clients), self.clock.now() + elapsed, keys)
+            )
 
     def _pool(self) -> Sequence[int]:
-        """The clients a unit may be drawn from. (H4: the wall-clock engine on devices,
-        async_wall.py, draws from those connected now.)"""
-        return range(self.task.num_clients)
+        """The clients a unit may be drawn from. (H4: on devices, DeviceScheduler in
+        device_scheduler.py draws from those connected now.)"""
+        return range(self.engine.task.num_clients)
 
     def _draw(self) -> list[int] | None:
         """G clients not in flight and under the participation cap (seeded draw; under
@@ -237,18 +245,18 @@ class AsyncEngine(RoundEngine):
             chosen = self.draw_rng.choice(len(eligible), size=self.group, replace=False)
         return sorted(eligible[int(i)] for i in chosen)
 
-    def _dispatch_keyed(self, group: KeyedGroup) -> None:
+    def _dispatch_keyed(self, group: GroupKeyedAhead) -> None:
         """A group whose keys were agreed ahead: training goes out with masked input
         once the slot is free and the keys are agreed (whichever is later)."""
-        unit = Unit(group.seq, group.clients, self.round, self.clock.now())
-        self.versions.setdefault(self.round, self.weights)
+        unit = Dispatch(group.seq, group.clients, self.engine.round, self.clock.now())
+        self.versions.setdefault(self.engine.round, self.engine.weights)
         self.participations.update(group.clients)
         keys = group.keys
         if keys is None:  # restored from a checkpoint: the same stages, agreed again
             keys, _ = self.runner.agree_keys(group.seq, group.clients)
         start = unit.dispatched_at + max(0.0, group.keys_ready - unit.dispatched_at)
         elapsed = self.runner.run_keyed_group(
-            unit, self.weights, keys, start if self.free_early else None
+            unit, self.engine.weights, keys, start if self.free_early else None
         )
         unit.arrival = start + elapsed
         self.in_flight[unit.seq] = unit
@@ -257,15 +265,15 @@ class AsyncEngine(RoundEngine):
 
     def _dispatch(self, clients: list[int]) -> None:
         seq, self.next_seq = self.next_seq, self.next_seq + 1
-        unit = Unit(seq, tuple(clients), self.round, self.clock.now())
-        self.versions.setdefault(self.round, self.weights)
+        unit = Dispatch(seq, tuple(clients), self.engine.round, self.clock.now())
+        self.versions.setdefault(self.engine.round, self.engine.weights)
         if self.dp is not None:  # counted durably BEFORE the model goes out
             for client in clients:
-                self.dp.dispatch(client, self.round)
+                self.dp.dispatch(client, self.engine.round)
         self.participations.update(clients)
         if self.secagg:
             start = unit.dispatched_at if self.free_early else None
-            latency = self.runner.run_group(unit, self.weights, start)
+            latency = self.runner.run_group(unit, self.engine.weights, start)
         else:
             timeout = self.cfg.server.round_timeout or None
             latency, unit.failed = plain_unit_fate(self.availability, seq, clients, timeout)
@@ -276,47 +284,55 @@ class AsyncEngine(RoundEngine):
 
     # -- arrivals -----------------------------------------------------------
     def deliver(self, seq: int) -> RoundRecord | None:
-        """Unit `seq` came back: buffer its update (or drop it), and apply once K are
-        buffered. A sequence number not in flight (a replay, or a reply from before a
-        resume) is dropped and counted, never applied twice."""
+        """Unit `seq` came back: buffer its update (or drop it), and run the engine's
+        server update once K are buffered (its record; None before)."""
+        self._arrive(seq)
+        if self._full():
+            return self.engine.run_round()
+        return None
+
+    def _full(self) -> bool:
+        return self.window.buffered >= self.cfg.server.buffer
+
+    def _arrive(self, seq: int) -> None:
+        """Unit `seq` came back: buffer its update, or drop it. A sequence number not in
+        flight (a replay, or a reply from before a resume) is dropped and counted, never
+        applied twice."""
         unit = self.in_flight.pop(seq, None)
         if unit is None:
             self.window.replays_dropped += 1
             log.warning("dispatch %d is not in flight (a replay or a late reply): dropped", seq)
-            return None
+            return
         if not unit.computed:
             self._compute(unit)
         self._receive(unit)
         self._forget_versions()
-        if self.window.buffered >= self.cfg.server.buffer:
-            return self.run_round()
-        if self.window.units >= self.stall_limit:
+        if not self._full() and self.window.units >= self.stall_limit:
             self._stall()
-        return None
 
     def _stall(self) -> None:
         """No server update after `stall_limit` units came back: the run stops, its
         last record saying what came back (a run that never applied anything is then a
         failed run, as a sync run whose every client failed)."""
         w = self.window
-        record = RoundRecord(self.round + 1, w.clients, 0, w.dropped_count, applied=False)
+        record = RoundRecord(self.engine.round + 1, w.clients, 0, w.dropped_count, applied=False)
         record.extra.update(
             mode=self.cfg.server.mode,
             status="stalled",
             stale_dropped=w.stale_dropped,
             drops_by_reason=drops_by_reason(w.dropped),
         )
-        self.history.append(record)
+        self.engine.history.append(record)
         self.stalled = True
-        self.stopped_reason = (
-            f"{w.units} dispatches came back after server update {self.round} without "
+        self.engine.stopped_reason = (
+            f"{w.units} dispatches came back after server update {self.engine.round} without "
             f"{self.cfg.server.buffer} usable updates (server.buffer): {w.dropped_count} "
             f"client failures, {w.stale_dropped} too stale (server.max_staleness); stopped"
         )
-        if self.first_client_error is None and w.dropped:
-            self.first_client_error = w.dropped[min(w.dropped)]
+        if self.engine.first_client_error is None and w.dropped:
+            self.engine.first_client_error = w.dropped[min(w.dropped)]
 
-    def _compute(self, unit: Unit) -> None:
+    def _compute(self, unit: Dispatch) -> None:
         """The unit's update, computed now: after a resume (never stored), or a unit in the
         clear together with every other one not computed yet (one exchange per version)."""
         if self.secagg:  # its arrival time stays the checkpoint's
@@ -325,7 +341,7 @@ class AsyncEngine(RoundEngine):
         pending = [u for u in self.in_flight.values() if not u.computed]
         self.runner.compute_plain([unit, *pending], self.versions.__getitem__)
 
-    def _receive(self, unit: Unit) -> None:
+    def _receive(self, unit: Dispatch) -> None:
         w, outcome = self.window, unit.outcome
         w.clients += len(unit.clients)
         w.units += 1
@@ -336,7 +352,7 @@ class AsyncEngine(RoundEngine):
             w.dropped_count += len(outcome.dropped)
         if not isinstance(outcome, Aggregate) or not outcome.contributors:
             return
-        tau = self.round - unit.version
+        tau = self.engine.round - unit.version
         if too_stale(tau, self.cfg.server.max_staleness):
             w.stale_dropped += len(outcome.contributors)
             return
@@ -350,53 +366,57 @@ class AsyncEngine(RoundEngine):
             del self.versions[v]
 
     # -- one server update ---------------------------------------------------
-    def run_round(self) -> RoundRecord:
-        """Apply the buffer: one server-optimizer step, one record, one checkpoint."""
-        w, self.window = self.window, _Window()
-        record = self._apply_buffer(w)
-        self.round += 1
-        record.round = self.round
-        self._evaluate(record)
-        self.fill()  # replacements go out with the new version, before the checkpoint
-        self._note_window(record, w)
-        self._report(record, w.started)
-        self.history.append(record)
-        if self.store is not None:
-            if self.dp is None:
-                self.store.append_metrics(record.to_json())
-            else:  # async DP: counts, staleness and losses to the operator's annex only
-                self.store.append_private(record.to_json())
-                self.store.append_metrics(record.public_json())
-            self.store.save_checkpoint(self.state())
-        if self.on_round:
-            self.on_round(record)
-        return record
+    def admits_next(self) -> bool:
+        return True  # the release mechanism's cap gates each dispatch instead
 
-    def _apply_buffer(self, w: _Window) -> RoundRecord:
+    def gather(self, round_num: int) -> Gathered | None:
+        """Arrivals until K updates are buffered; the buffer's staleness-weighted sum.
+        None: nothing more can arrive (every client capped, or stalled)."""
+        while not self._full():
+            self.fill()
+            if self._member_freed():
+                continue
+            nxt = self.clock.next_arrival()
+            if nxt is None or self.stalled:
+                self._stop()
+                return None
+            self._arrive(nxt[1])
+        self._applying, self.window = self.window, _Window()
+        return self._sum(round_num, self._applying)
+
+    def _stop(self) -> None:
+        e = self.engine
+        if e.stopped_reason is None:
+            e.public_stop_reason = self._cap_reason(public=True)
+            e.stopped_reason = self._cap_reason()
+        log.warning(e.stopped_reason)
+
+    def _sum(self, round_num: int, w: _Window) -> Gathered:
+        """sum(s(tau_i) w_i delta_i) over the buffer, in arrival order (the same float
+        sums on every run), as the one Aggregate the release step takes."""
+        device = self.engine.weights.device
         total: torch.Tensor | None = None
         weight, loss_sum = 0.0, 0.0
-        for agg, tau in w.buffer:  # arrival order: the same float sums on every run
-            part = agg.total.to(self.weights.device) * staleness_weight(
-                tau, self.cfg.server.staleness_exponent
-            )
+        for agg, tau in w.buffer:
+            part = agg.total.to(device) * staleness_weight(tau, self.cfg.server.staleness_exponent)
             total = part if total is None else total.add_(part)
             weight += agg.weight
             loss_sum += agg.loss * agg.weight
         assert total is not None
-        contributors = sum(len(agg.contributors) for agg, _ in w.buffer)
-        record = RoundRecord(0, w.clients, contributors, w.dropped_count, applied=True)
-        if self.dp is None:
-            self.weights = self.optimizer.step(self.weights, total / weight)
-        else:
-            # Async DP: noise on the sum, the ledger entry, only then the model moves;
-            # divided by the buffer K (public), never by how many arrived.
-            release = self.dp.release(self.round + 1, total, float(self.cfg.server.buffer))
-            self.weights = self.optimizer.step(self.weights, release.update.to(total.device))
-            record.extra.update(release.metrics)
-        record.train_loss = loss_sum / weight
+        contributors = [c for agg, _ in w.buffer for c in agg.contributors]
+        record = RoundRecord(round_num, w.clients, len(contributors), w.dropped_count, False)
         record.extra["staleness"] = [tau for agg, tau in w.buffer for _ in agg.contributors]
         record.extra["applied_dispatches"] = list(w.seqs)
-        return record
+        got = Collected(agg=Aggregate(total, weight, contributors, loss_sum / weight))
+        # Async DP: counts, staleness and losses go to the operator's annex only.
+        annex = None if self.dp is None else {}
+        return Gathered(record, got, w.started, annex)
+
+    def after_apply(self, record: RoundRecord) -> None:
+        """Replacements go out with the new version (before the checkpoint); the
+        window's facts go on the record."""
+        self.fill()
+        self._note_window(record, self._applying)
 
     def _note_window(self, record: RoundRecord, w: _Window) -> None:
         now = self.clock.now()
@@ -419,37 +439,15 @@ class AsyncEngine(RoundEngine):
         if self.secagg:
             record.extra["aborted_groups"] = w.aborted_groups
         self.last_apply_clock = now
-        if self.first_client_error is None and w.dropped:
-            self.first_client_error = w.dropped[min(w.dropped)]
+        if self.engine.first_client_error is None and w.dropped:
+            self.engine.first_client_error = w.dropped[min(w.dropped)]
 
     # -- whole run ------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
-        """Arrivals until server.rounds versions are applied (or nothing can arrive)."""
-        start = time.perf_counter()
-        try:
-            self._arrivals()
-        except BaseException as exc:
-            if self.dp is not None or self.ledger_only is not None:  # signed interruption
-                self._close_ledger("interrupted", f"{type(exc).__name__}: {exc}"[:200])
-            raise
-        if self.dp is not None or self.ledger_only is not None:
-            # The public ledger gets the cap, never the failure counts (cap_stop_reason).
-            self._close_ledger("final", self.public_stop_reason or self.stopped_reason)
-        return self.summary(time.perf_counter() - start)
+    def begin(self) -> None:
+        return None
 
-    def _arrivals(self) -> None:
-        while self.round < self.cfg.server.rounds:
-            self.fill()
-            if self._member_freed():
-                continue
-            nxt = self.clock.next_arrival()
-            if nxt is None or self.stalled:
-                if self.stopped_reason is None:
-                    self.public_stop_reason = self._cap_reason(public=True)
-                    self.stopped_reason = self._cap_reason()
-                log.warning(self.stopped_reason)
-                break
-            self.deliver(nxt[1])
+    def end(self, failed: bool) -> None:
+        return None
 
     def _cap_reason(self, public: bool = False) -> str:
         """Why nothing more can be dispatched: the cap, and what the clients' last
@@ -462,7 +460,7 @@ class AsyncEngine(RoundEngine):
         summary."""
         reason = (
             f"no client can be dispatched (server.max_participations = "
-            f"{self.cfg.server.max_participations} reached); stopped after {self.round} "
+            f"{self.cfg.server.max_participations} reached); stopped after {self.engine.round} "
             "server updates"
         )
         if public:
@@ -490,34 +488,20 @@ class AsyncEngine(RoundEngine):
         self.clock.advance(min(frees))
         return True
 
-    def witness_ledger(self, ledger: DpSgdLedger) -> None:
-        super().witness_ledger(ledger)
-        if self.dp is None:  # the first dispatches carry the head too
-            self.runner.privacy_fields = ledger.client_fields
-
-    def _close_ledger(self, kind: str, reason: str | None) -> None:
-        closer = self.dp if self.dp is not None else self.ledger_only
-        assert closer is not None
-        try:
-            closer.close(kind, self.round, reason)
-        except Exception as error:  # an original failure matters more
-            if kind == "final":
-                raise
-            log.warning("could not write the ledger's interruption record: %s", error)
-
-    def summary(self, wall_s: float) -> dict[str, Any]:
-        out = super().summary(wall_s)
-        out.update(
-            mode=self.cfg.server.mode,
-            concurrency=self.concurrency,
-            buffer=self.cfg.server.buffer,
-            group_size=self.group,
-            sim_clock_s=round(self.clock.now(), 6),
-        )
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "mode": self.cfg.server.mode,
+            "concurrency": self.concurrency,
+            "buffer": self.cfg.server.buffer,
+            "group_size": self.group,
+            "sim_clock_s": round(self.clock.now(), 6),
+        }
         if self.dp is not None:
             # Async DP: counts reveal participation; the public bound instead.
+            privacy = self.engine.privacy
+            assert privacy is not None
             out.update(
-                max_participations=self.dp.config.max_participations,
+                max_participations=privacy.config.max_participations,
                 epsilon_cap_bound=self.dp.bound,
             )
             return out
@@ -531,39 +515,41 @@ class AsyncEngine(RoundEngine):
 
     # -- checkpoint -------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        state = super().state()
-        state["async"] = {
-            "clock": self.clock.state(),
-            "next_seq": self.next_seq,
-            "draw_rng": self.draw_rng.bit_generator.state,
-            "participations": dict(self.participations),
-            "in_flight": [u.to_state() for u in self.in_flight.values()],
-            "keyed": [g.to_state() for g in self.keyed],
-            "versions": {v: t.cpu() for v, t in self.versions.items()},
-            "last_apply_clock": self.last_apply_clock,
-            "totals": dict(self.totals),
+        return {
+            "async": {
+                "clock": self.clock.state(),
+                "next_seq": self.next_seq,
+                "draw_rng": self.draw_rng.bit_generator.state,
+                "participations": dict(self.participations),
+                "in_flight": [u.to_state() for u in self.in_flight.values()],
+                "keyed": [g.to_state() for g in self.keyed],
+                "versions": {v: t.cpu() for v, t in self.versions.items()},
+                "last_apply_clock": self.last_apply_clock,
+                "totals": dict(self.totals),
+            }
         }
-        return state
 
     def restore(self, state: dict[str, Any]) -> None:
         # Async DP: a release on the ledger after the checkpoint was lost in a crash (it
         # stays charged); the units in flight may have been in it, and are recomputed.
         # Distributed DP charged every group in flight when it was unmasked (at dispatch):
         # recomputing one is a new release, so always a new dispatch of its members.
-        lost_release = self.dp is not None and (
-            self.dp.charges_at_unmask or self.dp.last_round > int(state["round"])
+        privacy = self.engine.privacy
+        lost_release = (
+            self.dp is not None
+            and privacy is not None
+            and (self.dp.charges_at_unmask or privacy.last_round > int(state["round"]))
         )
-        super().restore(state)
         a = state["async"]
         self.clock.restore(a["clock"])
         self.next_seq = int(a["next_seq"])
         self.draw_rng.bit_generator.state = a["draw_rng"]
         self.participations = Counter({int(c): int(n) for c, n in a["participations"].items()})
-        device = self.model.device
+        device = self.engine.model.device
         self.versions = {int(v): t.to(device) for v, t in a["versions"].items()}
         self.in_flight = {}
         for s in a["in_flight"]:
-            unit = Unit.from_state(s)
+            unit = Dispatch.from_state(s)
             if not self.secagg:  # the same dropouts as at dispatch
                 timeout = self.cfg.server.round_timeout or None
                 _, unit.failed = plain_unit_fate(self.availability, unit.seq, unit.clients, timeout)
@@ -571,16 +557,16 @@ class AsyncEngine(RoundEngine):
                 continue  # a client past its cap: the unit is dropped, never recomputed
             self.in_flight[unit.seq] = unit
             self.clock.schedule(unit.seq, unit.arrival)
-        self.keyed = [KeyedGroup.from_state(g) for g in a.get("keyed", [])]
+        self.keyed = [GroupKeyedAhead.from_state(g) for g in a.get("keyed", [])]
         self.last_apply_clock = float(a["last_apply_clock"])
         self.totals = Counter(a["totals"])
 
-    def _recount(self, unit: Unit) -> bool:
+    def _recount(self, unit: Dispatch) -> bool:
         """Async DP after a lost release: a recomputed update counts as a new dispatch of
         each of its clients (it may have been in the lost release, which stays charged);
         False when that would pass a client's cap."""
         assert self.dp is not None
-        if not all(self.dp.cap.admits(c) for c in unit.clients):
+        if not all(self.dp.admits(c) for c in unit.clients):
             log.warning("dispatch %d: a client is at its participation cap; dropped", unit.seq)
             return False
         for client in unit.clients:

@@ -1,4 +1,4 @@
-"""Asynchronous training on devices: the AsyncEngine on the wall clock (wall_clock.py).
+"""Asynchronous training on devices: the buffer of K on the wall clock (wall_clock.py).
 
 Everything the engine decides is the same as in simulation: C clients in flight in
 dispatch units, a replacement dispatched as soon as a unit comes back, an update after
@@ -24,28 +24,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from fedveil.config import RunConfig
 from fedveil.config.async_dp import check_wall_clock_dp
-from fedveil.flat_model import FlatModel
-from fedveil.server.engine.aggregation import NoUpdates, UpdateChannel
-from fedveil.server.engine.async_engine import AsyncEngine
-from fedveil.server.engine.async_privacy import AsyncCentralDP
-from fedveil.server.engine.async_units import Unit, UnitRunner
-from fedveil.server.engine.privacy_stage import CentralDP
-from fedveil.server.engine.round_record import RoundRecord
-from fedveil.server.engine.runstore import RunStore
-from fedveil.server.engine.transport import Transport
+from fedveil.server.engine.aggregation import NoUpdates
+from fedveil.server.engine.buffered_scheduler import BufferedScheduler
+from fedveil.server.engine.dispatches import Dispatch, DispatchRunner
+from fedveil.server.engine.scheduler import EngineView
 from fedveil.server.engine.wall_clock import WallClock, Work
-from fedveil.tasks import Task
 
 log = logging.getLogger("fedveil.server")
 
-__all__ = ["DeviceFleet", "WallClockEngine"]
+__all__ = ["DeviceFleet", "DeviceScheduler"]
 
 IDLE_TIMEOUT_S = 300.0  # how long a run with nothing in flight waits for devices
 IDLE_POLL_S = 0.5
@@ -64,46 +58,38 @@ class DeviceFleet(Protocol):
         ...
 
 
-class _SessionOnItsThread(UnitRunner):
+class _SessionOnItsThread(DispatchRunner):
     """The unit runner whose secure-aggregation group does not run at dispatch: on the
-    wall clock the group's session runs on the unit's thread (WallClockEngine._work)."""
+    wall clock the group's session runs on the unit's thread (DeviceScheduler._work)."""
 
-    def run_group(self, unit: Unit, weights: torch.Tensor, start: float | None = None) -> float:
+    def run_group(self, unit: Dispatch, weights: torch.Tensor, start: float | None = None) -> float:
         return 0.0
 
 
-class WallClockEngine(AsyncEngine):
-    """server.mode = async | ssp on devices, arrivals in wall-clock order."""
+class DeviceScheduler(BufferedScheduler):
+    """server.mode = async | ssp on devices: the buffer of K, its arrivals in wall-clock
+    order. What it adds to the buffer: where units go (the devices online), what each
+    runs (its exchange, on a thread of its own), waiting for devices, and letting the
+    units in flight end with the run."""
 
-    def __init__(
-        self,
-        cfg: RunConfig,
-        task: Task,
-        transport: Transport,
-        *,
-        store: RunStore | None = None,
-        channel: UpdateChannel | None = None,
-        device: torch.device | str = "cpu",
-        on_round: Callable[[RoundRecord], None] | None = None,
-        privacy: CentralDP | AsyncCentralDP | None = None,
-        model: FlatModel | None = None,
-        idle_timeout_s: float = IDLE_TIMEOUT_S,
-    ) -> None:
+    def __init__(self, cfg: RunConfig, *, idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
         check_wall_clock_dp(cfg)  # distributed DP: refused on devices, naming why
-        clock = WallClock()
-        super().__init__(
-            cfg, task, transport, store=store, channel=channel, device=device,
-            on_round=on_round, privacy=privacy, model=model, availability=None, clock=clock,
-        )  # fmt: skip
-        self.wall_clock = clock
-        self.runner = _SessionOnItsThread(
-            cfg, transport, self.channel, self.model.size, None,
-            privacy_fields=self.runner.privacy_fields,
-        )  # fmt: skip
-        clock.bind(self._work)
-        self.fleet = transport if isinstance(transport, DeviceFleet) else None
+        self.wall_clock = WallClock()
+        super().__init__(cfg, availability=None, clock=self.wall_clock)
         self.idle_timeout_s = idle_timeout_s
-        self.annotators.append(lambda r: r.extra.update(clock="wall"))
+
+    def attach(self, engine: EngineView) -> None:
+        super().attach(engine)
+        self.wall_clock.bind(self._work)
+        transport = engine.transport
+        self.fleet = transport if isinstance(transport, DeviceFleet) else None
+        engine.annotators.append(lambda r: r.extra.update(clock="wall"))
+
+    def _runner(self, engine: EngineView) -> DispatchRunner:
+        return _SessionOnItsThread(
+            self.cfg, engine.transport, engine.channel, engine.model.size, None,
+            privacy_fields=engine.client_privacy,
+        )  # fmt: skip
 
     # -- where units go, and what each runs ----------------------------------------
     def _pool(self) -> Sequence[int]:
@@ -116,11 +102,12 @@ class WallClockEngine(AsyncEngine):
         version it downloads, the DP clip of now); run on the unit's own thread."""
         unit = self.in_flight[seq]
         requests = self.runner.requests(unit, self.versions[unit.version])
-        timeout, size = self.runner.timeout, self.model.size
+        timeout, size = self.runner.timeout, self.engine.model.size
+        channel, transport = self.engine.channel, self.engine.transport
 
         def work() -> None:
             try:
-                unit.outcome = self.channel.collect(self.transport, requests, size, timeout)
+                unit.outcome = channel.collect(transport, requests, size, timeout)
             except Exception as exc:  # one unit's failure is its clients' drop, not the run's
                 reason = f"exchange failed: {type(exc).__name__}: {exc}"[:200]
                 log.warning("dispatch %d: %s", seq, reason)
@@ -134,7 +121,7 @@ class WallClockEngine(AsyncEngine):
         """Dispatch into every free slot; with nothing in flight and nobody to dispatch
         to, wait for devices to check in (up to idle_timeout_s). No dispatch after the
         last server update: devices are not sent work whose update cannot be used."""
-        if self.round >= self.cfg.server.rounds:
+        if self.engine.round >= self.cfg.server.rounds:
             return
         super().fill()
         if self.in_flight or self._capped_out():
@@ -147,37 +134,34 @@ class WallClockEngine(AsyncEngine):
 
     def _capped_out(self) -> bool:
         """Every client has reached its participation cap: waiting would not help."""
-        everyone = list(range(self.task.num_clients))
+        everyone = list(range(self.engine.task.num_clients))
         cap = self.cfg.server.max_participations
         if cap and all(self.participations[c] >= cap for c in everyone):
             return True
         return self.dp is not None and not self.dp.eligible(everyone)
 
     # -- whole run ---------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
+    def begin(self) -> None:
         # Units restored from a checkpoint go out now, not at restore: in a deployment the
         # devices check in again only after the engine is built.
         self.wall_clock.start()
-        try:
-            summary = super().run()
-        except BaseException:
-            self._call_off()
-            raise
+
+    def end(self, failed: bool) -> None:
         # Units still in flight after the last update are let finish (a device is not left
         # training for a run that is over, which would delay its answer to the next run),
         # up to server.round_timeout (or DRAIN_S); their updates are not used.
-        self.wall_clock.join(self.cfg.server.round_timeout or DRAIN_S)
+        if not failed:
+            self.wall_clock.join(self.cfg.server.round_timeout or DRAIN_S)
         self._call_off()
-        return summary
 
     def _call_off(self) -> None:
         """End the exchanges still waiting: the transport closes, the threads end."""
-        self.transport.close()
+        self.engine.transport.close()
         if not self.wall_clock.join(JOIN_S):
             log.warning("unit threads still running %.0f s after the transport closed", JOIN_S)
 
-    def summary(self, wall_s: float) -> dict[str, Any]:
-        out = super().summary(wall_s)
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
         out["clock"] = "wall"
         if self.dp is None:  # counts: never public under DP
             out["units_unused_at_end"] = len(self.in_flight)
