@@ -112,7 +112,8 @@ class FtrlNoise:
             w = (xi - c[1:] @ history) / c[0] if len(c) > 1 else xi / c[0]
             return w, {"history": np.vstack([w[None, :], history[:-1]])}
         if isinstance(f, BltFactorization):
-            # C w = xi with c_j = sum_i omega_i theta_i^(j-1): buffer_i = sum_j theta_i^(j-1) w_(t-j)
+            # C w = xi, c_j = sum_i omega_i theta_i^(j-1);
+            # buffer_i = sum_j theta_i^(j-1) w_(t-j)
             omega = np.asarray(f.omega)
             theta = np.asarray(f.theta)
             buffers = self._state["buffers"]

@@ -19,6 +19,8 @@ are public and deterministic (no randomness: nothing here is secret).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -100,7 +102,9 @@ def blt_factorization(
         def parts(u: torch.Tensor = u, v: torch.Tensor = v) -> tuple[torch.Tensor, torch.Tensor]:
             return torch.sigmoid(v) / buffers, torch.sigmoid(u)
 
-        def objective(parts=parts) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        def objective(
+            parts: Callable[[], tuple[torch.Tensor, torch.Tensor]] = parts,
+        ) -> torch.Tensor:
             omega, theta = parts()
             j = torch.arange(1, rounds, dtype=torch.float64)
             tail = (omega[:, None] * theta[:, None] ** (j - 1)).sum(dim=0)
@@ -128,7 +132,7 @@ def _loss(
     return factorization.prefix_noise_rmse() ** 2 * factorization.sensitivity(schema) ** 2
 
 
-def _lbfgs(objective, params, iterations: int) -> float:  # type: ignore[no-untyped-def]
+def _lbfgs(objective: Callable[[], Any], params: list[Any], iterations: int) -> float:
     import torch
 
     optimizer = torch.optim.LBFGS(

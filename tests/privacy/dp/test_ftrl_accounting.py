@@ -54,13 +54,13 @@ def test_replace_one_doubles_the_sensitivity() -> None:
     assert ftrl_epsilon(2.0, delta, "replace_one") == pytest.approx(
         ftrl_epsilon(1.0, delta, "zero_out"), rel=2e-3
     )
-    with pytest.raises(ValueError, match="dp.neighbouring='add_remove'"):
+    with pytest.raises(ValueError, match=r"dp\.neighbouring='add_remove'"):
         ftrl_epsilon(1.0, delta, "add_remove")
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0])
 def test_noise_multiplier_fails_closed(bad: float) -> None:
-    with pytest.raises(ValueError, match="dp.noise_multiplier"):
+    with pytest.raises(ValueError, match=r"dp\.noise_multiplier"):
         ftrl_epsilon(bad, 1e-6)
 
 
