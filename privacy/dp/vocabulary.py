@@ -8,7 +8,10 @@ from __future__ import annotations
 CENTRAL_GAUSSIAN = "central_gaussian"
 DISTRIBUTED_SKELLAM = "distributed_skellam"
 DP_SGD = "dp_sgd"
-MECHANISMS = (CENTRAL_GAUSSIAN, DISTRIBUTED_SKELLAM, DP_SGD)
+# DP-FTRL (privacy/dp/ftrl/): correlated central noise, accounted by its own rule
+# (one Gaussian over the factorisation's sensitivity), not by composing events.
+DP_FTRL = "dp_ftrl"
+MECHANISMS = (CENTRAL_GAUSSIAN, DISTRIBUTED_SKELLAM, DP_SGD, DP_FTRL)
 
 USER = "user"
 EXAMPLE = "example"
