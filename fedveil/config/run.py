@@ -225,9 +225,11 @@ class SecAggSection:
 class DpSection:
     mechanism: str = spec(
         "none",
-        choices=("none", "central", "distributed"),
+        choices=("none", "central", "distributed", "ftrl"),
         help="none; central (server adds Gaussian noise to the sum); distributed "
-        "(clients add Skellam noise shares under secure aggregation)",
+        "(clients add Skellam noise shares under secure aggregation); ftrl (DP-FTRL: the "
+        "server adds noise correlated across rounds; privacy from the participation "
+        "schema dp.ftrl_*, no sampling amplification)",
     )
     clip: float = spec(1.0, lo=0.0, lo_open=True, hi=1e6, help="L2 clip norm C of a client update")
     noise_multiplier: float = spec(
@@ -260,6 +262,28 @@ class DpSection:
         "secret cohorts), or the coordinator and cohort members (distributed DP only: "
         "unamplified, for a client in every released round; conservative, so that when the "
         "run stops reveals nothing of how often any client took part)",
+    )
+    # DP-FTRL (dp.mechanism = 'ftrl'; privacy/dp/ftrl/). Flat fields: the validator reads
+    # one level of tables.
+    ftrl_factorization: str = spec(
+        "banded",
+        choices=("tree", "banded", "blt"),
+        help="DP-FTRL noise correlation: tree (binary-tree aggregation), banded (banded "
+        "Toeplitz matrix factorisation, band = min_separation), blt (buffered linear Toeplitz)",
+    )
+    ftrl_min_separation: int = spec(
+        0,
+        lo=0,
+        hi=1_000_000,
+        help="DP-FTRL participation schema: at least this many rounds between two "
+        "participations of one client; 0: single participation (each client at most once)",
+    )
+    ftrl_max_participations: int = spec(
+        1,
+        lo=1,
+        hi=1_000_000,
+        help="DP-FTRL participation schema: at most this many participations per client "
+        "(needs ftrl_min_separation > 0 when above 1)",
     )
     seeded_cohorts: bool = spec(
         False,
@@ -489,7 +513,63 @@ def _check_dp_fields(cfg: RunConfig) -> None:
         )
     if dp.mechanism == "distributed" and dp.adaptive_clip:
         raise ConfigError("dp.adaptive_clip is not supported with dp.mechanism = 'distributed'")
+    _check_ftrl_fields(cfg)
     _check_distributed_evaluation(cfg)
+
+
+def _check_ftrl_fields(cfg: RunConfig) -> None:
+    """DP-FTRL: its schema fields only with it; no distributed noise, sampling or
+    adaptivity on top (correlated noise is added once, by the server)."""
+    dp = cfg.dp
+    ftrl_set = dp.ftrl_min_separation != 0 or dp.ftrl_max_participations != 1
+    if dp.mechanism != "ftrl":
+        if ftrl_set:
+            raise ConfigError(
+                f"dp.ftrl_min_separation = {dp.ftrl_min_separation}, "
+                f"dp.ftrl_max_participations = {dp.ftrl_max_participations} with "
+                f"dp.mechanism = {dp.mechanism!r}: the participation schema belongs to "
+                "dp.mechanism = 'ftrl'"
+                + (
+                    "; distributed DP does not combine with correlated noise (each round's "
+                    "noise shares are independent)"
+                    if dp.mechanism == "distributed"
+                    else ""
+                )
+            )
+        return
+    if dp.ftrl_max_participations > 1 and dp.ftrl_min_separation == 0:
+        raise ConfigError(
+            f"dp.ftrl_max_participations = {dp.ftrl_max_participations} needs "
+            "dp.ftrl_min_separation >= 1 (0 means single participation)"
+        )
+    if dp.ftrl_min_separation > cfg.server.rounds:
+        raise ConfigError(
+            f"dp.ftrl_min_separation = {dp.ftrl_min_separation}: must be <= server.rounds = "
+            f"{cfg.server.rounds} (use 0 for single participation)"
+        )
+    if cfg.server.sampling != "fixed":
+        raise ConfigError(
+            f"server.sampling = {cfg.server.sampling!r} with dp.mechanism = 'ftrl': DP-FTRL "
+            "draws fixed-size cohorts among the clients its participation schema allows "
+            "(no amplification by sampling); use server.sampling = 'fixed'"
+        )
+    if dp.adaptive_clip:
+        raise ConfigError("dp.adaptive_clip is not supported with dp.mechanism = 'ftrl'")
+    if cfg.server.mode != "sync":
+        raise ConfigError(
+            f"server.mode = {cfg.server.mode!r} with dp.mechanism = 'ftrl': DP-FTRL runs "
+            "synchronous rounds (its noise follows the release index); use server.mode = 'sync'"
+        )
+    if dp.neighbouring == "add_remove":
+        raise ConfigError(
+            "dp.neighbouring = 'add_remove' with dp.mechanism = 'ftrl': the schema bounds "
+            "participations, not presence; use 'auto' (zero_out) or 'replace_one'"
+        )
+    if dp.accountant not in ("auto", "pld"):
+        raise ConfigError(
+            f"dp.accountant = {dp.accountant!r} with dp.mechanism = 'ftrl': its epsilon is one "
+            "Gaussian mechanism over the factorisation's sensitivity (PLD); use 'auto' or 'pld'"
+        )
 
 
 def _check_distributed_evaluation(cfg: RunConfig) -> None:
@@ -547,7 +627,7 @@ def _check_tracking(t: TrackingConfig) -> None:
 def _check_dp_soundness(cfg: RunConfig) -> None:
     # Only accountants proven for the mechanism (privacy/dp/vocabulary.sound_accountants).
     dp, sampling = cfg.dp, cfg.server.sampling
-    if dp.mechanism == "none":
+    if dp.mechanism in ("none", "ftrl"):  # DP-FTRL: _check_ftrl_fields
         return
     if dp.neighbouring == "zero_out" and sampling == "fixed":
         raise ConfigError(

@@ -28,7 +28,7 @@ from .budget import event_from_entry
 from .events import PrivacyEvent
 from .individual import individual_epsilon_summary, individual_epsilons
 from .participation import capped_events
-from .vocabulary import CENTRAL_GAUSSIAN, DISTRIBUTED_SKELLAM
+from .vocabulary import CENTRAL_GAUSSIAN, DISTRIBUTED_SKELLAM, DP_FTRL
 
 CHARGE = "charge"
 # The realised largest per-client figure: private annex and operator's views only.
@@ -51,7 +51,7 @@ def coordinator_figure(
 ) -> dict[str, Any]:
     """The public figure against the coordinator: the data-independent bound under
     distributed DP (from the ledger's releases alone), or why nothing bounds it."""
-    if mechanism == CENTRAL_GAUSSIAN:
+    if mechanism in (CENTRAL_GAUSSIAN, DP_FTRL):  # DP-FTRL: central, correlated noise
         return {"epsilon": None, "statement": TRUSTED_CURATOR}
     if mechanism != DISTRIBUTED_SKELLAM:
         return {

@@ -85,5 +85,14 @@ def noise_to_signal(cfg: RunConfig, num_clients: int) -> NoiseToSignal | None:
         remedy = "Raise server.buffer (the noise falls as 1/K), lower server.max_participations,"
         return NoiseToSignal(float(z), float(cfg.dp.clip), float(s.buffer), remedy)
     expected = float(s.per_round) if s.sampling == "fixed" else cfg.poisson_rate * num_clients
+    if cfg.dp.mechanism == "ftrl":
+        # The per-round z that leaves the same noise on the last prefix sum.
+        from .ftrl.plan import equivalent_noise_multiplier
+
+        remedy = (
+            "A larger population lets a larger cohort keep the schema (b <= N x "
+            "availability / cohort size): raise server.per_round with data.num_clients"
+        )
+        return NoiseToSignal(equivalent_noise_multiplier(cfg), float(cfg.dp.clip), expected, remedy)
     z = dp_config(cfg, num_clients).noise_multiplier
     return NoiseToSignal(float(z), float(cfg.dp.clip), expected)

@@ -396,7 +396,8 @@ class RoundEngine:
             # The bound, never the realised max (a participation count: private annex).
             "epsilon_coordinator_bound": self.privacy.coordinator_bound(),
             "budget_against": self.privacy.budget_against,
-            "cohort_source": "csprng" if self.secret_sampler is not None else "seed",
+            # DP-FTRL's schema sampler is keyed by the CSPRNG cohort key too.
+            "cohort_source": "seed" if isinstance(self.sampler, CohortSampler) else "csprng",
             "delta": c.delta,
             "budget_epsilon": c.budget_epsilon,
             "noise_multiplier": c.noise_multiplier,
@@ -436,6 +437,10 @@ def _cohort_samplers(
     so they come from a secret key, not the public seed, unless the run asks for
     seeded cohorts (then it is accounted with q = 1)."""
     s = cfg.server
+    if privacy is not None:
+        own = privacy.participation_sampler(privacy.cohort_key)
+        if own is not None:  # DP-FTRL: the schema's cohorts
+            return None, own
     if privacy is not None and privacy.cohorts_secret:
         secret = SecretCohortSampler(
             task.num_clients, s.sampling, s.per_round, cfg.poisson_rate, privacy.cohort_key

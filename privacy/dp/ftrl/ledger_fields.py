@@ -117,3 +117,25 @@ def recompute_ftrl_epsilon(entry: Mapping[str, Any]) -> float:
     return epsilon_after(
         factorization, schema, float(z), index, float(entry["delta"]), entry["neighbouring"]
     )
+
+
+GUARANTEE_NEEDS = (
+    "DP-FTRL ({kind} factorisation, sensitivity {sensitivity:.4g}): the epsilon against "
+    "observers of the published models holds if no client took part more often, or "
+    "closer together, than the participation schema allows ({schema}) over the planned "
+    "{rounds} rounds, and if the server's noise state stayed secret. It does not rest on "
+    "secret or uniform cohorts: no amplification by sampling is claimed. The coordinator "
+    "sees each round's un-noised sum: it is a trusted curator, and no epsilon holds "
+    "against it."
+)
+
+
+def guarantee_statement(record: object) -> str:
+    """In words, what a DP-FTRL run's epsilon needs (from its ledger's `ftrl` record)."""
+    factorization, schema, sensitivity = parse_ftrl_record(record)
+    return GUARANTEE_NEEDS.format(
+        kind=factorization.kind,
+        sensitivity=sensitivity,
+        schema=schema.describe(),
+        rounds=factorization.rounds,
+    )
