@@ -92,16 +92,39 @@ def calibrate_ftrl_noise_multiplier(
     """
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"dp.epsilon={target_epsilon!r} is invalid; allowed: a finite number > 0")
+    # The exact curve (Balle and Wang 2018) places z within a hair; PLD, pessimistic,
+    # then decides: z grows by rel_tol until the PLD epsilon meets the target.
+    scale = 2.0 if neighbouring == REPLACE_ONE else 1.0
+    z = scale * _exact_gaussian_multiplier(target_epsilon, delta)
+    for _ in range(_BISECTION_STEPS):
+        if ftrl_epsilon(z, delta, neighbouring) <= target_epsilon:
+            return z
+        z *= 1 + rel_tol
+    raise ValueError(f"dp.epsilon={target_epsilon!r} is unreachable at delta={delta!r}")
+
+
+def _exact_gaussian_delta(noise_multiplier: float, epsilon: float) -> float:
+    from scipy import stats
+
+    a = 1 / (2 * noise_multiplier)
+    return float(
+        stats.norm.cdf(a - epsilon * noise_multiplier)
+        - math.exp(epsilon) * stats.norm.cdf(-a - epsilon * noise_multiplier)
+    )
+
+
+def _exact_gaussian_multiplier(target_epsilon: float, delta: float) -> float:
+    """The z at which the Gaussian mechanism (sensitivity 1) is exactly (epsilon, delta)-DP."""
+    if not (0 < delta < 1):
+        raise ValueError(f"dp.delta={delta!r} is invalid; allowed: (0, 1)")
     low, high = 1e-3, 1.0
-    while ftrl_epsilon(high, delta, neighbouring) > target_epsilon:
+    while _exact_gaussian_delta(high, target_epsilon) > delta:
         low, high = high, high * 2
         if high > 1e6:
             raise ValueError(f"dp.epsilon={target_epsilon!r} is unreachable at delta={delta!r}")
-    for _ in range(_BISECTION_STEPS):
-        if high - low <= rel_tol * high:
-            break
+    for _ in range(100):
         mid = (low + high) / 2
-        if ftrl_epsilon(mid, delta, neighbouring) > target_epsilon:
+        if _exact_gaussian_delta(mid, target_epsilon) > delta:
             low = mid
         else:
             high = mid
