@@ -133,11 +133,6 @@ class CentralDP:
         eps = self.budget.epsilon_after(self.config.round_event())
         return eps <= self.config.budget_epsilon, eps
 
-    def participation_sampler(self, seed_key: bytes) -> Any:
-        """A cohort sampler this mechanism needs instead of the run's (None: the run's).
-        DP-FTRL's enforces its participation schema (ftrl_sampling.py)."""
-        return None
-
     def client_fields(self) -> ClientPrivacy:
         """This stage's part of the training request."""
         return ClientPrivacy(

@@ -28,6 +28,7 @@ from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel
 from fedveil.server.engine.dpsgd_accounting import ClientDpSgdAccountant
+from fedveil.server.engine.ftrl_stage import FtrlDP
 from fedveil.server.engine.ledger_opening import DpSgdLedger
 from fedveil.server.engine.optimizers import ServerOptimizer, make_optimizer
 from fedveil.server.engine.privacy_stage import CentralDP, Release
@@ -437,10 +438,8 @@ def _cohort_samplers(
     so they come from a secret key, not the public seed, unless the run asks for
     seeded cohorts (then it is accounted with q = 1)."""
     s = cfg.server
-    if privacy is not None:
-        own = privacy.participation_sampler(privacy.cohort_key)
-        if own is not None:  # DP-FTRL: the schema's cohorts
-            return None, own
+    if isinstance(privacy, FtrlDP):  # DP-FTRL: cohorts within its participation schema
+        return None, privacy.participation_sampler(privacy.cohort_key)
     if privacy is not None and privacy.cohorts_secret:
         secret = SecretCohortSampler(
             task.num_clients, s.sampling, s.per_round, cfg.poisson_rate, privacy.cohort_key
