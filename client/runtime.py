@@ -32,12 +32,13 @@ from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.privacy.secagg.identity_keys import ClientIdentity
 from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope, MessageError
-from fedveil.protocol.kinds import SECAGG, Kind
+from fedveil.protocol.kinds import SECAGG, Kind, trains
 from fedveil.protocol.numbers import request_int, request_number
 from fedveil.protocol.piggyback import detach, join_replies
 from fedveil.tasks import Task
 
 if TYPE_CHECKING:
+    from fedveil.client.ftrl_participation import ParticipationGuard
     from fedveil.client.own_share import OwnShareAccount
     from fedveil.client.plan_pin import PinnedPlan
     from fedveil.config import RunConfig
@@ -115,6 +116,7 @@ class ClientRuntime:
         trainer: Trainer = train_local,
         dp_sgd_budget: DpSgdBudget | None = None,
         max_own_share_epsilon: float | None = None,
+        participation: ParticipationGuard | None = None,
     ) -> None:
         self.task = task
         self.identities = identities
@@ -130,6 +132,9 @@ class ClientRuntime:
         self.model = FlatModel(task.model_fn(), device)
         self.trainer = trainer
         self.dp_sgd_budget = dp_sgd_budget
+        # DP-FTRL: this client's own participation count and separation (a device's is
+        # kept in its state directory; None: counted in memory by this runtime).
+        self.participation = participation
 
     def handle(self, client_id: int, msg: Envelope, state: dict[str, Any]) -> Envelope:
         """The reply to `msg`; a request carrying a rider gets both answered, each on
@@ -183,7 +188,16 @@ class ClientRuntime:
 
     def _enforce_plan(self, client_id: int, msg: Envelope) -> None:
         """Under distributed DP, refuse what is not the plan this client holds, whatever the
-        request says (client/plan_pin.py), and a masked input past its own-share cap."""
+        request says (client/plan_pin.py), and a masked input past its own-share cap.
+        Under DP-FTRL, refuse training beyond the schema (client/ftrl_participation.py)."""
+        if self.run_config is not None and self.run_config.dp.mechanism == "ftrl":
+            if trains(msg.kind, msg.config):
+                if self.participation is None:
+                    from fedveil.client.ftrl_participation import ParticipationGuard
+
+                    self.participation = ParticipationGuard()
+                self.participation.admit(client_id, self.run_config, msg)
+            return
         if self.run_config is None or self.run_config.dp.mechanism != "distributed":
             return
         from fedveil.client.plan_pin import refuse_in_the_clear

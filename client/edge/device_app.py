@@ -33,6 +33,7 @@ from fedveil.client.edge.edge_data import load_local_data, with_holdout
 from fedveil.client.edge.edge_policy import LocalPolicy, planned_steps
 from fedveil.client.edge.ledger_guard import LedgerGuard
 from fedveil.client.flower_stock_server import is_stock_type
+from fedveil.client.ftrl_participation import ParticipationGuard
 from fedveil.client.runtime import ClientRuntime
 from fedveil.client.sessions import Advance, RoundClock, SecAggSessions
 from fedveil.config import ConfigError, RunConfig, config_from_dict
@@ -57,6 +58,7 @@ log = logging.getLogger("fedveil.edge")
 # error codes of a device's replies: fedveil.protocol, defined once.
 BAD_MESSAGE = ErrorCode.BAD_MESSAGE.value
 DP_SGD_DIR = "dp_sgd"  # <state-dir>/dp_sgd/<run>.jsonl: the device's DP-SGD rounds
+PARTICIPATION_DIR = "ftrl-participation"  # DP-FTRL: the device's own participations
 CLIENT_FAILURE = ErrorCode.CLIENT_FAILURE.value
 
 
@@ -85,6 +87,7 @@ class EdgeClient:
         identity: ClientIdentity | None = None,
         ledger_guard: LedgerGuard | None = None,
         dp_sgd_ledger: DpSgdLedger | None = None,
+        participation: ParticipationGuard | None = None,
     ) -> None:
         """`identity`: this device's secure-aggregation identity key and the operator's
         roster; with one, the device takes part only in malicious-server sessions.
@@ -110,6 +113,9 @@ class EdgeClient:
                 "(kept in its state directory)"
             )
         self.dp_sgd_ledger = dp_sgd_ledger
+        # DP-FTRL: this device's own participations per run (the edge node keeps them in
+        # its state directory, so they survive a restart; client/ftrl_participation.py).
+        self.participation = participation if participation is not None else ParticipationGuard()
         self._run_id: int | None = None
         self._run_cfg: RunConfig | None = None
         self._runtime: ClientRuntime | None = None
@@ -210,6 +216,7 @@ class EdgeClient:
                 if self.dp_sgd_ledger is None
                 else self.dp_sgd_ledger.for_run(str(run_id)),
                 max_own_share_epsilon=self.policy.max_own_share_epsilon or None,
+                participation=self.participation,
             )
             self._num_examples = len(task.client_data(self.client_id))
         except MessageError:

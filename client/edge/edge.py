@@ -35,10 +35,11 @@ from typing import Any
 import httpx
 
 from fedveil.client.dpsgd_budget import DpSgdLedger
-from fedveil.client.edge.device_app import DP_SGD_DIR, EdgeClient, answer
+from fedveil.client.edge.device_app import DP_SGD_DIR, PARTICIPATION_DIR, EdgeClient, answer
 from fedveil.client.edge.ledger_guard import LedgerGuard
 from fedveil.client.edge.tls_probe import insecure_against_tls_error, server_speaks_tls
 from fedveil.client.edge.witness import WitnessStore
+from fedveil.client.ftrl_participation import ParticipationGuard
 from fedveil.ops.procs import child_env, flwr_command, free_port, spawn, stop_group, wait_port
 
 log = logging.getLogger("fedveil.edge")
@@ -106,6 +107,9 @@ class EdgeNode:
             # (pins survive a restart): the auditor checks them with `fedveil privacy
             # verify --witness`.
             edge.ledger_guard = LedgerGuard(WitnessStore(opts.state_dir / "witness"))
+        if edge.participation.directory is None:
+            # DP-FTRL: the participations this device counted survive a restart.
+            edge.participation = ParticipationGuard(opts.state_dir / PARTICIPATION_DIR)
         if edge.dp_sgd_ledger is None:
             # Every DP-SGD round this device trains is accounted on disk, across runs and
             # restarts, and checked against --max-dp-epsilon (client/dpsgd_budget.py).

@@ -89,6 +89,12 @@ def _default(argv: Sequence[str], prog: str) -> int:
     return bench_default.main(argv, prog)
 
 
+def _dpftrl(argv: Sequence[str], prog: str) -> int:
+    from fedveil.benchmarks import bench_dpftrl
+
+    return bench_dpftrl.main(argv, prog)
+
+
 BENCHMARKS: dict[str, Benchmark] = {
     "simulation": Benchmark(
         "the in-process engine against a bare torch loop and Flower's simulation", _simulation
@@ -126,6 +132,9 @@ BENCHMARKS: dict[str, Benchmark] = {
     ),
     "default": Benchmark(
         "the default job (fedveil simulate) vs the bare torch FedAvg loop: time to 85%", _default
+    ),
+    "dpftrl": Benchmark(
+        "DP-FTRL vs DP-FedAvg at equal epsilon: prefix-sum noise and accuracy", _dpftrl
     ),
 }
 

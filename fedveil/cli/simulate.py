@@ -54,7 +54,12 @@ SIMULATE_FLAGS: list[tuple[str, str, type, str]] = [
     ("--lr", "client.lr", float, "local learning rate"),
     ("--momentum", "client.momentum", float, "local SGD momentum"),
     ("--prox-mu", "client.prox_mu", float, "FedProx mu"),
-    ("--dp", "dp.mechanism", str, "differential privacy: none, central or distributed"),
+    (
+        "--dp",
+        "dp.mechanism",
+        str,
+        "differential privacy: none, central, distributed or ftrl (DP-FTRL)",
+    ),
     ("--clip", "dp.clip_norm", float, "L2 clip norm of a client update"),
     ("--noise-multiplier", "dp.noise_multiplier", float, "noise std / clip; 0: from --epsilon"),
     ("--epsilon", "dp.epsilon", float, "privacy budget epsilon"),

@@ -26,6 +26,7 @@ from fedveil.config.run_schema import (
 from fedveil.config.validator import ConfigError, build, help_of
 from fedveil.protocol.dp_rules import (
     AUTO,
+    DP_FTRL,
     MECHANISM_OF_CONFIG,
     POISSON,
     ZERO_OUT,
@@ -112,6 +113,47 @@ def _check_dp_fields(cfg: RunConfig) -> None:
     if dp.mechanism == "distributed" and dp.adaptive_clipping:
         raise ConfigError("dp.adaptive_clipping is not supported with dp.mechanism = 'distributed'")
     _check_distributed_evaluation(cfg)
+    _check_ftrl_fields(cfg)
+
+
+def _check_ftrl_fields(cfg: RunConfig) -> None:
+    """DP-FTRL: its schema fields only with it; no adaptive clipping or asynchronous rounds
+    on top (correlated noise is added once, by the server, at each release index). Its
+    sampling, neighbouring and accountant are the rule table's (fedveil.protocol.dp_rules)."""
+    dp = cfg.dp
+    ftrl_set = dp.ftrl_min_separation != 0 or dp.ftrl_max_participations != 1
+    if dp.mechanism != "ftrl":
+        if ftrl_set:
+            raise ConfigError(
+                f"dp.ftrl_min_separation = {dp.ftrl_min_separation}, "
+                f"dp.ftrl_max_participations = {dp.ftrl_max_participations} with "
+                f"dp.mechanism = {dp.mechanism!r}: the participation schema belongs to "
+                "dp.mechanism = 'ftrl'"
+                + (
+                    "; distributed DP does not combine with correlated noise (each round's "
+                    "noise shares are independent)"
+                    if dp.mechanism == "distributed"
+                    else ""
+                )
+            )
+        return
+    if dp.ftrl_max_participations > 1 and dp.ftrl_min_separation == 0:
+        raise ConfigError(
+            f"dp.ftrl_max_participations = {dp.ftrl_max_participations} needs "
+            "dp.ftrl_min_separation >= 1 (0 means single participation)"
+        )
+    if dp.ftrl_min_separation > cfg.server.rounds:
+        raise ConfigError(
+            f"dp.ftrl_min_separation = {dp.ftrl_min_separation}: must be <= server.rounds = "
+            f"{cfg.server.rounds} (use 0 for single participation)"
+        )
+    if dp.adaptive_clipping:
+        raise ConfigError("dp.adaptive_clipping is not supported with dp.mechanism = 'ftrl'")
+    if cfg.server.mode != "sync":
+        raise ConfigError(
+            f"server.mode = {cfg.server.mode!r} with dp.mechanism = 'ftrl': DP-FTRL runs "
+            "synchronous rounds (its noise follows the release index); use server.mode = 'sync'"
+        )
 
 
 def _check_distributed_evaluation(cfg: RunConfig) -> None:
@@ -201,6 +243,8 @@ def _accounted_setting(cfg: RunConfig, mechanism: str) -> tuple[str, str, str] |
     configured sampling: unsampled (q = 1, as Poisson) for seeded cohorts, which anyone
     holding the run files can recompute, and for asynchronous runs; None otherwise."""
     dp, sampling = cfg.dp, cfg.server.sampling
+    if mechanism == DP_FTRL:  # no amplification to lose: accounted as configured
+        return None
     if cfg.server.mode != "sync":
         if dp.neighbouring == "add_remove":
             return None  # fedveil.config.async_dp refuses it, naming server.mode

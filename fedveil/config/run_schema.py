@@ -230,7 +230,9 @@ class DpSection:
         "none",
         choices=("none", *MECHANISM_OF_CONFIG),
         help="none; central (server adds Gaussian noise to the sum); distributed "
-        "(clients add Skellam noise shares under secure aggregation)",
+        "(clients add Skellam noise shares under secure aggregation); ftrl (DP-FTRL: the "
+        "server adds noise correlated across rounds; privacy from the participation "
+        "schema dp.ftrl_*, no sampling amplification)",
     )
     clip_norm: float = spec(
         1.0, lo=0.0, lo_open=True, hi=1e6, help="L2 clip norm C of a client update (was dp.clip)"
@@ -269,6 +271,33 @@ class DpSection:
         "secret cohorts), or the coordinator and cohort members (distributed DP only: "
         "unamplified, for a client in every released round; conservative, so that when the "
         "run stops reveals nothing of how often any client took part)",
+    )
+    seeded_cohorts: bool = spec(
+        False,
+        help="draw DP cohorts from the public run seed (reproducible); anyone holding the run "
+        "files then knows the cohorts, so the run is accounted without amplification (q = 1)",
+    )
+    # DP-FTRL (dp.mechanism = 'ftrl'; privacy/dp/ftrl/). Flat fields: the validator reads
+    # one level of tables.
+    ftrl_factorization: str = spec(
+        "banded",
+        choices=("tree", "banded", "blt"),
+        help="DP-FTRL noise correlation: tree (binary-tree aggregation), banded (banded "
+        "Toeplitz matrix factorisation, band = min_separation), blt (buffered linear Toeplitz)",
+    )
+    ftrl_min_separation: int = spec(
+        0,
+        lo=0,
+        hi=1_000_000,
+        help="DP-FTRL participation schema: at least this many rounds between two "
+        "participations of one client; 0: single participation (each client at most once)",
+    )
+    ftrl_max_participations: int = spec(
+        1,
+        lo=1,
+        hi=1_000_000,
+        help="DP-FTRL participation schema: at most this many participations per client "
+        "(needs ftrl_min_separation > 0 when above 1)",
     )
     seeded_cohorts: bool = spec(
         False,
@@ -487,6 +516,9 @@ class RunConfig:
             clip_learning_rate=dp.clip_learning_rate,
             modulus_bits=dp.modulus_bits,
             seeded_cohorts=dp.seeded_cohorts,
+            ftrl_factorization=dp.ftrl_factorization,
+            ftrl_min_separation=dp.ftrl_min_separation,
+            ftrl_max_participations=dp.ftrl_max_participations,
             rounds=s.rounds,
             sampling=s.sampling,
             per_round=s.per_round,

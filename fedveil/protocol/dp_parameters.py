@@ -21,7 +21,7 @@ class DpParameters:
     names in the comments)."""
 
     # [dp]
-    mechanism: str  # dp.mechanism: 'none' | 'central' | 'distributed'
+    mechanism: str  # dp.mechanism: 'none' | 'central' | 'distributed' | 'ftrl'
     clip_norm: float  # dp.clip_norm
     noise_multiplier: float  # dp.noise_multiplier; 0: calibrate from epsilon
     epsilon: float  # dp.epsilon (the budget)
@@ -33,6 +33,9 @@ class DpParameters:
     clip_learning_rate: float  # dp.clip_learning_rate
     modulus_bits: int  # dp.modulus_bits
     seeded_cohorts: bool  # dp.seeded_cohorts
+    ftrl_factorization: str  # dp.ftrl_factorization: 'tree' | 'banded' | 'blt'
+    ftrl_min_separation: int  # dp.ftrl_min_separation (0: single participation)
+    ftrl_max_participations: int  # dp.ftrl_max_participations
     # [server]: how cohorts are drawn
     rounds: int  # server.rounds
     sampling: str  # server.sampling: 'fixed' | 'poisson'

@@ -31,7 +31,12 @@ from dataclasses import dataclass
 CENTRAL_GAUSSIAN = "central_gaussian"
 DISTRIBUTED_SKELLAM = "distributed_skellam"
 DP_SGD = "dp_sgd"
-MECHANISMS = (CENTRAL_GAUSSIAN, DISTRIBUTED_SKELLAM, DP_SGD)
+# DP-FTRL (privacy/dp/ftrl/): central noise correlated across rounds; privacy from the
+# participation schema (min separation, max participations), not from sampling.
+DP_FTRL = "dp_ftrl"
+MECHANISMS = (CENTRAL_GAUSSIAN, DISTRIBUTED_SKELLAM, DP_SGD, DP_FTRL)
+# Mechanisms whose privacy rests on how cohorts are sampled (all but DP-FTRL's schema).
+SAMPLED_MECHANISMS = (CENTRAL_GAUSSIAN, DISTRIBUTED_SKELLAM, DP_SGD)
 GAUSSIAN_MECHANISMS = (CENTRAL_GAUSSIAN, DP_SGD)
 
 # dp.mechanism (the user's intent: who adds the noise) -> the ledger's mechanism (which
@@ -39,6 +44,7 @@ GAUSSIAN_MECHANISMS = (CENTRAL_GAUSSIAN, DP_SGD)
 MECHANISM_OF_CONFIG: dict[str, str] = {
     "central": CENTRAL_GAUSSIAN,
     "distributed": DISTRIBUTED_SKELLAM,
+    "ftrl": DP_FTRL,
 }
 CONFIG_OF_MECHANISM: dict[str, str] = {v: k for k, v in MECHANISM_OF_CONFIG.items()}
 
@@ -83,6 +89,14 @@ _SKELLAM_WHY = (
     "integer Renyi orders (Agarwal, Kairouz and Liu 2021), and its noise grows with the "
     "cohort: skellam_rdp_integer composes that curve, amplified by bounds that hold for "
     "any mechanism (subsampled_rdp.py)"
+)
+
+
+_FTRL_WHY = (
+    "DP-FTRL releases every prefix sum with noise correlated by its factorisation: one "
+    "Gaussian mechanism over the factorisation's sensitivity for the participation "
+    "schema (Kairouz et al. 2021; Choquette-Choo et al. 2023), accounted exactly with "
+    "dp-accounting's PLD, without amplification: the fixed-size cohorts need not be secret"
 )
 
 
@@ -155,6 +169,20 @@ SOUND: tuple[SoundRow, ...] = (
         _SKELLAM_WHY + "; fixed-size sampling through Wang, Balle and Kasiviswanathan's "
         "general bound",
     ),
+    SoundRow(
+        (DP_FTRL,),
+        FIXED,
+        ZERO_OUT,
+        (PLD,),
+        _FTRL_WHY + "; zero-out: one participation's column of C^-1 at most C in norm",
+    ),
+    SoundRow(
+        (DP_FTRL,),
+        FIXED,
+        REPLACE_ONE,
+        (PLD,),
+        _FTRL_WHY + "; replace-one doubles the sensitivity",
+    ),
 )
 
 # The run-config keys a refusal may name, and the plain names the table matches them as.
@@ -218,6 +246,31 @@ class Refusal:
 # First match wins (the order is the order the checks used to run in).
 REFUSALS: tuple[Refusal, ...] = (
     Refusal(
+        "sampling",
+        "DP-FTRL draws fixed-size cohorts among the clients its participation schema "
+        "allows (no amplification by sampling)",
+        "use server.sampling = 'fixed'",
+        context=("mechanism",),
+        mechanisms=(DP_FTRL,),
+        samplings=(POISSON,),
+    ),
+    Refusal(
+        "neighbouring",
+        "the schema bounds participations, not presence",
+        "use 'auto' (zero_out) or 'replace_one'",
+        context=("mechanism",),
+        mechanisms=(DP_FTRL,),
+        neighbourings=(ADD_REMOVE,),
+    ),
+    Refusal(
+        "accountant",
+        "its epsilon is one Gaussian mechanism over the factorisation's sensitivity (PLD)",
+        "use 'auto' or 'pld'",
+        context=("mechanism",),
+        mechanisms=(DP_FTRL,),
+        accountants=(PRV, RDP, DPA_RDP, SKELLAM_RDP_INTEGER, SKELLAM_RDP),
+    ),
+    Refusal(
         "neighbouring",
         "no accountant bounds this pair",
         "use Poisson sampling or replace_one",
@@ -230,6 +283,7 @@ REFUSALS: tuple[Refusal, ...] = (
         "no accountant bounds this pair",
         "use replace_one (or 'auto')",
         context=("sampling",),
+        mechanisms=SAMPLED_MECHANISMS,
         samplings=(FIXED,),
         neighbourings=(ZERO_OUT,),
     ),
@@ -386,6 +440,8 @@ def default_neighbouring(mechanism: str, sampling: str, secure_aggregation: bool
     (the abort-status refusal in REFUSALS); add/remove for central DP in the clear, so its
     existing epsilons do not change.
     """
+    if mechanism == DP_FTRL:  # the schema's zero-out: a client's rows replaced by zeros
+        return ZERO_OUT
     if sampling == FIXED:
         return REPLACE_ONE
     if mechanism == DISTRIBUTED_SKELLAM or secure_aggregation:

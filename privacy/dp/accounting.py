@@ -29,6 +29,7 @@ import numpy as np
 from fedveil.protocol.dp_rules import (
     ADD_REMOVE,
     DISTRIBUTED_SKELLAM,
+    DP_FTRL,
     DPA_RDP,
     FIXED,
     GAUSSIAN_MECHANISMS,
@@ -404,7 +405,11 @@ class PldAccountant(Accountant):
     """dp-accounting's privacy loss distributions: the tightest for the Gaussian."""
 
     name = PLD
-    sound_for = _combinations(GAUSSIAN_MECHANISMS, (*_ALL_GAUSSIAN_PAIRS, (POISSON, REPLACE_ONE)))
+    # DP-FTRL: one Gaussian over its factorisation's sensitivity, unsampled (the ledger
+    # carries z over that sensitivity; privacy/dp/ftrl/accounting.py).
+    sound_for = _combinations(
+        GAUSSIAN_MECHANISMS, (*_ALL_GAUSSIAN_PAIRS, (POISSON, REPLACE_ONE))
+    ) | _combinations((DP_FTRL,), ((FIXED, ZERO_OUT), (FIXED, REPLACE_ONE)))
 
     def epsilon(self, grouped: tuple[PrivacyEvent, ...], delta: float) -> float:
         return _pld_epsilon(grouped, delta)

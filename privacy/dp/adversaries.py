@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fedveil.protocol.dp_rules import CENTRAL_GAUSSIAN, DISTRIBUTED_SKELLAM
+from fedveil.protocol.dp_rules import CENTRAL_GAUSSIAN, DISTRIBUTED_SKELLAM, DP_FTRL
 
 from .accounting import individual_epsilon
 from .events import PrivacyEvent, event_from_entry
@@ -51,7 +51,7 @@ def coordinator_figure(
 ) -> dict[str, Any]:
     """The public figure against the coordinator: the data-independent bound under
     distributed DP (from the ledger's releases alone), or why nothing bounds it."""
-    if mechanism == CENTRAL_GAUSSIAN:
+    if mechanism in (CENTRAL_GAUSSIAN, DP_FTRL):  # DP-FTRL: central, correlated noise
         return {"epsilon": None, "statement": TRUSTED_CURATOR}
     if mechanism != DISTRIBUTED_SKELLAM:
         return {

@@ -11,6 +11,7 @@ from fedveil.protocol.dp_rules import (
     ADD_REMOVE,
     CENTRAL_GAUSSIAN,
     DISTRIBUTED_SKELLAM,
+    DP_FTRL,
     DP_SGD,
     REPLACE_ONE,
     ZERO_OUT,
@@ -45,6 +46,17 @@ _TRUST = {
         "device computes, logs and may cap (fedveil client --max-own-share-epsilon).",
         "Clients are trusted to clip, round and add their noise share as specified; the "
         "secure aggregation protocol is trusted to reveal only the modular sum.",
+    ],
+    DP_FTRL: [
+        "DP-FTRL: the server is trusted to add noise correlated across rounds, as the "
+        "recorded factorisation prescribes, to each round's aggregated sum, to keep its "
+        "noise state secret, and to never publish, log or reuse a sum before its noise is "
+        "added.",
+        "The epsilon holds for clients that kept to the participation schema: the server's "
+        "cohort sampler enforces it, and devices refuse participations beyond their own "
+        "count; no amplification by sampling is claimed.",
+        "Clients are trusted to clip their update to the L2 norm C: under secure "
+        "aggregation the server cannot check it.",
     ],
     DP_SGD: [
         "Sample-level DP: each client runs DP-SGD (per-example clipping and Gaussian "
@@ -229,7 +241,12 @@ def observers_holds_if(
         "observers see only what is published: the released models and the public run "
         "files (the operator's private annex, private/, stays private)"
     )
-    if mechanism == CENTRAL_GAUSSIAN:
+    if mechanism == DP_FTRL:
+        holds.append(
+            "no client took part more often or closer together than the participation "
+            "schema allows, and the server's noise state stays secret"
+        )
+    if mechanism in (CENTRAL_GAUSSIAN, DP_FTRL):
         holds.append(
             "the coordinator adds the noise before anything derived from the sum leaves it"
         )
@@ -317,6 +334,7 @@ def _released_statistics(mechanism: str, adaptive_clipping: bool) -> list[dict[s
     """What every DP run publishes: the models, the server's evaluation, the parameters."""
     release = {
         CENTRAL_GAUSSIAN: "Gaussian noise added by the server",
+        DP_FTRL: "Gaussian noise correlated across rounds, added by the server (DP-FTRL)",
         DISTRIBUTED_SKELLAM: "Skellam noise shares added by the clients",
     }.get(mechanism, "the mechanism's noise")
     return [

@@ -12,6 +12,7 @@ from fedveil.protocol.dp_rules import (
     AUTO,
     CENTRAL_GAUSSIAN,
     DISTRIBUTED_SKELLAM,
+    DP_FTRL,
     DP_SGD,
     EXAMPLE,
     FIXED,
@@ -265,6 +266,11 @@ class DpConfig:
 
     def _validate_sampling(self) -> None:
         if self.sampling != FIXED:
+            return
+        if self.mechanism == DP_FTRL:
+            # Fixed-size cohorts drawn within the participation schema, accounted at
+            # rate 1: DP-FTRL claims no amplification by sampling.
+            _check(self.sampling_rate == 1.0, "sampling_rate", self.sampling_rate, "1.0 (DP-FTRL)")
             return
         _check(
             self.population_size is not None,

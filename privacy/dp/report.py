@@ -38,6 +38,7 @@ from .config import DpConfig
 from .ledger import CLOSE_KINDS, GENESIS_HASH, OPEN, RELEASE, entry_kind
 from .participation import participation_section
 from .verify import VerifyResult
+from .vocabulary import DP_FTRL
 
 REPORT_SCHEMA = "fedveil.dp.report/3"  # 3: the coordinator's public figure is a bound
 # Why the public report neither marks noise-only rounds nor counts them (docs/explanation/
@@ -205,6 +206,25 @@ def _noise_only_view(marked: list[int], released: int) -> dict[str, Any]:
 def _parameters(last: Mapping[str, Any], cohort_source: str | None) -> dict[str, Any]:
     """The run's mechanism, z, sampling (with what q means in words) and adjacency."""
     sampling_rate = float(last["sampling_rate"])
+    if last["mechanism"] == DP_FTRL:  # privacy from the participation schema, not sampling
+        from .ftrl.ledger_fields import FTRL_FIELD, guarantee_statement
+
+        record = last.get(FTRL_FIELD)
+        return {
+            "mechanism": DP_FTRL,
+            "noise_multiplier": float(last["noise_multiplier"]),
+            "sampling": last["sampling"],
+            "sampling_rate": sampling_rate,
+            "sampling_statement": guarantee_statement(record),
+            "ftrl": record,
+            "cohort_source": cohort_source,
+            "privacy_unit": last["privacy_unit"],
+            "neighbouring": last["neighbouring"],
+            "neighbouring_protects": neighbouring_protects(
+                str(last["neighbouring"]), str(last["privacy_unit"])
+            ),
+            "accountant": last["accountant"],
+        }
     return {
         "mechanism": str(last["mechanism"]),
         "noise_multiplier": float(last["noise_multiplier"]),

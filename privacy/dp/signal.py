@@ -82,5 +82,15 @@ def noise_to_signal(p: DpParameters, num_clients: int) -> NoiseToSignal | None:
         remedy = "Raise server.buffer (the noise falls as 1/K), lower server.max_participations,"
         return NoiseToSignal(float(z), float(p.clip_norm), float(p.buffer), remedy)
     expected = float(p.per_round) if p.sampling == "fixed" else p.poisson_rate * num_clients
+    if p.mechanism == "ftrl":
+        # The per-round z that leaves the same noise on the last prefix sum.
+        from .ftrl.plan import equivalent_noise_multiplier
+
+        remedy = (
+            "A larger population lets a larger cohort keep the schema (b <= N x "
+            "availability / cohort size): raise server.per_round with data.num_clients"
+        )
+        z_equivalent = equivalent_noise_multiplier(p)
+        return NoiseToSignal(z_equivalent, float(p.clip_norm), expected, remedy)
     z = dp_config(p, num_clients).noise_multiplier
     return NoiseToSignal(float(z), float(p.clip_norm), expected)

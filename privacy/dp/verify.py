@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
 from fedveil.protocol.dp_rules import (
+    DP_FTRL,
     LEGACY_ACCOUNTANTS,
     SKELLAM_ACCOUNTANTS,
     SKELLAM_RDP_INTEGER,
@@ -823,7 +824,11 @@ def _check_recomputed_epsilon(
     abs_tol: float,
 ) -> None:
     stored = float(entry["epsilon"])
-    recomputed = _epsilon(state.events, entry, entry["accountant"], line)
+    if entry["mechanism"] == DP_FTRL:
+        recomputed = _ftrl_epsilon(entry, line, state)
+        second = ()  # one Gaussian over the sensitivity: no events to compose
+    else:
+        recomputed = _epsilon(state.events, entry, entry["accountant"], line)
     tolerance = max(abs_tol, rel_tol * recomputed)
     if abs(stored - recomputed) > tolerance:
         raise _Discrepancy(
@@ -846,6 +851,25 @@ def _check_recomputed_epsilon(
     state.recomputed += 1
     state.final_epsilon = recomputed
     state.last_release_checked = True
+
+
+def _ftrl_epsilon(entry: Mapping[str, Any], line: int, state: _State) -> float:
+    """DP-FTRL: the sensitivity recomputed from the recorded factorisation and schema
+    (privacy/dp/ftrl/ledger_fields.py), then epsilon; the `ftrl` record is run-constant."""
+    from .ftrl.ledger_fields import FTRL_FIELD, recompute_ftrl_epsilon
+
+    first = state.first or entry
+    if entry.get(FTRL_FIELD) != first.get(FTRL_FIELD):
+        raise _Discrepancy(
+            f"line {line}: {FTRL_FIELD} changed from {first.get(FTRL_FIELD)!r} to "
+            f"{entry.get(FTRL_FIELD)!r} within one run",
+            line,
+            entry["round"],
+        )
+    try:
+        return recompute_ftrl_epsilon(entry)
+    except ValueError as error:
+        raise _Discrepancy(f"line {line}: {error}", line, entry["round"]) from None
 
 
 def _check_second_accountants(

@@ -7,6 +7,7 @@
 | on     | none        | SecAgg, quantized + weights  | -                          |
 | on     | central     | SecAgg, quantized (clipped)  | Gaussian noise + ledger    |
 | on     | distributed | SecAgg, Skellam noise shares | ledger (noise from clients)|
+| either | ftrl        | as central                   | correlated noise + ledger  |
 
 server.mode = async | ssp swaps the mechanism for its asynchronous one: central DP
 (central_release.AsyncCentralDP, noise at each apply) or distributed DP
@@ -33,6 +34,7 @@ from fedveil.server.engine.dp_from_config import (
     max_cohort,
     plan_distributed_dp,
 )
+from fedveil.server.engine.ftrl_stage import FtrlDP, noise_state_path
 from fedveil.server.engine.release_mechanism import ReleaseMechanism
 from fedveil.server.engine.robust import robust_aggregator
 from fedveil.server.engine.runstore import RunStore
@@ -105,6 +107,8 @@ def make_privacy_pipeline(
     # A run whose rounds cannot reach the protocol's threshold is refused, not run as
     # rounds that all abort (ConfigError naming the field).
     check_secagg_feasible(cfg, task.num_clients)
+    if mechanism == "ftrl":
+        return _ftrl_pipeline(cfg, task, ledger_path, roster, secagg_run_id, privacy_args)
     if not cfg.secagg.enabled:
         privacy = (
             _central_dp(cfg, task.num_clients, ledger_path, privacy_args)
@@ -142,6 +146,36 @@ def make_privacy_pipeline(
         secagg_run_id,
         quiet_counts=privacy is not None,
         graph_seeds=_committed_graph_seeds(privacy),
+    )
+
+
+def _ftrl_pipeline(
+    cfg: RunConfig,
+    task: Task,
+    ledger_path: Path,
+    roster: Mapping[int, bytes] | None,
+    secagg_run_id: bytes,
+    privacy_args: Mapping[str, Any],
+) -> tuple[CentralDP, UpdateChannel]:
+    """DP-FTRL: clipped updates in the clear or summed under secure aggregation (weight
+    1, as central DP), the correlated noise added by the server (ftrl_stage.py)."""
+    model_size = sum(p.numel() for p in task.model_fn().parameters())
+    privacy = FtrlDP(
+        cfg,
+        task.num_clients,
+        ledger_path,
+        model_size=model_size,
+        noise_state=noise_state_path(ledger_path),
+        **privacy_args,
+    )
+    if not cfg.secagg.enabled:
+        return privacy, PlainChannel(aggregator=robust_aggregator(cfg, task))
+    return privacy, SecAggChannel(
+        cfg.secagg,
+        QuantizedEncoding(cfg.secagg.clip_range, cfg.secagg.levels, 1),
+        roster,
+        secagg_run_id,
+        quiet_counts=True,
     )
 
 

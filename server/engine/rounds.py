@@ -30,6 +30,7 @@ from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel
 from fedveil.server.engine.barrier_scheduler import BarrierScheduler
+from fedveil.server.engine.ftrl_stage import FtrlDP
 from fedveil.server.engine.ledger_opening import DpSgdLedger
 from fedveil.server.engine.optimizers import ServerOptimizer, make_optimizer
 from fedveil.server.engine.release_mechanism import Release, ReleaseMechanism
@@ -381,7 +382,8 @@ class RoundEngine:
             # The bound, never the realised max (a participation count: private annex).
             "epsilon_coordinator_bound": self.privacy.coordinator_bound(),
             "budget_against": self.privacy.budget_against,
-            "cohort_source": "csprng" if self.secret_sampler is not None else "seed",
+            # DP-FTRL's schema sampler is keyed by the CSPRNG cohort key too.
+            "cohort_source": "seed" if isinstance(self.sampler, CohortSampler) else "csprng",
             "delta": c.delta,
             "budget_epsilon": c.budget_epsilon,
             "noise_multiplier": c.noise_multiplier,
@@ -427,6 +429,8 @@ def _cohort_samplers(
     so they come from a secret key, not the public seed, unless the run asks for
     seeded cohorts (then it is accounted with q = 1)."""
     s = cfg.server
+    if isinstance(privacy, FtrlDP):  # DP-FTRL: cohorts within its participation schema
+        return None, privacy.participation_sampler(privacy.cohort_key)
     if privacy is not None and privacy.cohorts_secret:
         secret = SecretCohortSampler(
             task.num_clients, s.sampling, s.per_round, cfg.poisson_rate, privacy.cohort_key
