@@ -49,7 +49,8 @@ BASE: dict[str, Any] = {
     "seed": 7,
 }
 LATENCY = {"simulation.latency_median": 1.0, "simulation.latency_sigma": 1.0}
-ASYNC = {"server.mode": "async", "server.buffer": 2, "server.concurrency": 4, **LATENCY}
+# A buffer of 3: with 2, a + b == b + a and a change of summation order would not show.
+ASYNC = {"server.mode": "async", "server.buffer": 3, "server.concurrency": 6, **LATENCY}
 SECAGG = {"secagg.enabled": True}
 CENTRAL = {
     "dp.mechanism": "central",
