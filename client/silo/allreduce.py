@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from .adverts import Attempt, exchange_mask_keys
 from .collectives import Received, ring_all_reduce
 from .masks import mask_total
-from .membership import commit, join
+from .membership import SiloExcluded, commit, join
 from .signed_wire import from_wire, mask_into, wire_buffer
 
 BACKENDS = ("gloo", "nccl")
@@ -162,6 +162,7 @@ class SecureAllReduce:
                 f"round {round_num}: {len(members)} silos joined attempt {attempt_num}, "
                 f"fewer than min_silos = {s.min_silos}"
             )
+        self.members = members  # the next attempt, if any, expects these
         attempt = Attempt(s.run_id, round_num, attempt_num, members)
         group = self._group(attempt)
         clock.lap("join")
@@ -244,16 +245,16 @@ class SecureAllReduce:
         encoder = source if isinstance(source, Encoder) else Encoder.of(source)
         aborted: list[str] = []
         for attempt_num in range(s.max_attempts):
-            prepared = self.prepare(round_num, attempt_num, encoder.dimension, bits)
             try:
+                prepared = self.prepare(round_num, attempt_num, encoder.dimension, bits)
                 total, times = self.reduce(prepared, encoder)
+            except (SiloExcluded, SiloRoundFailed):
+                raise
             except RuntimeError as exc:  # DistBackendError, DistStoreError, timeouts
-                # The group is unusable; its masked values stay with it. The next attempt
-                # expects the members of this one (the dead silo will not join).
-                self.members = prepared.attempt.members
+                # A silo died or stalled after joining: the group (if made) is unusable and
+                # its masked values stay with it; the survivors rerun with new keys.
                 aborted.append(f"attempt {attempt_num}: {type(exc).__name__}: {exc}"[:500])
                 continue
-            self.members = prepared.attempt.members
             return SecureSum(
                 total, prepared.attempt.members, attempt_num, aborted, {**prepared.seconds, **times}
             )
