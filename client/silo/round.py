@@ -30,15 +30,15 @@ from fedveil.privacy.dp.accounting import compute_epsilon
 from fedveil.privacy.dp.clipping import clip_l2
 from fedveil.privacy.dp.events import PrivacyEvent
 from fedveil.privacy.dp.skellam import SkellamEncoder, SkellamParams
-from fedveil.privacy.dp.vocabulary import (
+from fedveil.privacy.secagg import Quantizer
+from fedveil.privacy.secagg.quantize import WEIGHT_COORDINATES
+from fedveil.protocol.dp_rules import (
     DISTRIBUTED_SKELLAM,
     FIXED,
     REPLACE_ONE,
     SKELLAM_RDP_INTEGER,
     USER,
 )
-from fedveil.privacy.secagg import Quantizer
-from fedveil.privacy.secagg.quantize import WEIGHT_COORDINATES
 
 from .allreduce import Encoder, SecureAllReduce, SecureSum
 from .silo_ledger import SiloLedger

@@ -37,7 +37,7 @@ def calibrate_noise_multiplier(
 
     Brackets by doubling, then solves epsilon(z) = target; the returned z is always
     checked to meet the target, never a hair below the needed noise. `neighbouring`
-    and `accountant` may be 'auto' (vocabulary.default_neighbouring/default_accountant
+    and `accountant` may be 'auto' (dp_rules.default_neighbouring/default_accountant
     for `mechanism`); an accountant that is not sound for `mechanism` is refused.
     For distributed Skellam the result is the Gaussian-equivalent z to reach.
     """

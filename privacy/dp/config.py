@@ -56,7 +56,7 @@ class DpConfig:
     budget_epsilon: float
     privacy_unit: str = USER
     sampling: str = POISSON
-    neighbouring: str = AUTO  # resolved on construction (vocabulary.default_neighbouring)
+    neighbouring: str = AUTO  # resolved on construction (dp_rules.default_neighbouring)
     population_size: int | None = None
     cohort_size: int | None = None  # planned (fixed) or expected (Poisson) cohort
     steps_per_round: int = 1  # DP-SGD: optimizer steps per accounting entry

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from fedveil.protocol.dp_rules import DP_FTRL
+
 from .adversaries import (
     coordinator_bound_series,
     coordinator_figure,
@@ -38,7 +40,6 @@ from .config import DpConfig
 from .ledger import CLOSE_KINDS, GENESIS_HASH, OPEN, RELEASE, entry_kind
 from .participation import participation_section
 from .verify import VerifyResult
-from .vocabulary import DP_FTRL
 
 REPORT_SCHEMA = "fedveil.dp.report/3"  # 3: the coordinator's public figure is a bound
 # Why the public report neither marks noise-only rounds nor counts them (docs/explanation/

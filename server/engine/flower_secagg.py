@@ -47,10 +47,10 @@ from fedveil.privacy.dp.accounting import compute_epsilon
 from fedveil.privacy.dp.central import add_gaussian_noise
 from fedveil.privacy.dp.events import PrivacyEvent
 from fedveil.privacy.dp.signing import load_or_create_signer
-from fedveil.privacy.dp.vocabulary import CENTRAL_GAUSSIAN, FIXED, REPLACE_ONE, default_accountant
 from fedveil.privacy.encodings import QuantizedEncoding
 from fedveil.privacy.secagg import flower_run_id
 from fedveil.protocol import flower_secagg_codec as codec
+from fedveil.protocol.dp_rules import CENTRAL_GAUSSIAN, FIXED, REPLACE_ONE, default_accountant
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import CLIP_NORM
 from fedveil.protocol.kinds import TRAINING_STAGE, Kind

@@ -26,7 +26,7 @@ from fedveil.client.training import LocalTraining, dp_sgd_plan
 from fedveil.config import RunConfig
 from fedveil.privacy.dp.accounting import compute_epsilon
 from fedveil.privacy.dp.events import PrivacyEvent
-from fedveil.privacy.dp.vocabulary import ADD_REMOVE, DP_SGD, POISSON, default_accountant
+from fedveil.protocol.dp_rules import ADD_REMOVE, DP_SGD, POISSON, default_accountant
 
 NO_SECAGG = (
     "does not apply: each neighbour receives this client's whole model every round, in "

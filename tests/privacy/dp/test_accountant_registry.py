@@ -84,7 +84,7 @@ def test_declarations_equal_what_the_run_config_enforces():
             mechanism, accountant, sampling, neighbouring, secagg,
         )  # fmt: skip
         checked += 1
-    assert checked == 2 * len(ACCOUNTANTS) * 2 * 3 * 2
+    assert checked == len(CONFIG_OF_MECHANISM) * len(ACCOUNTANTS) * 2 * 3 * 2
     # 'auto' is accepted (with or without secure aggregation) exactly where some
     # accountant declares the combination.
     for mechanism, sampling, neighbouring in COMBINATIONS:
@@ -106,7 +106,7 @@ def test_every_unsound_combination_has_a_refusal_with_its_reason():
             row = refusal(mechanism, accountant, sampling, neighbouring, False)
             assert (row is None) == sound, (mechanism, accountant, sampling, neighbouring)
             if row is not None:
-                assert row.why and row.fix and row.field in ("accountant", "neighbouring")
+                assert row.why and row.fix and row.field in ("accountant", "neighbouring", "sampling")
     assert all(row.why and row.accountants for row in SOUND)
     assert all(row.why for row in REFUSALS)
     assert set(LEGACY_ACCOUNTANTS) <= set(ACCOUNTANTS)
