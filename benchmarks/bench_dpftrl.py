@@ -47,7 +47,7 @@ import torch
 from fedveil.benchmarks.harness import command_main
 from fedveil.privacy.dp.calibration import calibrate_noise_multiplier
 from fedveil.privacy.dp.ftrl import FtrlNoise, IdentityFactorization, ParticipationSchema
-from fedveil.privacy.dp.ftrl.accounting import calibrate_ftrl_noise_multiplier
+from fedveil.privacy.dp.ftrl.ftrl_accounting import calibrate_ftrl_noise_multiplier
 from fedveil.privacy.dp.ftrl.optimize import banded_factorization
 
 CONTENDERS = ("dp_ftrl", "dpfedavg_schema", "dpfedavg_q1", "dpfedavg_amplified", "no_dp")

@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 
 from fedveil.config import RunConfig
-from fedveil.privacy.dp.ftrl.plan import ftrl_schema
+from fedveil.privacy.dp.ftrl.ftrl_plan import ftrl_schema
 from fedveil.privacy.dp.ledger import WITNESS_CONFIG_KEY
 from fedveil.privacy.dp.ledger_head import parse_head_message
 from fedveil.protocol.envelope import Envelope, MessageError

@@ -20,10 +20,10 @@ from safetensors.torch import save_file
 
 from fedveil.client.silo import SecureAllReduce, SiloRound
 from fedveil.client.silo.local import run_silos
-from fedveil.client.silo.plan import SiloPlan, plan_silos
 from fedveil.client.silo.round import RoundResult
 from fedveil.client.silo.silo_ledger import SiloLedger
-from fedveil.client.silo.training import initial_model, train_silo
+from fedveil.client.silo.silo_plan import SiloPlan, plan_silos
+from fedveil.client.silo.silo_training import initial_model, train_silo
 from fedveil.config import RunConfig
 from fedveil.config.run import to_toml
 from fedveil.model_evaluation import evaluate

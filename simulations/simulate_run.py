@@ -119,7 +119,7 @@ def _simulate_gossip(
             f"{flag} with server.aggregation = 'gossip': a gossip run keeps no checkpoint "
             "and starts every client from the seed's initial model"
         )
-    from fedveil.simulations.gossip.run import simulate_gossip
+    from fedveil.simulations.gossip.gossip_run import simulate_gossip
 
     return simulate_gossip(cfg, on_round=on_round, on_clients=on_clients, given=given)
 

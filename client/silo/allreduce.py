@@ -33,9 +33,9 @@ import torch.distributed as dist
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from .adverts import Attempt, exchange_mask_keys
+from .attempt_membership import SiloExcluded, commit, join
 from .collectives import Received, ring_all_reduce
 from .masks import mask_total
-from .membership import SiloExcluded, commit, join
 from .signed_wire import from_wire, mask_into, wire_buffer
 
 BACKENDS = ("gloo", "nccl")

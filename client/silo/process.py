@@ -34,11 +34,11 @@ from fedveil.model_evaluation import evaluate
 from fedveil.tasks import make_task
 
 from .allreduce import SecureAllReduce, SiloSettings
-from .plan import plan_silos
 from .rendezvous import Rendezvous, connect
 from .round import RoundResult, SiloRound
 from .silo_ledger import SiloLedger
-from .training import initial_model, train_silo
+from .silo_plan import plan_silos
+from .silo_training import initial_model, train_silo
 
 
 class SiloConfigMismatch(ValueError):

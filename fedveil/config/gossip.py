@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from fedveil.config.validator import spec
 
-# server.aggregation: who sums the updates (allreduce: fedveil/config/allreduce.py).
+# server.aggregation: who sums the updates (allreduce: fedveil/config/allreduce_checks.py).
 AGGREGATIONS = ("coordinator", "allreduce", "gossip")
 TOPOLOGIES = ("ring", "torus", "exponential", "random-regular")
 

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from fedveil.config.allreduce import check_allreduce_fields
+from fedveil.config.allreduce_checks import check_allreduce_fields
 from fedveil.config.async_mode import check_async_fields
 from fedveil.config.gossip_checks import check_gossip
 from fedveil.config.poisoning_checks import check_poisoning

@@ -406,7 +406,7 @@ class PldAccountant(Accountant):
 
     name = PLD
     # DP-FTRL: one Gaussian over its factorisation's sensitivity, unsampled (the ledger
-    # carries z over that sensitivity; privacy/dp/ftrl/accounting.py).
+    # carries z over that sensitivity; privacy/dp/ftrl/ftrl_accounting.py).
     sound_for = _combinations(
         GAUSSIAN_MECHANISMS, (*_ALL_GAUSSIAN_PAIRS, (POISSON, REPLACE_ONE))
     ) | _combinations((DP_FTRL,), ((FIXED, ZERO_OUT), (FIXED, REPLACE_ONE)))

@@ -84,7 +84,7 @@ def noise_to_signal(p: DpParameters, num_clients: int) -> NoiseToSignal | None:
     expected = float(p.per_round) if p.sampling == "fixed" else p.poisson_rate * num_clients
     if p.mechanism == "ftrl":
         # The per-round z that leaves the same noise on the last prefix sum.
-        from .ftrl.plan import equivalent_noise_multiplier
+        from .ftrl.ftrl_plan import equivalent_noise_multiplier
 
         remedy = (
             "A larger population lets a larger cohort keep the schema (b <= N x "

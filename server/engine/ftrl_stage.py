@@ -31,14 +31,14 @@ import torch
 from fedveil.config import RunConfig
 from fedveil.privacy.dp import BudgetExceededError, DpConfig, Ledger
 from fedveil.privacy.dp.ftrl import FtrlNoise
-from fedveil.privacy.dp.ftrl.accounting import epsilon_after
-from fedveil.privacy.dp.ftrl.ledger_fields import ftrl_entry_fields
-from fedveil.privacy.dp.ftrl.plan import (
+from fedveil.privacy.dp.ftrl.ftrl_accounting import epsilon_after
+from fedveil.privacy.dp.ftrl.ftrl_plan import (
     ftrl_factorization,
     ftrl_neighbouring,
     ftrl_noise_multiplier,
     ftrl_schema,
 )
+from fedveil.privacy.dp.ftrl.ledger_fields import ftrl_entry_fields
 from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.protocol import fields as F
 from fedveil.protocol.dp_rules import DP_FTRL, FIXED, PLD

@@ -13,7 +13,7 @@ rows' sum (float64) over n. Each rank writes its rows, and rank 0 the consensus,
 `out_dir/rank<r>.pt`.
 
 gloo on CPU has no TLS: the models travel in the clear between the processes, which is
-what gossip shows every neighbour anyway (simulations/gossip/privacy.py).
+what gossip shows every neighbour anyway (simulations/gossip/gossip_privacy.py).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.requests import training_config
 from fedveil.simulations.batched import BatchedTrainer
 from fedveil.simulations.gossip.engine import GossipEngine
-from fedveil.simulations.gossip.privacy import gossip_privacy_report
+from fedveil.simulations.gossip.gossip_privacy import gossip_privacy_report
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.sequential_clients import plan_units
 from fedveil.simulations.simulate_run import simulate

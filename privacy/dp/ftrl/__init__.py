@@ -22,7 +22,6 @@ release mechanism makes per release.
 
 from __future__ import annotations
 
-from .accounting import calibrate_ftrl_noise_multiplier, ftrl_epsilon
 from .factorizations import (
     BandedFactorization,
     BltFactorization,
@@ -31,6 +30,7 @@ from .factorizations import (
     TreeFactorization,
     factorization_from_dict,
 )
+from .ftrl_accounting import calibrate_ftrl_noise_multiplier, ftrl_epsilon
 from .noise import FtrlNoise, NoiseStateError
 from .schema import ParticipationSchema
 

@@ -20,8 +20,8 @@ from typing import Any
 
 from fedveil.protocol.dp_rules import DP_FTRL, FIXED, PLD, USER
 
-from .accounting import epsilon_after
 from .factorizations import Factorization, factorization_from_dict
+from .ftrl_accounting import epsilon_after
 from .schema import ParticipationSchema
 
 FTRL_FIELD = "ftrl"

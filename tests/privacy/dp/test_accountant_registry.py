@@ -106,7 +106,9 @@ def test_every_unsound_combination_has_a_refusal_with_its_reason():
             row = refusal(mechanism, accountant, sampling, neighbouring, False)
             assert (row is None) == sound, (mechanism, accountant, sampling, neighbouring)
             if row is not None:
-                assert row.why and row.fix and row.field in ("accountant", "neighbouring", "sampling")
+                assert (
+                    row.why and row.fix and row.field in ("accountant", "neighbouring", "sampling")
+                )
     assert all(row.why and row.accountants for row in SOUND)
     assert all(row.why for row in REFUSALS)
     assert set(LEGACY_ACCOUNTANTS) <= set(ACCOUNTANTS)

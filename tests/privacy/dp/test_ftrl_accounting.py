@@ -14,7 +14,7 @@ from fedveil.privacy.dp.ftrl import (
     calibrate_ftrl_noise_multiplier,
     ftrl_epsilon,
 )
-from fedveil.privacy.dp.ftrl.accounting import epsilon_after
+from fedveil.privacy.dp.ftrl.ftrl_accounting import epsilon_after
 from fedveil.privacy.dp.ftrl.optimize import banded_factorization
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from fedveil.privacy.dp import Ledger
 from fedveil.privacy.dp.ftrl import ParticipationSchema, TreeFactorization
-from fedveil.privacy.dp.ftrl.accounting import epsilon_after
+from fedveil.privacy.dp.ftrl.ftrl_accounting import epsilon_after
 from fedveil.privacy.dp.ftrl.ledger_fields import ftrl_entry_fields
 from fedveil.privacy.dp.ftrl.optimize import banded_factorization
 from fedveil.privacy.dp.ledger import canonical_json, entry_hash, signed_message

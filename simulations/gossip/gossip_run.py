@@ -3,7 +3,7 @@
 The directory is a coordinator run's: config.toml, partition.json, metrics.jsonl
 (one GossipRecord per round), model.safetensors (the consensus model, with the
 metadata that rebuilds it), summary.json, the plots, plus privacy/gossip.json
-(simulations/gossip/privacy.py). There is no checkpoint: a gossip run is not
+(simulations/gossip/gossip_privacy.py). There is no checkpoint: a gossip run is not
 resumable (the config of --resume names it).
 """
 
@@ -23,7 +23,7 @@ from fedveil.server.engine.lifecycle import MODEL_FILE, model_metadata
 from fedveil.server.engine.runstore import RunStore, atomic_write_bytes
 from fedveil.simulations.failures import RunFailed
 from fedveil.simulations.gossip.engine import GossipEngine, GossipRecord
-from fedveil.simulations.gossip.privacy import gossip_privacy_report
+from fedveil.simulations.gossip.gossip_privacy import gossip_privacy_report
 from fedveil.simulations.gossip.topology import spectral_gap
 
 log = logging.getLogger("fedveil.gossip")

@@ -12,8 +12,8 @@ from functools import lru_cache
 from fedveil.protocol.dp_parameters import DpParameters
 from fedveil.protocol.dp_rules import REPLACE_ONE, ZERO_OUT
 
-from .accounting import calibrate_ftrl_noise_multiplier
 from .factorizations import Factorization, TreeFactorization
+from .ftrl_accounting import calibrate_ftrl_noise_multiplier
 from .optimize import banded_factorization, blt_factorization
 from .schema import ParticipationSchema
 
