@@ -38,6 +38,7 @@ from fedveil.protocol.dp_rules import (
     PRV,
     RDP,
     REPLACE_ONE,
+    SAMPLED_MECHANISMS,
     SKELLAM_ACCOUNTANTS,
     SKELLAM_RDP,
     SKELLAM_RDP_INTEGER,
@@ -365,8 +366,15 @@ class Accountant(ABC):
         return (mechanism, sampling, neighbouring) in self.verifies_for()
 
     def models(self, sampling: str, neighbouring: str) -> bool:
-        """Whether it bounds this sampling and relation for some mechanism."""
-        return any(s == sampling and n == neighbouring for _, s, n in self.verifies_for())
+        """Whether it bounds a composition of events of this sampling and relation for
+        some mechanism. DP-FTRL's combinations do not count: its epsilon is one Gaussian
+        over its factorisation's sensitivity (privacy/dp/ftrl/), never a composition of
+        sampled events, so declaring it must not open fixed-size events to PLD."""
+        return any(
+            s == sampling and n == neighbouring
+            for m, s, n in self.verifies_for()
+            if m in SAMPLED_MECHANISMS
+        )
 
 
 _REGISTRY: dict[str, type[Accountant]] = {}
