@@ -291,7 +291,14 @@ def test_two_runs_draw_different_groups_from_their_secret_keys(tmp_path):
 def test_a_crash_after_groups_were_charged_resumes_within_the_cap_and_applies_none_twice(
     tmp_path,
 ):
-    cfg = config(tmp_path / "run", **{"server.rounds": 5, "server.max_participations": 3})
+    # 18 clients at a cap of 3: 54 dispatches, room for the 5 versions' groups, the
+    # groups charged and lost to the crash, and the units recomputed at each resume. With
+    # 12 (36 dispatches) the secret draws sometimes left fewer than a group's 3 eligible
+    # clients before version 5, and the run ended at 4 (1-2 in 25, on the old engine too).
+    cfg = config(
+        tmp_path / "run",
+        **{"server.rounds": 5, "server.max_participations": 3, "data.num_clients": 18},
+    )
 
     class Stop(Exception):
         pass
