@@ -38,7 +38,15 @@ server = ServerApp()
 @server.main()
 def main(grid: Grid, context: Context) -> None:
     initial = ArrayRecord(stock_net().state_dict())
-    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=1.0, min_available_nodes=CLIENTS)
+    # Every node, also one that registers late: FedAvg sizes its sample from the nodes
+    # connected at that moment, before it waits for min_available_nodes.
+    strategy = FedAvg(
+        fraction_train=1.0,
+        fraction_evaluate=1.0,
+        min_train_nodes=CLIENTS,
+        min_evaluate_nodes=CLIENTS,
+        min_available_nodes=CLIENTS,
+    )
     result = strategy.start(
         grid=grid,
         initial_arrays=initial,

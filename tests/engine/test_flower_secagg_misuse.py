@@ -29,7 +29,15 @@ def _start(client_app: Any, nodes: int, dp: FlowerDP | None = None) -> dict[str,
     out: dict[str, Any] = {}
 
     def main(grid: Grid, context: Context) -> None:
-        strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_available_nodes=nodes)
+        # min_train_nodes as well: FedAvg sizes its sample from the nodes connected at
+        # that moment, before it waits for min_available_nodes, so a SuperNode that
+        # registered late left a train exchange of 2 (the refusal, 1 run in ~5 here).
+        strategy = FedAvg(
+            fraction_train=1.0,
+            fraction_evaluate=0.0,
+            min_available_nodes=nodes,
+            min_train_nodes=nodes,
+        )
         torch.manual_seed(0)
         wrapped = secure(grid, strategy, dp=dp)
         try:
