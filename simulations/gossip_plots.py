@@ -10,56 +10,33 @@ Rows without the gossip keys draw nothing, so other runs' plots are unchanged.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from fedveil.simulations.round_figures import round_figure, series
 
 GOSSIP_PLOTS = ("consensus.png", "client_accuracy.png")
 
 
-def _points(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    xs, ys = [], []
-    for row in rows:
-        v = row.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            xs.append(int(row["round"]))
-            ys.append(float(v))
-    return xs, ys
-
-
-def _figure(title: str, ylabel: str) -> tuple[Any, Any]:
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    fig = Figure(figsize=(8, 4), dpi=100, layout="constrained")
-    ax = fig.add_subplot()
-    ax.set_title(title)
-    ax.set_xlabel("round")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    return fig, ax
-
-
 def gossip_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """name -> figure (None where the rows hold nothing to draw)."""
-    xs, ys = _points(rows, "consensus_distance")
+    xs, ys = series(rows, "consensus_distance")
     if not xs:
         return {}
-    consensus, ax = _figure("consensus distance", "mean ||x_i - average||")
+    consensus, ax = round_figure("consensus distance", "mean ||x_i - average||")
     ax.plot(xs, ys, marker="o" if len(xs) < 40 else None, markersize=3)
     if all(y > 0 for y in ys):
         ax.set_yscale("log")
-    accuracy, ax = _figure("accuracy: consensus model and clients' own models", "accuracy")
+    accuracy, ax = round_figure("accuracy: consensus model and clients' own models", "accuracy")
     drawn = False
-    rx, lo = _points(rows, "client_accuracy_min")
-    _, mid = _points(rows, "client_accuracy_median")
-    _, hi = _points(rows, "client_accuracy_max")
+    rx, lo = series(rows, "client_accuracy_min")
+    _, mid = series(rows, "client_accuracy_median")
+    _, hi = series(rows, "client_accuracy_max")
     if rx and len(rx) == len(lo) == len(mid) == len(hi):
         ax.fill_between(rx, lo, hi, alpha=0.25, label="clients: min to max")
         ax.plot(rx, mid, linestyle="--", label="clients: median")
         drawn = True
-    ax_x, acc = _points(rows, "test_accuracy")
+    ax_x, acc = series(rows, "test_accuracy")
     if ax_x:
         ax.plot(ax_x, acc, label="consensus (average) model")
         drawn = True

@@ -14,13 +14,13 @@ Matplotlib's object API with the Agg canvas: no pyplot state, no display needed.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fedveil.simulations.async_plots import ASYNC_PLOTS, async_figures
 from fedveil.simulations.gossip_plots import GOSSIP_PLOTS, gossip_figures
+from fedveil.simulations.round_figures import round_figure, series
 
 PLOTS = (
     "accuracy.png",
@@ -39,44 +39,20 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    xs, ys = [], []
-    for row in rows:
-        v = row.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            xs.append(int(row["round"]))
-            ys.append(float(v))
-    return xs, ys
-
-
 def epsilon_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
     """Numeric metrics whose name mentions epsilon (whatever the DP layer calls them)."""
     keys = {k for row in rows for k, v in row.items() if "epsilon" in k.lower()}
-    return sorted(k for k in keys if _series(rows, k)[0])
-
-
-def _figure(title: str, ylabel: str) -> tuple[Any, Any]:
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    fig = Figure(figsize=(8, 4), dpi=100, layout="constrained")
-    ax = fig.add_subplot()
-    ax.set_title(title)
-    ax.set_xlabel("round")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    return fig, ax
+    return sorted(k for k in keys if series(rows, k)[0])
 
 
 def _lines(
     rows: Sequence[dict[str, Any]], keys: Sequence[tuple[str, str]], title: str, ylabel: str
 ) -> Any | None:
-    drawn = [(label, *_series(rows, key)) for key, label in keys]
+    drawn = [(label, *series(rows, key)) for key, label in keys]
     drawn = [d for d in drawn if d[1]]
     if not drawn:
         return None
-    fig, ax = _figure(title, ylabel)
+    fig, ax = round_figure(title, ylabel)
     for label, xs, ys in drawn:
         ax.plot(xs, ys, marker="o" if len(xs) < 40 else None, markersize=3, label=label)
     ax.legend()
@@ -87,7 +63,7 @@ def _participation(rows: Sequence[dict[str, Any]]) -> Any | None:
     # A DP run publishes no counts (they reveal participation): no chart of them.
     if not rows or "cohort_aggregated" not in rows[0]:
         return None
-    fig, ax = _figure("participation", "clients")
+    fig, ax = round_figure("participation", "clients")
     rounds = [int(r["round"]) for r in rows]
     aggregated = [int(r.get("cohort_aggregated", 0)) for r in rows]
     dropouts = [int(r.get("sim_dropouts", 0)) for r in rows]
