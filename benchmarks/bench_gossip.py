@@ -70,20 +70,32 @@ def _job(args: argparse.Namespace) -> tuple[dict[str, Any], int, int, int, float
     return base, clients, per_round, updates, target
 
 
-def _configs(args: argparse.Namespace) -> tuple[dict[str, dict[str, Any]], float]:
-    base, clients, per_round, updates, target = _job(args)
-    out = Path(args.out)
+def _active(args: argparse.Namespace, clients: int, per_round: int) -> int:
+    """Clients awake per gossip round: --active, default FedAvg's cohort (equal client
+    updates per round); 0 or the population: every client (synchronous D-PSGD)."""
+    active = per_round if args.active is None else args.active
+    if not 0 <= active <= clients:
+        raise ValueError(f"--active {active}: must be in [0, {clients}]")
+    return clients if active == 0 else active
+
+
+def _configs(args: argparse.Namespace, updates: int | None = None) -> dict[str, dict[str, Any]]:
+    """Each contender's config at `updates` client updates (default the budget)."""
+    base, clients, per_round, budget, _ = _job(args)
+    updates = updates or budget
+    active = _active(args, clients, per_round)
     fedavg = {**base, "server.per_round": per_round, "server.rounds": updates // per_round}
-    gossip = {**base, "server.aggregation": "gossip", "server.rounds": updates // clients}
+    gossip = {
+        **base,
+        "server.aggregation": "gossip",
+        "gossip.active": 0 if active == clients else active,
+        "server.rounds": updates // active,
+    }
     return {
-        "fedavg": {**fedavg, "out": str(out / "fedavg")},
-        "gossip_ring": {**gossip, "gossip.topology": "ring", "out": str(out / "gossip_ring")},
-        "gossip_exponential": {
-            **gossip,
-            "gossip.topology": "exponential",
-            "out": str(out / "gossip_exponential"),
-        },
-    }, target
+        "fedavg": fedavg,
+        "gossip_ring": {**gossip, "gossip.topology": "ring"},
+        "gossip_exponential": {**gossip, "gossip.topology": "exponential"},
+    }
 
 
 def _curve(run_dir: Path, gossip: bool) -> list[tuple[int, float]]:
@@ -102,14 +114,61 @@ def _to_target(curve: list[tuple[int, float]], target: float) -> int | None:
     return next((u for u, acc in curve if acc >= target), None)
 
 
+def _grid(args: argparse.Namespace) -> list[float]:
+    try:
+        grid = [float(v) for v in args.lr_grid.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--lr-grid {args.lr_grid!r}: comma-separated learning rates") from None
+    if not grid or not all(0 < lr <= 10 for lr in grid):  # written so NaN fails
+        raise ValueError(f"--lr-grid {args.lr_grid!r}: every rate must be in (0, 10]")
+    return grid
+
+
+def _train(values: dict[str, Any], out: Path) -> tuple[Any, dict[str, Any], float]:
+    cfg = load_config(None, {**values, "out": str(out)})
+    t0 = time.perf_counter()
+    summary = simulate(cfg)
+    return cfg, summary, time.perf_counter() - t0
+
+
+def tune(args: argparse.Namespace, name: str, values: dict[str, Any]) -> dict[str, Any]:
+    """The learning rate of the grid (the same grid for every contender) that reaches the
+    target in the fewest client updates on the validation half of the test set (ties and
+    misses: the higher final validation accuracy), at --tune-updates client updates. The
+    test half, on which the contender is reported, is never read here."""
+    _, _, _, budget, target = _job(args)
+    tuning = _configs(args, args.tune_updates or budget // 2)[name]
+    tried: dict[str, dict[str, Any]] = {}
+    for lr in _grid(args):
+        run_dir = Path(args.out) / "tune" / f"{name}-lr{lr:g}"
+        values = {**tuning, "client.lr": lr, "eval.split": "validation"}
+        _train(values, run_dir)
+        curve = _curve(run_dir, name != "fedavg")
+        tried[f"{lr:g}"] = {
+            "updates_to_target": _to_target(curve, target),
+            "final_accuracy": curve[-1][1] if curve else None,
+        }
+        _say(f"tune {name} lr {lr:g}: {json.dumps(tried[f'{lr:g}'])}")
+
+    def rank(lr: str) -> tuple[float, float]:
+        r = tried[lr]
+        reach = r["updates_to_target"]
+        return (math.inf if reach is None else reach, -(r["final_accuracy"] or 0.0))
+
+    best = min(tried, key=rank)
+    return {"lr": float(best), "grid": tried, "updates": args.tune_updates or budget // 2}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    configs, target = _configs(args)
+    _, _, _, _, target = _job(args)
+    configs = _configs(args)
     results: dict[str, dict[str, Any]] = {}
     for name in CONTENDERS:
-        cfg = load_config(None, configs[name])
-        t0 = time.perf_counter()
-        summary = simulate(cfg)
-        wall = time.perf_counter() - t0
+        values = {**configs[name], "eval.split": "test" if args.lr_grid else "all"}
+        tuned = tune(args, name, configs[name]) if args.lr_grid else None
+        if tuned is not None:
+            values["client.lr"] = tuned["lr"]
+        cfg, summary, wall = _train(values, Path(args.out) / name)
         run_dir = Path(cfg.out)
         gossip = name != "fedavg"
         curve = _curve(run_dir, gossip)
@@ -118,12 +177,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result: dict[str, Any] = {
             "client_updates": curve[-1][0] if curve else 0,
             "rounds": summary["rounds"],
+            "lr": cfg.client.lr,
             "updates_to_target": _to_target(curve, target),
             "final_accuracy": curve[-1][1] if curve else None,
             "wall_s": wall,
         }
+        if tuned is not None:
+            result["tuning"] = tuned
         if gossip:
             last = rows[-1]
+            result["active_per_round"] = cfg.gossip.active or cfg.data.num_clients
             result["bytes_per_node"] = summary["bytes_sent_per_node"]
             result["spectral_gap"] = summary["spectral_gap"]
             result["degree"] = summary["degree_max"]
@@ -141,9 +204,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results[name] = result
         _say(f"{name}: {json.dumps(result)}")
     fed, exp, ring = results["fedavg"], results["gossip_exponential"], results["gossip_ring"]
-    cfg = load_config(None, configs["gossip_ring"])
+    ring_cfg = load_config(None, configs["gossip_ring"])
     summary: dict[str, Any] = {
         "target_accuracy": target,
+        "evaluated_on": "test half (lr tuned on the validation half)"
+        if args.lr_grid
+        else "the whole test set (no tuning)",
         "contenders": results,
         "gossip_updates_ratio": _ratio(exp["updates_to_target"], fed["updates_to_target"]),
         "gossip_updates_ratio_ring": _ratio(ring["updates_to_target"], fed["updates_to_target"]),
@@ -154,9 +220,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if fed["final_accuracy"] is None or ring["final_accuracy"] is None
         else 100 * (fed["final_accuracy"] - ring["final_accuracy"]),
         "bytes_per_node": {name: r["bytes_per_node"] for name, r in results.items()},
-        "ring_spectral_gap": spectral_gap(gossip_graph(cfg, cfg.data.num_clients)),
+        "ring_spectral_gap": spectral_gap(gossip_graph(ring_cfg, ring_cfg.data.num_clients)),
         "exponential_spectral_gap": exp["spectral_gap"],
-        "job": {k: v for k, v in configs["fedavg"].items() if k != "out"},
+        "job": configs["fedavg"],
         "targets": {k: f"{op} {v}" for k, (op, v) in TARGETS.items()},
     }
     summary["targets_met"] = {k: _meets(summary[k], op, v) for k, (op, v) in TARGETS.items()}
@@ -232,6 +298,22 @@ def add_gossip_arguments(p: argparse.ArgumentParser) -> None:
         "--updates", type=int, help="client-update budget of each contender [2000; --quick 80]"
     )
     p.add_argument("--target", type=float, help="target accuracy [0.8; --quick 0.5]")
+    p.add_argument(
+        "--active",
+        type=int,
+        help="gossip clients awake per round [FedAvg's cohort: equal updates a round]; "
+        "0: every client (synchronous D-PSGD)",
+    )
+    p.add_argument(
+        "--lr-grid",
+        default="0.05,0.1,0.2,0.4",
+        help="learning rates tried for every contender, each picked on the validation half "
+        "of the test set and reported on the other half; '' : no tuning, client.lr as "
+        "configured, the whole test set [0.05,0.1,0.2,0.4]",
+    )
+    p.add_argument(
+        "--tune-updates", type=int, help="client updates of each tuning run [half of --updates]"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of data split and init [0]")
     p.add_argument("--out", default="runs/bench-gossip", help="run directories [runs/bench-gossip]")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")

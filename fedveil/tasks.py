@@ -10,6 +10,7 @@ loss without editing fedveil.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.machinery
 import importlib.util
@@ -234,7 +235,25 @@ def _user_task(cfg: RunConfig, ref: str) -> Task:
 
 
 def make_task(cfg: RunConfig) -> Task:
-    """The task a run trains: the user's when model.task is set, else the built-in one."""
-    if cfg.model.task is None:
-        return builtin_task(cfg)
-    return _user_task(cfg, cfg.model.task)
+    """The task a run trains: the user's when model.task is set, else the built-in one;
+    its test set cut to the half eval.split names."""
+    task = builtin_task(cfg) if cfg.model.task is None else _user_task(cfg, cfg.model.task)
+    return split_test_data(task, cfg.eval.split)
+
+
+# The permutation that halves a test set: fixed (not the run seed), so the validation half
+# a setting was tuned on is disjoint from the test half it is reported on in every run.
+_SPLIT_SEED = 0x5E1EC7
+
+
+def split_test_data(task: Task, split: str) -> Task:
+    """`task` with test_data cut to one of two fixed disjoint halves ("validation" or
+    "test"); "all" (or no test data) returns it unchanged."""
+    if split == "all" or task.test_data is None:
+        return task
+    if split not in ("validation", "test"):
+        raise ValueError(f"eval.split = {split!r}: must be 'all', 'validation' or 'test'")
+    x, y = task.test_data
+    order = torch.from_numpy(np.random.default_rng(_SPLIT_SEED).permutation(len(y)))
+    half = order[: len(y) // 2] if split == "validation" else order[len(y) // 2 :]
+    return dataclasses.replace(task, test_data=(x[half], y[half]))

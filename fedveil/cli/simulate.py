@@ -48,6 +48,12 @@ SIMULATE_FLAGS: list[tuple[str, str, type, str]] = [
     ("--buffer", "server.buffer", int, "async/ssp: client updates K per server update"),
     ("--topology", "gossip.topology", str, "gossip: ring, torus, exponential, random-regular"),
     ("--degree", "gossip.degree", int, "gossip: neighbours per client; 0: the topology's"),
+    (
+        "--gossip-active",
+        "gossip.active",
+        int,
+        "gossip: clients that wake, train and mix each round; 0: all",
+    ),
     ("--local-epochs", "client.local_epochs", int, "local epochs per round"),
     ("--local-steps", "client.local_steps", int, "local steps per round (overrides epochs)"),
     ("--batch-size", "client.batch_size", int, "local batch size"),

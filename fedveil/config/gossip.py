@@ -39,6 +39,13 @@ class GossipConfig:
         choices=("metropolis-hastings",),
         help="mixing weights: w_ij = 1 / (1 + max(d_i, d_j)), w_ii = 1 - sum (doubly stochastic)",
     )
+    active: int = spec(
+        0,
+        lo=0,
+        hi=1_000_000,
+        help="clients that wake each round (randomized gossip, Boyd et al. 2006): they train, "
+        "then mix over the edges that touch them; 0: every client, every round (D-PSGD)",
+    )
     spread_clients: int = spec(
         10,
         lo=0,

@@ -52,6 +52,10 @@ def check_gossip(cfg: RunConfig) -> None:
     n = cfg.data.num_clients
     if n < 2:
         raise ConfigError(f"server.aggregation = 'gossip' with data.num_clients = {n}: needs >= 2")
+    if g.active > n:
+        raise ConfigError(
+            f"gossip.active = {g.active}: must be <= data.num_clients = {n} (0: every client)"
+        )
     if g.degree >= n:
         raise ConfigError(
             f"gossip.degree = {g.degree}: must be < data.num_clients = {n} (no self loops)"

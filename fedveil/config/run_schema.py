@@ -184,6 +184,12 @@ class EvalConfig:
         0.0, lo=0.0, hi=0.9, help="share of each client's data kept for federated evaluation"
     )
     batch_size: int = spec(256, lo=1, hi=1_000_000, help="evaluation batch size")
+    split: str = spec(
+        "all",
+        choices=("all", "validation", "test"),
+        help="which part of the test set central evaluation reads: all of it, or one of two "
+        "fixed disjoint halves (validation: for tuning settings; test: for reporting them)",
+    )
 
 
 @dataclass

@@ -44,6 +44,11 @@ def owner_of(cid: int, n: int, world: int) -> int:
 
 def run_gossip_processes(cfg: RunConfig, world: int, out_dir: str | Path) -> list[Path]:
     """Run cfg.server.rounds gossip rounds in `world` processes; the files they wrote."""
+    if cfg.gossip.active:
+        raise ValueError(
+            f"gossip.active = {cfg.gossip.active}: the multi-process run wakes every client "
+            "each round; randomized gossip runs in process (fedveil simulate)"
+        )
     if not 2 <= world <= cfg.data.num_clients:
         raise ValueError(f"world = {world}: need 2 <= world <= data.num_clients")
     out = Path(out_dir)

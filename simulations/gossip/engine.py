@@ -3,15 +3,22 @@
 Contract. The clients' models are one stacked tensor x (clients x d), all
 starting from the run's initial model (`initial_model`, as a coordinator run).
 A round:
-  1. train: each client's training request carries its own row; the replies come
+  0. wake: every client, or with gossip.active = k a fixed-size draw of k clients
+     (randomized gossip: Boyd et al. 2006; AD-PSGD: Lian et al. 2018), from the run
+     seed (no guarantee rests on it: DP-SGD is accounted as if every round trained
+     every client), or from a 256-bit key from the OS CSPRNG when DP-SGD is on, as the
+     coordinator draws its cohorts.
+  1. train: each awake client's training request carries its own row; the replies come
      from the ClientRuntime through the in-process transport (the same path as a
      coordinator round, so vmap units, worker processes and DP-SGD apply unchanged).
      A client whose training fails keeps its model for the round.
-  2. mix: x <- W x with W the Metropolis-Hastings matrix of the graph
-     (mixing.mix; D-PSGD's adapt-then-combine order).
+  2. mix: x <- W x with W the Metropolis-Hastings matrix of the graph, or, when only
+     some clients woke, of its edges that touch an awake client (topology.active_mixing:
+     still doubly stochastic) (mixing.mix; D-PSGD's adapt-then-combine order).
   3. record: consensus distance, the average model's test loss and accuracy, the
      accuracies of a fixed seeded subset of clients' own models (their spread), the
-     bytes each client sent (its model to each neighbour: float32, d x 4 bytes each).
+     bytes each client sent (its model to each neighbour it mixed with: float32, d x 4
+     bytes each).
 After the last round the consensus model is the exact average of the rows (what
 an all-reduce of the clients' models gives); it is what is evaluated and saved.
 """
@@ -19,6 +26,7 @@ an all-reduce of the clients' models gives); it is what is evaluated and saved.
 from __future__ import annotations
 
 import math
+import secrets
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,10 +44,12 @@ from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.requests import training_config
 from fedveil.server.engine.rounds import initial_model
+from fedveil.server.engine.sampling import CohortSampler, SecretCohortSampler
 from fedveil.server.engine.transport import ClientFailure
 from fedveil.simulations.gossip.mixing import average, consensus_distance, mix
 from fedveil.simulations.gossip.topology import (
     Mixing,
+    active_mixing,
     build_graph,
     bytes_sent,
     metropolis_hastings,
@@ -94,6 +104,16 @@ def gossip_graph(cfg: RunConfig, n: int) -> Mixing:
     return metropolis_hastings(build_graph(g.topology, n, g.degree, cfg.seed))
 
 
+def waker(cfg: RunConfig, n: int) -> CohortSampler | SecretCohortSampler | None:
+    """Who wakes each round; None: every client (gossip.active 0 or n)."""
+    k = cfg.gossip.active
+    if k == 0 or k >= n:
+        return None
+    if cfg.client.dp_sgd_noise > 0:
+        return SecretCohortSampler(n, "fixed", k, 1.0, secrets.token_bytes(32))
+    return CohortSampler(n, "fixed", k, 1.0, cfg.seed)
+
+
 def spread_subset(cfg: RunConfig, n: int) -> list[int]:
     """The clients whose own models are scored each round: a seeded, fixed choice."""
     k = min(cfg.gossip.spread_clients, n)
@@ -119,7 +139,8 @@ class GossipEngine:
         start = self.model.get().detach().cpu()
         self.x = start.unsqueeze(0).repeat(self.n, 1)  # one row per client
         self.mixing = gossip_graph(cfg, self.n)
-        self.sent = bytes_sent(self.mixing.graph, self.model.size)
+        self.sent = bytes_sent(self.mixing, self.model.size)
+        self.waker = waker(cfg, self.n)
         self.spread = spread_subset(cfg, self.n)
         self.config = training_config(cfg, None)
         self.on_round = on_round
@@ -133,21 +154,35 @@ class GossipEngine:
             self.run_round()
 
     def run_round(self) -> GossipRecord:
-        """Train every client, mix, record (one line of metrics.jsonl)."""
+        """Wake clients, train them, mix, record (one line of metrics.jsonl)."""
         t0 = time.perf_counter()
         self.round += 1
-        half, trained, losses = self.train(self.round, self.x)
-        self.x = mix(half, self.mixing)
-        record = self.measure(trained, losses, time.perf_counter() - t0)
+        if self.waker is None:
+            half, trained, losses = self.train(self.round, self.x)
+            self.x = mix(half, self.mixing)
+            sent = self.sent
+        else:
+            awake = self.waker.sample()
+            rows = torch.tensor(awake, dtype=torch.int64)
+            half = self.x.clone()
+            half[rows], trained, losses = self.train(self.round, self.x[rows], awake)
+            step = active_mixing(self.mixing.graph, awake)
+            self.x = mix(half, step)
+            sent = bytes_sent(step, self.model.size)
+        record = self.measure(trained, losses, time.perf_counter() - t0, sent)
         self.history.append(record)
         if self.on_round is not None:
             self.on_round(record)
         return record
 
-    def train(self, round_num: int, x: torch.Tensor) -> tuple[torch.Tensor, int, list[float]]:
-        """x after every client's local training (a failed client's row unchanged)."""
+    def train(
+        self, round_num: int, x: torch.Tensor, clients: Sequence[int] | None = None
+    ) -> tuple[torch.Tensor, int, list[float]]:
+        """x (the rows of `clients`, default all) after each one's local training (a
+        failed client's row unchanged)."""
+        ids = range(self.n) if clients is None else clients
         out, trained, losses = local_training(
-            self.transport, self.config, round_num, range(self.n), x, self.failures
+            self.transport, self.config, round_num, ids, x, self.failures
         )
         self.client_updates += trained
         return out, trained, losses
@@ -156,7 +191,9 @@ class GossipEngine:
         """The consensus model: the exact average of the clients' models."""
         return average(self.x)
 
-    def measure(self, trained: int, losses: list[float], wall: float) -> GossipRecord:
+    def measure(
+        self, trained: int, losses: list[float], wall: float, sent: list[int]
+    ) -> GossipRecord:
         test_loss = test_acc = None
         accs: list[float] = []
         if self.task.test_data is not None:
@@ -177,11 +214,11 @@ class GossipEngine:
             client_accuracy_median=statistics.median(accs) if accs else None,
             client_accuracy_max=max(accs) if accs else None,
             client_accuracy_std=statistics.pstdev(accs) if accs else None,
-            bytes_sent_per_node_mean=sum(self.sent) / self.n,
-            bytes_sent_per_node_max=max(self.sent),
-            bytes_sent_total=sum(self.sent),
+            bytes_sent_per_node_mean=sum(sent) / self.n,
+            bytes_sent_per_node_max=max(sent),
+            bytes_sent_total=sum(sent),
             clients_trained=trained,
-            clients_failed=self.n - trained,
+            clients_failed=(self.n if self.waker is None else self.waker.per_round) - trained,
             train_loss=statistics.fmean(losses) if losses else None,
             wall_s=wall,
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -145,16 +146,17 @@ class Mixing:
         """The n x n matrix (for analysis and tests; never used to mix)."""
         w = np.zeros((self.n, self.n))
         w[np.arange(self.n), np.arange(self.n)] = self.self_weight.numpy()
+        index, weight = self.index.numpy(), self.weight.numpy()
         for i in range(self.n):
-            for k, j in enumerate(self.graph[i]):
-                w[i, j] += float(self.weight[i, k])
+            for k in range(index.shape[1]):  # an unused slot points at i with weight 0
+                w[i, index[i, k]] += weight[i, k]
         return w
 
 
 def metropolis_hastings(graph: Graph) -> Mixing:
     """w_ij = 1 / (1 + max(d_i, d_j)) on edges, the rest on the diagonal."""
     n = len(graph)
-    width = max(len(nb) for nb in graph)
+    width = max(1, max(len(nb) for nb in graph))
     index = torch.arange(n).unsqueeze(1).repeat(1, width)
     weight = torch.zeros(n, width, dtype=torch.float64)
     self_weight = torch.ones(n, dtype=torch.float64)
@@ -166,12 +168,29 @@ def metropolis_hastings(graph: Graph) -> Mixing:
     return Mixing(graph, self_weight, index, weight)
 
 
+def active_mixing(graph: Graph, active: Sequence[int]) -> Mixing:
+    """Metropolis-Hastings over the edges that touch an awake client (randomized gossip,
+    Boyd et al. 2006; asynchronous D-PSGD, Lian et al. 2018): an awake client averages
+    with each neighbour, awake or not, and an edge between two sleeping clients carries
+    nothing. Degrees are counted in that subgraph, so the matrix is still symmetric and
+    doubly stochastic: mixing never moves the average. A client no edge touches keeps
+    its model (self weight 1)."""
+    awake = set(active)
+    sub = [[j for j in nb if i in awake or j in awake] for i, nb in enumerate(graph)]
+    mixing = metropolis_hastings(sub)
+    return Mixing(graph, mixing.self_weight, mixing.index, mixing.weight)
+
+
 def spectral_gap(mixing: Mixing) -> float:
     """1 - |lambda_2| of the (symmetric) mixing matrix."""
     eig = np.sort(np.abs(np.linalg.eigvalsh(mixing.dense())))[::-1]
     return float(1.0 - eig[1]) if len(eig) > 1 else 1.0
 
 
-def bytes_sent(graph: Graph, model_size: int, itemsize: int = 4) -> list[int]:
-    """Bytes each client sends in one mixing step: its model to every neighbour."""
-    return [len(nb) * model_size * itemsize for nb in graph]
+def bytes_sent(mixing: Mixing | Graph, model_size: int, itemsize: int = 4) -> list[int]:
+    """Bytes each client sends in one mixing step: its model to every neighbour it mixes
+    with (a slot of nonzero weight; for a plain graph, every neighbour)."""
+    if isinstance(mixing, Mixing):
+        counts = (mixing.weight > 0).sum(dim=1).tolist()
+        return [int(c) * model_size * itemsize for c in counts]
+    return [len(nb) * model_size * itemsize for nb in mixing]

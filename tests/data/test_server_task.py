@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -11,7 +13,7 @@ from fedveil.data import partition as partition_module
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.simulate_run import simulate
-from fedveil.tasks import make_server_task, make_task
+from fedveil.tasks import make_server_task, make_task, split_test_data
 
 
 def digits_config(tmp_path, **extra):
@@ -75,3 +77,19 @@ def test_an_engine_on_the_server_task_reaches_the_simulations_model(tmp_path):
     assert weights.keys() == simulated.keys()
     assert all(torch.equal(weights[k], simulated[k]) for k in weights)
     assert deployed["test_accuracy"] == summary["test_accuracy"]
+
+
+def test_eval_split_halves_the_test_set_into_disjoint_validation_and_test(tmp_path):
+    """eval.split: tuning reads the validation half, reporting the test half; they are
+    disjoint and together the whole test set (the permutation is fixed, not the run seed's:
+    a dataset with a fixed test set, Fashion-MNIST, gets the same halves in every run)."""
+    task = make_task(digits_config(tmp_path))
+    n = len(task.test_data[1])
+    numbered = dataclasses.replace(task, test_data=(torch.arange(n).unsqueeze(1), torch.arange(n)))
+    val = split_test_data(numbered, "validation").test_data[1].tolist()
+    test = split_test_data(numbered, "test").test_data[1].tolist()
+    assert not set(val) & set(test) and sorted(val + test) == list(range(n))
+    assert split_test_data(numbered, "all") is numbered
+    got = make_task(digits_config(tmp_path, **{"eval.split": "test"})).test_data
+    assert torch.equal(got[1], task.test_data[1][test])
+    assert torch.equal(got[0], task.test_data[0][test])

@@ -20,9 +20,11 @@ from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.requests import training_config
+from fedveil.server.engine.sampling import CohortSampler
 from fedveil.simulations.batched import BatchedTrainer
 from fedveil.simulations.gossip.engine import GossipEngine
 from fedveil.simulations.gossip.gossip_privacy import gossip_privacy_report
+from fedveil.simulations.gossip.mixing import average
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.sequential_clients import plan_units
 from fedveil.simulations.simulate_run import simulate
@@ -98,6 +100,34 @@ def test_engine_trains_every_client_and_mixes(tmp_path: Path) -> None:
     assert records[-1].client_updates == 24 and records[-1].clients_failed == 0
     assert records[-1].bytes_sent_per_node_max == 2 * engine.model.size * 4
     assert records[-1].test_accuracy is not None and records[-1].test_accuracy > 0.5
+
+
+def test_randomized_gossip_trains_only_the_awake_clients(tmp_path: Path) -> None:
+    """gossip.active = 3 of 12: each round 3 clients train; the average model moves by
+    their updates alone (the mixing over their edges is doubly stochastic), and a ring
+    client neither awake nor next to one keeps its model and sends nothing."""
+    cfg = _cfg(tmp_path, **{"gossip.active": 3})
+    task = make_task(cfg)
+    awake = CohortSampler(12, "fixed", 3, 1.0, cfg.seed).sample()  # the engine's first draw
+    with InProcessTransport(task, "cpu", workers=1, unit_size=32, run_config=cfg) as transport:
+        engine = GossipEngine(cfg, task, transport)
+        before = engine.x.clone()
+        first = engine.run_round()
+        trained, count, _ = GossipEngine(cfg, task, transport).train(1, before[awake], awake)
+        assert count == 3
+        after = before.clone()
+        after[awake] = trained
+        assert torch.allclose(average(engine.x), average(after), atol=1e-6)
+        assert not torch.allclose(average(engine.x), average(before), atol=1e-4)
+        asleep = [i for i in range(12) if not {(i - 1) % 12, i, (i + 1) % 12} & set(awake)]
+        assert asleep and torch.equal(engine.x[asleep], before[asleep])
+        engine.run(2)
+    assert first.clients_trained == 3 and first.client_updates == 3
+    assert engine.history[-1].client_updates == 9 and engine.history[-1].clients_failed == 0
+    model_bytes = engine.model.size * 4
+    assert first.bytes_sent_total == model_bytes * sum(
+        2 if i in awake else len({(i - 1) % 12, (i + 1) % 12} & set(awake)) for i in range(12)
+    )
 
 
 def test_simulate_gossip_writes_the_run_directory(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import torch
 from fedveil.config import ConfigError, load_config
 from fedveil.simulations.gossip.mixing import average, consensus_distance, mix
 from fedveil.simulations.gossip.topology import (
+    active_mixing,
     build_graph,
     bytes_sent,
     metropolis_hastings,
@@ -28,6 +29,28 @@ def test_mixing_matrix_is_symmetric_doubly_stochastic(name: str) -> None:
     for i, nb in enumerate(graph):  # weights exactly on the edges and the diagonal
         assert i not in nb and all(i in graph[j] for j in nb)
         assert set(np.flatnonzero(w[i])) == {i, *nb}
+
+
+@pytest.mark.parametrize("name", TOPOLOGIES)
+def test_active_mixing_is_doubly_stochastic_on_the_awake_clients_edges(name: str) -> None:
+    """Randomized gossip: only edges touching an awake client mix, and the matrix stays
+    symmetric and doubly stochastic (the average of the models never moves)."""
+    graph = build_graph(name, 100, 0, seed=3)
+    awake = [3, 17, 40, 41, 77]
+    mixing = active_mixing(graph, awake)
+    w = mixing.dense()
+    assert np.allclose(w, w.T)
+    assert np.allclose(w.sum(axis=0), 1.0) and np.allclose(w.sum(axis=1), 1.0)
+    assert (w >= 0).all()
+    for i, nb in enumerate(graph):
+        touching = {j for j in nb if i in awake or j in awake}
+        assert set(np.flatnonzero(w[i])) == {i, *touching}
+    x = torch.randn(100, 7)
+    assert torch.allclose(average(mix(x, mixing)), average(x), atol=1e-6)
+    asleep = [i for i in range(100) if i not in awake and not set(graph[i]) & set(awake)]
+    assert asleep and torch.equal(mix(x, mixing)[asleep], x[asleep])
+    sent = bytes_sent(mixing, 10)
+    assert sent[3] == len(graph[3]) * 40 and all(sent[i] == 0 for i in asleep)
 
 
 def test_degrees_of_each_topology() -> None:
