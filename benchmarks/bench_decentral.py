@@ -1,7 +1,15 @@
 """`fedveil bench decentral`: aggregation without a coordinator, measured side by side.
 
-SECURE ALL-REDUCE (issue 34; this file's section below; gossip training has its own
-section in benchmarks/bench_gossip.py, joined under the same command).
+Two parts, one command (--part all, the default; or --part allreduce | gossip): the
+secure all-reduce (this file) and gossip training against FedAvg
+(benchmarks/bench_gossip.py). The JSON carries the issue's four keys at the top
+(secure_overhead_ratio, vs_coordinator_ratio, gossip_updates_ratio,
+gossip_accuracy_gap; None for a part not run), bytes_per_node of every contender
+(allreduce_plain/secure/coordinator per silo, gossip_fedavg/gossip_ring/
+gossip_exponential per client), and each part's figures under secure_allreduce and
+gossip.
+
+SECURE ALL-REDUCE
 
 Four silo processes (ranks 0-3) and one coordinator process (rank 4) on loopback, one
 run, the contenders interleaved in every repeat, the same update of d float32 values:
@@ -42,6 +50,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from fedveil.benchmarks.bench_gossip import add_gossip_arguments, print_table
+from fedveil.benchmarks.bench_gossip import run as run_gossip
 from fedveil.benchmarks.harness import command_main
 
 # ----------------------------------------------------------------------------------------
@@ -348,37 +358,69 @@ def _print(result: dict[str, Any]) -> None:
 
 
 DECENTRAL_SUMMARY = (
-    "`fedveil bench decentral`: N silo processes and a coordinator on loopback, in one run: "
-    "plain gloo all-reduce, the secure all-reduce (masked quantised updates) and fedveil's "
+    "`fedveil bench decentral`: aggregation without a coordinator, two parts in one command. "
+    "allreduce: N silo processes and a coordinator on loopback, in one run: plain gloo "
+    "all-reduce, the secure all-reduce (masked quantised updates) and fedveil's "
     "coordinator-based secure round; span from update ready to the sum at every silo, CPU "
     "per step and bytes per silo; secure_overhead_ratio (secure / plain, target <= 1.5) and "
-    "vs_coordinator_ratio (coordinator / secure, target >= 1)."
+    "vs_coordinator_ratio (coordinator / secure, target >= 1). gossip: FedAvg (20 clients a "
+    "round) and randomized gossip on a ring and an exponential graph (20 clients awake a "
+    "round), each at its learning rate tuned on a validation half of the test set, with "
+    "the same budget of client updates: updates to the target accuracy, final accuracy on "
+    "the test half, bytes per node, client spread, spectral gaps; gossip_updates_ratio "
+    "(target <= 1.5) and gossip_accuracy_gap (points, target <= 2). --json: one JSON object "
+    "with the four keys and bytes_per_node of every contender, the last line of stdout."
 )
 
 
+PARTS = ("all", "allreduce", "gossip")
+
+
 def add_decentral_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of `fedveil bench decentral`."""
-    p.add_argument("--silos", type=int, default=4, help="silo processes [4]")
-    p.add_argument("--dim", type=int, default=1_000_000, help="update dimension d [1000000]")
-    p.add_argument("--repeats", type=int, default=5, help="interleaved repeats [5]")
+    """The flags of `fedveil bench decentral`: the part to run, the all-reduce's, the
+    gossip half's (benchmarks/bench_gossip.py)."""
+    p.add_argument(
+        "--part",
+        choices=PARTS,
+        default="all",
+        help="allreduce: the secure all-reduce only; gossip: gossip vs FedAvg only [all]",
+    )
+    p.add_argument("--silos", type=int, default=4, help="allreduce: silo processes [4]")
+    p.add_argument(
+        "--dim", type=int, default=1_000_000, help="allreduce: update dimension d [1000000]"
+    )
+    p.add_argument("--repeats", type=int, default=5, help="allreduce: interleaved repeats [5]")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_gossip_arguments(p.add_argument_group("gossip (--part gossip or all)"))
 
 
 def cmd_bench_decentral(args: argparse.Namespace) -> int:
-    if not 2 <= args.silos <= 16:
-        raise ValueError(f"--silos {args.silos}: must be in [2, 16]")
+    if not 3 <= args.silos <= 16:  # the coordinator's secure round needs 3 clients
+        raise ValueError(f"--silos {args.silos}: must be in [3, 16]")
     if not 1 <= args.dim <= 50_000_000 or not 1 <= args.repeats <= 100:
         raise ValueError("--dim must be in [1, 5e7] and --repeats in [1, 100]")
-    result = {"secure_allreduce": run_secure_allreduce(args.silos, args.dim, args.repeats)}
-    ar = result["secure_allreduce"]
+    result: dict[str, Any] = {"part": args.part, "secure_allreduce": None, "gossip": None}
+    bytes_per_node: dict[str, Any] = {}
+    if args.part in ("all", "allreduce"):
+        ar = result["secure_allreduce"] = run_secure_allreduce(args.silos, args.dim, args.repeats)
+        bytes_per_node.update({f"allreduce_{k}": v for k, v in ar["bytes_per_node"].items()})
+        if not args.json:
+            _print(ar)
+    if args.part in ("all", "gossip"):
+        gossip = result["gossip"] = run_gossip(args)
+        bytes_per_node.update({f"gossip_{k}": v for k, v in gossip["bytes_per_node"].items()})
+        print_table(gossip)
+    ar, gossip = result["secure_allreduce"], result["gossip"]
+    # The issue's four keys, at the top whichever part ran (None: that part did not run).
     result.update(
-        secure_overhead_ratio=ar["secure_overhead_ratio"],
-        vs_coordinator_ratio=ar["vs_coordinator_ratio"],
+        secure_overhead_ratio=None if ar is None else ar["secure_overhead_ratio"],
+        vs_coordinator_ratio=None if ar is None else ar["vs_coordinator_ratio"],
+        gossip_updates_ratio=None if gossip is None else gossip["gossip_updates_ratio"],
+        gossip_accuracy_gap=None if gossip is None else gossip["gossip_accuracy_gap"],
+        bytes_per_node=bytes_per_node,
     )
     if args.json:
         print(json.dumps(result, sort_keys=True))
-    else:
-        _print(ar)
     return 0
 
 

@@ -1,33 +1,39 @@
-"""`fedveil bench gossip`: gossip training against FedAvg at equal client updates (issue 34).
+"""The gossip half of `fedveil bench decentral` (--part gossip): gossip training against
+FedAvg at equal client updates (issue 34).
 
 Three contenders train the same job (Fashion-MNIST, 100 clients, Dirichlet(0.5), one
 local epoch; `--model`, default mlp: see below) with the same budget of client updates
 (local trainings, the training compute), one after another in this process:
 
 - fedavg: the coordinator round, 20 clients per round (`fedveil simulate`'s default);
-- gossip_ring: every client trains each round, then mixes with its 2 ring neighbours
-  (Metropolis-Hastings weights);
+- gossip_ring: randomized gossip (gossip.active, default 20 = FedAvg's cohort: equal
+  client updates a round): the awake clients train, then mix with their 2 ring
+  neighbours (Metropolis-Hastings over the edges touching them); --active 0: every
+  client every round (synchronous D-PSGD);
 - gossip_exponential: the same on the exponential graph (neighbours at +-2^k).
 
-A FedAvg round is 20 client updates and a gossip round 100, so the budget gives FedAvg
-5x the rounds. Every contender evaluates its model (FedAvg's global model, gossip's
-consensus = average model) on the test set after every round; the accuracies are
-compared as functions of client updates. Reported per contender: client updates to the
+Learning rate: every contender tries the same grid (--lr-grid) for --tune-updates client
+updates, evaluated on the validation half of the test set (eval.split = validation); the
+rate that reaches the target in the fewest updates (then: the best final validation
+accuracy) is rerun on the full budget and reported on the disjoint test half. Every
+contender evaluates its model (FedAvg's global model, gossip's consensus = average
+model) after every round; the accuracies are compared as functions of client updates.
+Reported per contender: the lr and the tuning grid's results, client updates to the
 target accuracy (--target, 0.8), final accuracy, bytes each node sent (a gossip client:
-its model to each neighbour per round; a FedAvg client: its update per participation,
-and the server's downloads separately), the spread of client models' accuracies
-(gossip: a fixed subset of 10 clients' own models; FedAvg: one global model, no
-spread), wall time; and the graphs' spectral gaps.
+its model to each neighbour it mixed with; a FedAvg client: its update per
+participation, and the server's downloads separately), the spread of client models'
+accuracies (gossip: a fixed subset of 10 clients' own models; FedAvg: one global model,
+no spread), wall time; and the graphs' spectral gaps.
 
 Keys: gossip_updates_ratio (client updates to the target, exponential gossip over
 FedAvg; target <= 1.5), gossip_updates_ratio_ring, gossip_accuracy_gap (FedAvg's final
 accuracy minus exponential gossip's, in points; target <= 2), bytes_per_node per
 contender, ring_spectral_gap.
 
-Why the MLP by default: gossip trains all 100 clients every round, and on a CPU the CNN
-trains one client at a time (vmap batching is refused for convolutions: slower), about
-0.35 s per client update on this shared 2-core machine; three contenders at the
-default budget would take ~30 minutes. `--model cnn` runs the default model.
+Why the MLP by default: on a CPU the CNN trains one client at a time (vmap batching is
+refused for convolutions: slower), about 0.35 s per client update on this shared 2-core
+machine; three contenders and their tuning grids would take hours. `--model cnn` runs
+the default model.
 """
 
 from __future__ import annotations
@@ -37,11 +43,9 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedveil.benchmarks.harness import command_main
 from fedveil.config import load_config
 from fedveil.simulations.gossip.engine import gossip_graph
 from fedveil.simulations.gossip.topology import spectral_gap
@@ -273,19 +277,8 @@ def print_table(summary: dict[str, Any]) -> None:
         _say(f"target {key} {summary['targets'][key]}: {'met' if met else 'NOT met'}")
 
 
-GOSSIP_SUMMARY = (
-    "`fedveil bench gossip`: FedAvg (20 clients a round) and gossip on a ring and on an "
-    "exponential graph (every client trains, then mixes with its neighbours) train the "
-    "Fashion-MNIST job (100 clients, Dirichlet(0.5)) with the same budget of client updates; "
-    "prints client updates to the target accuracy, final accuracy of the global or consensus "
-    "model, bytes each node sent, the spread of client models' accuracies and the graphs' "
-    "spectral gaps; --json prints one JSON object (gossip_updates_ratio, gossip_accuracy_gap, "
-    "bytes_per_node, ring_spectral_gap) as the last line of stdout."
-)
-
-
 def add_gossip_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of `fedveil bench gossip` (also `python -m fedveil.benchmarks.bench_gossip`)."""
+    """The flags of the gossip half of `fedveil bench decentral` (--part gossip)."""
     p.add_argument(
         "--quick", action="store_true", help="digits, 20 clients, target 0.5 (a smoke test)"
     )
@@ -315,28 +308,8 @@ def add_gossip_arguments(p: argparse.ArgumentParser) -> None:
         "--tune-updates", type=int, help="client updates of each tuning run [half of --updates]"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of data split and init [0]")
-    p.add_argument("--out", default="runs/bench-gossip", help="run directories [runs/bench-gossip]")
-    p.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
-
-
-def cmd_bench_gossip(args: argparse.Namespace) -> int:
-    summary = run(args)
-    print_table(summary)
-    if args.json:
-        print(json.dumps(summary, sort_keys=True))
-    return 0
-
-
-def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    """`fedveil bench gossip` and `python -m fedveil.benchmarks.bench_gossip`."""
-    return command_main(
-        argv,
-        prog=prog or "python -m fedveil.benchmarks.bench_gossip",
-        description=GOSSIP_SUMMARY,
-        add_arguments=add_gossip_arguments,
-        run=cmd_bench_gossip,
+    p.add_argument(
+        "--out",
+        default="runs/bench-decentral",
+        help="gossip run directories [runs/bench-decentral]",
     )
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

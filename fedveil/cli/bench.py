@@ -71,12 +71,6 @@ def _async(argv: Sequence[str], prog: str) -> int:
     return bench_async.main(argv, prog)
 
 
-def _gossip(argv: Sequence[str], prog: str) -> int:
-    from fedveil.benchmarks import bench_gossip
-
-    return bench_gossip.main(argv, prog)
-
-
 def _decentral(argv: Sequence[str], prog: str) -> int:
     from fedveil.benchmarks import bench_decentral
 
@@ -123,11 +117,9 @@ BENCHMARKS: dict[str, Benchmark] = {
         "sync vs asynchronous training (FedBuff, secagg groups): simulated time to target",
         _async,
     ),
-    "gossip": Benchmark(
-        "gossip training (ring, exponential graph) vs FedAvg at equal client updates", _gossip
-    ),
     "decentral": Benchmark(
-        "no coordinator: secure vs plain all-reduce vs the coordinator's secure round",
+        "no coordinator: secure vs plain all-reduce vs the coordinator's secure round; "
+        "gossip vs FedAvg at equal client updates",
         _decentral,
     ),
     "default": Benchmark(

@@ -245,7 +245,10 @@ class Quantizer:
 
     def dequantize_sum(self, total: np.ndarray, count: int) -> np.ndarray:
         """Σ clip(x_i) (approximately) from the integer sum of `count` quantized vectors."""
-        return total.astype(np.float64) * self.step - count * self.clip_range
+        # In place on one float64 array (same arithmetic as astype, *, -: same bits).
+        out = np.multiply(total, self.step, dtype=np.float64)
+        out -= count * self.clip_range
+        return out
 
     def sum_error_bound(self, count: int) -> float:
         """Worst-case absolute error per coordinate of `dequantize_sum` (clipping aside)."""
@@ -280,7 +283,8 @@ class Quantizer:
         body, (weight_sum, count) = unpack(total, WEIGHT_COORDINATES)
         if weight_sum == 0:
             raise ValueError("the total weight is zero")
-        weighted = self.dequantize_sum(body, count) * (self.max_weight / weight_sum)
+        weighted = self.dequantize_sum(body, count)
+        weighted *= self.max_weight / weight_sum
         return weighted, weight_sum, count
 
 

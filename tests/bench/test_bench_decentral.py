@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.procs
 def test_the_json_has_the_ratios_and_every_contenders_span_cpu_and_bytes():
     cmd = [sys.executable, "-m", "fedveil.cli", "bench", "decentral"]
-    cmd += ["--silos", "3", "--dim", "20000", "--repeats", "1", "--json"]
+    cmd += ["--part", "allreduce", "--silos", "3", "--dim", "20000", "--repeats", "1", "--json"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -32,3 +32,7 @@ def test_the_json_has_the_ratios_and_every_contenders_span_cpu_and_bytes():
     ratio = contenders["coordinator"]["span_s"] / secure["span_s"]
     assert result["vs_coordinator_ratio"] == ratio
     assert set(figures["bytes_per_node"]) == set(contenders)
+    assert result["bytes_per_node"] == {
+        f"allreduce_{k}": v for k, v in figures["bytes_per_node"].items()
+    }
+    assert result["gossip"] is None and result["gossip_updates_ratio"] is None  # not run
