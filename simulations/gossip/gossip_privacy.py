@@ -106,7 +106,9 @@ def gossip_privacy_report(
             "max": max(eps),
         },
         "accounted_from": "each client's own example count: sampling rate batch_size / n, "
-        "the steps its epochs plan (an upper bound on those run), all rounds composed",
+        "the steps its epochs plan (an upper bound on those run), all rounds composed (with "
+        "gossip.active a client trains only in the rounds it wakes: an upper bound too; no "
+        "amplification by the random wake-ups is claimed)",
     }
     report["against_a_neighbour"] = (
         f"example-level ({max(eps):.4g}, {cfg.dp.delta:g})-DP for every client (the largest "
