@@ -3,7 +3,9 @@
 The directory is a coordinator run's: config.toml, partition.json, metrics.jsonl
 (one GossipRecord per round), model.safetensors (the consensus model, with the
 metadata that rebuilds it), summary.json, the plots, plus privacy/gossip.json
-(simulations/gossip/gossip_privacy.py). There is no checkpoint: a gossip run is not
+(simulations/gossip/gossip_privacy.py), and with DP-SGD the signed ledger (opened
+before round 1, closed after the last; `fedveil privacy verify` checks it). There is
+no checkpoint: a gossip run is not
 resumable (the config of --resume names it).
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 
 from fedveil.config import RunConfig
+from fedveil.server.engine.ledger_opening import DpSgdLedger
 from fedveil.server.engine.lifecycle import MODEL_FILE, model_metadata
 from fedveil.server.engine.runstore import RunStore, atomic_write_bytes
 from fedveil.simulations.failures import RunFailed
@@ -62,6 +65,7 @@ def simulate_gossip(
         if on_round is not None:
             on_round(r)
 
+    ledger = dp_sgd_ledger(cfg, store)
     with InProcessTransport(
         task,
         device,
@@ -72,7 +76,14 @@ def simulate_gossip(
         run_config=cfg,
     ) as transport:
         engine = GossipEngine(cfg, task, transport, device, on_round=record)
-        engine.run()
+        try:
+            engine.run()
+        except BaseException as exc:
+            if ledger is not None:
+                ledger.close("interrupted", engine.round, f"{type(exc).__name__}: {exc}"[:500])
+            raise
+    if ledger is not None:
+        ledger.close("final", engine.round)
     consensus = engine.consensus()
     save_consensus(store, engine, cfg, consensus)
     sizes = _sizes(task.client_sizes, task)
@@ -112,6 +123,24 @@ def simulate_gossip(
             + "; ".join(engine.failures or ["none recorded"])
         )
     return summary
+
+
+def dp_sgd_ledger(cfg: RunConfig, store: RunStore) -> DpSgdLedger | None:
+    """With DP-SGD, the run's signed ledger, as a coordinator run's DP-SGD-only ledger
+    (server/engine/ledger_opening.py): the opening states the plan, the closing record
+    the rounds run; it accounts no release (each client's DP-SGD is accounted in
+    privacy/gossip.json). `fedveil privacy verify` checks it. None without DP-SGD."""
+    if not cfg.client.dp_sgd_noise > 0:
+        return None
+    from fedveil.privacy.dp.signing import load_or_create_signer
+
+    store.ledger_path.unlink(missing_ok=True)  # a gossip run is never resumed
+    return DpSgdLedger(
+        cfg,
+        store.ledger_path,
+        run_id=store.run_identity()["run_id"],
+        signer=load_or_create_signer(),
+    )
 
 
 def save_consensus(

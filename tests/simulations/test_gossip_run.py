@@ -19,6 +19,7 @@ from fedveil.privacy.dp.events import PrivacyEvent
 from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
+from fedveil.server.engine.privacy_report import verify_run
 from fedveil.server.engine.requests import training_config
 from fedveil.server.engine.sampling import CohortSampler
 from fedveil.simulations.batched import BatchedTrainer
@@ -213,6 +214,16 @@ def test_gossip_with_dp_sgd_trains_through_opacus_and_reports_each_client(tmp_pa
     want = gossip_privacy_report(cfg, sizes, 1, [2] * 6)["client_dp_sgd"]["epsilon_per_client"]
     assert dp["epsilon_per_client"] == want
     assert 0 < want["min"] <= want["max"] < float("inf")
+    # The signed ledger a coordinator's DP-SGD run keeps: opened with the plan, closed
+    # after the last round, and `fedveil privacy verify` accepts it.
+    entries = [
+        json.loads(line) for line in (run / "privacy" / "ledger.jsonl").read_text().splitlines()
+    ]
+    assert [e["kind"] for e in entries] == ["open", "final"]
+    assert entries[0]["plan"]["dp_sgd_noise"] == 1.0 and entries[1]["training_round"] == 1
+    assert all(e.get("signature") for e in entries)
+    verified = verify_run(run)
+    assert verified.ok and verified.status == "final", verified.message
 
 
 def test_a_lane_trains_a_unit_of_rows_each_from_its_own_model(tmp_path: Path) -> None:
