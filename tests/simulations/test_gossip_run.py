@@ -253,3 +253,12 @@ def test_a_lane_trains_a_unit_of_rows_each_from_its_own_model(tmp_path: Path) ->
         torch.testing.assert_close(
             together[cid].tensor(F.DELTA), alone.tensor(F.DELTA), rtol=1e-4, atol=1e-5
         )
+
+
+def test_the_multi_process_run_refuses_randomized_gossip(tmp_path: Path) -> None:
+    """Its ranks wake every client; gossip.active is refused by name, before any process."""
+    from fedveil.simulations.gossip.distributed import run_gossip_processes
+
+    cfg = _cfg(tmp_path, **{"gossip.active": 3})
+    with pytest.raises(ValueError, match="gossip.active = 3"):
+        run_gossip_processes(cfg, 2, tmp_path / "ranks")
