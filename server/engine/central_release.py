@@ -58,7 +58,7 @@ from fedveil.server.engine.dp_from_config import async_dp_config, cohorts_are_se
 from fedveil.server.engine.ledger_opening import open_ledger, request_head
 from fedveil.server.engine.release_mechanism import Release
 from fedveil.server.engine.requests import ClientPrivacy
-from fedveil.server.engine.sampling import cohort_commitment
+from fedveil.server.engine.sampling import CohortDraws, cohort_commitment
 
 log = logging.getLogger("fedveil.privacy")
 
@@ -144,6 +144,10 @@ class CentralDP:
             # ledger, from round 1 on (the opening record is always there).
             ledger_head=request_head(self.ledger),
         )
+
+    def cohort_sampler(self) -> CohortDraws | None:
+        """None: the engine's sampler (secret cohorts, amplification by sampling)."""
+        return None
 
     def release(self, round_num: int, agg: Aggregate | None, model_size: int) -> Release | None:
         """Noise the sum, write the ledger entry, return the update to publish.
@@ -298,6 +302,10 @@ class AsyncCentralDP:
             clip_indicator=False,
             ledger_head=request_head(self.ledger),
         )
+
+    def cohort_sampler(self) -> CohortDraws | None:
+        """None: nothing is sampled; the cap bounds participation (`dispatch`)."""
+        return None
 
     def release(self, round_num: int, agg: Aggregate | None, model_size: int) -> Release:
         """Noise the buffer's sum (`agg`: the staleness-weighted sum of its re-clipped

@@ -152,14 +152,15 @@ class FtrlDP(CentralDP):
             ledger_head=request_head(self.ledger),
         )
 
-    def participation_sampler(self, seed_key: bytes) -> SchemaCohortSampler:
-        """Fixed-size cohorts among the clients the schema still allows."""
+    def cohort_sampler(self) -> SchemaCohortSampler:
+        """Fixed-size cohorts among the clients the schema still allows, drawn from the
+        run's CSPRNG cohort key (a resume draws the same ones)."""
         return SchemaCohortSampler(
             self._num_clients,
             self._per_round,
             self.schema,
             self.factorization.rounds,
-            seed_key,
+            self.cohort_key,
         )
 
     def guarantee_statement(self) -> str:
