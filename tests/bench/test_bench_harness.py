@@ -11,7 +11,7 @@ import pytest
 
 from fedveil.benchmarks.harness import ContenderFailed, run_contender
 
-CONTENDER = '''
+CONTENDER = """
 import sys, time
 from fedveil.benchmarks.harness import contender_main, since_launch
 
@@ -24,7 +24,7 @@ def run(spec):
 
 if __name__ == "__main__":
     sys.exit(contender_main(run, sys.argv[1:]))
-'''
+"""
 
 
 @pytest.fixture
@@ -55,6 +55,6 @@ def test_a_contender_past_its_time_limit_is_ended_and_named(
     contender_module: str, tmp_path: Path
 ) -> None:
     start = time.perf_counter()
-    with pytest.raises(ContenderFailed, match="no result within 1.5 s"):
+    with pytest.raises(ContenderFailed, match=r"no result within 1\.5 s"):
         run_contender(contender_module, {"hold_mb": 1, "sleep_s": 60}, tmp_path, timeout_s=1.5)
     assert time.perf_counter() - start < 30
