@@ -20,14 +20,13 @@ never reached the target.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fedveil.benchmarks import run_directory
-from fedveil.benchmarks.harness import command_main, run_contender, since_launch
+from fedveil.benchmarks.harness import command_main, print_report, run_contender, since_launch
 from fedveil.config.run import parse_set
 
 if TYPE_CHECKING:
@@ -266,9 +265,7 @@ def add_default_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_bench_default(args: argparse.Namespace) -> int:
     summary = bench(parse_set(args.set))
-    print(format_report(summary), file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-        print(json.dumps(summary, sort_keys=True))
+    print_report(summary, format_report(summary), args.json)
     return 0
 
 

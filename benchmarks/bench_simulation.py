@@ -14,7 +14,6 @@ bare loop's.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedveil.benchmarks import run_directory
 from fedveil.benchmarks.bench_workload import Workload
-from fedveil.benchmarks.harness import command_main, int_list, run_contender
+from fedveil.benchmarks.harness import command_main, int_list, print_report, run_contender
 from fedveil.benchmarks.memwatch import RoundClock
 
 if TYPE_CHECKING:
@@ -339,12 +338,10 @@ def cmd_bench_simulation(args: argparse.Namespace) -> int:
     )
     if args.population:
         summary = bench_population(w, args.population, workers=args.workers, repeat=args.repeat)
-        print(format_population(summary), file=sys.stderr if args.json else sys.stdout)
+        print_report(summary, format_population(summary), args.json)
     else:
         summary = bench(w, peer=args.peer, workers=args.workers, repeat=args.repeat)
-        print(format_report(summary), file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-        print(json.dumps(summary, sort_keys=True))
+        print_report(summary, format_report(summary), args.json)
     return 0
 
 
