@@ -20,25 +20,20 @@ never reached the target.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fedveil.benchmarks import child_env, run_directory
-from fedveil.benchmarks.harness import command_main
-from fedveil.benchmarks.memwatch import PeakWatcher
+from fedveil.benchmarks import run_directory
+from fedveil.benchmarks.harness import command_main, print_report, run_contender, since_launch
 from fedveil.config.run import parse_set
 
 if TYPE_CHECKING:
     from fedveil.config import RunConfig
     from fedveil.tasks import Task
 
-T0_ENV = "FEDVEIL_BENCH_T0"
 TARGET = 0.85
-MB = 1024 * 1024
 
 
 def default_config(overrides: dict[str, Any], out: str) -> RunConfig:
@@ -52,13 +47,7 @@ def default_config(overrides: dict[str, Any], out: str) -> RunConfig:
     return load_config(None, {**extra, **overrides, "out": out, "simulation.plots": False})
 
 
-def _since_launch() -> float:
-    import os
-
-    return time.time() - float(os.environ[T0_ENV])
-
-
-# -- children: one contender each ---------------------------------------------
+# -- children: one contender each (default_contender.py) ----------------------
 def run_ours(overrides: dict[str, Any]) -> dict[str, Any]:
     """The default job as `fedveil simulate` runs it, into a temporary run directory."""
     from fedveil.simulations.simulate_run import simulate
@@ -67,7 +56,7 @@ def run_ours(overrides: dict[str, Any]) -> dict[str, Any]:
     accuracy: list[float | None] = []
 
     def on_round(record: Any) -> None:
-        times.append(_since_launch())
+        times.append(since_launch())
         accuracy.append(record.test_accuracy)
 
     with run_directory(None) as out:
@@ -141,7 +130,7 @@ def run_bare(overrides: dict[str, Any]) -> dict[str, Any]:
         with torch.no_grad():
             for g, s in zip(global_params, sums, strict=True):
                 g.add_(s, alpha=1.0 / total)
-        times.append(_since_launch() - paused)
+        times.append(since_launch() - paused)
         stopped = time.time()
         accuracy.append(_test_accuracy(model, global_params, task, cfg.eval.batch_size))
         paused += time.time() - stopped
@@ -166,29 +155,28 @@ def _test_accuracy(model: Any, weights: list[Any], task: Task, batch: int) -> fl
     return correct / len(y)
 
 
-def child_main(role: str, overrides: dict[str, Any]) -> None:
-    result = run_ours(overrides) if role == "ours" else run_bare(overrides)
-    print(json.dumps(result))
+def contender(spec: dict[str, Any]) -> dict[str, Any]:
+    """A contender's process (default_contender.py): spec {"role": "ours" | "bare",
+    "overrides": {config key: value}}."""
+    role, overrides = spec["role"], spec["overrides"]
+    if role not in ("ours", "bare"):
+        raise ValueError(f"role = {role!r}: must be 'ours' or 'bare'")
+    return run_ours(overrides) if role == "ours" else run_bare(overrides)
 
 
 # -- the parent ------------------------------------------------------------------
 def measure(role: str, overrides: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "fedveil.benchmarks.bench_default", role, json.dumps(overrides)]
-    env = child_env()
-    t0 = time.time()
-    env[T0_ENV] = repr(t0)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-    with PeakWatcher(proc.pid) as watch:
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise RuntimeError(f"{role}: no result within {timeout_s:.0f} s") from None
-    if proc.returncode != 0:
-        raise RuntimeError(f"{role} failed (exit {proc.returncode}):\n{err[-4000:]}")
-    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    result.update(end_to_end_s=time.time() - t0, peak_rss_mb=watch.peak_rss / MB)
+    """One contender in a fresh process: its result, end to end from its launch, and the
+    peak memory of its process tree."""
+    with run_directory(None) as work:
+        result = run_contender(
+            "fedveil.benchmarks.default_contender",
+            {"role": role, "overrides": overrides},
+            work,
+            timeout_s=timeout_s,
+            watch_memory=True,
+        )
+    result["end_to_end_s"] = result["process_wall_s"]
     return result
 
 
@@ -277,9 +265,7 @@ def add_default_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_bench_default(args: argparse.Namespace) -> int:
     summary = bench(parse_set(args.set))
-    print(format_report(summary), file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-        print(json.dumps(summary, sort_keys=True))
+    print_report(summary, format_report(summary), args.json)
     return 0
 
 
@@ -295,7 +281,4 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] in ("ours", "bare"):  # a contender's process
-        child_main(sys.argv[1], json.loads(sys.argv[2]))
-    else:
-        sys.exit(main())
+    sys.exit(main())

@@ -14,31 +14,25 @@ bare loop's.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedveil.benchmarks import child_env, run_directory
+from fedveil.benchmarks import run_directory
 from fedveil.benchmarks.bench_workload import Workload
-from fedveil.benchmarks.harness import command_main, int_list
-from fedveil.benchmarks.memwatch import PeakWatcher, RoundClock
+from fedveil.benchmarks.harness import command_main, int_list, print_report, run_contender
+from fedveil.benchmarks.memwatch import RoundClock
 
 if TYPE_CHECKING:
     from fedveil.config import RunConfig
 
-T0_ENV = "FEDVEIL_BENCH_T0"
-MB = 1024 * 1024
 
-
-# -- children: one contender each ---------------------------------------------
+# -- children: one contender each (simulation_contender.py) -------------------
 def run_ours(w: Workload, workers: int, *, run_dir: Path | None = None) -> dict[str, Any]:
     """The workload through fedveil's run lifecycle, as `fedveil simulate` runs it: the
     round engine over the in-process transport, writing its run directory (`run_dir`;
@@ -99,55 +93,40 @@ def ours_config(w: Workload) -> RunConfig:
     )
 
 
-def child_main(role: str, workload: dict[str, Any], workers: int) -> None:
-    w = Workload(**workload)
+def contender(spec: dict[str, Any]) -> dict[str, Any]:
+    """A contender's process (simulation_contender.py): spec {"role", "workload",
+    "workers"}."""
+    role, w, workers = spec["role"], Workload(**spec["workload"]), int(spec["workers"])
     if role == "ours":
-        result = run_ours(w, workers)
-    elif role == "ours_1":
+        return run_ours(w, workers)
+    if role == "ours_1":
         # One in-process lane on one torch thread: the engine's overhead over the bare loop.
         import torch
 
         torch.set_num_threads(1)
-        result = run_ours(w, 1)
-    elif role == "bare":
+        return run_ours(w, 1)
+    if role == "bare":
         from fedveil.benchmarks.bench_workload import run_bare
 
-        result = run_bare(w)
-    elif role == "flower":
+        return run_bare(w)
+    if role == "flower":
         from fedveil.benchmarks.flower_peer import run_flower
 
-        result = run_flower(w)
-    else:
-        raise ValueError(f"unknown role {role!r}")
-    print(json.dumps(result))
+        return run_flower(w)
+    raise ValueError(f"unknown role {role!r}")
 
 
 # -- the parent: runs and measures the children -------------------------------
 def measure(role: str, w: Workload, workers: int = 0, timeout_s: float = 3600) -> dict[str, Any]:
     """Run one contender in a child process; its times, end-to-end time and peak memory."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "fedveil.benchmarks.bench_simulation",
-        role,
-        json.dumps(w.to_dict()),
-        str(workers),
-    ]
-    env = child_env()
-    t0 = time.time()
-    env[T0_ENV] = repr(t0)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
-    with PeakWatcher(proc.pid) as watch:
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-            raise RuntimeError(f"{role}: no result within {timeout_s:.0f} s") from None
-    end_to_end = time.time() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"{role} failed (exit {proc.returncode}):\n{err[-4000:]}")
-    result = json.loads(out.strip().splitlines()[-1])
+    with run_directory(None) as work:
+        result = run_contender(
+            "fedveil.benchmarks.simulation_contender",
+            {"role": role, "workload": w.to_dict(), "workers": workers},
+            work,
+            timeout_s=timeout_s,
+            watch_memory=True,
+        )
     rounds = result["round_s"]
     steady = slice(1, None) if len(rounds) > 1 else slice(None)
     result.update(
@@ -155,10 +134,8 @@ def measure(role: str, w: Workload, workers: int = 0, timeout_s: float = 3600) -
         round_s_median=statistics.median(rounds[steady]),
         round_cpu_s_median=statistics.median(result["round_cpu_s"][steady]),
         first_round_s=rounds[0],
-        startup_s=result.pop("first_round_at") - t0,
-        end_to_end_s=end_to_end,
-        peak_rss_mb=watch.peak_rss / MB,
-        processes=watch.max_processes,
+        startup_s=result.pop("first_round_at") - result["launched_at"],
+        end_to_end_s=result["process_wall_s"],
     )
     return result
 
@@ -361,12 +338,10 @@ def cmd_bench_simulation(args: argparse.Namespace) -> int:
     )
     if args.population:
         summary = bench_population(w, args.population, workers=args.workers, repeat=args.repeat)
-        print(format_population(summary), file=sys.stderr if args.json else sys.stdout)
+        print_report(summary, format_population(summary), args.json)
     else:
         summary = bench(w, peer=args.peer, workers=args.workers, repeat=args.repeat)
-        print(format_report(summary), file=sys.stderr if args.json else sys.stdout)
-    if args.json:
-        print(json.dumps(summary, sort_keys=True))
+        print_report(summary, format_report(summary), args.json)
     return 0
 
 
@@ -381,5 +356,5 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     )
 
 
-if __name__ == "__main__":  # a contender's own process (see run_ours / measure)
-    child_main(sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]))
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,9 @@ contenders and what it measures; it takes the rest from here:
   `int_list`, `float_list`, `name_list` for comma lists;
 - the contender runner: `run_contender` starts `python -m MODULE SPEC RESULT` in a fresh
   process and returns its result with the CPU seconds of its whole process tree (the
-  OS's count, from wait4); the contender's module ends in `contender_main(run)`;
+  OS's count, from wait4), its wall time and launch time, optionally the tree's peak
+  memory (memwatch.PeakWatcher) and a time limit; the contender's module ends in
+  `contender_main(run)`, and times itself from its launch with `since_launch()`;
 - seeds and medians: `run_seeds` runs every contender for every seed in turn (progress
   to stderr and to a JSON file, so an interrupted benchmark keeps what it measured),
   `medians` takes each contender's medians over seeds, `median_or_none` and `ratio`
@@ -22,16 +24,25 @@ docs/development.md ("Writing a benchmark") shows a benchmark built on it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
+
+from fedveil.benchmarks import child_env
+from fedveil.benchmarks.memwatch import PeakWatcher
+
+# The parent's time.time() when it launched the contender: its clock starts there.
+LAUNCHED_ENV = "FEDVEIL_BENCH_LAUNCHED"
+MB = 1024 * 1024
 
 
 def int_list(text: str) -> list[int]:
@@ -87,28 +98,68 @@ class ContenderFailed(RuntimeError):
     """A contender's process exited non-zero; the message ends in its log's tail."""
 
 
-def run_contender(module: str, spec: Mapping[str, Any], work: Path) -> dict[str, Any]:
+def run_contender(
+    module: str,
+    spec: Mapping[str, Any],
+    work: Path,
+    *,
+    timeout_s: float | None = None,
+    watch_memory: bool = False,
+) -> dict[str, Any]:
     """Run `python -m module SPEC RESULT` in a fresh process: SPEC is `spec` as JSON, the
     contender writes its result as JSON to RESULT (`contender_main`). Returns that result
-    with `cpu_s` (user + system seconds of the process and its children, from wait4) and
-    `process_wall_s`. Its output goes to work/contender.log."""
+    with `cpu_s` (user + system seconds of the process and its children, from wait4),
+    `process_wall_s` (launch to exit) and `launched_at` (time.time() at the launch, which
+    the contender reads as `since_launch()`); with `watch_memory` also `peak_rss_mb` and
+    `processes`, the peak RSS and size of its process tree (sampled every 0.1 s). Past
+    `timeout_s` the contender is killed (ContenderFailed). Its output goes to
+    work/contender.log."""
     work.mkdir(parents=True, exist_ok=True)
     spec_path, result_path = work / "spec.json", work / "result.json"
     spec_path.write_text(json.dumps(spec))
     cmd = [sys.executable, "-m", module, str(spec_path), str(result_path)]
+    env = child_env()
+    launched = time.time()
+    env[LAUNCHED_ENV] = repr(launched)
+    timed_out = threading.Event()
     start = time.perf_counter()
     with open(work / "contender.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(proc.pid, 0)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+        def kill() -> None:
+            timed_out.set()
+            proc.kill()
+
+        killer = threading.Timer(timeout_s, kill) if timeout_s is not None else None
+        watch = PeakWatcher(proc.pid) if watch_memory else None
+        with watch if watch is not None else contextlib.nullcontext():
+            if killer is not None:
+                killer.start()
+            try:
+                _, status, usage = os.wait4(proc.pid, 0)
+            finally:
+                if killer is not None:
+                    killer.cancel()
         proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - start
+    if timed_out.is_set():
+        raise ContenderFailed(f"contender {work}: no result within {timeout_s} s")
     if proc.returncode != 0:
         tail = (work / "contender.log").read_text()[-3000:]
         raise ContenderFailed(f"contender {work} exited {proc.returncode}:\n{tail}")
     done = json.loads(result_path.read_text())
     done["cpu_s"] = usage.ru_utime + usage.ru_stime
     done["process_wall_s"] = wall
+    done["launched_at"] = launched
+    if watch is not None:
+        done.update(peak_rss_mb=watch.peak_rss / MB, processes=watch.max_processes)
     return done
+
+
+def since_launch() -> float:
+    """In a contender's process: seconds since the parent launched it (its start-up
+    included), from the launch time run_contender gives it."""
+    return time.time() - float(os.environ[LAUNCHED_ENV])
 
 
 def contender_main(run: Callable[[dict[str, Any]], dict[str, Any]], argv: Sequence[str]) -> int:

@@ -34,40 +34,33 @@ valid while cohorts are secret). Against the coordinator and cohort members,
 from __future__ import annotations
 
 import logging
-import secrets
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 
 from fedveil.config import RunConfig
-from fedveil.privacy.dp import (
-    Ledger,
-    PrivacyBudget,
-    add_gaussian_noise,
-    next_clip_norm,
-    noised_count,
-)
+from fedveil.privacy.dp import add_gaussian_noise, next_clip_norm, noised_count
 from fedveil.privacy.dp.async_plan import stated_bound
 from fedveil.privacy.dp.participation import ParticipationCap, participation_bound
-from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.protocol import fields as F
 from fedveil.server.engine.aggregation import Aggregate
-from fedveil.server.engine.dp_from_config import async_dp_config, cohorts_are_secret, dp_config
-from fedveil.server.engine.ledger_opening import open_ledger, request_head
+from fedveil.server.engine.dp_from_config import async_dp_config, dp_config
+from fedveil.server.engine.ledger_opening import request_head
+from fedveil.server.engine.ledgered_release import LedgerArgs, LedgeredRelease
 from fedveil.server.engine.release_mechanism import Release
 from fedveil.server.engine.requests import ClientPrivacy
-from fedveil.server.engine.sampling import cohort_commitment
+from fedveil.server.engine.sampling import CohortDraws
 
 log = logging.getLogger("fedveil.privacy")
 
-# A private record sink: the run's operator-only annex (RunStore.append_private).
-PrivateSink = Callable[[dict[str, Any]], None]
 DISPATCH = "dispatch"  # private-annex record kind: one dispatch of one client
 
 
-class CentralDP:
+class CentralDP(LedgeredRelease):
+    """Central DP of sync rounds: noise on the sum of a sampled cohort, amplified."""
+
     adversary_note = (
         "central DP: the coordinator sees the un-noised sum (a trusted curator); "
         "no epsilon holds against it"
@@ -79,11 +72,8 @@ class CentralDP:
         num_clients: int,
         ledger_path: Path,
         *,
-        run_id: str | None = None,
-        signer: LedgerSigner | None = None,
-        private: PrivateSink | None = None,
         participations: Mapping[int, int] | None = None,
-        cohort_key: bytes | None = None,
+        **ledger: Unpack[LedgerArgs],
     ) -> None:
         self.config = dp_config(cfg, num_clients)
         s = cfg.server
@@ -91,18 +81,10 @@ class CentralDP:
         self.expected_cohort = (
             s.per_round if s.sampling == "fixed" else cfg.poisson_rate * num_clients
         )
-        self.cohorts_secret = cohorts_are_secret(cfg)
-        # The secret cohorts (and secure-aggregation graphs) are drawn from; its SHA-256
-        # commitment opens the ledger. Kept only in the run's private directory.
-        self.cohort_key = cohort_key if cohort_key is not None else secrets.token_bytes(32)
-        self.cohort_commitment = cohort_commitment(self.cohort_key) if self.cohorts_secret else None
         self.budget_against = cfg.dp.budget_against
-        ledger_path.parent.mkdir(parents=True, exist_ok=True)
-        self.ledger = Ledger(ledger_path, run_id=run_id, signer=signer)
-        # Signed before round 1: devices pin its key and check every head against it.
-        open_ledger(self.ledger, cfg, self.cohort_commitment)
-        self.budget = PrivacyBudget.from_ledger(self.config, self.ledger.releases)
-        self.private = private
+        # Secret cohorts (and secure-aggregation graphs) follow its cohort key; its
+        # ledger is signed before round 1: devices pin the key and check every head.
+        self._open(cfg, ledger_path, ledger)
         self.participations: dict[int, int] = dict(participations or {})
         releases = self.ledger.releases
         self.clip = (
@@ -110,29 +92,6 @@ class CentralDP:
             if releases
             else self.config.clip_norm
         )
-
-    @property
-    def last_round(self) -> int:
-        """The training round of the last release (ledger rounds count releases)."""
-        releases = self.ledger.releases
-        return int(releases[-1].get("training_round", releases[-1]["round"])) if releases else 0
-
-    def epsilon(self) -> float:
-        """The observers' epsilon: what the published models and run files reveal."""
-        return self.budget.spent()
-
-    def coordinator_epsilon(self) -> float | None:
-        """None: under central DP nothing bounds what the coordinator learns."""
-        return None
-
-    def coordinator_bound(self) -> float | None:
-        """None: under central DP nothing bounds what the coordinator learns."""
-        return None
-
-    def admits_next_round(self) -> tuple[bool, float]:
-        """(allowed, epsilon after the round) — checked BEFORE a round runs."""
-        eps = self.budget.epsilon_after(self.config.round_event())
-        return eps <= self.config.budget_epsilon, eps
 
     def client_fields(self) -> ClientPrivacy:
         """This stage's part of the training request."""
@@ -144,6 +103,10 @@ class CentralDP:
             # ledger, from round 1 on (the opening record is always there).
             ledger_head=request_head(self.ledger),
         )
+
+    def cohort_sampler(self) -> CohortDraws | None:
+        """None: the engine's sampler (secret cohorts, amplification by sampling)."""
+        return None
 
     def release(self, round_num: int, agg: Aggregate | None, model_size: int) -> Release | None:
         """Noise the sum, write the ledger entry, return the update to publish.
@@ -168,7 +131,7 @@ class CentralDP:
                 self.config.clip_learning_rate,
             )
             extra["next_clip_norm"] = next_clip
-        entry = self._charge(round_num, self.config.round_event(), self.clip, extra)
+        entry = self._charge(self._event(), self.clip, {"training_round": round_num, **extra})
         metrics = {
             "epsilon": entry["epsilon"],
             "clip_norm": self.clip,
@@ -177,46 +140,13 @@ class CentralDP:
         self.clip = next_clip
         return Release(torch.from_numpy(noised) / self.expected_cohort, metrics)
 
-    def _charge(
-        self, round_num: int, event: Any, clip: float, extra: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        fields = {"training_round": round_num, "budget_against": self.budget_against, **extra}
-        if not len(self.ledger) and self.cohort_commitment is not None:
-            fields["cohort_commitment"] = self.cohort_commitment
-        return self.budget.record_release(
-            self.ledger,
-            round_number=self.ledger.last_round + 1,
-            event=event,
-            clip_norm=clip,
-            extra=fields,
-        )
-
-    def close(self, kind: str, training_round: int, reason: str | None = None) -> None:
-        """The ledger's signed closing record: 'final' or 'interrupted' (a resume goes on)."""
-        if self.ledger.closed:
-            return  # a finished run's ledger takes nothing more (a resume of a done run)
-        fields: dict[str, Any] = {"training_round": training_round, "epsilon": self.epsilon()}
-        bound = self.coordinator_bound()
-        if bound is not None:  # public: the ledger's parameters alone give it
-            fields["epsilon_coordinator_bound"] = bound
-        if reason:
-            fields["reason"] = reason
-        entry = self.ledger.close(kind, fields)
+    def _closing_annex(self) -> dict[str, Any] | None:
+        """The busiest client's figure counts participations: the operator's only."""
         realised = self.coordinator_epsilon()
-        if realised is not None and self.private is not None:
-            # The busiest client's figure counts participations: the operator's only.
-            self.private(
-                {
-                    "kind": "close",
-                    "ledger_kind": kind,
-                    "ledger_seq": entry.get("seq"),
-                    "training_round": training_round,
-                    "epsilon_coordinator_max": realised,
-                }
-            )
+        return None if realised is None else {"epsilon_coordinator_max": realised}
 
 
-class AsyncCentralDP:
+class AsyncCentralDP(LedgeredRelease):
     """Dispatch gate + release step of central DP under asynchronous participation."""
 
     adversary_note = (
@@ -234,29 +164,19 @@ class AsyncCentralDP:
         num_clients: int,
         ledger_path: Path,
         *,
-        run_id: str | None = None,
-        signer: LedgerSigner | None = None,
-        private: PrivateSink | None = None,
         dispatches: Mapping[int, int] | None = None,
-        cohort_key: bytes | None = None,
+        **ledger: Unpack[LedgerArgs],
     ) -> None:
         self.config = async_dp_config(cfg, num_clients)  # ConfigError when not accountable
-        # Nothing is sampled (no amplification to protect), but which clients form each
-        # group is still kept from observers: groups and their secure-aggregation graph
-        # seeds follow this secret key (buffered_scheduler.py), whose SHA-256 commitment opens
-        # the ledger, unless dp.seeded_cohorts asks for the public seed.
-        self.cohorts_secret = cohorts_are_secret(cfg)
-        self.cohort_key = cohort_key if cohort_key is not None else secrets.token_bytes(32)
-        self.cohort_commitment = cohort_commitment(self.cohort_key) if self.cohorts_secret else None
         assert self.config.max_participations is not None
         self.clip = self.config.clip_norm
         self.bound = stated_bound(self.config)
-        ledger_path.parent.mkdir(parents=True, exist_ok=True)
-        self.ledger = Ledger(ledger_path, run_id=run_id, signer=signer)
-        # Signed before the first dispatch: devices pin its key (ledger_opening.py).
-        open_ledger(self.ledger, cfg, self.cohort_commitment)
-        self.budget = PrivacyBudget.from_ledger(self.config, self.ledger.releases)
-        self.private = private
+        # Nothing is sampled (no amplification to protect), but which clients form each
+        # group is still kept from observers: groups and their secure-aggregation graph
+        # seeds follow the secret cohort key (buffered_scheduler.py), unless
+        # dp.seeded_cohorts asks for the public seed. The ledger is signed before the
+        # first dispatch: devices pin its key (ledger_opening.py).
+        self._open(cfg, ledger_path, ledger)
         self.cap = ParticipationCap(self.config.max_participations, dispatches)
         # A release divides by the buffer K (public), never by how many arrived.
         self.divisor = float(cfg.server.buffer)
@@ -285,12 +205,6 @@ class AsyncCentralDP:
         return self.cap.exhausted(population)
 
     # --------------------------------------------------------------- the release
-    @property
-    def last_round(self) -> int:
-        """The model version of the last release (ledger rounds count releases)."""
-        releases = self.ledger.releases
-        return int(releases[-1].get("training_round", releases[-1]["round"])) if releases else 0
-
     def client_fields(self) -> ClientPrivacy:
         return ClientPrivacy(
             clip_norm=self.clip,
@@ -299,6 +213,10 @@ class AsyncCentralDP:
             ledger_head=request_head(self.ledger),
         )
 
+    def cohort_sampler(self) -> CohortDraws | None:
+        """None: nothing is sampled; the cap bounds participation (`dispatch`)."""
+        return None
+
     def release(self, round_num: int, agg: Aggregate | None, model_size: int) -> Release:
         """Noise the buffer's sum (`agg`: the staleness-weighted sum of its re-clipped
         updates, each weight <= 1; None: noise only), write the ledger entry durably, and
@@ -306,19 +224,7 @@ class AsyncCentralDP:
         total = torch.zeros(model_size) if agg is None else agg.total
         flat = total.detach().cpu().reshape(-1).to(torch.float64)
         noised = add_gaussian_noise(flat.numpy(), self.config.noise_multiplier, self.clip)
-        extra: dict[str, Any] = {
-            "training_round": int(round_num),
-            "budget_against": self.budget_against,
-        }
-        if not len(self.ledger) and self.cohort_commitment is not None:
-            extra["cohort_commitment"] = self.cohort_commitment
-        entry = self.budget.record_release(
-            self.ledger,
-            round_number=self.ledger.last_round + 1,
-            event=self.config.round_event(),
-            clip_norm=self.clip,
-            extra=extra,
-        )
+        entry = self._charge(self._event(), self.clip, {"training_round": int(round_num)})
         metrics = {
             "epsilon": entry["epsilon"],
             "epsilon_cap_bound": self.bound,
@@ -329,16 +235,8 @@ class AsyncCentralDP:
         return Release(update, metrics)
 
     # ---------------------------------------------------------------- the figures
-    def epsilon(self) -> float:
-        """The public figure: the bound for a client in min(releases, P) releases."""
-        return self.budget.spent()
-
-    def coordinator_epsilon(self) -> float | None:
-        return None  # central DP: the coordinator is a trusted curator
-
-    def coordinator_bound(self) -> float | None:
-        return None
-
+    # epsilon() (LedgeredRelease): the public figure, the bound for a client in
+    # min(releases, P) releases; the coordinator's figures are None (a trusted curator).
     def realised_epsilon(self) -> float:
         """The busiest client's epsilon (its dispatches, capped by the releases so far):
         counts participation, so the operator's private annex only."""
@@ -349,35 +247,12 @@ class AsyncCentralDP:
             self.budget.history, busiest, self.config.delta, self.config.accountant_name
         )
 
-    def admits_next_round(self) -> tuple[bool, float]:
-        """(allowed, epsilon after one more release): always within the budget, since the
-        cap-based bound was checked before the run."""
-        eps = self.budget.epsilon_after(self.config.round_event())
-        return eps <= self.config.budget_epsilon, eps
-
-    def close(self, kind: str, training_round: int, reason: str | None = None) -> None:
-        """The ledger's signed closing record ('final' or 'interrupted'), and the realised
-        figure to the private annex."""
-        if self.ledger.closed:
-            return
-        fields: dict[str, Any] = {"training_round": training_round, "epsilon": self.epsilon()}
-        bound = self.coordinator_bound()
-        if bound is not None:  # distributed DP: public, the ledger's parameters alone give it
-            fields["epsilon_coordinator_bound"] = bound
-        if reason:
-            fields["reason"] = reason
-        entry = self.ledger.close(kind, fields)
-        if self.private is not None:
-            self.private(
-                {
-                    "kind": "close",
-                    "ledger_kind": kind,
-                    "ledger_seq": entry.get("seq"),
-                    "training_round": training_round,
-                    "epsilon_client_max_realised": self.realised_epsilon(),
-                    "dispatches_max": self.cap.busiest(),
-                }
-            )
+    def _closing_annex(self) -> dict[str, Any] | None:
+        """The realised figures: the busiest client's epsilon and dispatches."""
+        return {
+            "epsilon_client_max_realised": self.realised_epsilon(),
+            "dispatches_max": self.cap.busiest(),
+        }
 
 
 def dispatch_counts(private_records: Iterable[Mapping[str, Any]]) -> dict[int, int]:

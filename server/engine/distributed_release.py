@@ -68,6 +68,36 @@ from fedveil.server.engine.requests import ClientPrivacy
 CHARGE = "charge"  # private-annex record kind: who a group release charged
 
 
+def bound_plan(plan: DistributedDpPlan | None, mechanism: str) -> DistributedDpPlan:
+    """The plan `bind` gave the mechanism; refused before one was bound."""
+    if plan is None:
+        raise RuntimeError(f"{mechanism}.bind(plan) must come before any release")
+    return plan
+
+
+def refuse_too_few_survivors(
+    plan: DistributedDpPlan, survivors: frozenset[int], who: str, lost: str = ""
+) -> None:
+    """The unmask gate's first check: fewer survivors than the plan's floor carry too
+    few honest noise shares (SecAggAborted: nothing unmasked, nothing charged)."""
+    if len(survivors) < plan.min_survivors:
+        raise SecAggAborted(
+            f"{len(survivors)} survivors < {plan.min_survivors} (at least "
+            f"{plan.min_honest} honest noise shares after up to {plan.corrupt} corrupt "
+            f"{who}): too little noise to unmask; {lost}nothing unmasked"
+        )
+
+
+def skellam_charge_fields(plan: DistributedDpPlan, coordinator_bound: float) -> dict[str, Any]:
+    """What a distributed-DP ledger entry adds to the release's fields: the Skellam
+    parameters, the honest shares every unmasked sum carries, the coordinator's bound."""
+    return {
+        "skellam": plan.params.to_dict(),
+        "noise_shares": plan.min_honest,
+        "epsilon_coordinator_bound": coordinator_bound,
+    }
+
+
 class DistributedDP(CentralDP):
     """Clients add the noise (Skellam shares under secure aggregation); the server checks
     the survivors and charges before unmasking, then releases the decoded sum."""
@@ -87,9 +117,9 @@ class DistributedDP(CentralDP):
     def bind(self, plan: DistributedDpPlan) -> None:
         self.plan = plan
 
-    def _event(self) -> Any:
-        assert self.plan is not None, "bind(plan) first"
-        return self.config.round_event(self.plan.noise_multiplier)
+    def _event(self) -> PrivacyEvent:
+        """One round's release: its Gaussian-equivalent z at the plan's fewest honest shares."""
+        return self.config.round_event(bound_plan(self.plan, "DistributedDP").noise_multiplier)
 
     def _client_epsilon(self, participations: int) -> float:
         if participations not in self._individual:
@@ -127,14 +157,8 @@ class DistributedDP(CentralDP):
 
     def before_unmask(self, round_num: int, survivors: frozenset[int]) -> None:
         """The UnmaskGate: refuse too few honest shares, else charge durably, then unmask."""
-        plan = self.plan
-        assert plan is not None, "bind(plan) first"
-        if len(survivors) < plan.min_survivors:
-            raise SecAggAborted(
-                f"{len(survivors)} survivors < {plan.min_survivors} (at least "
-                f"{plan.min_honest} honest noise shares after up to {plan.corrupt} corrupt "
-                "clients): too little noise to unmask; nothing unmasked"
-            )
+        plan = bound_plan(self.plan, "DistributedDP")
+        refuse_too_few_survivors(plan, survivors, "clients")
         allowed, eps = self.admits_next_round()
         if not allowed:
             raise SecAggAborted(
@@ -144,11 +168,10 @@ class DistributedDP(CentralDP):
         for cid in survivors:
             self.participations[cid] = self.participations.get(cid, 0) + 1
         extra = {
-            "skellam": plan.params.to_dict(),
-            "noise_shares": plan.min_honest,
-            "epsilon_coordinator_bound": self.coordinator_bound(upcoming=1),
+            "training_round": round_num,
+            **skellam_charge_fields(plan, self.coordinator_bound(upcoming=1)),
         }
-        entry = self._charge(round_num, self._event(), self.config.clip_norm, extra)
+        entry = self._charge(self._event(), self.config.clip_norm, extra)
         if self.private is not None:
             # Who took part: the coordinator's epsilon per client is rebuilt from this.
             self.private(
@@ -204,9 +227,7 @@ class AsyncDistributedDP(AsyncCentralDP):
         self.plan = plan
 
     def _plan(self) -> DistributedDpPlan:
-        if self.plan is None:
-            raise RuntimeError("AsyncDistributedDP.bind(plan) must come before any group")
-        return self.plan
+        return bound_plan(self.plan, "AsyncDistributedDP")
 
     def _event(self) -> PrivacyEvent:
         """One group release: its Gaussian-equivalent z at the plan's fewest honest shares."""
@@ -220,30 +241,12 @@ class AsyncDistributedDP(AsyncCentralDP):
         plan = self._plan()
         if self.ledger.closed:
             raise SecAggAborted("the run's ledger is closed: nothing more is unmasked")
-        if len(survivors) < plan.min_survivors:
-            raise SecAggAborted(
-                f"{len(survivors)} survivors < {plan.min_survivors} (at least "
-                f"{plan.min_honest} honest noise shares after up to {plan.corrupt} corrupt "
-                "members): too little noise to unmask; the group is lost, nothing unmasked"
-            )
-        event = self._event()
-        extra: dict[str, Any] = {
-            "budget_against": self.budget_against,
-            "skellam": plan.params.to_dict(),
-            "noise_shares": plan.min_honest,
-            "epsilon_coordinator_bound": self.coordinator_bound(upcoming=1),
-        }
-        if not len(self.ledger) and self.cohort_commitment is not None:
-            extra["cohort_commitment"] = self.cohort_commitment
+        refuse_too_few_survivors(plan, survivors, "members", "the group is lost, ")
+        # No training round: the group's release is applied with a later model version.
+        extra = skellam_charge_fields(plan, self.coordinator_bound(upcoming=1))
         # Raises BudgetExceededError (nothing written, nothing unmasked) past dp.epsilon;
         # the cap's bound was checked before the run, so an honest run never does.
-        entry = self.budget.record_release(
-            self.ledger,
-            round_number=self.ledger.last_round + 1,
-            event=event,
-            clip_norm=self.clip,
-            extra=extra,
-        )
+        entry = self._charge(self._event(), self.clip, extra)
         if self.private is not None:
             # Who a release charged: participation, so the operator's annex only (the
             # operator's report rebuilds each client's figure from it).
@@ -289,7 +292,3 @@ class AsyncDistributedDP(AsyncCentralDP):
     def coordinator_epsilon(self) -> float:
         """The busiest client's figure (its dispatches): the operator's annex only."""
         return self.realised_epsilon()
-
-    def admits_next_round(self) -> tuple[bool, float]:
-        eps = self.budget.epsilon_after(self._event())
-        return eps <= self.config.budget_epsilon, eps

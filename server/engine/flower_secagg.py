@@ -16,6 +16,15 @@ reaches the server. Without DP the next round's cohort is drawn a round early an
 key stages ride on this round's exchanges (SecAggChannel's pipelining), so a steady
 secure round is two exchanges; the last round's early key stages go unused.
 
+The cohort's size is the strategy's own rule (FedAvg: max(int(n x fraction), min
+nodes)) on the nodes connected when the exchange starts, and at least the number of
+messages the strategy sent: FedAvg sizes its sample from the nodes connected when it
+configures the round, before it waits for min_available_nodes, so a SuperNode that
+registers in between would otherwise leave the exchange short of the nodes the
+strategy asked for. While that size is under the protocol's 3 nodes (or over the
+nodes connected), the exchange waits for nodes to connect, at most
+`SecureSettings.node_wait_s` (30 s), then refuses as before (SecureAggregationRefused).
+
 Federated evaluation runs the same way over the app's evaluate metrics (averaged inside
 the protocol). Under DP (`FlowerDP`) every client weighs 1 whatever it reports, clips its
 update to the clip norm, the server adds Gaussian noise to the unmasked sum and divides
@@ -29,6 +38,7 @@ import copy
 import logging
 import math
 import secrets
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +76,8 @@ from fedveil.server.engine.transport import ClientFailure
 log = logging.getLogger("fedveil.flower")
 
 MIN_NODES = 3  # with 2, each would learn the other's update from the sum
+NODE_POLL_S = 0.5  # how often a secure exchange short of nodes looks for more
+MAX_NODE_WAIT_S = 3600.0  # the longest node_wait_s: a stuck run still ends
 TRAIN_METRICS = ("train_loss",)  # Flower's quickstart apps' metric names
 EVALUATE_METRICS = ("eval_loss", "eval_acc")
 
@@ -179,6 +191,17 @@ class SecureSettings:
     neighbors: int = 0  # 0: from the threat model (dropout and adversarial rates)
     threshold: int = 0
     seed: int = 0
+    # How long an exchange short of nodes waits for more to connect before refusing.
+    node_wait_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        wait = self.node_wait_s
+        if isinstance(wait, bool) or not (
+            isinstance(wait, (int, float)) and 0 <= wait <= MAX_NODE_WAIT_S
+        ):
+            raise ValueError(
+                f"node_wait_s = {wait!r}: must be a number of seconds in [0, {MAX_NODE_WAIT_S:g}]"
+            )
 
     def section(self, dp: bool, pipeline: bool = False) -> SecAggSection:
         return SecAggSection(
@@ -258,6 +281,15 @@ class SecAggGrid(Grid):
         dp: FlowerDP | None = None,
     ) -> None:
         check_strategy(strategy)
+        # The strategy's own sampling rule per exchange (fraction, fewest nodes): FedAvg's
+        # public parameters, which every strategy check_strategy admits has.
+        self._sampling: dict[str, tuple[float, int]] = {
+            MessageType.TRAIN: (float(strategy.fraction_train), int(strategy.min_train_nodes)),
+            MessageType.EVALUATE: (
+                float(strategy.fraction_evaluate),
+                int(strategy.min_evaluate_nodes),
+            ),
+        }
         self.grid = grid
         self.settings = settings or SecureSettings()
         self.dp = dp
@@ -498,21 +530,12 @@ class SecAggGrid(Grid):
             )
         return self._channels[purpose]
 
-    def _cohort(self, purpose: str, size: int) -> tuple[list[int], list[int] | None]:
-        """`size` node ids from fedveil's sampler (the strategy's own draw is ignored), and
-        the next round's when pipelined (drawn now, assuming the same size: a round of
-        another size discards the early key exchange and starts afresh)."""
-        nodes = sorted(self.grid.get_node_ids())
-        if min(size, len(nodes)) < MIN_NODES:
-            raise SecureAggregationRefused(
-                f"secure aggregation needs at least {MIN_NODES} nodes per round; this "
-                f"{purpose} exchange has {min(size, len(nodes))} of {len(nodes)} connected "
-                "nodes. Run more SuperNodes (`flwr run . --federation-config "
-                f"num-supernodes={MIN_NODES}`, or options.num-supernodes in the federation), "
-                "or let the strategy sample at least 3 (fraction_train, min_train_nodes)"
-            )
-        if size > len(nodes):
-            raise ValueError(f"secure aggregation: a cohort of {size} from {len(nodes)} nodes")
+    def _cohort(self, purpose: str, sent: int) -> tuple[list[int], list[int] | None]:
+        """The cohort's node ids from fedveil's sampler (the strategy's own draw is
+        ignored; its size: `_nodes`), and the next round's when pipelined (drawn now,
+        assuming the same size: a round of another size discards the early key exchange
+        and starts afresh)."""
+        nodes, size = self._nodes(purpose, sent)
         key = (purpose, len(nodes), size)
         sampler = self._samplers.get(key)
         if sampler is None:
@@ -528,6 +551,52 @@ class SecAggGrid(Grid):
             return drawn, None
         self._drawn[key] = [nodes[i] for i in sampler.sample()]
         return drawn, self._drawn[key]
+
+    def _size(self, purpose: str, sent: int, connected: int) -> int:
+        """The strategy's rule on the nodes connected now (FedAvg's configure_train:
+        max(int(n x fraction), min nodes)), never fewer than the `sent` messages."""
+        fraction, fewest = self._sampling[purpose]
+        return max(sent, int(connected * fraction), fewest)
+
+    def _nodes(self, purpose: str, sent: int) -> tuple[list[int], int]:
+        """(the connected node ids, the cohort size) once the size is at least MIN_NODES
+        and at most the nodes connected: waits for nodes to connect, at most
+        settings.node_wait_s, then refuses (fails closed, naming the fix)."""
+        deadline = time.monotonic() + self.settings.node_wait_s
+        waited = False
+        while True:
+            nodes = sorted(self.grid.get_node_ids())
+            size = self._size(purpose, sent, len(nodes))
+            if MIN_NODES <= size <= len(nodes):
+                return nodes, size
+            left = deadline - time.monotonic()
+            if not left > 0:
+                break
+            if not waited:
+                flwr_log(
+                    logging.INFO,
+                    "[fedveil] secure %s: %d of %d nodes connected; waiting up to %.0f s for more",
+                    purpose,
+                    len(nodes),
+                    max(size, MIN_NODES),
+                    self.settings.node_wait_s,
+                )
+                waited = True
+            time.sleep(min(NODE_POLL_S, left))
+        have = min(size, len(nodes))
+        if have < MIN_NODES:
+            raise SecureAggregationRefused(
+                f"secure aggregation needs at least {MIN_NODES} nodes per round; this "
+                f"{purpose} exchange has {have} of {len(nodes)} connected "
+                f"nodes (after waiting {self.settings.node_wait_s:g} s for more). Run more "
+                "SuperNodes (`flwr run . --federation-config "
+                f"num-supernodes={MIN_NODES}`, or options.num-supernodes in the federation), "
+                "or let the strategy sample at least 3 (fraction_train, min_train_nodes)"
+            )
+        raise ValueError(
+            f"secure aggregation: a cohort of {size} from {len(nodes)} nodes (after "
+            f"waiting {self.settings.node_wait_s:g} s for more)"
+        )
 
 
 def _refuse_stock_clients(reasons: Iterable[str]) -> None:
@@ -580,6 +649,7 @@ def secure(
     """`grid` with the strategy's rounds run under fedveil's secure aggregation (clients
     need `fedveil_secagg_mod`). `settings`: SecureSettings' fields (clip_range, levels,
     max_weight, metric_range, train_metrics, evaluate_metrics, dropout_rate,
-    adversarial_rate, neighbors, threshold, seed). Refuses strategies that need each
+    adversarial_rate, neighbors, threshold, seed, node_wait_s: how long an exchange
+    short of nodes waits for more to connect). Refuses strategies that need each
     client's update (StrategyRefused)."""
     return SecAggGrid(grid, strategy, SecureSettings(**settings), dp)

@@ -13,7 +13,7 @@ rounds, and any unavailable client shrinks the cohorts.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -23,7 +23,9 @@ log = logging.getLogger("fedveil.privacy")
 
 
 class SchemaCohortSampler:
-    """The round engine's sampler interface (sample, state, restore) under a schema."""
+    """The round engine's sampler interface (sampling.CohortDraws) under a schema."""
+
+    source: ClassVar[str] = "csprng"  # keyed by the run's CSPRNG cohort key
 
     def __init__(
         self,

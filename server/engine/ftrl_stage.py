@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from fedveil.config import RunConfig
-from fedveil.privacy.dp import BudgetExceededError, DpConfig, Ledger
+from fedveil.privacy.dp import BudgetExceededError, DpConfig
 from fedveil.privacy.dp.ftrl import FtrlNoise
 from fedveil.privacy.dp.ftrl.ftrl_accounting import epsilon_after
 from fedveil.privacy.dp.ftrl.ftrl_plan import (
@@ -43,9 +43,10 @@ from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.protocol import fields as F
 from fedveil.protocol.dp_rules import DP_FTRL, FIXED, PLD
 from fedveil.server.engine.aggregation import Aggregate
-from fedveil.server.engine.central_release import CentralDP, PrivateSink
+from fedveil.server.engine.central_release import CentralDP
 from fedveil.server.engine.ftrl_sampling import SchemaCohortSampler
-from fedveil.server.engine.ledger_opening import open_ledger, request_head
+from fedveil.server.engine.ledger_opening import open_run_ledger, request_head
+from fedveil.server.engine.ledgered_release import PrivateSink
 from fedveil.server.engine.release_mechanism import Release
 from fedveil.server.engine.requests import ClientPrivacy
 
@@ -112,9 +113,7 @@ class FtrlDP(CentralDP):
         self.cohort_key = cohort_key if cohort_key is not None else secrets.token_bytes(32)
         self.cohort_commitment = None
         self.budget_against = d.budget_against
-        ledger_path.parent.mkdir(parents=True, exist_ok=True)
-        self.ledger = Ledger(ledger_path, run_id=run_id, signer=signer)
-        open_ledger(self.ledger, cfg, None)
+        self.ledger = open_run_ledger(ledger_path, cfg, None, run_id=run_id, signer=signer)
         self.private = private
         self.participations = dict(participations or {})
         self.clip = d.clip
@@ -152,14 +151,15 @@ class FtrlDP(CentralDP):
             ledger_head=request_head(self.ledger),
         )
 
-    def participation_sampler(self, seed_key: bytes) -> SchemaCohortSampler:
-        """Fixed-size cohorts among the clients the schema still allows."""
+    def cohort_sampler(self) -> SchemaCohortSampler:
+        """Fixed-size cohorts among the clients the schema still allows, drawn from the
+        run's CSPRNG cohort key (a resume draws the same ones)."""
         return SchemaCohortSampler(
             self._num_clients,
             self._per_round,
             self.schema,
             self.factorization.rounds,
-            seed_key,
+            self.cohort_key,
         )
 
     def guarantee_statement(self) -> str:

@@ -25,7 +25,14 @@ from fedveil.privacy.dp.ledger_head import head_message, is_dp_run
 from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.server.engine.requests import ClientPrivacy
 
-__all__ = ["DpSgdLedger", "is_dp_run", "open_ledger", "opening_plan", "request_head"]
+__all__ = [
+    "DpSgdLedger",
+    "is_dp_run",
+    "open_ledger",
+    "open_run_ledger",
+    "opening_plan",
+    "request_head",
+]
 
 
 def opening_plan(cfg: RunConfig) -> dict[str, Any]:
@@ -62,6 +69,22 @@ def open_ledger(ledger: Ledger, cfg: RunConfig, cohort_commitment: str | None) -
     ledger.open(fields)
 
 
+def open_run_ledger(
+    ledger_path: Path,
+    cfg: RunConfig,
+    cohort_commitment: str | None,
+    *,
+    run_id: str | None,
+    signer: LedgerSigner | None,
+) -> Ledger:
+    """The run's ledger at `ledger_path` (its folder made), with its opening record
+    written if it is new: what every DP run's ledger holder starts with."""
+    ledger_path.parent.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(ledger_path, run_id=run_id, signer=signer)
+    open_ledger(ledger, cfg, cohort_commitment)
+    return ledger
+
+
 def request_head(ledger: Ledger) -> dict[str, Any] | None:
     """The head for a request; None only for a ledger devices cannot verify (unsigned,
     or a schema-2 ledger resumed), which they then refuse."""
@@ -79,9 +102,7 @@ class DpSgdLedger:
         run_id: str | None = None,
         signer: LedgerSigner | None = None,
     ) -> None:
-        ledger_path.parent.mkdir(parents=True, exist_ok=True)
-        self.ledger = Ledger(ledger_path, run_id=run_id, signer=signer)
-        open_ledger(self.ledger, cfg, None)
+        self.ledger = open_run_ledger(ledger_path, cfg, None, run_id=run_id, signer=signer)
 
     def client_fields(self) -> ClientPrivacy:
         """No clip, no weighting (nothing is released centrally): the head only."""

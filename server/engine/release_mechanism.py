@@ -17,8 +17,16 @@ applies, and accounts for it:
 The mechanisms of asynchronous training also gate dispatches (`ParticipationCapped`):
 each client is counted durably before it is sent the model, and never past its cap.
 
-A new mechanism (e.g. DP-FTRL) is one more class with these members, built by
-pipeline.make_privacy_pipeline; the engine and every scheduler call it the same way.
+    ftrl          ftrl_stage.FtrlDP: correlated noise on the sum; its cohorts are drawn
+                  within its participation schema (`cohort_sampler`)
+
+How a mechanism constrains the cohorts is one of its members too: `cohort_sampler`
+returns the sampler the sync rounds must draw from (DP-FTRL's schema), or None for the
+engine's own (secret, from `cohort_key`, when `cohorts_secret`; else the public seed).
+
+A new mechanism is one more class with these members, built by
+pipeline.make_privacy_pipeline; the engine and every scheduler call it the same way,
+never by its class.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import torch
 from fedveil.privacy.dp.config import DpConfig
 from fedveil.server.engine.aggregation import Aggregate
 from fedveil.server.engine.requests import ClientPrivacy
+from fedveil.server.engine.sampling import CohortDraws
 
 
 @dataclass
@@ -42,6 +51,7 @@ class Release:
     metrics: dict[str, Any]
 
 
+@runtime_checkable
 class ReleaseMechanism(Protocol):
     """A DP release of one server update's sum, with its accounting and ledger."""
 
@@ -58,6 +68,12 @@ class ReleaseMechanism(Protocol):
 
     def client_fields(self) -> ClientPrivacy:
         """The mechanism's part of every training request (clip, weighting, ledger head)."""
+        ...
+
+    def cohort_sampler(self) -> CohortDraws | None:
+        """The sampler sync rounds must draw their cohorts from, when the guarantee
+        constrains who may take part (DP-FTRL: its participation schema); None: the
+        engine's own (secret from `cohort_key` when `cohorts_secret`, else seeded)."""
         ...
 
     def admits_next_round(self) -> tuple[bool, float]:

@@ -30,7 +30,6 @@ from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel
 from fedveil.server.engine.barrier_scheduler import BarrierScheduler
-from fedveil.server.engine.ftrl_stage import FtrlDP
 from fedveil.server.engine.ledger_opening import DpSgdLedger
 from fedveil.server.engine.optimizers import ServerOptimizer, make_optimizer
 from fedveil.server.engine.release_mechanism import Release, ReleaseMechanism
@@ -39,7 +38,7 @@ from fedveil.server.engine.robust import robust_summary
 from fedveil.server.engine.round_record import PUBLIC_UNDER_DP, RoundRecord
 from fedveil.server.engine.round_steps import Collected, persist, plain_release
 from fedveil.server.engine.runstore import RunStore
-from fedveil.server.engine.sampling import CohortSampler, SecretCohortSampler
+from fedveil.server.engine.sampling import CohortDraws, CohortSampler, SecretCohortSampler
 from fedveil.server.engine.scheduler import Scheduler
 from fedveil.server.engine.transport import (
     CentralEvaluator,
@@ -382,8 +381,7 @@ class RoundEngine:
             # The bound, never the realised max (a participation count: private annex).
             "epsilon_coordinator_bound": self.privacy.coordinator_bound(),
             "budget_against": self.privacy.budget_against,
-            # DP-FTRL's schema sampler is keyed by the CSPRNG cohort key too.
-            "cohort_source": "seed" if isinstance(self.sampler, CohortSampler) else "csprng",
+            "cohort_source": self.sampler.source,
             "delta": c.delta,
             "budget_epsilon": c.budget_epsilon,
             "noise_multiplier": c.noise_multiplier,
@@ -422,15 +420,18 @@ def _server_optimizer(cfg: RunConfig) -> ServerOptimizer:
 
 def _cohort_samplers(
     cfg: RunConfig, task: Task, privacy: ReleaseMechanism | None
-) -> tuple[SecretCohortSampler | None, CohortSampler | SecretCohortSampler]:
+) -> tuple[SecretCohortSampler | None, CohortDraws]:
     """(the secret sampler or None, the sampler the rounds draw from).
 
-    Under DP the cohorts must stay secret (amplification by sampling depends on it),
-    so they come from a secret key, not the public seed, unless the run asks for
-    seeded cohorts (then it is accounted with q = 1)."""
+    A mechanism whose guarantee constrains who may take part gives its own sampler
+    (DP-FTRL: its participation schema). Otherwise, under DP the cohorts must stay
+    secret (amplification by sampling depends on it), so they come from a secret key,
+    not the public seed, unless the run asks for seeded cohorts (then it is accounted
+    with q = 1)."""
     s = cfg.server
-    if isinstance(privacy, FtrlDP):  # DP-FTRL: cohorts within its participation schema
-        return None, privacy.participation_sampler(privacy.cohort_key)
+    constrained = privacy.cohort_sampler() if privacy is not None else None
+    if constrained is not None:
+        return None, constrained
     if privacy is not None and privacy.cohorts_secret:
         secret = SecretCohortSampler(
             task.num_clients, s.sampling, s.per_round, cfg.poisson_rate, privacy.cohort_key

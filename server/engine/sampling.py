@@ -12,14 +12,37 @@ import hashlib
 import hmac
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 
+class CohortDraws(Protocol):
+    """What the round engine draws each round's cohort from and checkpoints: this
+    module's two samplers, or the one a release mechanism constrains cohorts to
+    (`ReleaseMechanism.cohort_sampler`, e.g. DP-FTRL's participation schema)."""
+
+    # Where the draws come from, as the run's summary states it: "seed" (the public
+    # run seed: anyone can recompute the cohorts) or "csprng" (the run's secret key).
+    source: ClassVar[str]
+
+    @property
+    def expected_size(self) -> float: ...
+
+    def sample(self) -> list[int]:
+        """The next cohort, as sorted client ids."""
+        ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    def restore(self, state: dict[str, Any]) -> None: ...
+
+
 @dataclass
 class CohortSampler:
+    source: ClassVar[str] = "seed"
+
     num_clients: int
     scheme: str  # "fixed" | "poisson"
     per_round: int
@@ -89,6 +112,8 @@ class SecretCohortSampler:
     only the key and the draw count, and an auditor given the key (whose SHA-256
     commitment opens the ledger) can recompute every cohort afterwards.
     """
+
+    source: ClassVar[str] = "csprng"
 
     def __init__(
         self, num_clients: int, scheme: str, per_round: int, rate: float, key: bytes

@@ -41,7 +41,7 @@ from fedveil.server.engine.release_mechanism import ReleaseMechanism
 from fedveil.server.engine.requests import ClientPrivacy
 from fedveil.server.engine.round_record import RoundRecord
 from fedveil.server.engine.round_steps import Collected
-from fedveil.server.engine.sampling import CohortSampler, SecretCohortSampler
+from fedveil.server.engine.sampling import CohortDraws
 from fedveil.server.engine.transport import Transport
 from fedveil.tasks import Task
 
@@ -70,7 +70,7 @@ class EngineView(Protocol):
     round: int
     privacy: ReleaseMechanism | None
     ledger_only: DpSgdLedger | None
-    sampler: CohortSampler | SecretCohortSampler
+    sampler: CohortDraws
     history: list[RoundRecord]
     annotators: list[Callable[[RoundRecord], None]]
     stopped_reason: str | None

@@ -22,9 +22,12 @@ from local_ray import local_ray
 
 from fedveil.cli.main import main
 from fedveil.flower import BudgetExhausted, FlowerDP, SecureAggregationRefused, secure
+from fedveil.server.engine.flower_secagg import SecureSettings
 
 
-def _start(client_app: Any, nodes: int, dp: FlowerDP | None = None) -> dict[str, Any]:
+def _start(
+    client_app: Any, nodes: int, dp: FlowerDP | None = None, **settings: Any
+) -> dict[str, Any]:
     """The app's own server, as a Flower user writes it with secure(); what it raised."""
     out: dict[str, Any] = {}
 
@@ -39,7 +42,7 @@ def _start(client_app: Any, nodes: int, dp: FlowerDP | None = None) -> dict[str,
             min_train_nodes=nodes,
         )
         torch.manual_seed(0)
-        wrapped = secure(grid, strategy, dp=dp)
+        wrapped = secure(grid, strategy, dp=dp, **settings)
         try:
             strategy.start(
                 grid=wrapped,
@@ -64,8 +67,10 @@ def _start(client_app: Any, nodes: int, dp: FlowerDP | None = None) -> dict[str,
 
 @pytest.mark.flower
 def test_flowers_default_two_supernodes_stop_at_once_naming_the_fix():
-    out = _start(flower_secagg_app.app, nodes=2)
+    # The exchange waits node_wait_s for a third node to connect (none will here).
+    out = _start(flower_secagg_app.app, nodes=2, node_wait_s=1.0)
     assert "secure aggregation needs at least 3 nodes per round" in out["error"]
+    assert "has 2 of 2 connected nodes (after waiting 1 s for more)" in out["error"]
     assert "--federation-config num-supernodes=3" in out["error"]
 
 
@@ -103,3 +108,11 @@ def test_flower_dp_refuses_a_ledger_without_budget_or_rounds():
         FlowerDP(1.0, 1.0, out="runs/x")
     with pytest.raises(ValueError, match="rounds = num_rounds"):
         FlowerDP(1.0, 1.0, budget=8.0, out="runs/x")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 3601.0, True, "30"])
+def test_the_wait_for_nodes_is_a_bounded_number_of_seconds(bad: Any) -> None:
+    with pytest.raises(
+        ValueError, match=r"node_wait_s = .*must be a number of seconds in \[0, 3600\]"
+    ):
+        SecureSettings(node_wait_s=bad)

@@ -53,7 +53,10 @@ PRIVACY_KEYS = (
 
 
 class GivenCohorts:
-    """The sampler's interface with the participation pattern the test plays."""
+    """The sampler's interface (sampling.CohortDraws) with the participation pattern
+    the test plays."""
+
+    source = "csprng"  # as the run's own secret sampler would state it
 
     def __init__(self, cohorts: list[list[int]]) -> None:
         self.cohorts, self.drawn = cohorts, 0

@@ -10,30 +10,23 @@ from __future__ import annotations
 
 import json
 
-import torch
-from flwr.app import Message
-from flwr.supercore.task_identity import TaskIdentity
-
-from fedveil.builtin_models import build_model
-from fedveil.client.edge.device_app import (
-    BAD_MESSAGE,
-    CONFIG_KEY,
-    EdgeClient,
-    TaskSource,
-    answer,
+from signed_requests import (
+    SignedCoordinator,
+    assert_refused,
+    assert_trained,
+    device,
+    model_weights,
+    use_flower_run,
 )
-from fedveil.client.edge.edge import EdgeNode, EdgeOptions
-from fedveil.config import device_toml, load_config
-from fedveil.flat_model import FlatModel
+from signed_requests import send as send_to
+
+from fedveil.config import load_config
 from fedveil.privacy.dp.ledger import WITNESS_CONFIG_KEY, entry_hash, signed_message
 from fedveil.privacy.dp.signing import LedgerSigner
-from fedveil.protocol.flower_codec import from_content, message_type, to_content
 from fedveil.server.engine.ftrl_stage import FtrlDP
-from fedveil.server.engine.requests import build_train_request
 
 N = 5
 FLOWER_RUN = 78
-SETUP = {"run_num_classes": 3, "run_input_shape": [8]}
 FTRL = {
     "model.name": "mlp",
     "model.task": "deploy_task:make",
@@ -51,56 +44,29 @@ FTRL = {
 
 
 def setup_module() -> None:
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = FLOWER_RUN, 0, 1
+    use_flower_run(FLOWER_RUN)
 
 
-class Coordinator:
-    def __init__(self, tmp_path):
-        self.cfg = load_config(None, FTRL)
-        torch.manual_seed(0)
-        self.weights = FlatModel(build_model("mlp", (8,), 3)).get()
-        self.stage = FtrlDP(
-            self.cfg,
-            N,
-            tmp_path / "ledger.jsonl",
-            model_size=self.weights.numel(),
-            run_id="ftrl-run",
-            signer=LedgerSigner.generate(),
-        )
-
-    def request(self, round_num):
-        env = build_train_request(self.cfg, round_num, self.weights, self.stage.client_fields())
-        env.config.update(SETUP)
-        return env
-
-    def release(self, round_num):
-        self.stage.release(round_num, None, self.weights.numel())
+def ftrl_coordinator(tmp_path) -> SignedCoordinator:
+    """The real DP-FTRL stage with its signed ledger, and its requests."""
+    cfg = load_config(None, FTRL)
+    stage = FtrlDP(
+        cfg,
+        N,
+        tmp_path / "ledger.jsonl",
+        model_size=model_weights().numel(),
+        run_id="ftrl-run",
+        signer=LedgerSigner.generate(),
+    )
+    return SignedCoordinator(cfg, stage)
 
 
 def send(edge, cfg, env):
-    msg = Message(to_content(env), 5, message_type(env.kind))
-    return answer(edge, msg, FLOWER_RUN, {CONFIG_KEY: device_toml(cfg)})
-
-
-def assert_trained(reply):
-    assert not reply.has_error(), reply.error.reason
-    assert from_content(reply.content).config["num_examples"] > 0
-
-
-def assert_refused(reply, *words):
-    assert reply.has_error() and reply.error.code == BAD_MESSAGE
-    for word in words:
-        assert word in reply.error.reason, reply.error.reason
-
-
-def device(state):
-    edge = EdgeClient(TaskSource("deploy_task:make"), 0)
-    EdgeNode(EdgeOptions("127.0.0.1:9092", 0, state, insecure=True), edge)
-    return edge
+    return send_to(edge, cfg, env, FLOWER_RUN)
 
 
 def test_at_most_k_participations_also_after_a_restart(tmp_path):
-    coordinator = Coordinator(tmp_path)
+    coordinator = ftrl_coordinator(tmp_path)
     cfg, state = coordinator.cfg, tmp_path / "state"
     edge = device(state)
     assert_trained(send(edge, cfg, coordinator.request(1)))  # release 1
@@ -121,7 +87,7 @@ def test_at_most_k_participations_also_after_a_restart(tmp_path):
 
 
 def test_min_separation_is_clocked_by_the_signed_ledger(tmp_path):
-    coordinator = Coordinator(tmp_path)
+    coordinator = ftrl_coordinator(tmp_path)
     cfg = coordinator.cfg
     edge = device(tmp_path / "state")
     assert_trained(send(edge, cfg, coordinator.request(1)))
