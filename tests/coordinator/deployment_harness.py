@@ -81,6 +81,8 @@ allowed_tasks = ["deploy_task:make", "tiny_task:make"]
         )
         self.server: subprocess.Popen[bytes] | None = None
         self.clients: dict[int, subprocess.Popen[bytes]] = {}
+        # client id -> its private key, while the enrolled key is not the deployment's own
+        self.keys: dict[int, Path] = {}
         self.http = httpx.Client(
             base_url=f"https://127.0.0.1:{self.api_port}",
             verify=str(self.certs / "ca.pem"),
@@ -126,10 +128,28 @@ allowed_tasks = ["deploy_task:make", "tiny_task:make"]
         )
         assert r.status_code == 201, r.text
 
+    def key(self, cid: int) -> Path:
+        """The private key client `cid` is enrolled with."""
+        return self.keys.get(cid, self.certs / "clients" / f"client-{cid}.key")
+
+    def reenroll(self, cid: int, name: str) -> None:
+        """Revoke client `cid`'s key and enroll a new one (`client-CID-NAME`), as an operator
+        does for a replaced device. A SIGKILLed SuperNode's node stays online at the
+        SuperLink for up to 2 x 30 s (Flower's heartbeat patience) and a SuperNode with the
+        same key cannot activate it until then: a new key is a new node, online at once."""
+        r = self.http.delete(f"/clients/{cid}", headers=self.admin)
+        assert r.status_code == 200, r.text
+        key, pub = create_client_key(self.certs / "clients", f"client-{cid}-{name}")
+        r = self.http.post(
+            "/clients", json={"client_id": cid, "public_key": pub.read_text()}, headers=self.admin
+        )
+        assert r.status_code == 201, r.text
+        self.keys[cid] = key
+
     def start_client(
         self, cid: int, *args: str, script: list[str] | None = None
     ) -> subprocess.Popen[bytes]:
-        key = self.certs / "clients" / f"client-{cid}.key"
+        key = self.key(cid)
         base = script or [
             sys.executable,
             "-m",
@@ -167,7 +187,7 @@ allowed_tasks = ["deploy_task:make", "tiny_task:make"]
             str(cid),
             str(self.root / f"client-{cid}"),
             str(self.certs / "ca.pem"),
-            str(self.certs / "clients" / f"client-{cid}.key"),
+            str(self.key(cid)),
         ]
 
     def kill_client(self, cid: int) -> None:
