@@ -83,13 +83,16 @@ allowed_tasks = ["deploy_task:make", "tiny_task:make"]
         self.clients: dict[int, subprocess.Popen[bytes]] = {}
         # client id -> its private key, while the enrolled key is not the deployment's own
         self.keys: dict[int, Path] = {}
-        self.http = httpx.Client(
+        self.http = self._api_client()
+        self.admin = {"Authorization": f"Bearer {TOKEN}"}
+        self._logs: list[Any] = []
+
+    def _api_client(self) -> httpx.Client:
+        return httpx.Client(
             base_url=f"https://127.0.0.1:{self.api_port}",
             verify=str(self.certs / "ca.pem"),
             timeout=30,
         )
-        self.admin = {"Authorization": f"Bearer {TOKEN}"}
-        self._logs: list[Any] = []
 
     @property
     def fleet(self) -> str:
@@ -281,6 +284,11 @@ allowed_tasks = ["deploy_task:make", "tiny_task:make"]
     def stop_server(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> None:
         if self.server is None:
             return
+        # The harness's own keep-alive connection would hold the coordinator's graceful
+        # shutdown until uvicorn gives up on it (timeout_graceful_shutdown, 2 s): a fresh
+        # client, with no connection open, for whatever the test asks next.
+        self.http.close()
+        self.http = self._api_client()
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.server.pid, sig)
         try:

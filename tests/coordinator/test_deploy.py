@@ -480,6 +480,11 @@ def test_dropout_and_garbage_do_not_stop_a_round(deployment, secagg):
     )
     time.sleep(0.5)
     dep.kill_client(6)  # SIGKILL in the middle of its local training
+    dep.wait_rounds(rid, 1, timeout=120)
+    # Round 1 waited its deadline for the dead device. The operator then revokes it: its
+    # node, still listed online by the SuperLink (for up to 2 x 30 s of heartbeat patience),
+    # is gone at once, and round 2 drops client 6 without waiting a deadline again.
+    assert dep.http.delete("/clients/6", headers=dep.admin).status_code == 200
     run = dep.wait_status(rid, "completed", timeout=120)
     rounds = dep.rounds(rid)
     assert [r["round"] for r in rounds] == [1, 2]
@@ -487,7 +492,10 @@ def test_dropout_and_garbage_do_not_stop_a_round(deployment, secagg):
         assert r["applied"] and r["cohort_aggregated"] == 5 and r["dropped"] == 2, r
     assert run["summary"]["dropped_total"] == 4
     log = (dep.state / "runs" / rid / "server.log").read_text()
-    assert "client 6 dropped: no reply before the deadline" in log
+    assert "round 1: client 6 dropped: no reply before the deadline" in log
+    # Revoked: its message could not be sent, or it was not connected or went offline.
+    assert "round 2: client 6 dropped: " in log, log[-3000:]
+    assert "round 2: client 6 dropped: no reply before the deadline" not in log
     if secagg:
         assert "client 5 dropped: " in log and "masked_vector" in log, log[-3000:]
         assert "aborted" not in log
