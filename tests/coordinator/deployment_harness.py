@@ -81,13 +81,18 @@ allowed_tasks = ["deploy_task:make", "tiny_task:make"]
         )
         self.server: subprocess.Popen[bytes] | None = None
         self.clients: dict[int, subprocess.Popen[bytes]] = {}
-        self.http = httpx.Client(
+        # client id -> its private key, while the enrolled key is not the deployment's own
+        self.keys: dict[int, Path] = {}
+        self.http = self._api_client()
+        self.admin = {"Authorization": f"Bearer {TOKEN}"}
+        self._logs: list[Any] = []
+
+    def _api_client(self) -> httpx.Client:
+        return httpx.Client(
             base_url=f"https://127.0.0.1:{self.api_port}",
             verify=str(self.certs / "ca.pem"),
             timeout=30,
         )
-        self.admin = {"Authorization": f"Bearer {TOKEN}"}
-        self._logs: list[Any] = []
 
     @property
     def fleet(self) -> str:
@@ -126,10 +131,28 @@ allowed_tasks = ["deploy_task:make", "tiny_task:make"]
         )
         assert r.status_code == 201, r.text
 
+    def key(self, cid: int) -> Path:
+        """The private key client `cid` is enrolled with."""
+        return self.keys.get(cid, self.certs / "clients" / f"client-{cid}.key")
+
+    def reenroll(self, cid: int, name: str) -> None:
+        """Revoke client `cid`'s key and enroll a new one (`client-CID-NAME`), as an operator
+        does for a replaced device. A SIGKILLed SuperNode's node stays online at the
+        SuperLink for up to 2 x 30 s (Flower's heartbeat patience) and a SuperNode with the
+        same key cannot activate it until then: a new key is a new node, online at once."""
+        r = self.http.delete(f"/clients/{cid}", headers=self.admin)
+        assert r.status_code == 200, r.text
+        key, pub = create_client_key(self.certs / "clients", f"client-{cid}-{name}")
+        r = self.http.post(
+            "/clients", json={"client_id": cid, "public_key": pub.read_text()}, headers=self.admin
+        )
+        assert r.status_code == 201, r.text
+        self.keys[cid] = key
+
     def start_client(
         self, cid: int, *args: str, script: list[str] | None = None
     ) -> subprocess.Popen[bytes]:
-        key = self.certs / "clients" / f"client-{cid}.key"
+        key = self.key(cid)
         base = script or [
             sys.executable,
             "-m",
@@ -167,7 +190,7 @@ allowed_tasks = ["deploy_task:make", "tiny_task:make"]
             str(cid),
             str(self.root / f"client-{cid}"),
             str(self.certs / "ca.pem"),
-            str(self.certs / "clients" / f"client-{cid}.key"),
+            str(self.key(cid)),
         ]
 
     def kill_client(self, cid: int) -> None:
@@ -261,6 +284,11 @@ allowed_tasks = ["deploy_task:make", "tiny_task:make"]
     def stop_server(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> None:
         if self.server is None:
             return
+        # The harness's own keep-alive connection would hold the coordinator's graceful
+        # shutdown until uvicorn gives up on it (timeout_graceful_shutdown, 2 s): a fresh
+        # client, with no connection open, for whatever the test asks next.
+        self.http.close()
+        self.http = self._api_client()
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.server.pid, sig)
         try:

@@ -446,7 +446,11 @@ def test_dropout_and_garbage_do_not_stop_a_round(deployment, secagg):
     # Client 5 answers with garbage; client 6 has so much local data that its training
     # is still running when it is SIGKILLed in round 1. Under secure aggregation both
     # drop at the masked-input stage, after sharing their keys: the round completes
-    # through dropout recovery.
+    # through dropout recovery. Each variant's two devices come with new keys: the other
+    # variant's, SIGKILLed, stay online at the SuperLink for up to a minute.
+    variant = "secagg" if secagg else "plain"
+    dep.reenroll(5, variant)
+    dep.reenroll(6, variant)
     dep.start_client(5, script=dep.device_script(5, "garbage_client.py"))
     slow = write_big_file(dep.root / "data" / "big.npz", 400_000)
     dep.start_client(6, "--data", str(slow), "--task", "mlp")
@@ -466,9 +470,7 @@ def test_dropout_and_garbage_do_not_stop_a_round(deployment, secagg):
     training = "Receiving: train.secagg_masked_input" if secagg else "Receiving: train.train "
     before = received.read_text().count(training)
     rid = dep.submit(toml)
-    # Restarted SuperNodes keep their node ids, and the SuperLink calls a node unavailable
-    # until its heartbeat catches up (30-60 s here, more on a loaded machine); the run waits
-    # for all seven clients before round 1, so that wait is not part of the next one.
+    # The run waits for all seven clients before round 1, so that wait is not part of it.
     server_log = dep.state / "runs" / rid / "server.log"
     wait_for(
         lambda: "training from round 1" in server_log.read_text(), 240, "all 7 clients to answer"
@@ -478,6 +480,11 @@ def test_dropout_and_garbage_do_not_stop_a_round(deployment, secagg):
     )
     time.sleep(0.5)
     dep.kill_client(6)  # SIGKILL in the middle of its local training
+    dep.wait_rounds(rid, 1, timeout=120)
+    # Round 1 waited its deadline for the dead device. The operator then revokes it: its
+    # node, still listed online by the SuperLink (for up to 2 x 30 s of heartbeat patience),
+    # is gone at once, and round 2 drops client 6 without waiting a deadline again.
+    assert dep.http.delete("/clients/6", headers=dep.admin).status_code == 200
     run = dep.wait_status(rid, "completed", timeout=120)
     rounds = dep.rounds(rid)
     assert [r["round"] for r in rounds] == [1, 2]
@@ -485,7 +492,10 @@ def test_dropout_and_garbage_do_not_stop_a_round(deployment, secagg):
         assert r["applied"] and r["cohort_aggregated"] == 5 and r["dropped"] == 2, r
     assert run["summary"]["dropped_total"] == 4
     log = (dep.state / "runs" / rid / "server.log").read_text()
-    assert "client 6 dropped: no reply before the deadline" in log
+    assert "round 1: client 6 dropped: no reply before the deadline" in log
+    # Revoked: its message could not be sent, or it was not connected or went offline.
+    assert "round 2: client 6 dropped: " in log, log[-3000:]
+    assert "round 2: client 6 dropped: no reply before the deadline" not in log
     if secagg:
         assert "client 5 dropped: " in log and "masked_vector" in log, log[-3000:]
         assert "aborted" not in log
