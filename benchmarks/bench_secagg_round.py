@@ -76,7 +76,7 @@ from fedveil.server.engine.aggregation import Aggregate, NoUpdates, UpdateChanne
 from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.rounds import RoundEngine, initial_model
 from fedveil.server.engine.runstore import RunStore
-from fedveil.server.engine.transport import ClientFailure, RoundReporter, Transport
+from fedveil.server.engine.transport import ClientFailure, ReplySink, RoundReporter, Transport
 from fedveil.server.engine.unmask_gate import Aborted
 from fedveil.tasks import Task
 
@@ -116,7 +116,10 @@ class DroppingTransport:
         return self.base.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         failing = {c for c, m in requests.items() if c in self.dropped and m.kind in self.kinds}
         sent = {c: m for c, m in requests.items() if c not in failing}
@@ -124,10 +127,18 @@ class DroppingTransport:
         # DroppingRuntime's does.
         riders = {c: detach(requests[c])[1] for c in failing}
         sent.update({c: r for c, r in riders.items() if r is not None})
-        out = self.base.exchange(sent, timeout_s)
+        rider_replies: dict[int, Envelope | ClientFailure] = {}
+
+        def forward(cid: int, reply: Envelope | ClientFailure) -> None:
+            if cid in failing:
+                rider_replies[cid] = reply  # joined with the drop below
+            elif on_reply is not None:
+                on_reply(cid, reply)
+
+        out = self.base.exchange(sent, timeout_s, on_reply=None if on_reply is None else forward)
         for c in failing:
             reason = f"{DROP_MARKER} client {c} drops at {requests[c].kind}"
-            rider_reply = out.get(c)
+            rider_reply = rider_replies.get(c, out.get(c))
             if riders[c] is None:
                 out[c] = ClientFailure(c, reason)
             elif isinstance(rider_reply, Envelope):
@@ -168,22 +179,36 @@ class CountingTransport:
         return self.inner.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         c = self.counter
         for cid, env in requests.items():
             c.add(c.down, env.round, cid, payload_size(env.config, env.arrays))
-        started = time.perf_counter()
-        replies = self.inner.exchange(requests, timeout_s)
-        if requests:
-            first = next(iter(requests.values()))
-            c.timed(first.round, first.kind, time.perf_counter() - started)
-        for cid, reply in replies.items():
+
+        def count(cid: int, reply: Envelope | ClientFailure) -> None:
             rnd = requests[cid].round
             if isinstance(reply, ClientFailure):
                 c.failed[rnd].add(cid)
             else:
                 c.add(c.up, rnd, cid, payload_size(reply.config, reply.arrays))
+
+        def count_and_forward(cid: int, reply: Envelope | ClientFailure) -> None:
+            count(cid, reply)
+            assert on_reply is not None
+            on_reply(cid, reply)
+
+        started = time.perf_counter()
+        replies = self.inner.exchange(
+            requests, timeout_s, on_reply=None if on_reply is None else count_and_forward
+        )
+        if requests:
+            first = next(iter(requests.values()))
+            c.timed(first.round, first.kind, time.perf_counter() - started)
+        for cid, reply in replies.items():
+            count(cid, reply)
         return replies
 
     def close(self) -> None:
