@@ -53,9 +53,10 @@ class LiveReplies:
             assert on_reply is not None
             on_reply(cid, reply)
 
-        replies = self.inner.exchange(
-            requests, timeout_s, on_reply=None if on_reply is None else forward
-        )
+        if on_reply is None:
+            replies = self.inner.exchange(requests, timeout_s)
+        else:
+            replies = self.inner.exchange(requests, timeout_s, on_reply=forward)
         for cid, reply in replies.items():
             self._track(cid in masked, reply)
         return replies
