@@ -38,7 +38,7 @@ import os
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -48,8 +48,10 @@ import torch
 
 from fedveil.benchmarks import bench_secagg, run_directory
 from fedveil.benchmarks.harness import command_main
+from fedveil.benchmarks.memwatch import ProcessPeak
 from fedveil.benchmarks.secagg_round_workload import (
     ADVERSARIAL_RATE,
+    AT_MOST,
     CLASSES,
     CLIP_RANGE,
     DROP_MARKER,
@@ -76,7 +78,7 @@ from fedveil.server.engine.aggregation import Aggregate, NoUpdates, UpdateChanne
 from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.rounds import RoundEngine, initial_model
 from fedveil.server.engine.runstore import RunStore
-from fedveil.server.engine.transport import ClientFailure, RoundReporter, Transport
+from fedveil.server.engine.transport import ClientFailure, ReplySink, RoundReporter, Transport
 from fedveil.server.engine.unmask_gate import Aborted
 from fedveil.tasks import Task
 
@@ -116,7 +118,10 @@ class DroppingTransport:
         return self.base.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         failing = {c for c, m in requests.items() if c in self.dropped and m.kind in self.kinds}
         sent = {c: m for c, m in requests.items() if c not in failing}
@@ -124,10 +129,18 @@ class DroppingTransport:
         # DroppingRuntime's does.
         riders = {c: detach(requests[c])[1] for c in failing}
         sent.update({c: r for c, r in riders.items() if r is not None})
-        out = self.base.exchange(sent, timeout_s)
+        rider_replies: dict[int, Envelope | ClientFailure] = {}
+
+        def forward(cid: int, reply: Envelope | ClientFailure) -> None:
+            if cid in failing:
+                rider_replies[cid] = reply  # joined with the drop below
+            elif on_reply is not None:
+                on_reply(cid, reply)
+
+        out = self.base.exchange(sent, timeout_s, on_reply=None if on_reply is None else forward)
         for c in failing:
             reason = f"{DROP_MARKER} client {c} drops at {requests[c].kind}"
-            rider_reply = out.get(c)
+            rider_reply = rider_replies.get(c, out.get(c))
             if riders[c] is None:
                 out[c] = ClientFailure(c, reason)
             elif isinstance(rider_reply, Envelope):
@@ -168,22 +181,36 @@ class CountingTransport:
         return self.inner.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         c = self.counter
         for cid, env in requests.items():
             c.add(c.down, env.round, cid, payload_size(env.config, env.arrays))
-        started = time.perf_counter()
-        replies = self.inner.exchange(requests, timeout_s)
-        if requests:
-            first = next(iter(requests.values()))
-            c.timed(first.round, first.kind, time.perf_counter() - started)
-        for cid, reply in replies.items():
+
+        def count(cid: int, reply: Envelope | ClientFailure) -> None:
             rnd = requests[cid].round
             if isinstance(reply, ClientFailure):
                 c.failed[rnd].add(cid)
             else:
                 c.add(c.up, rnd, cid, payload_size(reply.config, reply.arrays))
+
+        def count_and_forward(cid: int, reply: Envelope | ClientFailure) -> None:
+            count(cid, reply)
+            assert on_reply is not None
+            on_reply(cid, reply)
+
+        started = time.perf_counter()
+        replies = self.inner.exchange(
+            requests, timeout_s, on_reply=None if on_reply is None else count_and_forward
+        )
+        if requests:
+            first = next(iter(requests.values()))
+            c.timed(first.round, first.kind, time.perf_counter() - started)
+        for cid, reply in replies.items():
+            count(cid, reply)
         return replies
 
     def close(self) -> None:
@@ -296,7 +323,8 @@ def run_ours(
         inner = ExtraExchangesChannel(run.channel, EXTRA_EXCHANGES) if floor else run.channel
         channel = run.channel = RecordingChannel(inner)
         started = time.perf_counter()
-        engine, cpu_marks = _run_rounds(run, w, secagg, transport, counter)
+        with ProcessPeak() as peak:
+            engine, cpu_marks = _run_rounds(run, w, secagg, transport, counter)
         wall = time.perf_counter() - started
         run.finish(engine, engine.summary(wall), model_metadata={"task": task.name})
     durations = [r.duration_s for r in engine.history]
@@ -308,6 +336,8 @@ def run_ours(
         "round_s": durations,
         "round_cpu_s": list(np.diff(cpu_marks)) if cpu_marks else None,
         "wall_s": wall,
+        # This process over the run: the server (in-process: with one client at a time).
+        "peak_rss_mb": peak.peak_mb,
         "survivors": [r.cohort_aggregated for r in engine.history],
         "applied": [r.applied for r in engine.history],
         **counter.per_client(steady_rounds(rounds)),
@@ -530,8 +560,11 @@ def run_rounds(
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for _ in range(repeat):
         # Interleaved, so that a change of machine load hits every configuration alike.
-        runs["fedveil_plain"].append(run_ours(w, False, k, t, rounds, transport))
+        # The secure run first: in-process, the plain run's n replies leave freed heap
+        # that glibc keeps (workers.keep_freed_memory), and the secure run's peak RSS
+        # would start from it.
         runs["fedveil_secagg"].append(run_ours(w, True, k, t, rounds, transport))
+        runs["fedveil_plain"].append(run_ours(w, False, k, t, rounds, transport))
         if floor:
             runs["fedveil_floor"].append(run_ours(w, False, k, t, rounds, transport, floor=True))
         if peer == "flower":
@@ -584,6 +617,11 @@ def framework_summary(
         "plain_round_s": plain,
         "secagg_round_s": secure,
         "plain_round_cpu_s": steady_cpu(plain_runs),
+        "plain_peak_rss_mb": _most(r.get("peak_rss_mb") for r in plain_runs),
+        "secagg_peak_rss_mb": _most(r.get("peak_rss_mb") for r in secure_runs),
+        # The first secure run's: the first of ours in this process (later ones start
+        # from the heap an earlier plain run left).
+        "first_secagg_peak_rss_mb": secure_runs[0].get("peak_rss_mb"),
         "secagg_round_cpu_s": steady_cpu(secure_runs),
         "overhead_s": None if plain is None or secure is None else secure - plain,
         "bytes_up_per_client": last["bytes_up_per_client"],
@@ -596,6 +634,11 @@ def framework_summary(
         "secagg_outside_exchanges_s": steady(secure_runs, "outside_exchanges_s"),
         "plain_outside_exchanges_s": steady(plain_runs, "outside_exchanges_s"),
     }
+
+
+def _most(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
 
 
 def headline(out: Mapping[str, Any]) -> dict[str, Any]:
@@ -614,8 +657,13 @@ def headline(out: Mapping[str, Any]) -> dict[str, Any]:
         # The best `compute_ratio` our protocol could reach: our round at its primitive floor.
         "compute_ratio_ceiling": compute.get("compute_ratio_ceiling"),
     }
+    # Our server process's peak over a secure run (over Flower: the ServerApp's process;
+    # in-process: the server and the one client running at a time).
+    head["server_peak_rss_mb"] = summary["fedveil"]["first_secagg_peak_rss_mb"]
     if compute:
         head["masking_over_prg"] = compute["fedveil"]["masking_over_prg"]
+        # The median surviving client's compute (quantization aside) over its primitive floor.
+        head["per_client_floor_ratio"] = compute["fedveil"]["per_client_floor_ratio"]
     head["targets"] = {
         name: {"target": goal, "met": None if head.get(name) is None else _meets(name, head, goal)}
         for name, goal in TARGETS.items()
@@ -632,7 +680,8 @@ def _over(numerator: float | None, denominator: float | None) -> float | None:
 
 def _meets(name: str, out: Mapping[str, Any], goal: float) -> bool:
     value = float(out[name])
-    return value <= goal if name == "masking_over_prg" else value >= goal
+    # Written so that a NaN meets no target.
+    return value <= goal if name in AT_MOST else value >= goal
 
 
 # -- report -------------------------------------------------------------------------------
@@ -698,7 +747,7 @@ def format_report(out: dict[str, Any]) -> str:
         value = out.get(name)
         shown = "n/a" if value is None else f"{value:.2f}"
         met = {None: "not measured", True: "met", False: "MISSED"}[target["met"]]
-        cmp = "<=" if name == "masking_over_prg" else ">="
+        cmp = "<=" if name in AT_MOST else ">="
         ceiling = out.get(f"{name}_ceiling")
         limit = "" if ceiling is None else f"; ceiling {ceiling:.1f}"
         lines.append(f"{name} = {shown} (target {cmp} {target['target']:g}: {met}{limit})")

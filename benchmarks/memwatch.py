@@ -133,3 +133,36 @@ class RoundClock:
             "round_cpu_s": [b - a for a, b in itertools.pairwise(self.cpu)],
             "first_round_at": self.at[0],
         }
+
+
+class ProcessPeak:
+    """This process's own peak RSS over a block (Linux VmHWM, reset at the start by writing
+    5 to /proc/self/clear_refs): exact, with no sampling, and without child processes
+    (Ray's workers, our worker pool): in a benchmark of the server that is the server.
+    `peak_mb` is None where /proc does not allow the reset."""
+
+    def __init__(self) -> None:
+        self.peak_mb: float | None = None
+        self._reset = False
+
+    def __enter__(self) -> ProcessPeak:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self._reset = True
+        except OSError:
+            self._reset = False
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._reset:
+            self.peak_mb = _status_kb("VmHWM") / 1024
+
+
+def _status_kb(field: str) -> int:
+    """A `kB` field of /proc/self/status (0 if missing)."""
+    with open("/proc/self/status", "rb") as f:
+        for line in f:
+            if line.startswith(field.encode() + b":"):
+                return int(line.split()[1])
+    return 0

@@ -101,6 +101,28 @@ def primitive_counts(session: SessionConfig, dropped: Collection[int]) -> dict[s
     }
 
 
+def client_primitive_counts(degree: int) -> dict[str, int]:
+    """The primitive calls of one surviving client with `degree` neighbours (its part of
+    `primitive_counts`): two key pairs, two agreements, a channel-key and a mask-key
+    derivation and one sealed share pair per neighbour, its self-mask key, two secrets
+    split, the shares it receives opened, and a mask stream per neighbour plus its self
+    mask. Unmasking adds no primitive call (it forwards the shares it holds)."""
+    return {
+        "x25519_keygen": 2,
+        "x25519_agree": 2 * degree,
+        "hkdf": 2 * degree + 1,
+        "seal": degree,
+        "open": degree,
+        "shamir_split": 2,
+        "mask_stream": degree + 1,
+    }
+
+
+def client_floor_s(costs: dict[str, float], degree: int) -> float:
+    """One surviving client's primitive floor (seconds), from `primitive_costs`."""
+    return sum(n * costs[name] for name, n in client_primitive_counts(degree).items())
+
+
 def primitive_floor(session: SessionConfig, dropped: Collection[int]) -> dict[str, Any]:
     """{"total_s": the round's primitive floor, "by_primitive": {name: {calls, us, s}}}."""
     costs, counts = primitive_costs(session), primitive_counts(session, dropped)
@@ -111,6 +133,7 @@ def primitive_floor(session: SessionConfig, dropped: Collection[int]) -> dict[st
     return {
         "total_s": sum(row["s"] for row in by_primitive.values()),
         "by_primitive": by_primitive,
+        "costs": costs,
     }
 
 

@@ -73,7 +73,7 @@ from fedveil.server.engine.privacy_report import write_privacy_report
 from fedveil.server.engine.release_mechanism import Release
 from fedveil.server.engine.rounds import RoundEngine, RoundRecord
 from fedveil.server.engine.runstore import RunStore
-from fedveil.server.engine.transport import ClientFailure
+from fedveil.server.engine.transport import ClientFailure, ReplySink
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.run_setup import prepare_task, resolve_device
 from fedveil.tasks import ClientData, Task
@@ -210,7 +210,10 @@ class CanaryTransport:
         return range(self.runtime.task.num_clients)
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         user_reqs = {c: m for c, m in requests.items() if c < self.num_users}
         canary_reqs = {c: m for c, m in requests.items() if c >= self.num_users}
@@ -220,7 +223,7 @@ class CanaryTransport:
                 seen[0 if cid < self.num_users else 1].add(cid)
         replies: dict[int, Envelope | ClientFailure] = {}
         if user_reqs:
-            replies.update(self.users.exchange(user_reqs, timeout_s))
+            replies.update(self.users.exchange(user_reqs, timeout_s, on_reply=on_reply))
         for cid, msg in sorted(canary_reqs.items()):
             if msg.kind == Kind.EVALUATE:  # a canary has no data to evaluate on
                 replies[cid] = ClientFailure(cid, "canary: no evaluation data")
@@ -255,13 +258,16 @@ class CohortRecorder:
         return self.inner.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         for cid, msg in requests.items():
             if msg.kind != Kind.EVALUATE:
                 seen = self.cohorts.setdefault(msg.round, (set(), set()))
                 seen[0 if cid < self.num_users else 1].add(cid)
-        return self.inner.exchange(requests, timeout_s)
+        return self.inner.exchange(requests, timeout_s, on_reply=on_reply)
 
     def close(self) -> None:
         self.inner.close()

@@ -34,6 +34,7 @@ from fedveil.protocol.kinds import MESSAGE_KINDS
 from fedveil.server.engine.transport import (
     CentralEvaluator,
     ClientFailure,
+    ReplySink,
     RoundReporter,
     Transport,
 )
@@ -197,7 +198,10 @@ class AvailabilityTransport:
         return self.inner.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         out: dict[int, Envelope | ClientFailure] = {}
         by_stage: dict[tuple[int, str], list[int]] = {}
@@ -223,7 +227,7 @@ class AvailabilityTransport:
             self._time[first] += wait
         live = {cid: msg for cid, msg in requests.items() if cid not in out}
         if live:
-            out.update(self.inner.exchange(live, timeout_s))
+            out.update(self.inner.exchange(live, timeout_s, on_reply=on_reply))
         return out
 
     def evaluate_central(

@@ -19,6 +19,7 @@ from fedveil.server.engine.rounds import RoundRecord
 from fedveil.server.engine.transport import (
     CentralEvaluator,
     ClientFailure,
+    ReplySink,
     RoundReporter,
     Transport,
 )
@@ -40,15 +41,28 @@ class FailureLog:
         return self.inner.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
-        replies = self.inner.exchange(requests, timeout_s)
+        def note(cid: int, reply: Envelope | ClientFailure) -> None:
+            self._note(reply)
+            assert on_reply is not None
+            on_reply(cid, reply)
+
+        replies = self.inner.exchange(
+            requests, timeout_s, on_reply=None if on_reply is None else note
+        )
         for reply in replies.values():
-            if isinstance(reply, ClientFailure):
-                self.count += 1
-                if self.first is None:
-                    self.first = reply
+            self._note(reply)
         return replies
+
+    def _note(self, reply: Envelope | ClientFailure) -> None:
+        if isinstance(reply, ClientFailure):
+            self.count += 1
+            if self.first is None:
+                self.first = reply
 
     def evaluate_central(
         self, weights: torch.Tensor, round_num: int, batch_size: int

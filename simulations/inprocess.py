@@ -26,7 +26,7 @@ from fedveil.config import RunConfig
 from fedveil.model_evaluation import summarize
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.engine.transport import ClientFailure
+from fedveil.server.engine.transport import ClientFailure, ReplySink
 from fedveil.simulations.sequential_clients import CENTRAL_EVAL, SequentialClients, plan_units
 from fedveil.simulations.workers import WorkerPool, cpu_cores, keep_freed_memory
 from fedveil.tasks import Task
@@ -105,8 +105,13 @@ class InProcessTransport:
         return range(self.task.num_clients)
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
+        """Every client's reply; with `on_reply`, each is handed to it as its unit (lane)
+        or chunk (workers) finishes, and none is kept here."""
         # No wall-clock deadline here: simulated time is the availability model's business.
         items = sorted(requests.items())
         rounds = {msg.round for _, msg in items}
@@ -119,18 +124,24 @@ class InProcessTransport:
         progress = self.on_progress
         if progress is not None:
             progress(0, total)
+        out: dict[int, Envelope | ClientFailure] = {}
+        sink = out.__setitem__ if on_reply is None else on_reply
+
+        def take(cid: int, result: Envelope | str) -> None:
+            sink(cid, ClientFailure(cid, result) if isinstance(result, str) else result)
+
         if self.pool is not None:
-            results = self.pool.run(units, None if progress is None else _bind(progress, total))
+            self.pool.run(units, None if progress is None else _bind(progress, total), take=take)
         else:
             assert self.lane is not None
-            results = {}
+            done = 0
             for unit in units:
-                results.update(self.lane.run_unit(unit))
+                for cid, result in self.lane.run_unit(unit):
+                    take(cid, result)
+                done += len(unit)
                 if progress is not None:
-                    progress(len(results), total)
-        return {
-            cid: ClientFailure(cid, r) if isinstance(r, str) else r for cid, r in results.items()
-        }
+                    progress(done, total)
+        return out
 
     def evaluate_central(
         self, weights: torch.Tensor, round_num: int, batch_size: int

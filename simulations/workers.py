@@ -331,8 +331,11 @@ class WorkerPool:
         on_progress: Callable[[int], None] | None = None,
         *,
         client_state: bool = True,
+        take: Callable[[int, Envelope | str], None] | None = None,
     ) -> dict[int, Envelope | str]:
         """Every request's reply, or the reason it failed; `on_progress(done)` per chunk.
+        `take`: each reply is handed to it as its chunk comes back, and not returned
+        (the caller folds replies as they arrive instead of holding them all).
 
         A unit (see lane.plan_units) is never split: one worker runs it.
         `client_state=False`: the messages are no client's and leave no state (the central
@@ -380,8 +383,10 @@ class WorkerPool:
                 pending -= finished
                 done += finished
                 self._dispatch(self.workers[w.index])
+                _hand_over(out, take)
             if on_progress is not None:
                 on_progress(done)
+        _hand_over(out, take)
         return out
 
     def _pack_requests(self, units: Sequence[Unit]) -> list[list[tuple]]:
@@ -501,3 +506,14 @@ class WorkerPool:
                 a.close()
         self.workers = []
         self.request.close()
+
+
+def _hand_over(
+    out: dict[int, Envelope | str], take: Callable[[int, Envelope | str], None] | None
+) -> None:
+    """Moves the replies gathered so far from `out` to `take` (none: they stay)."""
+    if take is None:
+        return
+    while out:
+        cid = next(iter(out))
+        take(cid, out.pop(cid))

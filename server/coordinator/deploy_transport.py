@@ -31,7 +31,7 @@ from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import CLIENT_ID, SIZE
 from fedveil.protocol.flower_codec import from_content, message_type, to_content
 from fedveil.protocol.kinds import Kind
-from fedveil.server.engine.transport import ClientFailure
+from fedveil.server.engine.transport import ClientFailure, ReplySink
 
 log = logging.getLogger("fedveil.deploy")
 
@@ -189,8 +189,13 @@ class DeployTransport:
         return Envelope(env.kind, env.round, config, env.arrays)
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
+        """Every device's reply; with `on_reply`, each is handed to it as a pull brings
+        it, and not kept here."""
         if self._closed.is_set():
             return {cid: ClientFailure(cid, "the run has ended") for cid in requests}
         self.refresh()
@@ -221,8 +226,12 @@ class DeployTransport:
         while pending:
             for reply in self.grid.pull_messages(list(pending)):
                 target = pending.pop(reply.metadata.reply_to_message_id, None)
-                if target is not None:
+                if target is None:
+                    continue
+                if on_reply is None:
                     out[target[0]] = self._reply(target, reply)
+                else:
+                    on_reply(target[0], self._reply(target, reply))
             if not pending or (deadline is not None and time.monotonic() >= deadline):
                 break
             if self._closed.is_set():

@@ -29,7 +29,7 @@ from fedveil.server.engine.aggregation import Aggregate, NoUpdates, UpdateChanne
 from fedveil.server.engine.requests import ClientPrivacy, build_train_request
 from fedveil.server.engine.secagg_channel import SecAggChannel
 from fedveil.server.engine.sim_clock import DEFAULT_LATENCY_S, Availability
-from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.transport import ClientFailure, ReplySink, Transport
 from fedveil.server.engine.unmask_gate import Aborted
 
 Outcome = Aggregate | Aborted | NoUpdates | None
@@ -114,7 +114,10 @@ class _Replies:
         return sorted(self.replies)
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         return {c: self.replies.get(c, ClientFailure(c, "no reply")) for c in requests}
 
@@ -139,7 +142,10 @@ class StagedAvailability:
         return self.inner.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         out: dict[int, Envelope | ClientFailure] = {}
         live = {c: m for c, m in requests.items() if c not in self.gone}
@@ -159,7 +165,7 @@ class StagedAvailability:
                     self.trained[cid] = self.elapsed + latency
             self.elapsed += wait
         if live:
-            out.update(self.inner.exchange(live, timeout_s))
+            out.update(self.inner.exchange(live, timeout_s, on_reply=on_reply))
         return out
 
     def close(self) -> None:

@@ -67,11 +67,12 @@ from fedveil.protocol.kinds import TRAINING_STAGE, Kind
 from fedveil.server.engine.aggregation import Aggregate
 from fedveil.server.engine.central_release import CentralDP
 from fedveil.server.engine.flower_secagg_strategies import check_strategy
+from fedveil.server.engine.grid_replies import replies_as_they_arrive
 from fedveil.server.engine.privacy_report import ledger_path, write_privacy_report
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.sampling import CohortSampler, SecretCohortSampler
 from fedveil.server.engine.secagg_channel import SecAggChannel
-from fedveil.server.engine.transport import ClientFailure
+from fedveil.server.engine.transport import ClientFailure, ReplySink
 
 log = logging.getLogger("fedveil.flower")
 
@@ -231,8 +232,12 @@ class _Stages:
         return sorted(self.grid.get_node_ids())
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
+        """Every node's reply; with `on_reply`, each is handed to it as a pull brings it."""
         messages = []
         for node_id, env in requests.items():
             content = RecordDict(dict(self.app_content.items())) if _trains(env) else None
@@ -245,21 +250,31 @@ class _Stages:
                 )
             )
         out: dict[int, Envelope | ClientFailure] = {}
-        for reply in self.grid.send_and_receive(messages, timeout=timeout_s):
+        answered: set[int] = set()
+        for reply in replies_as_they_arrive(self.grid, messages, timeout_s):
             node_id = reply.metadata.src_node_id
-            if node_id not in requests:
+            if node_id not in requests or node_id in answered:
                 continue
-            if reply.has_error():
-                out[node_id] = ClientFailure(node_id, f"client error: {reply.error.reason}")
-                continue
-            try:
-                out[node_id] = codec.unpack(reply.content)
-                self.last_reply = reply
-            except MessageError as exc:
-                out[node_id] = ClientFailure(node_id, str(exc))
+            answered.add(node_id)
+            result = self._decode(node_id, reply)
+            if on_reply is None:
+                out[node_id] = result
+            else:
+                on_reply(node_id, result)
         for node_id in requests:
-            out.setdefault(node_id, ClientFailure(node_id, "no reply before the deadline"))
+            if node_id not in answered:
+                out[node_id] = ClientFailure(node_id, "no reply before the deadline")
         return out
+
+    def _decode(self, node_id: int, reply: Message) -> Envelope | ClientFailure:
+        if reply.has_error():
+            return ClientFailure(node_id, f"client error: {reply.error.reason}")
+        try:
+            env = codec.unpack(reply.content)
+        except MessageError as exc:
+            return ClientFailure(node_id, str(exc))
+        self.last_reply = reply
+        return env
 
     def close(self) -> None:
         return None

@@ -26,7 +26,8 @@ from fedveil.server.engine.flower_stock_codec import (
     node_kind_of,
     stock_refusal,
 )
-from fedveil.server.engine.transport import ClientFailure
+from fedveil.server.engine.grid_replies import replies_as_they_arrive
+from fedveil.server.engine.transport import ClientFailure, ReplySink
 
 log = logging.getLogger("fedveil.flower")
 
@@ -107,8 +108,13 @@ class FlowerTransport:
         return sorted(self.node_of)
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
+        """Every client's reply; with `on_reply`, each is handed to it as a pull of the
+        Grid brings it (grid_replies), and not kept here."""
         client_of: dict[int, int] = {}
         messages = []
         out: dict[int, Envelope | ClientFailure] = {
@@ -129,27 +135,35 @@ class FlowerTransport:
                 content, mtype = to_content(env), message_type(env.kind)
             client_of[node_id] = cid
             messages.append(Message(content, node_id, mtype))
-        for reply in self.grid.send_and_receive(messages, timeout=timeout_s):
-            node_id = reply.metadata.src_node_id
-            cid = client_of.get(node_id)
-            if cid is None:
+        answered: set[int] = set()
+        for reply in replies_as_they_arrive(self.grid, messages, timeout_s):
+            cid = client_of.get(reply.metadata.src_node_id)
+            if cid is None or cid in answered:
                 continue
-            if reply.has_error():
-                out[cid] = ClientFailure(
-                    cid, f"client error: {error_essence(reply.error.reason, limit=2000)}"
-                )
-                continue
-            try:
-                if node_id in self.stock_nodes:
-                    assert self.stock is not None
-                    out[cid] = self.stock.reply(requests[cid], reply.content)
-                else:
-                    out[cid] = from_content(reply.content)
-            except MessageError as exc:
-                out[cid] = ClientFailure(cid, str(exc))
+            answered.add(cid)
+            result = self._decode(cid, requests[cid], reply)
+            if on_reply is None:
+                out[cid] = result
+            else:
+                on_reply(cid, result)
         for cid in requests:
-            out.setdefault(cid, ClientFailure(cid, "no reply before the deadline"))
+            if cid not in answered:
+                out.setdefault(cid, ClientFailure(cid, "no reply before the deadline"))
         return out
+
+    def _decode(self, cid: int, request: Envelope, reply: Message) -> Envelope | ClientFailure:
+        """A node's reply as the engine reads it: the Envelope, or why it is none."""
+        if reply.has_error():
+            return ClientFailure(
+                cid, f"client error: {error_essence(reply.error.reason, limit=2000)}"
+            )
+        try:
+            if reply.metadata.src_node_id in self.stock_nodes:
+                assert self.stock is not None
+                return self.stock.reply(request, reply.content)
+            return from_content(reply.content)
+        except MessageError as exc:
+            return ClientFailure(cid, str(exc))
 
     def close(self) -> None:
         return None

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from fedveil.config import SecAggSection
@@ -46,7 +47,7 @@ from fedveil.protocol.secagg_frame import protocol_part, wrap
 from fedveil.server.engine.aggregation import Aggregate
 from fedveil.server.engine.requests import encoding_config
 from fedveil.server.engine.sum_checks import check_quantized_sum
-from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.transport import ClientFailure, ReplySink, Transport
 from fedveil.server.engine.unmask_gate import Aborted, UnmaskGate
 
 log = logging.getLogger("fedveil.secagg")
@@ -225,10 +226,14 @@ class SecAggChannel:
             return None
         while stage := ahead.riders():
             sent = {c: wrap(Kind.secagg(m.STAGE), round_num, m) for c, m in stage.items()}
-            replies = transport.exchange(sent, timeout_s)
-            for cid in sorted(sent):
-                reply = replies.get(cid, ClientFailure(cid, "no reply"))
-                ahead.receive(cid, reply.reason if isinstance(reply, ClientFailure) else reply)
+            exchange_each(
+                transport,
+                sent,
+                timeout_s,
+                lambda cid, reply: ahead.receive(
+                    cid, reply.reason if isinstance(reply, ClientFailure) else reply
+                ),
+            )
         return None if ahead.dead else ahead
 
     def collect(
@@ -338,11 +343,27 @@ class SecAggChannel:
             sent = dict(out)
             for cid, rider in riders.items():
                 sent[cid] = attach(out[cid], rider) if cid in out else rider
-            replies = transport.exchange(sent, timeout_s)
-            for cid in sorted(sent):
-                reply = replies.get(cid, ClientFailure(cid, "no reply"))
-                self._receive(run, cid, reply, riders.get(cid), cid in out)
+            # Each reply is taken in as it arrives (a masked input goes into the running
+            # sum at once): the stage's replies are never all held together.
+            exchange_each(
+                transport,
+                sent,
+                timeout_s,
+                partial(self._receive_stage, run, riders, out.keys()),
+            )
             stage_requests = run.server.next_requests()
+
+    def _receive_stage(
+        self,
+        run: _Round,
+        riders: Mapping[int, Envelope],
+        primary: Set[int],
+        cid: int,
+        reply: Envelope | ClientFailure,
+    ) -> None:
+        """One reply to a stage's exchange (`primary`: the clients sent this round's
+        request; `riders`: the next round's key stage riding with it)."""
+        self._receive(run, cid, reply, riders.get(cid), cid in primary)
 
     def _receive(
         self,
@@ -421,6 +442,28 @@ class SecAggChannel:
             cid: wrap(Kind.secagg(req.STAGE), ahead.round, req)
             for cid, req in ahead.riders().items()
         }
+
+
+def exchange_each(
+    transport: Transport,
+    sent: Mapping[int, Envelope],
+    timeout_s: float | None,
+    take: ReplySink,
+) -> None:
+    """`take(cid, reply)` once for every client in `sent`: as each reply arrives (the
+    transport's `on_reply`), then the ones it returned instead, and "no reply" for the
+    silent, in client order."""
+    taken: set[int] = set()
+
+    def sink(cid: int, reply: Envelope | ClientFailure) -> None:
+        if cid in sent and cid not in taken:  # each client's first reply, once
+            taken.add(cid)
+            take(cid, reply)
+
+    rest = transport.exchange(sent, timeout_s, on_reply=sink)
+    for cid in sorted(sent):
+        reply = rest.pop(cid, None)
+        sink(cid, ClientFailure(cid, "no reply") if reply is None else reply)
 
 
 def _is_unmask(requests: Mapping[int, Message]) -> bool:

@@ -5,6 +5,15 @@ a set of clients and collect their replies by a deadline. Flower (simulation
 and deployment) and the in-process engine implement it; the round logic,
 secure aggregation and DP run unchanged over any of them.
 
+Replies as they arrive: `exchange(..., on_reply=sink)` lets a transport hand each
+reply to `sink` the moment it has it, instead of gathering all of them. Every reply
+is either handed to the sink or returned, never both; a client neither handed over nor
+returned had no reply. Secure aggregation passes a sink that folds each masked input
+into the running sum, so the server never holds the cohort's n replies of d values at
+once: only what the transport has in flight. The real transports (in-process, Flower's
+Grid, the coordinator's deployment) hand replies over as they come; a transport that
+can only gather them all (a test double) may ignore the sink and return them.
+
 Two optional capabilities, declared here and checked with `isinstance`:
 `CentralEvaluator` (a transport with idle workers may evaluate the global model
 on the task's test set for the server) and `RoundReporter` (a transport or
@@ -13,7 +22,7 @@ update channel adds facts only it knows to the round's record).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from fedveil.protocol.envelope import Envelope
@@ -31,15 +40,24 @@ class ClientFailure(Exception):
         self.reason = reason
 
 
+# on_reply(client id, its reply or failure): called once per client, as each arrives.
+ReplySink = Callable[[int, "Envelope | ClientFailure"], None]
+
+
 class Transport(Protocol):
     def client_ids(self) -> Sequence[int]:
         """The logical ids of the clients that can be sampled."""
         ...
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
-        """Send each request to its client; return a reply or failure per client."""
+        """Send each request to its client; a reply or failure per client. With
+        `on_reply`, replies may be handed to it as they arrive (each once) instead of
+        returned: the dict holds only the rest (see the module docstring)."""
         ...
 
     def close(self) -> None: ...

@@ -19,7 +19,7 @@ from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.rounds import RoundEngine
-from fedveil.server.engine.transport import ClientFailure
+from fedveil.server.engine.transport import ClientFailure, ReplySink
 from fedveil.simulations.inprocess import InProcessTransport
 
 DISTRIBUTED = {
@@ -54,7 +54,12 @@ class CoordinatorsWire(InProcessTransport):
         self.tamper = tamper
         self.masked_input_replies: dict[int, Envelope | ClientFailure] = {}
 
-    def exchange(self, requests: Mapping[int, Envelope], timeout_s: float | None):
+    def exchange(
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
+    ):
         masked = {cid for cid, msg in requests.items() if msg.kind == Kind.SECAGG_MASKED_INPUT}
         if self.tamper is not None:
             for cid in masked:

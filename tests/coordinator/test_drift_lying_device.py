@@ -15,7 +15,7 @@ from fedveil.protocol import fields as F
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
 from fedveil.server.coordinator.drift_run import evaluate_on_devices
-from fedveil.server.engine.transport import ClientFailure
+from fedveil.server.engine.transport import ClientFailure, ReplySink
 
 HONEST = 0.9
 
@@ -28,7 +28,10 @@ class Devices:
         self.counts, self.lies = counts, lies
 
     def exchange(
-        self, requests: dict[int, Envelope], timeout: float | None
+        self,
+        requests: dict[int, Envelope],
+        timeout: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         out: dict[int, Envelope | ClientFailure] = {}
         for cid, req in requests.items():

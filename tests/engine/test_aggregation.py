@@ -10,7 +10,7 @@ import torch
 from fedveil.protocol.envelope import Envelope
 from fedveil.server.engine.aggregation import NoUpdates, PlainChannel
 from fedveil.server.engine.optimizers import make_optimizer
-from fedveil.server.engine.transport import ClientFailure
+from fedveil.server.engine.transport import ClientFailure, ReplySink
 
 
 class ScriptedClients:
@@ -22,7 +22,12 @@ class ScriptedClients:
     def client_ids(self) -> list[int]:
         return sorted(self.replies)
 
-    def exchange(self, requests: Mapping[int, Envelope], timeout_s: float | None):
+    def exchange(
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
+    ):
         return {cid: self.replies[cid] for cid in requests}
 
     def close(self) -> None:

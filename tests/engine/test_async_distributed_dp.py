@@ -36,7 +36,7 @@ from fedveil.server.engine.privacy_report import write_privacy_report
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.secagg_channel import SecAggChannel
-from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.transport import ClientFailure, ReplySink, Transport
 from fedveil.server.engine.unmask_gate import Aborted
 from fedveil.simulations.availability import AvailabilityModel
 from fedveil.simulations.inprocess import InProcessTransport
@@ -97,7 +97,10 @@ class ChargedFirst(Stages):
         self.unmasked: list[int] = []
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         unmasking = {m.round for m in requests.values() if m.kind == "secagg.unmask"}
         for seq in sorted(unmasking):

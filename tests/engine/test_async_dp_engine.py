@@ -24,7 +24,7 @@ from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.privacy_report import write_privacy_report
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.runstore import RunStore
-from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.transport import ClientFailure, ReplySink, Transport
 from fedveil.simulations.availability import AvailabilityModel
 from fedveil.simulations.inprocess import InProcessTransport
 
@@ -63,7 +63,10 @@ class Counting:
         return self.inner.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         for cid, request in requests.items():
             if request.kind == "train":

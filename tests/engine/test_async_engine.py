@@ -19,7 +19,7 @@ from fedveil.server.engine.buffered_scheduler import BufferedScheduler
 from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.staleness import ssp_allows, staleness_weight, too_stale
-from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.transport import ClientFailure, ReplySink, Transport
 from fedveil.simulations.availability import AvailabilityModel
 from fedveil.simulations.inprocess import InProcessTransport
 
@@ -54,7 +54,10 @@ class Recording:
         return self.inner.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         replies = self.inner.exchange(requests, timeout_s)
         for cid, reply in replies.items():

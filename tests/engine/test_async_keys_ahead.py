@@ -17,7 +17,7 @@ from fedveil.server.engine.buffered_scheduler import BufferedScheduler
 from fedveil.server.engine.dispatches import Dispatch
 from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.rounds import RoundEngine
-from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.transport import ClientFailure, ReplySink, Transport
 from fedveil.simulations.availability import AvailabilityModel
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.simulate_run import simulate
@@ -36,7 +36,10 @@ class Recorder:
         return self.inner.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         first = next(iter(requests.values()))
         assert {(m.round, m.kind) for m in requests.values()} == {(first.round, first.kind)}

@@ -17,7 +17,7 @@ from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.runstore import RunStore
-from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.transport import ClientFailure, ReplySink, Transport
 from fedveil.simulations.availability import AvailabilityModel
 from fedveil.simulations.inprocess import InProcessTransport
 
@@ -54,7 +54,10 @@ class CrashAfter:
         return self.inner.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         self.left -= 1
         if self.left == 0:

@@ -29,7 +29,7 @@ from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.runstore import RunStore
 from fedveil.server.engine.sampling import cohort_commitment, committed_graph_seed
-from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.transport import ClientFailure, ReplySink, Transport
 from fedveil.server.engine.unmask_gate import Aborted
 from fedveil.simulations.inprocess import InProcessTransport
 
@@ -66,7 +66,10 @@ class Stages:
         return self.inner.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         failed = {c for c in requests if self.fail and self.fail(c, requests)}
         live = {c: m for c, m in requests.items() if c not in failed}

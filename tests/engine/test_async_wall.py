@@ -18,7 +18,7 @@ from fedveil.protocol.envelope import Envelope
 from fedveil.server.engine.device_scheduler import DeviceScheduler
 from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.rounds import RoundEngine
-from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.transport import ClientFailure, ReplySink, Transport
 from fedveil.server.engine.wall_clock import WallClock
 from fedveil.simulations.inprocess import InProcessTransport
 
@@ -39,7 +39,10 @@ class SlowDevices:
         return self.inner.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         seq = next(iter(requests.values())).round
         with self.lock:

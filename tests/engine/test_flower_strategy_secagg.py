@@ -69,6 +69,16 @@ class RecordingGrid:
         self.exchanges += 1
         return replies
 
+    # The secure exchanges push once and pull replies as they arrive (grid_replies).
+    def push_messages(self, messages: Any) -> list[str]:
+        self.exchanges += 1
+        return list(self.grid.push_messages(messages))
+
+    def pull_messages(self, message_ids: Any) -> list[Message]:
+        replies = list(self.grid.pull_messages(message_ids))
+        self.replies.extend(replies)
+        return replies
+
 
 def _initial() -> ArrayRecord:
     torch.manual_seed(0)

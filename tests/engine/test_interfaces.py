@@ -20,7 +20,12 @@ from fedveil.server.engine.aggregation import PlainChannel
 from fedveil.server.engine.lifecycle import MODEL_FILE, RunLifecycle
 from fedveil.server.engine.rounds import RoundEngine, initial_model
 from fedveil.server.engine.runstore import RunStore
-from fedveil.server.engine.transport import CentralEvaluator, ClientFailure, RoundReporter
+from fedveil.server.engine.transport import (
+    CentralEvaluator,
+    ClientFailure,
+    ReplySink,
+    RoundReporter,
+)
 from fedveil.simulations.availability import AvailabilityModel, AvailabilityTransport
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.simulations.sequential_clients import SequentialClients
@@ -50,7 +55,10 @@ class ReportingTransport:
         return self.inner.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         return self.inner.exchange(requests, timeout_s)
 

@@ -22,7 +22,7 @@ from fedveil.protocol.kinds import trains
 from fedveil.server.engine.lifecycle import RunLifecycle
 from fedveil.server.engine.privacy_report import write_privacy_report
 from fedveil.server.engine.runstore import RunStore
-from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.transport import ClientFailure, ReplySink, Transport
 from fedveil.simulations.availability import AvailabilityModel
 from fedveil.simulations.inprocess import InProcessTransport
 
@@ -39,7 +39,10 @@ class Witnessing:
         return self.inner.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         for request in requests.values():
             self.guard.check(1, self.cfg, request)  # raises LedgerRefusal

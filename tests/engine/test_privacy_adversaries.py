@@ -138,7 +138,7 @@ class DropAtMaskedInput:
     def client_ids(self) -> Sequence[int]:
         return self.inner.client_ids()
 
-    def exchange(self, requests, timeout_s):
+    def exchange(self, requests, timeout_s, on_reply=None):
         kinds = {env.kind for env in requests.values()}
         round_num = next(iter(requests.values())).round
         if "secagg.unmask" in kinds:

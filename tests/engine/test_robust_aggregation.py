@@ -26,7 +26,7 @@ from fedveil.server.engine.robust import (
     norm_bounded_mean,
     trimmed_mean,
 )
-from fedveil.server.engine.transport import ClientFailure
+from fedveil.server.engine.transport import ClientFailure, ReplySink
 from fedveil.simulations.simulate_run import simulate
 
 DIM = 16
@@ -147,7 +147,10 @@ class ScriptedClients:
         return sorted(self.replies)
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         return {
             cid: r if (r := self.replies[cid]) is not None else ClientFailure(cid, "gone")

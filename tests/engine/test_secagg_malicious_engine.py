@@ -50,7 +50,7 @@ class Recorder:
     def client_ids(self):
         return self.inner.client_ids()
 
-    def exchange(self, requests, timeout_s):
+    def exchange(self, requests, timeout_s, on_reply=None):
         self.exchanges[min(m.round for m in requests.values())] += 1
         replies = self.inner.exchange(requests, timeout_s)
         if self.rewrite is not None:

@@ -14,7 +14,7 @@ from fedveil.protocol.piggyback import RIDER_KIND, attach, detach, join_replies,
 from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.rounds import RoundEngine
 from fedveil.server.engine.runstore import RunStore
-from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.transport import ClientFailure, ReplySink, Transport
 from fedveil.simulations.inprocess import InProcessTransport
 
 
@@ -43,7 +43,10 @@ class Recorder:
         return self.inner.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         self.exchanges[min(m.round for m in requests.values())] += 1
         self.riders[min(m.round for m in requests.values())] += sum(
@@ -68,7 +71,7 @@ class Faults:
     def client_ids(self):
         return self.inner.client_ids()
 
-    def exchange(self, requests, timeout_s):
+    def exchange(self, requests, timeout_s, on_reply=None):
         out: dict[int, Envelope | ClientFailure] = {}
         sent: dict[int, Envelope] = {}
         failing: dict[int, Envelope] = {}
@@ -163,7 +166,7 @@ class Garbage:
     def client_ids(self):
         return self.inner.client_ids()
 
-    def exchange(self, requests, timeout_s):
+    def exchange(self, requests, timeout_s, on_reply=None):
         out = self.inner.exchange(requests, timeout_s)
         if 2 in requests:
             out[2] = Envelope(requests[2].kind, requests[2].round, {"junk": 1})

@@ -26,7 +26,7 @@ from fedveil.protocol.kinds import Kind
 from fedveil.protocol.secagg_frame import protocol_part
 from fedveil.server.engine.rounds import initial_model
 from fedveil.server.engine.secure_evaluation import evaluate_securely
-from fedveil.server.engine.transport import ClientFailure
+from fedveil.server.engine.transport import ClientFailure, ReplySink
 from fedveil.simulations.inprocess import InProcessTransport
 from fedveil.tasks import Task, make_task
 
@@ -47,7 +47,10 @@ class Recording:
         return self.inner.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         self.sent.append(dict(requests))
         replies = self.inner.exchange(requests, timeout_s)

@@ -16,7 +16,7 @@ import torch
 
 from fedveil.protocol.envelope import Envelope
 from fedveil.server.engine.aggregation import RECLIPPED, Aggregate, PlainChannel
-from fedveil.server.engine.transport import ClientFailure
+from fedveil.server.engine.transport import ClientFailure, ReplySink
 
 CLIP = 0.5
 DIM = 64
@@ -33,7 +33,10 @@ class ScriptedClients:
         return sorted(self.replies)
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         return {cid: self.replies[cid] for cid in requests}
 

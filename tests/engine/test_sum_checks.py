@@ -49,7 +49,7 @@ class Proxy:
     def client_ids(self):
         return self.inner.client_ids()
 
-    def exchange(self, requests, timeout_s):
+    def exchange(self, requests, timeout_s, on_reply=None):
         replies = self.inner.exchange(requests, timeout_s)
         reply = replies.get(ATTACKER)
         if requests[ATTACKER].kind == "secagg.masked_input" and isinstance(reply, Envelope):

@@ -144,7 +144,7 @@ class _Idle:
     def client_ids(self):
         return range(W.clients)
 
-    def exchange(self, requests, timeout_s):
+    def exchange(self, requests, timeout_s, on_reply=None):
         return {}
 
     def close(self):

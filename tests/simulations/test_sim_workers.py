@@ -77,7 +77,7 @@ class _NoClients:
     def client_ids(self):
         return range(12)
 
-    def exchange(self, requests, timeout_s):
+    def exchange(self, requests, timeout_s, on_reply=None):
         return {}
 
     def close(self):
