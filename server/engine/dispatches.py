@@ -29,7 +29,7 @@ from fedveil.server.engine.aggregation import Aggregate, NoUpdates, UpdateChanne
 from fedveil.server.engine.requests import ClientPrivacy, build_train_request
 from fedveil.server.engine.secagg_channel import SecAggChannel
 from fedveil.server.engine.sim_clock import DEFAULT_LATENCY_S, Availability
-from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.transport import LEFT_OUT, ClientFailure, Transport
 from fedveil.server.engine.unmask_gate import Aborted
 
 Outcome = Aggregate | Aborted | NoUpdates | None
@@ -141,6 +141,14 @@ class StagedAvailability:
     def exchange(
         self, requests: Mapping[int, Envelope], timeout_s: float | None
     ) -> dict[int, Envelope | ClientFailure]:
+        return self.exchange_first(requests, timeout_s, 0)
+
+    def exchange_first(
+        self, requests: Mapping[int, Envelope], timeout_s: float | None, quorum: int
+    ) -> dict[int, Envelope | ClientFailure]:
+        """The stage's exchange; with `quorum` R > 0 (FirstReplies) it ends at the R-th
+        reply in simulated time: later members are left out by design (lost from then on,
+        free at the release) and never reach the clients' transport."""
         out: dict[int, Envelope | ClientFailure] = {}
         live = {c: m for c, m in requests.items() if c not in self.gone}
         for cid in requests.keys() - live.keys():
@@ -149,6 +157,8 @@ class StagedAvailability:
             first = next(iter(live.values()))
             verdict = self.availability.judge(first.round, first.kind, sorted(live), timeout_s)
             wait = verdict.simulated_time(timeout_s)
+            if 0 < quorum <= len(verdict.latency):
+                wait = self._release_at(verdict.latency, quorum, verdict.failed)
             for cid, reason in verdict.failed.items():
                 self.gone[cid] = reason
                 out[cid] = ClientFailure(cid, reason)
@@ -161,6 +171,19 @@ class StagedAvailability:
         if live:
             out.update(self.inner.exchange(live, timeout_s))
         return out
+
+    @staticmethod
+    def _release_at(latency: dict[int, float], quorum: int, failed: dict[int, str]) -> float:
+        """Ends the stage at the `quorum`-th reply (ties: the lower client id): moves every
+        later member from `latency` to `failed`, left out by design; the stage's wait."""
+        order = sorted(latency, key=lambda c: (latency[c], c))
+        release = latency[order[quorum - 1]]
+        for cid in order[quorum:]:
+            failed[cid] = (
+                f"{LEFT_OUT}: its reply would come at {latency.pop(cid):.2f} s, after the "
+                f"group's first {quorum} at {release:.2f} s (server.group_release_at)"
+            )
+        return release
 
     def close(self) -> None:
         return None

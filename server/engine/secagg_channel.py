@@ -15,6 +15,12 @@ round still has fresh keys, seeds, session id and neighbour graph; only the
 moment they are made moves. A client that fails, times out or
 sends a message the protocol rejects is a dropped client; fewer than t
 survivors abort the round (nothing is released) and the next round proceeds.
+
+An asynchronous group released at R of G (server.group_release_at) ends its
+masked-input stage at the first R replies (a transport's FirstReplies): the
+other members are dropped by design, exactly as clients that timed out, so the
+unmask stage removes their pairwise masks from Shamir shares of their keys and
+their masked input, sent later, is never taken (the stage is closed).
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from fedveil.protocol.secagg_frame import protocol_part, wrap
 from fedveil.server.engine.aggregation import Aggregate
 from fedveil.server.engine.requests import encoding_config
 from fedveil.server.engine.sum_checks import check_quantized_sum
-from fedveil.server.engine.transport import ClientFailure, Transport
+from fedveil.server.engine.transport import ClientFailure, FirstReplies, Transport
 from fedveil.server.engine.unmask_gate import Aborted, UnmaskGate
 
 log = logging.getLogger("fedveil.secagg")
@@ -128,9 +134,13 @@ class SecAggChannel:
         gate: UnmaskGate | None = None,
         quiet_counts: bool = False,
         graph_seeds: Callable[[int], bytes] | None = None,
+        release_at: int = 0,
     ) -> None:
         """`run_id`: the run every session names (and clients check against the run they
-        serve): Flower's run id in deployment (`flower_run_id`), else the simulation's."""
+        serve): Flower's run id in deployment (`flower_run_id`), else the simulation's.
+        `release_at` R > 0 (server.group_release_at, asynchronous groups): the masked-input
+        stage ends at its first R replies when the transport can end an exchange early
+        (FirstReplies); the members left out are dropped and their masks recovered."""
         if settings.threat == "malicious" and roster is None:
             raise ValueError(
                 "secagg.threat = 'malicious' needs the clients' identity roster "
@@ -151,6 +161,7 @@ class SecAggChannel:
         self._ahead: _Ahead | None = None
         self.pipelining = settings.pipeline
         self.run_id = run_id
+        self.release_at = release_at
 
     def session(self, cohort: list[int], model_size: int, round_num: int) -> SessionConfig:
         """A fresh session of round `round_num` of this run (both inside its digest)."""
@@ -338,11 +349,26 @@ class SecAggChannel:
             sent = dict(out)
             for cid, rider in riders.items():
                 sent[cid] = attach(out[cid], rider) if cid in out else rider
-            replies = transport.exchange(sent, timeout_s)
+            replies = self._exchange(transport, sent, timeout_s, _is_training(stage_requests))
             for cid in sorted(sent):
                 reply = replies.get(cid, ClientFailure(cid, "no reply"))
                 self._receive(run, cid, reply, riders.get(cid), cid in out)
             stage_requests = run.server.next_requests()
+
+    def _exchange(
+        self,
+        transport: Transport,
+        sent: Mapping[int, Envelope],
+        timeout_s: float | None,
+        training: bool,
+    ) -> Mapping[int, Envelope | ClientFailure]:
+        """One stage's exchange. The masked-input stage of a group released at R ends at
+        its first R replies: the server then holds R masked inputs and no more, the
+        others are dropped members whose pairwise masks the unmask stage removes, and
+        the session never takes their masked input afterwards (its stage is closed)."""
+        if training and self.release_at and isinstance(transport, FirstReplies):
+            return transport.exchange_first(sent, timeout_s, self.release_at)
+        return transport.exchange(sent, timeout_s)
 
     def _receive(
         self,
@@ -421,6 +447,11 @@ class SecAggChannel:
             cid: wrap(Kind.secagg(req.STAGE), ahead.round, req)
             for cid, req in ahead.riders().items()
         }
+
+
+def _is_training(requests: Mapping[int, Message]) -> bool:
+    first = next(iter(requests.values()), None)
+    return first is not None and first.STAGE is TRAINING_STAGE
 
 
 def _is_unmask(requests: Mapping[int, Message]) -> bool:
