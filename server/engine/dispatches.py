@@ -147,8 +147,9 @@ class StagedAvailability:
         self, requests: Mapping[int, Envelope], timeout_s: float | None, quorum: int
     ) -> dict[int, Envelope | ClientFailure]:
         """The stage's exchange; with `quorum` R > 0 (FirstReplies) it ends at the R-th
-        reply in simulated time: later members are left out by design (lost from then on,
-        free at the release) and never reach the clients' transport."""
+        reply in simulated time (without a latency model every reply comes at once: the R
+        lowest client ids): later members are left out by design (lost from then on, free
+        at the release) and never reach the clients' transport."""
         out: dict[int, Envelope | ClientFailure] = {}
         live = {c: m for c, m in requests.items() if c not in self.gone}
         for cid in requests.keys() - live.keys():
@@ -168,6 +169,12 @@ class StagedAvailability:
                 for cid, latency in verdict.latency.items():
                     self.trained[cid] = self.elapsed + latency
             self.elapsed += wait
+        elif 0 < quorum < len(live):  # no latency model: every reply at once, ties by id
+            for cid in sorted(live)[quorum:]:
+                reason = f"{LEFT_OUT}: after the group's first {quorum} (server.group_release_at)"
+                self.gone[cid] = reason
+                out[cid] = ClientFailure(cid, reason)
+                del live[cid]
         if live:
             out.update(self.inner.exchange(live, timeout_s))
         return out

@@ -120,13 +120,18 @@ def test_a_group_releases_at_its_first_r_with_the_others_masks_removed_and_the_s
     assert (got.total - slow.outcome.total).abs().max() > 100 * R * 60 * step
 
 
-def test_an_async_run_with_groups_released_at_r_applies_r_updates_per_group(tmp_path):
-    engine, _ = engine_for(config(tmp_path), tmp_path)
+@pytest.mark.parametrize("latency", [1.0, 0.0], ids=["latency_model", "no_latency_model"])
+def test_an_async_run_with_groups_released_at_r_applies_r_updates_per_group(tmp_path, latency):
+    cfg = config(tmp_path, **{"simulation.latency_median": latency})
+    task = tiny_task.make(cfg)
+    _, channel = make_privacy_pipeline(cfg, task, tmp_path / "ledger.jsonl")
+    scheduler = BufferedScheduler(cfg, availability=AvailabilityModel.from_config(cfg))
+    engine = RoundEngine(cfg, task, InProcessTransport(task), channel=channel, scheduler=scheduler)
     engine.run()
     assert engine.round == 3
     for record in engine.history:
         assert record.applied and record.cohort_aggregated == R  # buffer K = R: one group
-        assert record.extra["drops_by_reason"]  # its left-out members, counted
+        assert record.extra["drops_by_reason"] == {"left out by design": G - R}
 
 
 DISTRIBUTED = {
