@@ -10,9 +10,13 @@ job's training time per client), sigma 1.0 per draw and 0.5 per client.
 - sync_deadline: FedAvg with server.round_timeout at the 90th percentile of the client
   latencies the run draws (stragglers past it are lost);
 - async: FedBuff, an update after every K arrivals, staleness weight 1/sqrt(1+tau);
-- async_secagg: async with secure aggregation in groups of G clients, each protocol
-  stage with sync_deadline's deadline (--group-deadline p90): a member past it is
-  dropped (its work lost and counted) and the group's sum comes by dropout recovery.
+- async_secagg: async with secure aggregation in over-provisioned groups: G clients
+  dispatched, the group released at its first R masked inputs (server.group_release_at;
+  R = K, G = K + ceil(0.3 K) by default), the other G - R dropped by design and their
+  masks removed by dropout recovery; each protocol stage has sync_deadline's deadline
+  (--group-deadline p90), a member past it is dropped as well;
+- async_secagg_whole: the previous design, side by side: groups of G = K that wait for
+  every member (or the deadline).
 
 Each contender runs in its own process (`fedveil.benchmarks.async_contender`) and stops at the
 first evaluation at the target accuracy; the parent reads the process's CPU time, worker
@@ -26,6 +30,7 @@ a latency draw times the median, so the time ratios do not depend on `--latency-
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -44,6 +49,7 @@ from fedveil.benchmarks.harness import (
     run_seeds,
 )
 from fedveil.benchmarks.harness import run_contender as run_contender_process
+from fedveil.config import SecAggSection
 from fedveil.protocol.kinds import Kind
 from fedveil.simulations.async_plots import accuracy_over_time, staleness_values, time_to_target
 from fedveil.simulations.availability import AvailabilityModel
@@ -56,19 +62,22 @@ TARGETS = {
     "time_to_target_ratio_deadline": (">=", 1.5),
     "cpu_per_update_ratio": ("<=", 1.2),
     "secagg_overhead_ratio": ("<=", 1.5),
+    "secagg_whole_overhead_ratio": ("<=", 1.5),
 }
 LABELS = {
     "sync": "sync FedAvg, waits for every client",
     "sync_deadline": "sync FedAvg, p90 deadline",
     "async": "async FedBuff",
-    "async_secagg": "async FedBuff + secagg groups",
+    "async_secagg": "async FedBuff + secagg, R of G",
+    "async_secagg_whole": "async FedBuff + secagg, whole groups",
 }
 
 
 ASYNC_SUMMARY = (
     "`fedveil bench async`: the default job trained synchronously (waiting for every "
     "client; with a deadline at the p90 client latency) and asynchronously (FedBuff; FedBuff "
-    "with secure aggregation in groups), the same clients in flight, log-normal client "
+    "with secure aggregation in groups of G released at their first R; in whole groups), "
+    "the same clients in flight, log-normal client "
     "latency on the simulated clock, each contender in its own process, over seeds; prints "
     "median simulated time to the target accuracy, CPU seconds per applied client update "
     "(worker processes included), the ratios, and FedBuff's published ratio next to ours; "
@@ -76,10 +85,14 @@ ASYNC_SUMMARY = (
     "line of stdout."
 )
 # The contenders, in the order they run (benchmarks/bench_async.py says what each is).
-ASYNC_CONTENDERS = ("sync", "sync_deadline", "async", "async_secagg")
+ASYNC_CONTENDERS = ("sync", "sync_deadline", "async", "async_secagg", "async_secagg_whole")
+# async_secagg's default over-provisioning: G = K + ceil(OVER_PROVISION x K) members per
+# group, released at the first R = K.
+OVER_PROVISION = 0.3
 # The default job's training time per client (fashion-mnist CNN, ~600 examples, one
 # epoch, batch 32): 0.27-0.73 s measured on one core of a shared 2-core machine.
 ASYNC_LATENCY_MEDIAN_S = 0.5
+DEFAULT_DROPOUT_RATE = SecAggSection().dropout_rate
 # A secure-aggregation key or unmask exchange, against a training: a client of a group of
 # 10 computes 0.25 ms (advertise), 4.5 ms (share keys) and 0.07 ms (unmask) for the CNN
 # here, about 1% of the training above, so what remains is a network round trip; a tenth
@@ -99,7 +112,18 @@ def add_async_arguments(p: argparse.ArgumentParser) -> None:
         "--concurrency", type=int, help="clients in flight: sync cohort = async C [20; --quick 6]"
     )
     p.add_argument("--buffer", type=int, help="async: apply after K arrivals [10; --quick 3]")
-    p.add_argument("--group-size", type=int, help="async_secagg: secagg group size G [K]")
+    p.add_argument(
+        "--group-size",
+        type=int,
+        help="async_secagg: members G dispatched per secagg group "
+        f"[K + ceil({OVER_PROVISION:g} K)]",
+    )
+    p.add_argument(
+        "--release-at",
+        type=int,
+        help="async_secagg: a group is released at its first R masked inputs "
+        "(server.group_release_at) [K]; 0: at every member, as async_secagg_whole",
+    )
     p.add_argument(
         "--group-deadline",
         choices=("p90", "none"),
@@ -150,6 +174,7 @@ class Setup:
     concurrency: int
     buffer: int
     group_size: int
+    release_at: int  # async_secagg: R of G (0: every member)
     group_deadline: bool  # async_secagg: round_timeout at the p90 latency, as sync_deadline
     latency_median: float
     message_latency_share: float  # async_secagg's key and unmask stages, of latency_median
@@ -165,16 +190,20 @@ def resolve(args: argparse.Namespace) -> Setup:
     k = args.buffer or (3 if args.quick else 10)
     if not 1 <= k <= c:
         raise ValueError(f"--buffer = {k}: must be in [1, --concurrency = {c}]")
-    g = args.group_size or k
+    r = k if args.release_at is None else args.release_at
+    g = args.group_size or (k + math.ceil(OVER_PROVISION * k) if r else k)
     if g < max(k, 3) or g > c:  # the secagg protocol needs 3 clients at least
         raise ValueError(
             f"--group-size = {g}: must be in [max(3, --buffer = {k}), --concurrency = {c}]"
         )
+    if r and not 3 <= r <= g:
+        raise ValueError(f"--release-at = {r}: must be 0 or in [3, --group-size = {g}]")
     return Setup(
         base=base,
         concurrency=c,
         buffer=k,
         group_size=g,
+        release_at=r,
         group_deadline=getattr(args, "group_deadline", "p90") == "p90",
         latency_median=args.latency_median,
         message_latency_share=args.message_latency_share,
@@ -220,17 +249,27 @@ def contender_values(name: str, s: Setup, seed: int, out: Path) -> dict[str, Any
             "eval.central_every": max(1, c // k),
         }
     )
-    if name == "async_secagg":
+    if name.startswith("async_secagg"):
+        whole = name == "async_secagg_whole"
         values.update(
             {
                 "secagg.enabled": True,
-                "server.group_size": s.group_size,
+                "server.group_size": k if whole else s.group_size,
                 "simulation.message_latency_share": s.message_latency_share,
             }
         )
+        if s.release_at and not whole:
+            values.update(release_values(s.group_size, s.release_at))
         if s.group_deadline:  # stragglers past it are dropped; the sum comes by recovery
             values["server.round_timeout"] = deadline(s, seed)
     return values
+
+
+def release_values(g: int, r: int) -> dict[str, Any]:
+    """A group of G released at its first R: the threat model's dropout rate covers the
+    G - R members left out by design (the config refuses less), and at least the default."""
+    dropout = max(DEFAULT_DROPOUT_RATE, math.ceil((g - r) / g * 1e4) / 1e4)
+    return {"server.group_release_at": r, "secagg.dropout_rate": dropout}
 
 
 def deadline(s: Setup, seed: int) -> float:
@@ -287,6 +326,7 @@ def summarize(s: Setup, per_seed: list[dict[str, Any]], names: list[str]) -> dic
         "time_to_target_ratio_deadline": ratio(t.get("sync_deadline"), t.get("async")),
         "cpu_per_update_ratio": ratio(cpu.get("async"), cpu.get("sync")),
         "secagg_overhead_ratio": ratio(t.get("async_secagg"), t.get("async")),
+        "secagg_whole_overhead_ratio": ratio(t.get("async_secagg_whole"), t.get("async")),
     }
     met = {
         key: (value >= bound if op == ">=" else value <= bound)
@@ -320,6 +360,7 @@ def bench(s: Setup, seeds: list[int], names: list[str], out: Path) -> dict[str, 
         concurrency=s.concurrency,
         buffer=s.buffer,
         group_size=s.group_size,
+        release_at=s.release_at,
         latency_median_s=s.latency_median,
         latency_sigma=1.0,
         latency_client_sigma=0.5,
@@ -361,7 +402,9 @@ def format_report(summary: dict[str, Any]) -> str:
     med = summary["medians"]
     lines = [
         f"fedveil bench async: C = {summary['concurrency']} in flight, K = {summary['buffer']}, "
-        f"secagg groups of G = {summary['group_size']}; latency log-normal, median "
+        f"secagg groups of G = {summary['group_size']} released at R = "
+        f"{summary['release_at'] or summary['group_size']} (whole: G = K); "
+        "latency log-normal, median "
         f"{summary['latency_median_s']:g} s, sigma 1.0, client sigma 0.5 (secagg key and "
         f"unmask stages x {summary['message_latency_share']:g}); "
         f"seeds {summary['seeds']}; target accuracy {summary['target_accuracy']:g}",

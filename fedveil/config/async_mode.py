@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from fedveil.config.run_schema import RunConfig
 
 
+# The fewest members a group may release at: with 2, each learns the other's update.
+MIN_RELEASE = 3
+
+
 def resolved_concurrency(cfg: RunConfig) -> int:
     """C: clients in flight (server.concurrency; 0: server.per_round)."""
     return cfg.server.concurrency or cfg.server.per_round
@@ -45,6 +49,12 @@ def check_async_fields(cfg: RunConfig) -> None:
     """The async settings against each other and the rest of the run."""
     s = cfg.server
     if s.mode == "sync":
+        if s.group_release_at:
+            raise ConfigError(
+                f"server.group_release_at = {s.group_release_at} with server.mode = 'sync': "
+                "a release at R of G is an asynchronous group's; set it to 0, or use "
+                "server.mode = 'async' | 'ssp'"
+            )
         return
     n, c, k, g = cfg.data.num_clients, resolved_concurrency(cfg), s.buffer, resolved_group_size(cfg)
     if c > n:
@@ -68,6 +78,7 @@ def check_async_fields(cfg: RunConfig) -> None:
             f"server.group_size = {g}: a secure-aggregation group must hold at least "
             f"server.buffer = {k} clients and at least 3"
         )
+    check_group_release(cfg)
     cap = s.max_participations
     if cap and cap * n < s.rounds * k:
         raise ConfigError(
@@ -97,4 +108,43 @@ def _check_unsupported(cfg: RunConfig) -> None:
         raise ConfigError(
             f"server.sampling = {s.sampling!r} with server.mode = {mode!r}: async draws "
             "replacement clients one unit at a time; use 'fixed'"
+        )
+
+
+def check_group_release(cfg: RunConfig) -> None:
+    """server.group_release_at R against the group (G), the buffer (K <= R, as K <= G for a
+    whole group: the server learns sums of no fewer) and the threat model: a group of G
+    releases at its first R masked inputs, the other G - R members left out by design
+    and their pairwise masks removed by dropout recovery. The Shamir threshold t <= R is
+    checked with the threat model (privacy/secagg/feasibility.py)."""
+    r, g, sa = cfg.server.group_release_at, resolved_group_size(cfg), cfg.secagg
+    if not r:
+        return
+    if not sa.enabled:
+        raise ConfigError(
+            f"server.group_release_at = {r} with secagg.enabled = false: a release at R of G "
+            "is a secure-aggregation group's (in the clear each update is its own unit); "
+            "set it to 0"
+        )
+    if not MIN_RELEASE <= r <= g:
+        raise ConfigError(
+            f"server.group_release_at = {r}: must be in [{MIN_RELEASE}, server.group_size "
+            f"= {g}] (the server learns the sum of the first R; with 2, each member learns "
+            "the other's update from it)"
+        )
+    k = cfg.server.buffer
+    if r < k:
+        raise ConfigError(
+            f"server.group_release_at = {r}: below server.buffer = {k}; a released sum must "
+            f"cover at least the buffer's K updates, as a whole group of G >= K does"
+        )
+    # The members left out by design are dropouts of the session: the threat model's
+    # parameters (neighbours, threshold) must be derived for at least that many.
+    left_out, budget = g - r, sa.dropout_rate * g
+    if not (left_out <= budget + 1e-9):
+        raise ConfigError(
+            f"secagg.dropout_rate = {sa.dropout_rate:g}: a group of server.group_size = {g} "
+            f"releasing at server.group_release_at = {r} leaves {left_out} members out by "
+            f"design, more than the threat model's {budget:g} dropouts; set "
+            f"secagg.dropout_rate >= {left_out / g:.4g} or raise server.group_release_at"
         )

@@ -162,6 +162,15 @@ class ServerConfig:
         help="async/ssp: clients per dispatch unit G (with secagg: one secure-aggregation "
         "session); 0: buffer K with secagg, 1 in the clear; G >= K with secagg",
     )
+    group_release_at: int = spec(
+        0,
+        lo=0,
+        hi=1_000_000,
+        help="async/ssp with secagg: a group of G releases at its first R masked inputs, "
+        "the rest left out by design and their masks removed by dropout recovery; 0: "
+        "every member (or the deadline). 3 <= R <= G, R >= the Shamir threshold, G - R "
+        "within secagg.dropout_rate x G",
+    )
     max_participations: int = spec(
         0, lo=0, hi=1_000_000, help="async/ssp: most dispatches per client in a run; 0: no cap"
     )
@@ -532,6 +541,7 @@ class RunConfig:
             poisson_rate=self.poisson_rate,
             mode=s.mode,
             group_size=self.group_size,
+            group_release_at=s.group_release_at,
             buffer=s.buffer,
             max_participations=s.max_participations,
             secure_aggregation=sa.enabled,

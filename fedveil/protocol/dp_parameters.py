@@ -44,6 +44,7 @@ class DpParameters:
     poisson_rate: float  # the Poisson rate q in use
     mode: str  # server.mode: 'sync' | 'async' | 'ssp'
     group_size: int  # G, clients per asynchronous dispatch unit (resolved)
+    group_release_at: int  # server.group_release_at R: a group releases at R (0: all G)
     buffer: int  # server.buffer K
     max_participations: int  # server.max_participations (0: no cap)
     # [secagg]

@@ -26,7 +26,8 @@ def max_cohort(p: DpParameters, num_clients: int) -> int:
 def survivor_floor(p: DpParameters, num_clients: int, threshold: int) -> int:
     """Fewest masked inputs a distributed-DP round may unmask: the Shamir `threshold`, or a
     small cohort (Poisson: mean - 2 sd) less the expected dropouts, capped by the cohort.
-    Asynchronous: a group of G less its expected dropouts (G is fixed at dispatch)."""
+    Asynchronous: a group of G less its expected dropouts (G is fixed at dispatch), and
+    at most R when the group releases at its first R (server.group_release_at)."""
     fixed = p.sampling == FIXED or p.asynchronous
     if p.asynchronous:
         expected: float = p.group_size
@@ -34,4 +35,6 @@ def survivor_floor(p: DpParameters, num_clients: int, threshold: int) -> int:
         expected = p.per_round if fixed else p.poisson_rate * num_clients
     low = expected if fixed else expected - 2 * math.sqrt(expected)
     survivors_low = math.floor(low * (1 - p.dropout_rate))
+    if p.asynchronous and p.group_release_at:  # the sum covers the first R, no more
+        survivors_low = min(survivors_low, p.group_release_at)
     return min(max(threshold, 2, survivors_low), max_cohort(p, num_clients))

@@ -3,8 +3,10 @@ loaded (simulate) or any device is asked (submission), so that a run which could
 every round is refused instead of reported as "completed" with nothing aggregated.
 
 Secure aggregation needs at least 3 clients per round (with 2, each learns the other's
-update from the sum). Under distributed DP a round also needs the plan's `min_survivors`
-masked inputs before it may unmask (privacy/dp/plan.py).
+update from the sum). An asynchronous group that releases at its first R members
+(server.group_release_at) needs R >= the Shamir threshold t of its G. Under distributed
+DP a round also needs the plan's `min_survivors` masked inputs before it may unmask
+(privacy/dp/plan.py).
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ def check_secagg_feasible(p: DpParameters, num_clients: int, wait_for_clients: i
     n = max(MIN_CLIENTS, math.floor(expected))
     try:
         threat = ThreatModel(p.adversarial_rate, p.dropout_rate, p.threat)
-        find_parameters(n, threat, neighbors=p.neighbors or None, threshold=p.threshold or None)
+        params = find_parameters(
+            n, threat, neighbors=p.neighbors or None, threshold=p.threshold or None
+        )
     except ValueError as exc:
         field = key
         if p.threshold and "threshold=" in str(exc):
@@ -72,6 +76,14 @@ def check_secagg_feasible(p: DpParameters, num_clients: int, wait_for_clients: i
                 f"server.group_size must be {least}"
             ) from None
         raise ConfigError(f"{field} = {shown}: for {how} {n}: {exc}") from None
+    release = p.group_release_at if p.asynchronous else 0
+    if release and release < params.threshold:  # every group would abort at unmask
+        raise ConfigError(
+            f"server.group_release_at = {release}: below the Shamir threshold t = "
+            f"{params.threshold} of a group of {key} = {value} (secagg.threat = "
+            f"{p.threat!r}); a group released at {release} could never unmask. Must be >= "
+            f"{params.threshold}"
+        )
     need, why = MIN_CLIENTS, f"secure aggregation needs at least {MIN_CLIENTS} clients"
     if p.mechanism == "distributed":
         top = max_cohort(p, num_clients)

@@ -13,7 +13,10 @@ wall clock runs one per dispatch unit, server/engine/wall_clock.py): the node ma
 the hello bookkeeping are under one lock, and each exchange pushes and pulls only its
 own message ids. A reply that comes after its exchange gave up on it (deadline, node
 offline, or the transport closed at the end of a run) is dropped and counted in
-`late_replies`, never handed to a later exchange.
+`late_replies`, never handed to a later exchange. `exchange_first` (FirstReplies) ends
+an exchange at its first R replies: an asynchronous secure-aggregation group released
+at R of G (server.group_release_at); the replies of the members it left out are late
+replies too.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import CLIENT_ID, SIZE
 from fedveil.protocol.flower_codec import from_content, message_type, to_content
 from fedveil.protocol.kinds import Kind
-from fedveil.server.engine.transport import ClientFailure, ReplySink
+from fedveil.server.engine.transport import LEFT_OUT, ClientFailure, ReplySink
 
 log = logging.getLogger("fedveil.deploy")
 
@@ -194,8 +197,20 @@ class DeployTransport:
         timeout_s: float | None,
         on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
-        """Every device's reply; with `on_reply`, each is handed to it as a pull brings
-        it, and not kept here."""
+        return self.exchange_first(requests, timeout_s, 0, on_reply)
+
+    def exchange_first(
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        quorum: int,
+        on_reply: ReplySink | None = None,
+    ) -> dict[int, Envelope | ClientFailure]:
+        """The exchange (FirstReplies): every device's reply; with `on_reply`, each is
+        handed to it as a pull brings it, and not kept here. With `quorum` R > 0 it ends
+        once R devices have replied: the others are left out, and their replies, when
+        they come, are dropped and counted as late replies (never handed to a later
+        exchange)."""
         if self._closed.is_set():
             return {cid: ClientFailure(cid, "the run has ended") for cid in requests}
         self.refresh()
@@ -223,16 +238,21 @@ class DeployTransport:
                     out[target[0]] = ClientFailure(target[0], "message could not be sent")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         last_liveness = time.monotonic()
+        replied = 0  # usable replies, kept or handed to on_reply
         while pending:
             for reply in self.grid.pull_messages(list(pending)):
                 target = pending.pop(reply.metadata.reply_to_message_id, None)
                 if target is None:
                     continue
+                answer = self._reply(target, reply)
+                replied += isinstance(answer, Envelope)
                 if on_reply is None:
-                    out[target[0]] = self._reply(target, reply)
+                    out[target[0]] = answer
                 else:
-                    on_reply(target[0], self._reply(target, reply))
+                    on_reply(target[0], answer)
             if not pending or (deadline is not None and time.monotonic() >= deadline):
+                break
+            if quorum and replied >= quorum:
                 break
             if self._closed.is_set():
                 break
@@ -246,6 +266,8 @@ class DeployTransport:
                         out[cid] = ClientFailure(cid, "went offline during the round")
             self._closed.wait(self.poll_s)
         why = "the run has ended" if self._closed.is_set() else "no reply before the deadline"
+        if quorum and pending and not self._closed.is_set() and replied >= quorum:
+            why = f"{LEFT_OUT}: not among the first {quorum} replies (server.group_release_at)"
         for cid, _ in pending.values():
             out[cid] = ClientFailure(cid, why)
         self._abandon(pending)

@@ -29,7 +29,7 @@ from fedveil.server.engine.aggregation import Aggregate, NoUpdates, UpdateChanne
 from fedveil.server.engine.requests import ClientPrivacy, build_train_request
 from fedveil.server.engine.secagg_channel import SecAggChannel
 from fedveil.server.engine.sim_clock import DEFAULT_LATENCY_S, Availability
-from fedveil.server.engine.transport import ClientFailure, ReplySink, Transport
+from fedveil.server.engine.transport import LEFT_OUT, ClientFailure, ReplySink, Transport
 from fedveil.server.engine.unmask_gate import Aborted
 
 Outcome = Aggregate | Aborted | NoUpdates | None
@@ -147,6 +147,19 @@ class StagedAvailability:
         timeout_s: float | None,
         on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
+        return self.exchange_first(requests, timeout_s, 0, on_reply)
+
+    def exchange_first(
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        quorum: int,
+        on_reply: ReplySink | None = None,
+    ) -> dict[int, Envelope | ClientFailure]:
+        """The stage's exchange; with `quorum` R > 0 (FirstReplies) it ends at the R-th
+        reply in simulated time (without a latency model every reply comes at once: the R
+        lowest client ids): later members are left out by design (lost from then on, free
+        at the release) and never reach the clients' transport."""
         out: dict[int, Envelope | ClientFailure] = {}
         live = {c: m for c, m in requests.items() if c not in self.gone}
         for cid in requests.keys() - live.keys():
@@ -155,6 +168,8 @@ class StagedAvailability:
             first = next(iter(live.values()))
             verdict = self.availability.judge(first.round, first.kind, sorted(live), timeout_s)
             wait = verdict.simulated_time(timeout_s)
+            if 0 < quorum <= len(verdict.latency):
+                wait = self._release_at(verdict.latency, quorum, verdict.failed)
             for cid, reason in verdict.failed.items():
                 self.gone[cid] = reason
                 out[cid] = ClientFailure(cid, reason)
@@ -164,9 +179,28 @@ class StagedAvailability:
                 for cid, latency in verdict.latency.items():
                     self.trained[cid] = self.elapsed + latency
             self.elapsed += wait
+        elif 0 < quorum < len(live):  # no latency model: every reply at once, ties by id
+            for cid in sorted(live)[quorum:]:
+                reason = f"{LEFT_OUT}: after the group's first {quorum} (server.group_release_at)"
+                self.gone[cid] = reason
+                out[cid] = ClientFailure(cid, reason)
+                del live[cid]
         if live:
             out.update(self.inner.exchange(live, timeout_s, on_reply=on_reply))
         return out
+
+    @staticmethod
+    def _release_at(latency: dict[int, float], quorum: int, failed: dict[int, str]) -> float:
+        """Ends the stage at the `quorum`-th reply (ties: the lower client id): moves every
+        later member from `latency` to `failed`, left out by design; the stage's wait."""
+        order = sorted(latency, key=lambda c: (latency[c], c))
+        release = latency[order[quorum - 1]]
+        for cid in order[quorum:]:
+            failed[cid] = (
+                f"{LEFT_OUT}: its reply would come at {latency.pop(cid):.2f} s, after the "
+                f"group's first {quorum} at {release:.2f} s (server.group_release_at)"
+            )
+        return release
 
     def close(self) -> None:
         return None

@@ -131,6 +131,7 @@ def make_privacy_pipeline(
             gate=privacy,
             quiet_counts=True,
             graph_seeds=_committed_graph_seeds(privacy),
+            release_at=cfg.server.group_release_at,
         )
         return privacy, channel
     privacy = (
@@ -146,6 +147,7 @@ def make_privacy_pipeline(
         secagg_run_id,
         quiet_counts=privacy is not None,
         graph_seeds=_committed_graph_seeds(privacy),
+        release_at=cfg.server.group_release_at,
     )
 
 

@@ -15,6 +15,12 @@ round still has fresh keys, seeds, session id and neighbour graph; only the
 moment they are made moves. A client that fails, times out or
 sends a message the protocol rejects is a dropped client; fewer than t
 survivors abort the round (nothing is released) and the next round proceeds.
+
+An asynchronous group released at R of G (server.group_release_at) ends its
+masked-input stage at the first R replies (a transport's FirstReplies): the
+other members are dropped by design, exactly as clients that timed out, so the
+unmask stage removes their pairwise masks from Shamir shares of their keys and
+their masked input, sent later, is never taken (the stage is closed).
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from fedveil.protocol.secagg_frame import protocol_part, wrap
 from fedveil.server.engine.aggregation import Aggregate
 from fedveil.server.engine.requests import encoding_config
 from fedveil.server.engine.sum_checks import check_quantized_sum
-from fedveil.server.engine.transport import ClientFailure, ReplySink, Transport
+from fedveil.server.engine.transport import ClientFailure, FirstReplies, ReplySink, Transport
 from fedveil.server.engine.unmask_gate import Aborted, UnmaskGate
 
 log = logging.getLogger("fedveil.secagg")
@@ -129,9 +135,13 @@ class SecAggChannel:
         gate: UnmaskGate | None = None,
         quiet_counts: bool = False,
         graph_seeds: Callable[[int], bytes] | None = None,
+        release_at: int = 0,
     ) -> None:
         """`run_id`: the run every session names (and clients check against the run they
-        serve): Flower's run id in deployment (`flower_run_id`), else the simulation's."""
+        serve): Flower's run id in deployment (`flower_run_id`), else the simulation's.
+        `release_at` R > 0 (server.group_release_at, asynchronous groups): the masked-input
+        stage ends at its first R replies when the transport can end an exchange early
+        (FirstReplies); the members left out are dropped and their masks recovered."""
         if settings.threat == "malicious" and roster is None:
             raise ValueError(
                 "secagg.threat = 'malicious' needs the clients' identity roster "
@@ -152,6 +162,7 @@ class SecAggChannel:
         self._ahead: _Ahead | None = None
         self.pipelining = settings.pipeline
         self.run_id = run_id
+        self.release_at = release_at
 
     def session(self, cohort: list[int], model_size: int, round_num: int) -> SessionConfig:
         """A fresh session of round `round_num` of this run (both inside its digest)."""
@@ -345,11 +356,17 @@ class SecAggChannel:
                 sent[cid] = attach(out[cid], rider) if cid in out else rider
             # Each reply is taken in as it arrives (a masked input goes into the running
             # sum at once): the stage's replies are never all held together.
+            # A group released at R (server.group_release_at): its masked-input stage
+            # ends at the first R replies; the others are dropped members whose pairwise
+            # masks the unmask stage removes, and the session never takes their masked
+            # input afterwards (its stage is closed).
+            quorum = self.release_at if _is_training(stage_requests) else 0
             exchange_each(
                 transport,
                 sent,
                 timeout_s,
                 partial(self._receive_stage, run, riders, out.keys()),
+                quorum,
             )
             stage_requests = run.server.next_requests()
 
@@ -449,10 +466,12 @@ def exchange_each(
     sent: Mapping[int, Envelope],
     timeout_s: float | None,
     take: ReplySink,
+    quorum: int = 0,
 ) -> None:
     """`take(cid, reply)` once for every client in `sent`: as each reply arrives (the
     transport's `on_reply`), then the ones it returned instead, and "no reply" for the
-    silent, in client order."""
+    silent, in client order. With `quorum` R > 0 and a transport that can end an
+    exchange early (FirstReplies), the exchange ends at its first R replies."""
     taken: set[int] = set()
 
     def sink(cid: int, reply: Envelope | ClientFailure) -> None:
@@ -460,10 +479,18 @@ def exchange_each(
             taken.add(cid)
             take(cid, reply)
 
-    rest = transport.exchange(sent, timeout_s, on_reply=sink)
+    if quorum and isinstance(transport, FirstReplies):
+        rest = transport.exchange_first(sent, timeout_s, quorum, on_reply=sink)
+    else:
+        rest = transport.exchange(sent, timeout_s, on_reply=sink)
     for cid in sorted(sent):
         reply = rest.pop(cid, None)
         sink(cid, ClientFailure(cid, "no reply") if reply is None else reply)
+
+
+def _is_training(requests: Mapping[int, Message]) -> bool:
+    first = next(iter(requests.values()), None)
+    return first is not None and first.STAGE is TRAINING_STAGE
 
 
 def _is_unmask(requests: Mapping[int, Message]) -> bool:

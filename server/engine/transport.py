@@ -14,10 +14,12 @@ once: only what the transport has in flight. The real transports (in-process, Fl
 Grid, the coordinator's deployment) hand replies over as they come; a transport that
 can only gather them all (a test double) may ignore the sink and return them.
 
-Two optional capabilities, declared here and checked with `isinstance`:
+Three optional capabilities, declared here and checked with `isinstance`:
 `CentralEvaluator` (a transport with idle workers may evaluate the global model
-on the task's test set for the server) and `RoundReporter` (a transport or
-update channel adds facts only it knows to the round's record).
+on the task's test set for the server), `RoundReporter` (a transport or
+update channel adds facts only it knows to the round's record) and `FirstReplies`
+(an exchange that ends at its first R usable replies: an asynchronous secure-
+aggregation group released at R of G).
 """
 
 from __future__ import annotations
@@ -87,4 +89,26 @@ class RoundReporter(Protocol):
 
     def round_report(self, round_num: int) -> Mapping[str, Any]:
         """Fields for round `round_num`'s record (empty: nothing to add)."""
+        ...
+
+
+# Why a client is left out of an exchange ended at its first R replies (FirstReplies).
+LEFT_OUT = "left out by design"
+
+
+@runtime_checkable
+class FirstReplies(Protocol):
+    """A transport that can end an exchange once `quorum` clients have replied (the
+    simulated clock's StagedAvailability; the coordinator's DeployTransport)."""
+
+    def exchange_first(
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        quorum: int,
+        on_reply: ReplySink | None = None,
+    ) -> dict[int, Envelope | ClientFailure]:
+        """As `exchange` (`on_reply` included), but it returns at the first `quorum`
+        replies (or the deadline): every client not among them is a ClientFailure whose
+        reason starts with LEFT_OUT, and a reply it sends later is never returned by any exchange."""
         ...

@@ -1,4 +1,4 @@
-"""`fedveil bench async --quick`: the four contenders as a user runs them (real processes)."""
+"""`fedveil bench async --quick`: the five contenders as a user runs them (real processes)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTENDERS = {"sync", "sync_deadline", "async", "async_secagg"}
+CONTENDERS = {"sync", "sync_deadline", "async", "async_secagg", "async_secagg_whole"}
 KEYS = {
     "time_to_target_ratio",
     "time_to_target_ratio_deadline",
     "cpu_per_update_ratio",
     "secagg_overhead_ratio",
+    "secagg_whole_overhead_ratio",
     "target_accuracy",
 }
 
@@ -52,7 +53,12 @@ def test_quick_bench_reports_the_issue_keys_with_sane_numbers(tmp_path):
     cfg = summary["configs"]
     assert cfg["sync"]["server.per_round"] == cfg["async"]["server.concurrency"] == 6
     assert cfg["sync_deadline"]["server.round_timeout"] > cfg["sync"]["simulation.latency_median"]
-    assert cfg["async_secagg"]["secagg.enabled"] and cfg["async_secagg"]["server.group_size"] == 3
+    # async_secagg: groups of G = K + ceil(0.3 K) = 4 released at R = K = 3, the threat
+    # model's dropouts covering the one member left out; whole groups: G = K, no release.
+    secure, whole = cfg["async_secagg"], cfg["async_secagg_whole"]
+    assert secure["secagg.enabled"] and secure["server.group_size"] == 4
+    assert secure["server.group_release_at"] == 3 and secure["secagg.dropout_rate"] == 0.25
+    assert whole["server.group_size"] == 3 and "server.group_release_at" not in whole
     assert summary["peer"]["time_to_target_ratio"] == 3.0
     assert "time_to_target_ratio" in done.stderr  # the human table goes to stderr under --json
 

@@ -14,7 +14,7 @@ from flwr.app import Message
 from test_deploy_transport import ScriptedGrid, client, transport
 
 from fedveil.protocol.envelope import Envelope
-from fedveil.server.engine.transport import ClientFailure
+from fedveil.server.engine.transport import LEFT_OUT, ClientFailure
 
 pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
 
@@ -110,3 +110,25 @@ def test_a_reply_after_the_deadline_is_dropped_and_counted():
     assert t.late_replies == 1
     t.refresh()
     assert t.late_replies == 1  # counted once
+
+
+def test_an_exchange_ended_at_its_first_r_replies_leaves_the_rest_out_and_drops_theirs():
+    # An asynchronous secure-aggregation group released at R = 2 of G = 4
+    # (server.group_release_at): the masked-input exchange ends at the second reply.
+    nodes = {101 + c: client(c) for c in range(4)}
+    grid = SlowGrid(nodes, {101: 0.05, 102: 1.0, 103: 0.0, 104: 1.2})
+    t = transport(grid)
+    assert t.wait_for(4, timeout_s=2) == 4
+    start = time.monotonic()
+    out = t.exchange_first({c: Envelope("train", 7, {}) for c in range(4)}, 5, quorum=2)
+    took = time.monotonic() - start
+    assert {c for c, r in out.items() if isinstance(r, Envelope)} == {0, 2}
+    for cid in (1, 3):
+        reply = out[cid]
+        assert isinstance(reply, ClientFailure) and reply.reason.startswith(LEFT_OUT)
+    assert took < 0.9  # it did not wait for the stragglers
+    time.sleep(1.3)  # their replies to dispatch 7 are in now
+    again = t.exchange({c: Envelope("train", 8, {}) for c in range(4)}, timeout_s=2)
+    # Never handed to a later exchange: the left-out members' replies are late, counted.
+    assert all(isinstance(r, Envelope) and r.round == 8 for r in again.values())
+    assert t.late_replies == 2

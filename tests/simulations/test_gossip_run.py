@@ -260,5 +260,5 @@ def test_the_multi_process_run_refuses_randomized_gossip(tmp_path: Path) -> None
     from fedveil.simulations.gossip.distributed import run_gossip_processes
 
     cfg = _cfg(tmp_path, **{"gossip.active": 3})
-    with pytest.raises(ValueError, match="gossip.active = 3"):
+    with pytest.raises(ValueError, match=r"gossip\.active = 3"):
         run_gossip_processes(cfg, 2, tmp_path / "ranks")

@@ -48,22 +48,24 @@ def test_a_roster_survives_its_json_and_its_fingerprint_ignores_order():
 good = encode_public(public_bytes(Ed25519PrivateKey.generate()))
 
 
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("not json", "roster: not JSON"),
-        ("[1]", "roster: must be a JSON object"),
-        (roster_json({}, fmt="other/1"), "format: 'other/1'"),
-        (roster_json([good]), "clients: must be an object"),
-        (roster_json({"x1": good}), "clients: key 'x1' is not a client id"),
-        (roster_json({"-1": good}), "is not a client id"),
-        (roster_json({"99999999": good}), "is not a client id"),
-        (roster_json({"3": "!!notbase64"}), "clients.3: not valid base64"),
-        (roster_json({"3": "AAAA"}), "clients.3: 3 bytes, an Ed25519 public key has 32"),
-        (roster_json({"3": 5}), "clients.3: must be a base64 string"),
-        (roster_json({"1": good, "2": good}), "clients.2: the same key as client 1"),
-    ],
-)
+BAD_ROSTERS = [
+    ("not json", "roster: not JSON"),
+    ("[1]", "roster: must be a JSON object"),
+    (roster_json({}, fmt="other/1"), "format: 'other/1'"),
+    (roster_json([good]), "clients: must be an object"),
+    (roster_json({"x1": good}), "clients: key 'x1' is not a client id"),
+    (roster_json({"-1": good}), "is not a client id"),
+    (roster_json({"99999999": good}), "is not a client id"),
+    (roster_json({"3": "!!notbase64"}), "clients.3: not valid base64"),
+    (roster_json({"3": "AAAA"}), "clients.3: 3 bytes, an Ed25519 public key has 32"),
+    (roster_json({"3": 5}), "clients.3: must be a base64 string"),
+    (roster_json({"1": good, "2": good}), "clients.2: the same key as client 1"),
+]
+
+
+# Ids from the expected message: the roster text holds a fresh random key, and ids must be
+# the same in every collecting process (pytest-xdist compares them).
+@pytest.mark.parametrize(("text", "message"), BAD_ROSTERS, ids=[m for _, m in BAD_ROSTERS])
 def test_a_bad_roster_is_refused_naming_the_field(text, message):
     with pytest.raises(RosterError) as err:
         Roster.from_json(text)
