@@ -110,5 +110,6 @@ class FirstReplies(Protocol):
     ) -> dict[int, Envelope | ClientFailure]:
         """As `exchange` (`on_reply` included), but it returns at the first `quorum`
         replies (or the deadline): every client not among them is a ClientFailure whose
-        reason starts with LEFT_OUT, and a reply it sends later is never returned by any exchange."""
+        reason starts with LEFT_OUT, and a reply it sends later is never returned by any
+        exchange."""
         ...
