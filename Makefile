@@ -49,9 +49,11 @@ browser:
 run: data
 	$(VENV)/bin/fedveil simulate
 
-# --procs-guard: a test not marked procs/flower fails if it starts a process (tests/procguard.py).
+# Both tiers side by side (scripts/test_tiers.sh): the process-starting tier's waits are
+# filled by the in-process tier's CPU work. --procs-guard: a test not marked procs/flower
+# fails if it starts a process (tests/procguard.py).
 test: data browser
-	$(PY) -m pytest -q --procs-guard --durations=25
+	scripts/test_tiers.sh $(PY)
 
 # Tests marked neither `procs` nor `flower`: --procs-guard (tests/procguard.py) fails any
 # of them that starts a process, so nothing slow hides here.
