@@ -15,56 +15,13 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from fedveil.benchmarks.procstats import TreeSample, sample_tree
 from fedveil.ops.certs import create_test_deployment
 from fedveil.ops.procs import free_port
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            kids.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    return kids
-
-
-def process_tree(pid: int) -> list[int]:
-    """pid and all its descendants (the coordinator, the SuperLink, SuperExec, ServerApps)."""
-    kids, out, todo = _children(), [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(kids.get(p, []))
-    return out
-
-
-@dataclass
-class TreeSample:
-    cpu_s: float  # user + system seconds of the tree's live processes and ended children
-    rss_mb: float
-    root_cpu_s: float  # the `fedveil server` process alone: API, gateway, supervisor
-
-
-def sample_tree(pid: int) -> TreeSample:
-    cpu, rss, root = 0.0, 0, 0.0
-    for p in process_tree(pid):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            # utime, stime, and cutime, cstime: the CPU of its children that have ended and
-            # been waited for (a run's ServerApp, gone by the time a round is read).
-            seconds = sum(int(f) for f in fields[11:15]) / CLK_TCK
-            cpu += seconds
-            root += seconds if p == pid else 0.0
-            rss += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * PAGE
-    return TreeSample(cpu, rss / 2**20, root)
 
 
 class Coordinator:

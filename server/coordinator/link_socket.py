@@ -110,6 +110,8 @@ def superlink_main() -> None:
     """`flower-superlink ARGS`, serving on the socket of FEDVEIL_SUPERLINK_SOCKET."""
     import uvicorn
 
+    from fedveil.server.coordinator.fleet_listener import serve_with_fleet, spec_from_env
+
     path = Path(os.environ[SOCKET_ENV])
     real_run = uvicorn.run
 
@@ -121,7 +123,18 @@ def superlink_main() -> None:
         # No log line per Fleet request (a 1,000-device fleet polls ~350 times a second);
         # the gateway counts requests for /metrics, and logs the refused ones.
         kwargs["access_log"] = False
-        real_run(app, fd=sock.fileno(), **kwargs)
+        spec = spec_from_env()
+        if spec is None:
+            real_run(app, fd=sock.fileno(), **kwargs)
+            return
+        # The public Fleet port too, in this process (fleet_listener.py).
+        from uvicorn._compat import asyncio_run
+
+        config = uvicorn.Config(app, fd=sock.fileno(), **kwargs)
+        server = uvicorn.Server(config)
+        asyncio_run(serve_with_fleet(server, app, spec), loop_factory=config.get_loop_factory())
+        if not server.started:
+            sys.exit(3)  # as uvicorn.run does when start-up failed
 
     uvicorn.run = run  # flwr's flower_superlink calls `uvicorn.run(...)` at this point
 
