@@ -1,4 +1,5 @@
-"""A real `fedveil server` on loopback for the Fleet load benchmark, and its /proc readings.
+"""A real `fedveil server` on loopback for the Fleet load benchmark (its /proc readings:
+procstats.py).
 
 The coordinator runs as an operator starts it (`fedveil server --config server.toml`):
 TLS on the API and the Fleet gateway, SuperNode authentication on, Flower's SuperLink
@@ -112,10 +113,13 @@ max_per_peer = 512
         return int(self.http.get("/cluster").json()["clients_connected"] or 0)
 
     def gateway_warnings(self) -> list[str]:
-        """The gateway's warnings so far (e.g. 'SuperLink unreachable'), newest last."""
-        log = self.root / "server.log"
-        text = log.read_text(errors="replace") if log.exists() else ""
-        return [line for line in text.splitlines() if "fedveil.gateway" in line][-20:]
+        """The gateway's warnings so far (e.g. 'SuperLink unreachable'), newest last: from
+        server.log and, since the gateway runs in the SuperLink's process, its log."""
+        lines: list[str] = []
+        for log in (self.root / "server.log", self.root / "state" / "logs" / "superlink.log"):
+            text = log.read_text(errors="replace") if log.exists() else ""
+            lines += [line for line in text.splitlines() if "fedveil.gateway" in line]
+        return lines[-20:]
 
     def sample(self) -> TreeSample:
         assert self.proc is not None

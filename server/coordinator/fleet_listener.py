@@ -172,6 +172,14 @@ def fleet_server(superlink_app: Any, spec: FleetListenerSpec) -> tuple[Any, sock
     """The uvicorn server for the Fleet port, and the inherited socket it serves."""
     import uvicorn
 
+    # The gateway's refusals and upstream errors go to the SuperLink's output (its log file,
+    # superlink.log), named, as `fedveil server` logs them; Flower configures only "flwr".
+    fedveil_log = logging.getLogger("fedveil")
+    if not fedveil_log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        fedveil_log.addHandler(handler)
+        fedveil_log.setLevel(logging.INFO)
     counters = ServiceCounters(fleet_file=FleetCounterFile(Path(spec.counters_path), create=False))
     gateway = FleetGateway(
         "http://fleet.local",  # nominal: the upstream is in process
