@@ -6,11 +6,12 @@ no authentication of its own for the Control API outside Flower's enterprise
 OIDC plugin. On a loopback port any local process, of any user, could call it.
 So the SuperLink listens on `state_dir/superlink.sock` instead: the state dir
 is 0700 and the socket 0600, so the kernel refuses every other user before a
-byte is read, and no TCP port of the SuperLink exists for anyone to find. Its
-clients are all ours: the coordinator's Control API client and Fleet gateway,
-and the SuperExec and ServerApps (through our shim, superexec_shim.py), which
-reach it by the socket named in FEDVEIL_SUPERLINK_SOCKET. TLS stays on over the
-socket (Flower's SuperNode authentication requires it).
+byte is read, and no TCP port of Flower's app exists for anyone to find. Its
+clients are all ours: the coordinator's Control API client, and the SuperExec and
+ServerApps (through our shim, superexec_shim.py), which reach it by the socket named
+in FEDVEIL_SUPERLINK_SOCKET. TLS stays on over the socket. The public Fleet port is
+served in the same process, by a second uvicorn server with only fedveil's gateway
+and Flower's Fleet routes (fleet_listener.py).
 
 Flower takes only host/port for all of this, so each of our processes patches
 the one place that opens the connection: `uvicorn.run` in the SuperLink, and
