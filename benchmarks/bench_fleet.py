@@ -408,8 +408,9 @@ async def measure(
         "coordinator_cpu_ms_per_request": (
             round(1000 * (after.cpu_s - before.cpu_s) / attempts, 2) if attempts else None
         ),
-        # The split: fedveil's process (gateway) and its children (Flower's SuperLink).
-        "gateway_cpu_percent": round(100 * (after.root_cpu_s - before.root_cpu_s) / wall, 1),
+        # The split: the `fedveil server` process (API, run supervisor) and its children
+        # (Flower's SuperLink, which serves the Fleet port with the gateway since issue 33).
+        "server_process_cpu_percent": round(100 * (after.root_cpu_s - before.root_cpu_s) / wall, 1),
         "superlink_cpu_percent": round(
             100 * ((after.cpu_s - after.root_cpu_s) - (before.cpu_s - before.root_cpu_s)) / wall,
             1,
@@ -517,7 +518,7 @@ def _coordinator(root: Path, peer: str | None, profile: Path | None) -> Any:
 
 HEADER = (
     f"{'devices':>8} {'connected':>9} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} "
-    f"{'fail':>5} {'coord CPU%':>10} {'gateway%':>8} {'link%':>6} {'coord RSS MB':>12} "
+    f"{'fail':>5} {'coord CPU%':>10} {'server%':>8} {'link%':>6} {'coord RSS MB':>12} "
     f"{'emul CPU%':>9}"
 )
 
@@ -530,7 +531,7 @@ def format_row(r: dict[str, Any]) -> str:
     return (
         f"{r['devices']:>8} {r['devices_connected']:>9} {r['requests_per_s']:>7} "
         f"{_ms(r['p50_s']):>8} {_ms(r['p99_s']):>8} {sum(r['failures'].values()):>5} "
-        f"{r['coordinator_cpu_percent']:>10} {r['gateway_cpu_percent']:>8} "
+        f"{r['coordinator_cpu_percent']:>10} {r['server_process_cpu_percent']:>8} "
         f"{r['superlink_cpu_percent']:>6} {r['coordinator_rss_mb']:>12} "
         f"{r['emulator_cpu_percent']:>9}"
     )

@@ -1,4 +1,5 @@
-"""A real `fedveil server` on loopback for the Fleet load benchmark, and its /proc readings.
+"""A real `fedveil server` on loopback for the Fleet load benchmark (its /proc readings:
+procstats.py).
 
 The coordinator runs as an operator starts it (`fedveil server --config server.toml`):
 TLS on the API and the Fleet gateway, SuperNode authentication on, Flower's SuperLink
@@ -15,56 +16,13 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from fedveil.benchmarks.procstats import TreeSample, sample_tree
 from fedveil.ops.certs import create_test_deployment
 from fedveil.ops.procs import free_port
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            kids.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    return kids
-
-
-def process_tree(pid: int) -> list[int]:
-    """pid and all its descendants (the coordinator, the SuperLink, SuperExec, ServerApps)."""
-    kids, out, todo = _children(), [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(kids.get(p, []))
-    return out
-
-
-@dataclass
-class TreeSample:
-    cpu_s: float  # user + system seconds of the tree's live processes and ended children
-    rss_mb: float
-    root_cpu_s: float  # the `fedveil server` process alone: API, gateway, supervisor
-
-
-def sample_tree(pid: int) -> TreeSample:
-    cpu, rss, root = 0.0, 0, 0.0
-    for p in process_tree(pid):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            # utime, stime, and cutime, cstime: the CPU of its children that have ended and
-            # been waited for (a run's ServerApp, gone by the time a round is read).
-            seconds = sum(int(f) for f in fields[11:15]) / CLK_TCK
-            cpu += seconds
-            root += seconds if p == pid else 0.0
-            rss += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * PAGE
-    return TreeSample(cpu, rss / 2**20, root)
 
 
 class Coordinator:
@@ -155,10 +113,13 @@ max_per_peer = 512
         return int(self.http.get("/cluster").json()["clients_connected"] or 0)
 
     def gateway_warnings(self) -> list[str]:
-        """The gateway's warnings so far (e.g. 'SuperLink unreachable'), newest last."""
-        log = self.root / "server.log"
-        text = log.read_text(errors="replace") if log.exists() else ""
-        return [line for line in text.splitlines() if "fedveil.gateway" in line][-20:]
+        """The gateway's warnings so far (e.g. 'SuperLink unreachable'), newest last: from
+        server.log and, since the gateway runs in the SuperLink's process, its log."""
+        lines: list[str] = []
+        for log in (self.root / "server.log", self.root / "state" / "logs" / "superlink.log"):
+            text = log.read_text(errors="replace") if log.exists() else ""
+            lines += [line for line in text.splitlines() if "fedveil.gateway" in line]
+        return lines[-20:]
 
     def sample(self) -> TreeSample:
         assert self.proc is not None

@@ -7,12 +7,16 @@ is sent at a fixed concurrency, and the CPU seconds the coordinator's process tr
 on them are divided by their count: CPU time, unlike latency, barely depends on how busy
 the rest of the machine is.
 
-Contenders, side by side in one run: fedveil's coordinator (gateway + SuperLink) and,
+Contenders, side by side in one run: fedveil's coordinator (`fedveil server` and its
+SuperLink child, which serves the Fleet port with the gateway in front of Flower's Fleet
+routes) and,
 with `--peer flower`, stock Flower's SuperLink (fleet_peer_flower.py); each with device
 keys on every curve of `--curves` (P-384, fedveil's enrollment curve before issue 33,
 and P-256, after). `--profile DIR` writes a cProfile of each contender's serving process
-(fedveil's: the `fedveil server` process, i.e. the gateway; Flower's: the SuperLink,
-i.e. Flower's Fleet path) and prints the top functions by own time.
+(fedveil's: the `fedveil server` process, i.e. the API and run supervisor, no longer the
+Fleet path, which runs in its SuperLink child; Flower's: the SuperLink, i.e. Flower's
+Fleet path) and prints the top functions by own time. Per request, `server` is the
+`fedveil server` process's CPU and `link` its SuperLink's tree (the whole Fleet path).
 
     python -m fedveil.benchmarks.fleet_cost --devices 50 --requests 3000 --concurrency 16 \
         --peer flower --curves p384,p256 --json
@@ -80,15 +84,15 @@ async def _drive(coord: Any, devices: list[Any], requests: int, concurrency: int
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
         after, wall = coord.sample(), time.perf_counter() - t0
     total_ms = 1000 * (after.cpu_s - before.cpu_s) / requests
-    gateway_ms = 1000 * (after.root_cpu_s - before.root_cpu_s) / requests
+    server_ms = 1000 * (after.root_cpu_s - before.root_cpu_s) / requests
     return {
         "requests": requests,
         "concurrency": concurrency,
         "failures": failures[0],
         "wall_s": round(wall, 1),
         "coordinator_cpu_ms_per_request": round(total_ms, 2),
-        "gateway_cpu_ms_per_request": round(gateway_ms, 2),
-        "superlink_cpu_ms_per_request": round(total_ms - gateway_ms, 2),
+        "server_process_cpu_ms_per_request": round(server_ms, 2),
+        "superlink_cpu_ms_per_request": round(total_ms - server_ms, 2),
     }
 
 
@@ -183,14 +187,14 @@ def main(argv: list[str] | None = None) -> int:
             if path.exists():
                 profiles[contender] = top_functions(path)
     print(
-        f"{'coordinator':>12} {'curve':>6} {'ms/request':>10} {'gateway':>8} {'link':>6} "
+        f"{'coordinator':>12} {'curve':>6} {'ms/request':>10} {'server':>8} {'link':>6} "
         f"{'fail':>5} {'load':>5}",
         file=sys.stderr,
     )
     for r in results:
         print(
             f"{r['coordinator']:>12} {r['curve']:>6} {r['coordinator_cpu_ms_per_request']:>10} "
-            f"{r['gateway_cpu_ms_per_request']:>8} {r['superlink_cpu_ms_per_request']:>6} "
+            f"{r['server_process_cpu_ms_per_request']:>8} {r['superlink_cpu_ms_per_request']:>6} "
             f"{r['failures']:>5} {r['load_average_1m']:>5}",
             file=sys.stderr,
         )

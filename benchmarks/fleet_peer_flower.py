@@ -26,7 +26,7 @@ import flwr
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from fedveil.benchmarks.fleet_coordinator import TreeSample, sample_tree
+from fedveil.benchmarks.procstats import TreeSample, sample_tree
 from fedveil.ops.certs import create_test_deployment
 from fedveil.ops.procs import free_port
 

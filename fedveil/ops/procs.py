@@ -81,14 +81,21 @@ def _child_setup(parent: int) -> None:  # pragma: no cover - runs in the child
 
 
 def spawn(
-    argv: list[str], *, env: dict[str, str], log: IO[bytes] | int | None, cwd: Path | None = None
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    log: IO[bytes] | int | None,
+    cwd: Path | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> subprocess.Popen[bytes]:
     """Start a child that dies with this process (see module doc). `log`: a file for its
-    output, subprocess.PIPE to read it (fedveil.ops.log_pump), or None to discard it."""
+    output, subprocess.PIPE to read it (fedveil.ops.log_pump), or None to discard it;
+    `pass_fds`: descriptors the child inherits (a listening socket)."""
     return subprocess.Popen(
         argv,
         env=env,
         cwd=cwd,
+        pass_fds=pass_fds,
         stdin=subprocess.DEVNULL,
         stdout=log if log is not None else subprocess.DEVNULL,
         stderr=subprocess.STDOUT,

@@ -3,10 +3,15 @@
 flwr 1.41 serves its Control API (start runs, register SuperNode keys), its
 Runtime API (ServerApps) and the Fleet API (SuperNodes) on one port. The
 SuperLink therefore listens on an owner-only Unix socket (link_socket.py), and
-this gateway forwards to it exactly the Fleet routes (`POST /v1/fleet/*`),
-nothing else, after checking the body size; requests and bytes are counted
-for /metrics. SuperNode authentication is end to end: the signed headers reach
-the SuperLink as sent.
+this gateway passes on exactly the Fleet routes (`POST /v1/fleet/*`), nothing
+else, after checking the body size; requests and bytes are counted for /metrics.
+SuperNode authentication is end to end: the signed headers reach Flower's check
+as sent.
+
+Where it passes them is its upstream (`FleetUpstream`): in `fedveil server` it is
+`fleet_listener.LocalFleet`, Flower's Fleet routes called in the SuperLink's own
+process (no second HTTP hop); with only a URL, an `UpstreamPool` of HTTP
+connections to a SuperLink elsewhere.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import logging
 import re
 import ssl
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 import httpcore
 
@@ -51,6 +56,17 @@ UPSTREAM_IDLE_S = 30.0
 # pass it is answered 503 at once, unread: concurrent large bodies, which need no
 # credentials, cannot grow the coordinator's memory past this.
 MAX_BUFFERED_BYTES = 256 * 1024 * 1024
+
+
+class FleetUpstream(Protocol):
+    """Where the gateway passes a checked Fleet request: the whole body in, the whole
+    response out, headers as raw (lower-case name, value) pairs."""
+
+    async def post(
+        self, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> UpstreamResponse: ...
+
+    async def aclose(self) -> None: ...
 
 
 async def send_json(send: Send, status: int, detail: str) -> None:
@@ -111,6 +127,7 @@ class FleetGateway:
         counters: ServiceCounters,
         uds: str | None = None,
         max_buffered_bytes: int = MAX_BUFFERED_BYTES,
+        local: FleetUpstream | None = None,
     ) -> None:
         self.upstream = upstream.rstrip("/")
         self.max_buffered = max(max_buffered_bytes, max_body_bytes)
@@ -119,9 +136,9 @@ class FleetGateway:
         self.max_body = max_body_bytes
         self.counters = counters
         self._verify = verify
-        self._pool: UpstreamPool | None = None
+        self._pool: FleetUpstream | None = local
 
-    def pool(self) -> UpstreamPool:
+    def pool(self) -> FleetUpstream:
         if self._pool is None:
             self._pool = UpstreamPool(
                 self.upstream,
@@ -140,8 +157,7 @@ class FleetGateway:
             self._pool = None
 
     def _reject(self, reason: str) -> None:
-        with self.counters.lock:
-            self.counters.fleet_rejected[reason] += 1
+        self.counters.fleet_refused(reason)
 
     async def _forward(
         self, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
@@ -217,10 +233,7 @@ class FleetGateway:
             await send_json(send, 503, "the coordinator is starting or restarting; retry")
             return
         content = resp.content
-        with self.counters.lock:
-            self.counters.fleet_requests += 1
-            self.counters.fleet_bytes_in += len(body)
-            self.counters.fleet_bytes_out += len(content)
+        self.counters.fleet_served(len(body), len(content))
         # The body goes back as it came (not decoded), with its own Content-Encoding if any.
         out_headers = [(k, v) for k, v in resp.headers if k.lower() not in _HOP]
         out_headers.append((b"content-length", str(len(content)).encode()))

@@ -1,12 +1,13 @@
 """`fedveil server`: everything the coordinator needs, started with one command.
 
-One process serves two ports with one uvicorn server (TLS on both): the HTTP
-API and dashboard (api.port) and the Fleet gateway for SuperNodes
-(fleet.port); requests are routed by the port they arrived on. Its child is
-Flower's SuperLink on an owner-only Unix socket (state_dir/superlink.sock,
-link_socket.py; state in state_dir/superlink.db), whose
-SuperExec starts one `flwr-serverapp` process per Flower run. A supervisor
-thread follows runs (runs.py) and restarts the SuperLink if it dies.
+This process serves the HTTP API and dashboard (api.port, TLS) with one uvicorn
+server. It binds the Fleet port (fleet.port) too, but its child serves it: Flower's
+SuperLink, on an owner-only Unix socket (state_dir/superlink.sock, link_socket.py;
+state in state_dir/superlink.db), runs the Fleet gateway and Flower's Fleet routes in
+its own process on the inherited listening socket (fleet_listener.py), with TLS and
+the same connection limits. Its SuperExec starts one `flwr-serverapp` process per
+Flower run. A supervisor thread follows runs (runs.py) and restarts the SuperLink if
+it dies; devices' connections wait in the Fleet port's backlog meanwhile.
 
 SIGTERM/SIGINT: stop accepting requests, stop the SuperLink (and with it any
 ServerApp), exit 0. Active runs stay active on disk and resume from their last
@@ -24,11 +25,11 @@ from typing import Any
 
 from fedveil.config import ConfigError
 from fedveil.server.coordinator.api import create_api
-from fedveil.server.coordinator.gateway import FleetGateway
-from fedveil.server.coordinator.link_socket import socket_path
+from fedveil.server.coordinator.fleet_counters import FILE_NAME as FLEET_COUNTERS_FILE
+from fedveil.server.coordinator.fleet_counters import FleetCounterFile
+from fedveil.server.coordinator.fleet_listener import FleetListenerSpec
 from fedveil.server.coordinator.service import Service
 from fedveil.server.coordinator.settings import ServerSettings, is_loopback
-from fedveil.server.coordinator.superlink import link_verify
 
 log = logging.getLogger("fedveil.service")
 
@@ -36,8 +37,8 @@ log = logging.getLogger("fedveil.service")
 class PortDispatch:
     """One ASGI app per listening port (scope['server'] is the local address)."""
 
-    def __init__(self, apps: dict[int, Any], service: Service, gateway: FleetGateway) -> None:
-        self.apps, self.service, self.gateway = apps, service, gateway
+    def __init__(self, apps: dict[int, Any], service: Service) -> None:
+        self.apps, self.service = apps, service
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -63,7 +64,6 @@ class PortDispatch:
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                await self.gateway.aclose()
                 self.service.stop()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -107,16 +107,23 @@ def serve(settings: ServerSettings) -> int:
         )
     service = Service(s)
     log.info("admin token from %s", service.token.source)
-    gateway = FleetGateway(
-        f"{s.scheme}://{s.superlink_address}",
-        link_verify(s),
-        s.fleet.max_body_bytes,
-        service.counters,
-        uds=str(socket_path(s.state_dir)),
+    fleet_sock = _bind(s.fleet.host, s.fleet.port)
+    fleet_port = fleet_sock.getsockname()[1]
+    counters_path = s.state_dir / FLEET_COUNTERS_FILE
+    service.counters.fleet_file = FleetCounterFile(counters_path, create=True)
+    service.superlink.fleet = FleetListenerSpec(
+        fd=fleet_sock.fileno(),
+        certfile=None if s.tls.insecure else str(s.tls.cert),
+        keyfile=None if s.tls.insecure else str(s.tls.key),
+        max_body_bytes=s.fleet.max_body_bytes,
+        max_per_listener=s.connections.max_per_listener,
+        max_per_peer=s.connections.max_per_peer,
+        request_timeout_s=s.connections.request_timeout_s,
+        counters_path=str(counters_path),
     )
-    sockets = [_bind(s.api.host, s.api.port), _bind(s.fleet.host, s.fleet.port)]
-    api_port, fleet_port = (sock.getsockname()[1] for sock in sockets)
-    dispatch = PortDispatch({api_port: create_api(service), fleet_port: gateway}, service, gateway)
+    sockets = [_bind(s.api.host, s.api.port)]
+    api_port = sockets[0].getsockname()[1]
+    dispatch = PortDispatch({api_port: create_api(service)}, service)
     from fedveil.server.coordinator.api import BodyLimit
 
     dispatch.apps[api_port] = BodyLimit(
@@ -171,6 +178,6 @@ def serve(settings: ServerSettings) -> int:
     try:
         server.run(sockets=sockets)
     finally:
-        for sock in sockets:
+        for sock in [*sockets, fleet_sock]:
             sock.close()
     return 0 if server.started else 1

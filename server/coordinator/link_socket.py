@@ -6,11 +6,12 @@ no authentication of its own for the Control API outside Flower's enterprise
 OIDC plugin. On a loopback port any local process, of any user, could call it.
 So the SuperLink listens on `state_dir/superlink.sock` instead: the state dir
 is 0700 and the socket 0600, so the kernel refuses every other user before a
-byte is read, and no TCP port of the SuperLink exists for anyone to find. Its
-clients are all ours: the coordinator's Control API client and Fleet gateway,
-and the SuperExec and ServerApps (through our shim, superexec_shim.py), which
-reach it by the socket named in FEDVEIL_SUPERLINK_SOCKET. TLS stays on over the
-socket (Flower's SuperNode authentication requires it).
+byte is read, and no TCP port of Flower's app exists for anyone to find. Its
+clients are all ours: the coordinator's Control API client, and the SuperExec and
+ServerApps (through our shim, superexec_shim.py), which reach it by the socket named
+in FEDVEIL_SUPERLINK_SOCKET. TLS stays on over the socket. The public Fleet port is
+served in the same process, by a second uvicorn server with only fedveil's gateway
+and Flower's Fleet routes (fleet_listener.py).
 
 Flower takes only host/port for all of this, so each of our processes patches
 the one place that opens the connection: `uvicorn.run` in the SuperLink, and
@@ -110,6 +111,8 @@ def superlink_main() -> None:
     """`flower-superlink ARGS`, serving on the socket of FEDVEIL_SUPERLINK_SOCKET."""
     import uvicorn
 
+    from fedveil.server.coordinator.fleet_listener import serve_with_fleet, spec_from_env
+
     path = Path(os.environ[SOCKET_ENV])
     real_run = uvicorn.run
 
@@ -121,7 +124,18 @@ def superlink_main() -> None:
         # No log line per Fleet request (a 1,000-device fleet polls ~350 times a second);
         # the gateway counts requests for /metrics, and logs the refused ones.
         kwargs["access_log"] = False
-        real_run(app, fd=sock.fileno(), **kwargs)
+        spec = spec_from_env()
+        if spec is None:
+            real_run(app, fd=sock.fileno(), **kwargs)
+            return
+        # The public Fleet port too, in this process (fleet_listener.py).
+        from uvicorn._compat import asyncio_run
+
+        config = uvicorn.Config(app, fd=sock.fileno(), **kwargs)
+        server = uvicorn.Server(config)
+        asyncio_run(serve_with_fleet(server, app, spec), loop_factory=config.get_loop_factory())
+        if not server.started:
+            sys.exit(3)  # as uvicorn.run does when start-up failed
 
     uvicorn.run = run  # flwr's flower_superlink calls `uvicorn.run(...)` at this point
 

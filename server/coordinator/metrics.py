@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedveil.server.coordinator.fleet_counters import FleetCounterFile
 from fedveil.server.coordinator.publication import public_record, run_is_dp
 from fedveil.server.coordinator.rundir import read_json
 
@@ -47,10 +48,39 @@ class ServiceCounters:
     fleet_bytes_in: int = 0
     fleet_bytes_out: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Where the Fleet counts are shared with the SuperLink's process, which serves the
+    # Fleet API (fleet_counters.py); None when the counts are this object's own.
+    fleet_file: FleetCounterFile | None = None
 
     def reject(self, reason: str) -> None:
         with self.lock:
             self.rejected[reason] += 1
+
+    def fleet_served(self, bytes_in: int, bytes_out: int) -> None:
+        with self.lock:
+            self.fleet_requests += 1
+            self.fleet_bytes_in += bytes_in
+            self.fleet_bytes_out += bytes_out
+            if self.fleet_file is not None:
+                self.fleet_file.served(bytes_in, bytes_out)
+
+    def fleet_refused(self, reason: str) -> None:
+        with self.lock:
+            self.fleet_rejected[reason] += 1
+            if self.fleet_file is not None:
+                self.fleet_file.refused(reason)
+
+    def fleet_snapshot(self) -> tuple[int, Counter[str], int, int]:
+        """(requests, refusals by reason, bytes in, bytes out): the shared file's if any."""
+        with self.lock:
+            if self.fleet_file is not None:
+                return self.fleet_file.snapshot()
+            return (
+                self.fleet_requests,
+                Counter(self.fleet_rejected),
+                self.fleet_bytes_in,
+                self.fleet_bytes_out,
+            )
 
 
 class RoundsCache:
@@ -242,27 +272,28 @@ def drop_reason_family(
 
 def counter_families(counters: ServiceCounters) -> list[str]:
     """The service's own counters since start-up (Fleet traffic, refused requests)."""
+    requests, refused, bytes_in, bytes_out = counters.fleet_snapshot()
+    fleet_rejected = [({"reason": k}, v) for k, v in sorted(refused.items())]
     with counters.lock:
-        fleet_rejected = [({"reason": k}, v) for k, v in sorted(counters.fleet_rejected.items())]
         api_rejected = [({"reason": k}, v) for k, v in sorted(counters.rejected.items())]
         return [
             *family(
                 "fedveil_fleet_requests_total",
                 "counter",
-                "Fleet API requests forwarded",
-                [({}, counters.fleet_requests)],
+                "Fleet API requests served",
+                [({}, requests)],
             ),
             *family(
                 "fedveil_fleet_bytes_received_total",
                 "counter",
                 "request bytes from SuperNodes",
-                [({}, counters.fleet_bytes_in)],
+                [({}, bytes_in)],
             ),
             *family(
                 "fedveil_fleet_bytes_sent_total",
                 "counter",
                 "response bytes to SuperNodes",
-                [({}, counters.fleet_bytes_out)],
+                [({}, bytes_out)],
             ),
             *family(
                 "fedveil_fleet_requests_rejected_total",

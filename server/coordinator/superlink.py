@@ -40,6 +40,7 @@ from fedveil.protocol.deployment import (
     RUN_ID_KEY,
     SERVERAPP_REF,
 )
+from fedveil.server.coordinator.fleet_listener import FLEET_ENV, FleetListenerSpec
 from fedveil.server.coordinator.link_socket import (
     SOCKET_ENV,
     client_over_socket,
@@ -133,6 +134,9 @@ class SuperLinkProcess:
         self.settings = settings
         self.proc: Any = None
         self._log_pump: LogPump | None = None
+        # The public Fleet port, served by this process's child (fleet_listener.py); set
+        # by `fedveil server` before start. None: the SuperLink serves its socket only.
+        self.fleet: FleetListenerSpec | None = None
 
     def argv(self) -> list[str]:
         s = self.settings
@@ -216,9 +220,17 @@ class SuperLinkProcess:
         )
         # Our `flower-superexec` first: ServerApp tokens go in files, not on command lines.
         env["PATH"] = os.pathsep.join([str(shim_dir), env["PATH"]])
+        if self.fleet is not None:
+            env[FLEET_ENV] = self.fleet.to_env()
         # Its whole output, rotated and with repeats collapsed (fedveil.ops.log_pump):
         # garbage requests and idle polling must not fill the disk.
-        self.proc = spawn(self.argv(), env=env, log=subprocess.PIPE, cwd=s.state_dir)
+        self.proc = spawn(
+            self.argv(),
+            env=env,
+            log=subprocess.PIPE,
+            cwd=s.state_dir,
+            pass_fds=(self.fleet.fd,) if self.fleet is not None else (),
+        )
         assert self.proc.stdout is not None
         self._log_pump = LogPump(
             self.proc.stdout, RotatingLog(s.state_dir / "logs" / "superlink.log")
