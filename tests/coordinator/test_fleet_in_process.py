@@ -85,17 +85,29 @@ def _rebase(request: httpx.Request) -> httpx.Request:
     )
 
 
+def _local_gateway(superlink: Any, counters: ServiceCounters) -> FleetGateway:
+    """fedveil's gateway in front of the Fleet-only app on `superlink`'s state, in process."""
+    return FleetGateway(
+        "http://fleet.local", False, 1 << 20, counters, local=LocalFleet(fleet_only_app(superlink))
+    )
+
+
+async def _list_nodes(superlink: Any, body: bytes) -> httpx.Response:
+    """The Control API's list-nodes call on Flower's full app (not the Fleet port)."""
+    transport = httpx.ASGITransport(app=superlink)
+    async with httpx.AsyncClient(transport=transport, base_url="https://link") as http:
+        return await http.post(
+            "/v1/control/list-nodes",
+            content=body,
+            headers={"content-type": PROTOBUF, "accept": PROTOBUF},
+        )
+
+
 def test_signed_fleet_requests_reach_the_control_apis_state() -> None:
     async def main() -> None:
         superlink = _superlink()
         counters = ServiceCounters()
-        gateway = FleetGateway(
-            "http://fleet.local",
-            False,
-            1 << 20,
-            counters,
-            local=LocalFleet(fleet_only_app(superlink)),
-        )
+        gateway = _local_gateway(superlink, counters)
         key = ec.generate_private_key(ec.SECP256R1())
         registered = await _register(superlink, key)
         device = capturing_client("fleet:443", key)
@@ -109,13 +121,7 @@ def test_signed_fleet_requests_reach_the_control_apis_state() -> None:
         res.ParseFromString(r.content)
         assert list(res.messages_list) == []
         # One LinkState: the Control API lists the node the Fleet activated as online.
-        transport = httpx.ASGITransport(app=superlink)
-        async with httpx.AsyncClient(transport=transport, base_url="https://link") as http:
-            r = await http.post(
-                "/v1/control/list-nodes",
-                content=ListNodesRequest().SerializeToString(),
-                headers={"content-type": PROTOBUF, "accept": PROTOBUF},
-            )
+        r = await _list_nodes(superlink, ListNodesRequest().SerializeToString())
         nodes = ListNodesResponse()
         nodes.ParseFromString(r.content)
         assert {n.node_id: n.status for n in nodes.nodes_info} == {registered: "online"}
@@ -140,13 +146,7 @@ def test_control_and_runtime_routes_do_not_exist_on_the_fleet_app() -> None:
             res = await fleet.post(path, body, headers)
             assert res.status == 404, (path, res.status, res.content)
         # The same Control call on Flower's full app is served: the 404 is the app's.
-        transport = httpx.ASGITransport(app=superlink)
-        async with httpx.AsyncClient(transport=transport, base_url="https://link") as http:
-            r = await http.post(
-                "/v1/control/list-nodes",
-                content=b"",
-                headers={"content-type": PROTOBUF, "accept": PROTOBUF},
-            )
+        r = await _list_nodes(superlink, b"")
         assert r.status_code == 200, r.text
 
     asyncio.run(main())
@@ -156,13 +156,7 @@ def test_unknown_keys_wrong_nodes_and_bad_signatures_are_refused() -> None:
     async def main() -> None:
         superlink = _superlink()
         counters = ServiceCounters()
-        gateway = FleetGateway(
-            "http://fleet.local",
-            False,
-            1 << 20,
-            counters,
-            local=LocalFleet(fleet_only_app(superlink)),
-        )
+        gateway = _local_gateway(superlink, counters)
         enrolled = ec.generate_private_key(ec.SECP256R1())
         other = ec.generate_private_key(ec.SECP256R1())
         stranger = ec.generate_private_key(ec.SECP256R1())
