@@ -15,8 +15,12 @@ Four silo processes (ranks 0-3) and one coordinator process (rank 4) on loopback
 run, the contenders interleaved in every repeat, the same update of d float32 values:
 
 * plain:        gloo all_reduce of the float32 update among the 4 silos (no protection);
-* secure:       client/silo's secure all-reduce: quantise, add the pairwise masks, gloo
-                all_reduce of the signed int32 view, commit, reduce mod 2^b, dequantise;
+* secure:       client/silo's secure all-reduce as a silo round runs it (the whole vector
+                as one piece): one fused sweep (quantise, add the pairwise masks, reduce
+                mod 2^b, into the signed int32 wire), gloo all_reduce, commit, reduce the
+                sum mod 2^b in place, decode the mean;
+* secure_pipelined: the same in 8 pieces (piece i+1 quantised and masked while piece i
+                is summed), which pays only where each silo has a spare core;
 * coordinator:  fedveil's secure-aggregation round (SecAggClient / SecAggServer, the same
                 4 silos as clients, the coordinator as server) with its messages moved as
                 bytes over gloo send/recv; the key stages (advertise, share keys) run before
@@ -24,10 +28,14 @@ run, the contenders interleaved in every repeat, the same update of d float32 va
                 the sum sent back to every silo.
 
 The span runs from a silo's update being ready (all silos released by a barrier) to the
-sum being available at every silo (the slowest silo; the median over repeats). Masks
-depend only on the keys and the round, so the secure all-reduce expands them before the
-span (`prepare`), as a silo would while it trains: reported as `masks` CPU. Per-silo CPU
-of each step (thread CPU time) and the bytes each silo sends are reported per contender.
+decoded mean being available at every silo (the slowest silo; the median over repeats).
+What does not depend on the update runs before the span (`prepare`), as a silo does
+while it trains, and is reported apart (`cpu_s_per_silo_before_span`): the key
+agreement, the masks (they depend only on the keys and the round), the stochastic-
+rounding randomness (AES-CTR under a fresh OS-random key, drawn for the attempt) and the
+wire and mean buffers (touched, so their page faults stay out of the span). Per-silo CPU
+of each step in the span (process CPU, gloo's threads included) and the bytes each silo
+sends are reported per contender.
 
 `python -m fedveil.benchmarks.bench_decentral --silos 4 --dim 1000000 --repeats 5 --json`
 """
@@ -58,7 +66,7 @@ from fedveil.benchmarks.harness import command_main
 # Secure all-reduce vs plain all-reduce vs the coordinator-based secure round
 # ----------------------------------------------------------------------------------------
 
-CONTENDERS = ("plain", "secure", "secure_one_piece", "coordinator")
+CONTENDERS = ("plain", "secure", "secure_pipelined", "coordinator")
 LEVELS = 2**16
 CLIP_RANGE = 1.0
 TIMEOUT_S = 120.0
@@ -105,6 +113,7 @@ def _update(rank: int, dim: int) -> Any:
 
 
 def _silo(rank: int, silos: int, port: int, dim: int, repeats: int, secret: bytes) -> dict:
+    import numpy as np
     import torch
     import torch.distributed as dist
 
@@ -125,12 +134,12 @@ def _silo(rank: int, silos: int, port: int, dim: int, repeats: int, secret: byte
         run_id="bench", silo=rank, world=silos, identity=ids.private_key(rank),
         roster=ids.roster, timeout_s=TIMEOUT_S, min_silos=silos,
     )  # fmt: skip
-    # the default (pipelined: quantise and mask piece i+1 while piece i is summed), and the
-    # whole vector as one piece
+    # the default (the whole vector as one piece), and the vector in 8 pipelined pieces
+    # (quantise and mask piece i+1 while piece i is summed)
     secures = {
         "secure": SecureAllReduce(store, settings),
-        "secure_one_piece": SecureAllReduce(
-            store, dataclasses.replace(settings, run_id="bench-1", pipeline_pieces=1)
+        "secure_pipelined": SecureAllReduce(
+            store, dataclasses.replace(settings, run_id="bench-8", pipeline_pieces=8)
         ),
     }
     q = Quantizer(CLIP_RANGE, LEVELS, silos, 1)
@@ -147,31 +156,36 @@ def _silo(rank: int, silos: int, port: int, dim: int, repeats: int, secret: byte
              "bytes": bytes_sent("all_reduce", tensor, silos)}
         )  # fmt: skip
         for name, secure in secures.items():
-            # secure all-reduce: masks before the span (a silo expands them while it trains)
-            prepared = secure.prepare(rep + 1, 0, dim + 2, q.bits)
+            # Before the span, what does not depend on the update (a silo does it while it
+            # trains): keys, masks, the rounding randomness, the wire and mean buffers.
+            c_before = _cpu()
+            prepared = secure.prepare(rep + 1, 0, dim + 2, q.bits, rounding=q)
+            mean = np.empty(dim, np.float32)
+            mean[:] = 0.0  # touched: its page faults stay out of the span
+            before = _cpu() - c_before
             silo_group.barrier().wait()
             t0, c0 = time.perf_counter(), _cpu()
             total, steps = secure.reduce(prepared, weighted_encoder(q, update, 1))
             t1, c1 = time.perf_counter(), _cpu()
-            mean, _, count = q.decode_weighted_mean(total)
+            _, count = q.decode_weighted_mean_into(total, mean)
             end, c2 = time.perf_counter(), _cpu()
             assert count == silos
             wire = torch.empty(dim + 2, dtype=torch.int32)
-            in_thread = steps["encode_mask_send_cpu"] + steps["collective_wait_cpu"]
+            pre = prepared.seconds
             out[name].append(
                 {"start": t0, "end": end,
-                 "cpu": {"masks": prepared.seconds["masks_cpu"],
-                         "keys": prepared.seconds["keys_cpu"],
-                         "quantisation": steps["encode_cpu"],
-                         "mask_add_and_send": steps["encode_mask_send_cpu"] - steps["encode_cpu"],
-                         "collective": (c1 - c0) - in_thread - steps["commit_cpu"]
-                         + steps["collective_wait_cpu"],
-                         "commit": steps["commit_cpu"], "decode": c2 - c1},
-                 "wall": {"quantisation": steps["encode_wall"],
-                          "mask_add_and_send": steps["encode_mask_send_wall"]
-                          - steps["encode_wall"],
+                 "cpu_before_span": {"keys": pre["keys_cpu"], "masks": pre["masks_cpu"],
+                                     "rounding": pre["rounding_cpu"],
+                                     "buffers": pre["buffers_cpu"], "total": before},
+                 "cpu": {"encode_mask": steps["encode_mask_send_cpu"],
+                         "collective": (c1 - c0) - steps["encode_mask_send_cpu"]
+                         - steps["commit_cpu"] - steps["decode_cpu"],
+                         "commit": steps["commit_cpu"],
+                         "decode": steps["decode_cpu"] + (c2 - c1), "total": c2 - c0},
+                 "wall": {"encode_mask": steps["encode_mask_send_wall"],
                           "collective_wait": steps["collective_wait_wall"],
-                          "commit": steps["commit_wall"], "decode": end - t1},
+                          "commit": steps["commit_wall"],
+                          "decode": steps["decode_wall"] + end - t1},
                  "bytes": bytes_sent("all_reduce", wire, silos), "mean": mean[:4].tolist()}
             )  # fmt: skip
         # coordinator-based secure round: this silo is client `rank`, the coordinator rank 4
@@ -267,10 +281,15 @@ def _summarise(silos: list[dict], coordinator: dict, repeats: int) -> dict[str, 
         kept = [r for s in silos for r in s[name][1:]]
         steps = sorted({k for r in kept for k in r["cpu"]})
         cpu = {step: _median([r["cpu"][step] for r in kept if step in r["cpu"]]) for step in steps}
+        before = sorted({k for r in kept for k in r.get("cpu_before_span", {})})
         out[name] = {
             "span_s": _median(spans),
             "spans_s": spans,
             "cpu_s_per_silo": cpu,
+            # what does not depend on the update, done before the span (secure contenders)
+            "cpu_s_per_silo_before_span": {
+                k: _median([r["cpu_before_span"][k] for r in kept]) for k in before
+            },
             "wall_s_per_silo": {
                 step: _median([r["wall"][step] for r in kept])
                 for step in sorted({k for r in kept for k in r.get("wall", {})})
@@ -325,7 +344,7 @@ def run_secure_allreduce(silos: int, dim: int, repeats: int) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "contenders": figures,
         "secure_overhead_ratio": secure / plain,
-        "secure_one_piece_overhead_ratio": figures["secure_one_piece"]["span_s"] / plain,
+        "secure_pipelined_overhead_ratio": figures["secure_pipelined"]["span_s"] / plain,
         "vs_coordinator_ratio": coord / secure,
         "bytes_per_node": {k: figures[k]["bytes_per_silo"] for k in figures},
         "targets": {"secure_overhead_ratio": "<= 1.5", "vs_coordinator_ratio": ">= 1"},
@@ -347,6 +366,9 @@ def _print(result: dict[str, Any]) -> None:
         )
         if wall:
             print(f"  {'':16} wall/silo ms: {wall}")
+        before = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in f["cpu_s_per_silo_before_span"].items())
+        if before:
+            print(f"  {'':16} CPU/silo before the span ms: {before}")
     server = result["contenders"]["coordinator"]["server_cpu_s"]
     print(
         "  coordinator server CPU ms: " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in server.items())

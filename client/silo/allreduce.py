@@ -15,8 +15,11 @@ group, new key pairs, new digest, so new masks. The aborted attempt's masked val
 never added to the rerun's (different groups, different store prefixes); a sum of values
 masked under two attempts would not cancel anyway, and nothing of an attempt is reused.
 
-Steps 1-3 do not depend on the update: `prepare` may run while the silo trains and
-`reduce` is the span from update ready to sum available.
+Steps 1-3 do not depend on the update, nor do the stochastic-rounding randomness of the
+quantiser (drawn from a fresh OS-random key per attempt) and the wire buffer: `prepare`
+does all of them and may run while the silo trains. `reduce` is the span from update ready
+to sum available: one fused sweep (quantise, add the masks, reduce mod 2^b, into the signed
+wire buffer), the collective, commit, and the reduction of the sum mod 2^b in place.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import torch
 import torch.distributed as dist
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from fedveil.privacy.secagg import Quantizer
+
 from .adverts import Attempt, exchange_mask_keys
 from .attempt_membership import SiloExcluded, commit, join
 from .collectives import Received, ring_all_reduce
@@ -44,19 +49,33 @@ COLLECTIVES = ("all_reduce", "ring")
 
 MIN_PIECE = 1 << 16  # coordinates: smaller pieces pay gloo's per-call latency
 
+# (lo, hi, rounding offsets [lo, hi) or None, masks [lo, hi), signed wire slice [lo, hi))
+EncodeMasked = Callable[[int, int, "np.ndarray | None", np.ndarray, np.ndarray], None]
+
 
 @dataclass(frozen=True)
 class Encoder:
-    """An encoded vector of `dimension` coordinates in Z_(2^b), produced piece by piece:
-    `encode(lo, hi)` returns coordinates [lo, hi) (unsigned, < 2^b), called once per
-    piece, in order."""
+    """A vector of `dimension` coordinates in Z_(2^b), encoded and masked piece by piece:
+    `encode_masked(lo, hi, offsets, masks, out)` writes (coordinates [lo, hi) + masks) mod
+    2^b into `out`, the signed wire slice; called once per piece, in order. `rounding`: the
+    quantiser whose stochastic-rounding randomness `prepare` draws ahead (`offsets`, from
+    `Quantizer.draw_rounding`), or None for a vector encoded already (`offsets` None)."""
 
     dimension: int
-    encode: Callable[[int, int], np.ndarray]
+    encode_masked: EncodeMasked
+    rounding: Quantizer | None = None
 
     @classmethod
-    def of(cls, vector: np.ndarray) -> Encoder:
-        return cls(int(vector.shape[0]), lambda lo, hi: vector[lo:hi])
+    def of(cls, vector: np.ndarray, bits: int) -> Encoder:
+        """An encoded vector (unsigned, < 2^bits): only the masks are added."""
+
+        def encode_masked(
+            lo: int, hi: int, offsets: np.ndarray | None, masks: np.ndarray, out: np.ndarray
+        ) -> None:
+            del offsets
+            mask_into(vector[lo:hi], masks, bits, out)
+
+        return cls(int(vector.shape[0]), encode_masked)
 
 
 class SiloRoundFailed(RuntimeError):
@@ -80,7 +99,7 @@ class SiloSettings:
     collective: str = "all_reduce"
     min_silos: int = 2
     max_attempts: int = 3
-    pipeline_pieces: int = 8
+    pipeline_pieces: int = 1
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -105,13 +124,17 @@ class SiloSettings:
 
 @dataclass
 class Prepared:
-    """An attempt ready for the update: its group and this silo's mask total."""
+    """An attempt ready for the update: its group, this silo's mask total, the rounding
+    randomness (None: the vector comes encoded) and the wire buffer (touched, so that no
+    page fault falls in the span)."""
 
     attempt: Attempt
     group: dist.ProcessGroup
     masks: np.ndarray
     bits: int
     seconds: dict[str, float]
+    offsets: np.ndarray | None
+    wire: torch.Tensor
 
 
 @dataclass
@@ -149,8 +172,17 @@ class SecureAllReduce:
         self.members: tuple[int, ...] = tuple(range(settings.world))
         self.received: Received | None = None  # set to record what the ring receives
 
-    def prepare(self, round_num: int, attempt_num: int, dimension: int, bits: int) -> Prepared:
-        """Join, group, keys and masks of an attempt (`seconds`: `<step>_cpu`/`_wall` s)."""
+    def prepare(
+        self,
+        round_num: int,
+        attempt_num: int,
+        dimension: int,
+        bits: int,
+        rounding: Quantizer | None = None,
+    ) -> Prepared:
+        """Join, group, keys, masks, the rounding randomness of `rounding` (a fresh key per
+        attempt) and the wire buffer of an attempt: nothing that depends on the update
+        (`seconds`: `<step>_cpu`/`_wall` s of join, keys, masks, rounding, buffers)."""
         s = self.settings
         times: dict[str, float] = {}
         clock = _Steps(times)
@@ -171,7 +203,11 @@ class SecureAllReduce:
         dtype = np.uint32 if bits <= 32 else np.uint64
         masks = mask_total(s.silo, keys, dimension, dtype, bits)
         clock.lap("masks")
-        return Prepared(attempt, group, masks, bits, times)
+        offsets = None if rounding is None else rounding.draw_rounding(dimension)
+        clock.lap("rounding")
+        wire = torch.zeros(dimension, dtype=wire_buffer(0, bits, len(members)).dtype)
+        clock.lap("buffers")
+        return Prepared(attempt, group, masks, bits, times, offsets, wire)
 
     def _group(self, attempt: Attempt) -> dist.ProcessGroup:
         s = self.settings
@@ -187,33 +223,34 @@ class SecureAllReduce:
     def reduce(
         self, prepared: Prepared, source: np.ndarray | Encoder
     ) -> tuple[np.ndarray, dict[str, float]]:
-        """The span: encode, mask, all-reduce, commit. Raises RuntimeError when the attempt
-        fails. `source`: the encoded vector, or an `Encoder` producing it piece by piece:
-        then with `all_reduce` the pieces are pipelined (piece i+1 is encoded and masked
-        while the collective of piece i runs). Returns the sum and the seconds of each
-        step: `<step>_cpu` (this thread's CPU; gloo's own threads are not in it) and
-        `<step>_wall`."""
+        """The span: encode and mask (one fused sweep per piece), all-reduce, commit, reduce
+        the sum mod 2^b. Raises RuntimeError when the attempt fails. `source`: the encoded
+        vector, or an `Encoder` producing it piece by piece: then with `all_reduce` and
+        `pipeline_pieces` > 1 the pieces are pipelined (piece i+1 is encoded and masked
+        while the collective of piece i runs). Returns the sum (a view of the attempt's wire
+        buffer) and the seconds of each step: `<step>_cpu` (this thread's CPU; gloo's own
+        threads are not in it) and `<step>_wall`."""
         s, attempt, bits = self.settings, prepared.attempt, prepared.bits
-        encoder = source if isinstance(source, Encoder) else Encoder.of(source)
+        encoder = source if isinstance(source, Encoder) else Encoder.of(source, bits)
         if encoder.dimension != prepared.masks.size:
             raise ValueError(
                 f"encoded dimension {encoder.dimension} != the attempt's {prepared.masks.size}"
             )
-        times: dict[str, float] = {"encode_cpu": 0.0, "encode_wall": 0.0}
+        if (encoder.rounding is None) != (prepared.offsets is None):
+            raise ValueError("the encoder's rounding and the attempt's prepared one differ")
+        times: dict[str, float] = {}
         if self.received is not None:
             self.received.attempt = attempt.attempt
         # One wire buffer; each piece is masked straight into its slice and summed there.
-        wire = wire_buffer(encoder.dimension, bits, len(attempt.members))
+        wire = prepared.wire
         host = wire.numpy()
         device = torch.empty_like(wire, device="cuda") if s.backend == "nccl" else wire
         works: list[dist.Work] = []
         clock = _Steps(times)
+        offsets = prepared.offsets
         for lo, hi in self._pieces(encoder.dimension):
-            cpu, wall = _cpu(), time.perf_counter()
-            piece = encoder.encode(lo, hi)
-            times["encode_cpu"] += _cpu() - cpu
-            times["encode_wall"] += time.perf_counter() - wall
-            mask_into(piece, prepared.masks[lo:hi], bits, host[lo:hi])
+            rounding = None if offsets is None else offsets[lo:hi]
+            encoder.encode_masked(lo, hi, rounding, prepared.masks[lo:hi], host[lo:hi])
             target = device[lo:hi]
             if device is not wire:
                 target.copy_(wire[lo:hi])
@@ -227,7 +264,9 @@ class SecureAllReduce:
         clock.lap("collective_wait")
         commit(self.store, attempt.prefix, s.silo, attempt.members, s.timeout_s)
         clock.lap("commit")
-        return from_wire(device, bits), times
+        total = from_wire(device, bits)
+        clock.lap("decode")
+        return total, times
 
     def _pieces(self, dimension: int) -> list[tuple[int, int]]:
         """Pipeline pieces: `pipeline_pieces` of at least MIN_PIECE coordinates (one for the
@@ -242,11 +281,13 @@ class SecureAllReduce:
         """The round's secure sum, rerun among survivors after an aborted attempt (the
         encoder runs again: fresh rounding, fresh masks)."""
         s = self.settings
-        encoder = source if isinstance(source, Encoder) else Encoder.of(source)
+        encoder = source if isinstance(source, Encoder) else Encoder.of(source, bits)
         aborted: list[str] = []
         for attempt_num in range(s.max_attempts):
             try:
-                prepared = self.prepare(round_num, attempt_num, encoder.dimension, bits)
+                prepared = self.prepare(
+                    round_num, attempt_num, encoder.dimension, bits, encoder.rounding
+                )
                 total, times = self.reduce(prepared, encoder)
             except (SiloExcluded, SiloRoundFailed):
                 raise

@@ -72,22 +72,34 @@ class RoundResult:
 
 
 def weighted_encoder(q: Quantizer, vector: np.ndarray, weight: int) -> Encoder:
-    """`q.encode_weighted(vector, weight)` piece by piece, for the pipelined all-reduce:
-    pieces of the update are `quantize(x · w / W)` (what encode_weighted does to the
-    whole), the last piece is encode_weighted of its part, ending with [w, 1]. Each
-    piece's rounding draws its own key from the OS CSPRNG."""
+    """`q.encode_weighted(vector, weight)`, masked, piece by piece for the all-reduce: the
+    update's coordinates are `quantize(x · w / W)` (what encode_weighted does to the
+    whole), the last two [w, 1]. Each piece is one fused sweep
+    (`Quantizer.quantize_masked_into`) with the rounding randomness the attempt drew ahead
+    from the OS CSPRNG (`SecureAllReduce.prepare`)."""
     size = int(vector.size)
     if not 0 <= weight <= q.max_weight:
         raise ValueError(f"weight {weight} outside [0, max_weight={q.max_weight}]")
+    scale = weight / q.max_weight
+    extras = np.array([weight, 1], dtype=q.dtype)
 
-    def encode(lo: int, hi: int) -> np.ndarray:
-        if hi <= size:
-            return q.quantize(vector[lo:hi], scale=weight / q.max_weight)
-        if lo > size:
-            raise ValueError(f"piece [{lo}, {hi}) starts inside the weight coordinates")
-        return q.encode_weighted(vector[lo:size], weight)
+    def encode_masked(
+        lo: int, hi: int, offsets: np.ndarray | None, masks: np.ndarray, out: np.ndarray
+    ) -> None:
+        assert offsets is not None  # prepare draws them for an encoder with `rounding`
+        unsigned = out.view(np.uint32 if out.dtype.itemsize == 4 else np.uint64)
+        body = min(hi, size) - lo
+        if body > 0:
+            q.quantize_masked_into(
+                vector[lo : lo + body], offsets[:body], masks[:body], unsigned[:body], scale=scale
+            )
+        if hi > size:  # the weight coordinates [w, 1], masked the same way
+            first = max(lo, size)
+            tail = np.add(extras[first - size : hi - size], masks[first - lo :])
+            np.bitwise_and(tail, tail.dtype.type((1 << q.bits) - 1), out=tail)
+            unsigned[first - lo :] = tail
 
-    return Encoder(size + WEIGHT_COORDINATES, encode)
+    return Encoder(size + WEIGHT_COORDINATES, encode_masked, rounding=q)
 
 
 def rotation_seed(run_id: str, round_num: int) -> int:
@@ -139,10 +151,11 @@ class SiloRound:
             q = self.quantizer
             encoder = weighted_encoder(q, vector, min(int(weight), q.max_weight))
             secure = self.allreduce.sum(round_num, encoder, q.bits)
-            mean, _, count = q.decode_weighted_mean(secure.total)
+            mean = np.empty(vector.size, np.float32)
+            _, count = q.decode_weighted_mean_into(secure.total, mean)
             if count != len(secure.members):
                 raise RuntimeError(f"sum counts {count} silos, {len(secure.members)} took part")
-            return self._result(secure, np.asarray(mean[: vector.size], np.float32), None)
+            return self._result(secure, mean, None)
         dp = self.dp
         worst = self._epsilon([*self.events, self._event(dp.params.min_clients)])
         if not (worst <= dp.epsilon_budget):

@@ -8,7 +8,8 @@ The sum is reduced modulo 2^b afterwards, where the masks cancel.
 
 Contract: `wire_dtype(bits, world)` is int32 or int64, or ValueError naming the width;
 `to_wire` is a view (no copy) when the widths match; `from_wire` returns the sum in
-[0, 2^b) as the unsigned dtype the secure-aggregation code uses.
+[0, 2^b) as the unsigned dtype the secure-aggregation code uses (reduced in place, a view
+of the wire buffer, when the widths match).
 """
 
 from __future__ import annotations
@@ -68,13 +69,14 @@ def to_wire(vector: np.ndarray, bits: int, world: int) -> torch.Tensor:
 
 
 def from_wire(total: torch.Tensor, bits: int) -> np.ndarray:
-    """The all-reduced sum, reduced modulo 2^bits, as uint32 (bits <= 32) or uint64 (a new
-    array, one pass)."""
+    """The all-reduced sum, reduced modulo 2^bits, as uint32 (bits <= 32) or uint64: in
+    place, a view of `total`'s memory, when the widths match (a CPU tensor; one pass),
+    else a new array."""
     array = total.detach().cpu().numpy()
     unsigned = np.uint32 if bits <= 32 else np.uint64
     if array.dtype.itemsize == np.dtype(unsigned).itemsize:
-        out = np.empty(array.shape, unsigned)
-        np.bitwise_and(array.view(unsigned), unsigned((1 << bits) - 1), out=out)
+        out = array.view(unsigned)
+        np.bitwise_and(out, unsigned((1 << bits) - 1), out=out)
         return out
     # int64 wire, bits <= 32: the low 32 bits of the two's complement are the sum mod 2^32
     return np.bitwise_and(array.view(np.uint64), np.uint64((1 << bits) - 1)).astype(unsigned)

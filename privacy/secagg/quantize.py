@@ -22,7 +22,11 @@ round, measure the rounded norm while each chunk is in cache, and round again in
 case it exceeds C. Nothing above C is ever returned.
 
 The rounding randomness is an AES-CTR keystream under a fresh OS-random key (pass `seed` only
-for reproducible tests and benchmarks).
+for reproducible tests and benchmarks). It does not depend on the values, so it can be drawn
+ahead (`draw_rounding`, e.g. by a silo while it trains) and spent on one vector by
+`quantize_masked_into`, which also adds the pairwise masks in the same sweep: the same
+integers as `quantize` for the same draw. `decode_weighted_mean_into` is
+`decode_weighted_mean` written into a caller's array, chunk by chunk, bit for bit.
 """
 
 from __future__ import annotations
@@ -217,19 +221,36 @@ class Quantizer:
         units_per_value: float,
         measure: bool = False,
     ) -> float:
-        """Quantize one chunk into `target`: seven passes over buffers that stay in cache.
-        With `measure`, three more give the chunk's squared dequantized norm in steps."""
+        """Quantize one chunk into `target`, drawing its rounding randomness from `stream`."""
         n = chunk.size
-        work, noise, fraction = _buffers()
-        half_range = self.clip_range / self.step
-        # U = noise / 2^32 is uniform in [0, 1); the shift by (L-1)/2 rides along with it.
+        _, noise, fraction = _buffers()
         stream.fill(noise[:n])
-        np.add(noise[:n], half_range * 2.0**32, out=fraction[:n], dtype=np.float64)
-        fraction[:n] *= 2.0**-32
-        # y = x · w/W in steps, shifted by (L-1)/2: y ∈ [0, L-1] exactly when |x · w/W| <= r.
-        units = work[:n]
+        self._offsets(noise[:n], fraction[:n])
+        return self._round_chunk(chunk, fraction[:n], target, units_per_value, measure)
+
+    def _offsets(self, words: np.ndarray, out: np.ndarray) -> None:
+        """out = (L-1)/2 + U with U = words / 2^32 uniform in [0, 1), exactly (< 2^53)."""
+        half_range = self.clip_range / self.step
+        np.add(words, half_range * 2.0**32, out=out, dtype=np.float64)
+        out *= 2.0**-32
+
+    def _round_chunk(
+        self,
+        chunk: np.ndarray,
+        offsets: np.ndarray,
+        target: np.ndarray,
+        units_per_value: float,
+        measure: bool = False,
+    ) -> float:
+        """target = floor(clip(x · units_per_value + offsets, 0, L-1)): four passes over
+        buffers that stay in cache. With `measure`, three more give the chunk's squared
+        dequantized norm in steps."""
+        n = chunk.size
+        # y = x · w/W in steps, shifted by (L-1)/2 (inside `offsets`): y ∈ [0, L-1] exactly
+        # when |x · w/W| <= r.
+        units = _buffers()[0][:n]
         np.multiply(chunk, units_per_value, out=units, dtype=np.float64)
-        units += fraction[:n]
+        units += offsets
         # floor(y + U) rounds up with probability frac(y): unbiased. Clipping y + U (not y)
         # to [0, L-1] gives the same integer as clipping y first, in one pass: below 0 both
         # give 0, at or above L-1 both give L-1. y + U >= 0, so the cast (truncation) is the
@@ -242,6 +263,61 @@ class Quantizer:
         np.copyto(target, units, casting="unsafe")
         units -= (self.levels - 1) / 2.0  # the grid's zero (exact below 2^53)
         return float(np.square(units, out=units).sum())
+
+    def draw_rounding(self, size: int, seed: bytes | None = None) -> np.ndarray:
+        """The stochastic-rounding randomness of `size` coordinates, drawn ahead of the values
+        they will round: float64 offsets (L-1)/2 + U_i, U_i the i-th 32-bit word of an AES-CTR
+        keystream under a fresh OS-random key (`seed` only for tests: then they are the
+        offsets `quantize(values, seed)` draws). Independent of the values, so a silo draws
+        them while it trains; each draw rounds one vector only (`quantize_masked_into`)."""
+        if not size >= 0:
+            raise ValueError(f"size = {size}: must be >= 0")
+        stream = Keystream(seed if seed is not None else randomness.random_bytes(32))
+        out = np.empty(size, np.float64)
+        noise = _buffers()[1]
+        for begin in range(0, size, _CHUNK):
+            n = min(_CHUNK, size - begin)
+            stream.fill(noise[:n])
+            self._offsets(noise[:n], out[begin : begin + n])
+        return out
+
+    def quantize_masked_into(
+        self,
+        values: np.ndarray,
+        offsets: np.ndarray,
+        addend: np.ndarray,
+        out: np.ndarray,
+        *,
+        scale: float = 1.0,
+    ) -> None:
+        """out = (quantize(values · scale) + addend) mod 2^b, the rounding randomness taken
+        from `offsets` (`draw_rounding`; the same integers `quantize` gives from the same
+        draw), in one sweep of cache-sized chunks: multiply, add the offsets, clip, cast into
+        `out`, add `addend` (the pairwise masks, < 2^b), reduce. `values` is 1-D (any real
+        dtype); `offsets`, `addend` and `out` have its length; `out` is unsigned, at least as
+        wide as `dtype` (a view of the wire buffer). NaN is refused (ValueError); ±inf clip."""
+        size = values.size
+        for name, array in (("offsets", offsets), ("addend", addend), ("out", out)):
+            if array.shape != (size,):
+                raise ValueError(f"{name}: shape {array.shape}, the values have ({size},)")
+        if out.dtype.kind != "u" or out.dtype.itemsize < np.dtype(self.dtype).itemsize:
+            raise ValueError(f"out: dtype {out.dtype}, needs unsigned of at least {self.dtype}")
+        modulus = out.dtype.type((1 << self.bits) - 1)
+        reduce = self.bits < out.dtype.itemsize * 8
+        units_per_value = scale / self.step
+        for begin in range(0, size, _CHUNK):
+            end = min(begin + _CHUNK, size)
+            target = out[begin:end]
+            try:
+                with np.errstate(invalid="raise"):
+                    self._round_chunk(
+                        values[begin:end], offsets[begin:end], target, units_per_value
+                    )
+            except FloatingPointError:
+                raise ValueError(f"values: NaN among coordinates {begin}..{end - 1}") from None
+            np.add(target, addend[begin:end], out=target)  # wraps mod 2^32 or 2^64
+            if reduce:
+                np.bitwise_and(target, modulus, out=target)
 
     def dequantize_sum(self, total: np.ndarray, count: int) -> np.ndarray:
         """Σ clip(x_i) (approximately) from the integer sum of `count` quantized vectors."""
@@ -286,6 +362,28 @@ class Quantizer:
         weighted = self.dequantize_sum(body, count)
         weighted *= self.max_weight / weight_sum
         return weighted, weight_sum, count
+
+    def decode_weighted_mean_into(self, total: np.ndarray, out: np.ndarray) -> tuple[int, int]:
+        """`decode_weighted_mean(total)`'s mean written into `out` (float32 or float64, the
+        body's length), bit for bit the same values cast to out's dtype, in cache-sized
+        chunks with no full-size temporary; returns (Σ w_i, contributors)."""
+        body, (weight_sum, count) = unpack(total, WEIGHT_COORDINATES)
+        if weight_sum == 0:
+            raise ValueError("the total weight is zero")
+        if out.shape != body.shape:
+            raise ValueError(f"out: shape {out.shape}, the sum's body has {body.shape}")
+        factor = self.max_weight / weight_sum
+        offset = count * self.clip_range
+        work = _buffers()[0]
+        for begin in range(0, body.size, _CHUNK):
+            end = min(begin + _CHUNK, body.size)
+            units = work[: end - begin]
+            # the arithmetic of dequantize_sum and decode_weighted_mean, in the same order
+            np.multiply(body[begin:end], self.step, out=units, dtype=np.float64)
+            units -= offset
+            units *= factor
+            np.copyto(out[begin:end], units, casting="same_kind")
+        return weight_sum, count
 
 
 def rounding_room(target: float, dim: int, beta: float = ROUNDING_BETA) -> float | None:

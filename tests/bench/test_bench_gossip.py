@@ -26,7 +26,7 @@ def test_one_command_reports_the_issue_keys_of_both_parts(tmp_path: Path) -> Non
         assert isinstance(result[key], float), key
     assert "gossip_updates_ratio" in result  # None when a contender missed the target
     assert set(result["bytes_per_node"]) == {
-        "allreduce_plain", "allreduce_secure", "allreduce_secure_one_piece",
+        "allreduce_plain", "allreduce_secure", "allreduce_secure_pipelined",
         "allreduce_coordinator", "gossip_fedavg", "gossip_gossip_ring",
         "gossip_gossip_exponential",
     }  # fmt: skip

@@ -114,7 +114,7 @@ def test_pipelined_pieces_sum_to_the_weighted_mean_within_the_quantisation_bound
         result = silo.sum(1, weighted_encoder(q, updates[s], weights[s]), q.bits)
         return result.total, result.seconds
 
-    results = run_silos(WORLD, body, run_id="pieces", timeout_s=30)
+    results = run_silos(WORLD, body, run_id="pieces", timeout_s=30, pipeline_pieces=8)
     expected = sum(w * u.astype(np.float64) for w, u in zip(weights, updates, strict=True))
     expected /= sum(weights)
     for total, seconds in results:
@@ -122,4 +122,43 @@ def test_pipelined_pieces_sum_to_the_weighted_mean_within_the_quantisation_bound
         mean, weight, count = q.decode_weighted_mean(total)
         assert (weight, count) == (sum(weights), WORLD)
         assert np.max(np.abs(mean[:dim] - expected)) <= q.sum_error_bound(WORLD) * q.max_weight
-        assert seconds["encode_cpu"] > 0 and "collective_wait_wall" in seconds
+        assert seconds["encode_mask_send_cpu"] > 0 and "collective_wait_wall" in seconds
+
+
+def test_rounding_drawn_before_the_span_gives_the_exact_sum_and_the_same_decode():
+    """`prepare` draws each silo's rounding randomness and wire buffer; `reduce` (one piece,
+    the default) then returns exactly the sum of the integers those offsets round the
+    updates to, and the fused decode is decode_weighted_mean's, bit for bit."""
+    from fedveil.client.silo.round import weighted_encoder
+
+    dim, weights = 70_001, [2, 1, 3, 1]
+    q = Quantizer(1.0, 2**16, WORLD, max(weights))
+    updates = [np.random.default_rng(s).normal(0, 0.5, dim).astype(np.float32) for s in range(4)]
+
+    def body(silo: SecureAllReduce) -> tuple[np.ndarray, np.ndarray, dict]:
+        s = silo.settings.silo
+        assert silo._pieces(dim + 2) == [(0, dim + 2)]
+        prepared = silo.prepare(1, 0, dim + 2, q.bits, rounding=q)
+        assert prepared.offsets is not None and prepared.offsets.shape == (dim + 2,)
+        assert set(prepared.seconds) >= {"rounding_cpu", "buffers_cpu", "masks_cpu"}
+        total, seconds = silo.reduce(prepared, weighted_encoder(q, updates[s], weights[s]))
+        return total.copy(), prepared.offsets, seconds
+
+    results = run_silos(WORLD, body, run_id="drawn-ahead", timeout_s=30)
+    expected = np.zeros(dim, np.uint64)
+    for s, (_, offsets, _) in enumerate(results):
+        rounded = np.empty(dim, np.uint32)
+        q.quantize_masked_into(
+            updates[s],
+            offsets[:dim],
+            np.zeros(dim, np.uint32),
+            rounded,
+            scale=weights[s] / q.max_weight,
+        )
+        expected += rounded
+    for total, _, seconds in results:
+        assert np.array_equal(total[:dim], expected) and list(total[dim:]) == [sum(weights), 4]
+        assert not any(key.startswith(("rounding", "masks", "keys")) for key in seconds)
+        mean = np.empty(dim, np.float32)
+        assert q.decode_weighted_mean_into(total, mean) == (sum(weights), WORLD)
+        assert np.array_equal(mean, q.decode_weighted_mean(total)[0].astype(np.float32))
