@@ -45,6 +45,10 @@ from .session import MAX_BITS
 WEIGHT_COORDINATES = 2  # [weight, count]
 # Coordinates per pass: the float work buffers (128 KiB each) stay in the CPU cache.
 _CHUNK = 1 << 14
+# Coordinates per chunk of the silo's sweeps (quantize_masked_into, decode_weighted_mean_into):
+# one float64 buffer of 512 KiB and streams in and out, within a 1 MiB L2; measured faster
+# than 2^14 or 2^15 on the development machine (fewer numpy calls).
+_SWEEP_CHUNK = 1 << 16
 _local = threading.local()
 # Conditional rounding: the pre-clip leaves room for rounding with probability >= 1 - beta;
 # a draw above the bound is redone, at most this many times in all.
@@ -62,6 +66,20 @@ def _buffers() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             np.empty(_CHUNK, np.float64),
         )
     return buffers
+
+
+def _sweep_buffer() -> np.ndarray:
+    """This thread's float64 buffer for the sweeps (its pages touched once)."""
+    buffer = getattr(_local, "sweep", None)
+    if buffer is None:
+        buffer = _local.sweep = np.zeros(_SWEEP_CHUNK, np.float64)
+    return buffer
+
+
+def _signed_when_narrow(array: np.ndarray, bits: int) -> np.ndarray:
+    """A uint32 array whose values are below 2^bits <= 2^31 viewed as int32: the same numbers,
+    and numpy's float64 <-> int32 conversions are vectorised where uint32's are not."""
+    return array.view(np.int32) if array.dtype == np.uint32 and bits <= 31 else array
 
 
 @dataclass(frozen=True)
@@ -248,7 +266,7 @@ class Quantizer:
         n = chunk.size
         # y = x · w/W in steps, shifted by (L-1)/2 (inside `offsets`): y ∈ [0, L-1] exactly
         # when |x · w/W| <= r.
-        units = _buffers()[0][:n]
+        units = (_buffers()[0] if n <= _CHUNK else _sweep_buffer())[:n]
         np.multiply(chunk, units_per_value, out=units, dtype=np.float64)
         units += offsets
         # floor(y + U) rounds up with probability frac(y): unbiased. Clipping y + U (not y)
@@ -302,11 +320,17 @@ class Quantizer:
                 raise ValueError(f"{name}: shape {array.shape}, the values have ({size},)")
         if out.dtype.kind != "u" or out.dtype.itemsize < np.dtype(self.dtype).itemsize:
             raise ValueError(f"out: dtype {out.dtype}, needs unsigned of at least {self.dtype}")
-        modulus = out.dtype.type((1 << self.bits) - 1)
         reduce = self.bits < out.dtype.itemsize * 8
+        if addend.dtype == out.dtype:
+            # int32 add wraps mod 2^32 as uint32's does; the AND then leaves the same bits
+            out, addend = (
+                _signed_when_narrow(out, self.bits),
+                _signed_when_narrow(addend, self.bits),
+            )
+        modulus = out.dtype.type((1 << self.bits) - 1)
         units_per_value = scale / self.step
-        for begin in range(0, size, _CHUNK):
-            end = min(begin + _CHUNK, size)
+        for begin in range(0, size, _SWEEP_CHUNK):
+            end = min(begin + _SWEEP_CHUNK, size)
             target = out[begin:end]
             try:
                 with np.errstate(invalid="raise"):
@@ -374,9 +398,10 @@ class Quantizer:
             raise ValueError(f"out: shape {out.shape}, the sum's body has {body.shape}")
         factor = self.max_weight / weight_sum
         offset = count * self.clip_range
-        work = _buffers()[0]
-        for begin in range(0, body.size, _CHUNK):
-            end = min(begin + _CHUNK, body.size)
+        body = _signed_when_narrow(body, self.bits)
+        work = _sweep_buffer()
+        for begin in range(0, body.size, _SWEEP_CHUNK):
+            end = min(begin + _SWEEP_CHUNK, body.size)
             units = work[: end - begin]
             # the arithmetic of dequantize_sum and decode_weighted_mean, in the same order
             np.multiply(body[begin:end], self.step, out=units, dtype=np.float64)

@@ -79,8 +79,10 @@ def test_nan_and_mismatched_shapes_are_refused_by_name():
         np.zeros(x.size, np.uint32),
         np.empty(x.size, np.uint32),
     )
-    with pytest.raises(ValueError, match=r"values: NaN among coordinates 32768\.\.39999"):
+    with pytest.raises(ValueError, match=r"values: NaN among coordinates") as caught:
         q.quantize_masked_into(x, offsets, masks, out)
+    first, last = map(int, str(caught.value).rsplit(" ", 1)[1].split(".."))
+    assert first <= 33_000 <= last  # the chunk that holds it
     with pytest.raises(ValueError, match=r"offsets: shape \(39999,\), the values have \(40000,\)"):
         q.quantize_masked_into(x, offsets[1:], masks, out)
     with pytest.raises(ValueError, match="out: dtype int32"):
