@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -171,6 +172,16 @@ class SecureAllReduce:
         self.settings = settings
         self.members: tuple[int, ...] = tuple(range(settings.world))
         self.received: Received | None = None  # set to record what the ring receives
+        self._ahead: ThreadPoolExecutor | None = None
+
+    def prepare_ahead(
+        self, round_num: int, dimension: int, bits: int, rounding: Quantizer | None = None
+    ) -> Future[Prepared]:
+        """Attempt 0's `prepare` on this silo's background thread, so that the caller trains
+        meanwhile; pass the future to `sum`. Its failure is the attempt's (`sum` reruns)."""
+        if self._ahead is None:
+            self._ahead = ThreadPoolExecutor(1, thread_name_prefix=f"silo-{self.settings.silo}")
+        return self._ahead.submit(self.prepare, round_num, 0, dimension, bits, rounding)
 
     def prepare(
         self,
@@ -277,17 +288,28 @@ class SecureAllReduce:
         bounds = np.linspace(0, dimension, count + 1).astype(int)
         return [(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
 
-    def sum(self, round_num: int, source: np.ndarray | Encoder, bits: int) -> SecureSum:
+    def sum(
+        self,
+        round_num: int,
+        source: np.ndarray | Encoder,
+        bits: int,
+        ahead: Future[Prepared] | None = None,
+    ) -> SecureSum:
         """The round's secure sum, rerun among survivors after an aborted attempt (the
-        encoder runs again: fresh rounding, fresh masks)."""
+        encoder runs again: fresh rounding, fresh masks). `ahead`: attempt 0 prepared
+        while the silo trained (`prepare_ahead` of this round, dimension, bits, rounding)."""
         s = self.settings
         encoder = source if isinstance(source, Encoder) else Encoder.of(source, bits)
         aborted: list[str] = []
         for attempt_num in range(s.max_attempts):
             try:
-                prepared = self.prepare(
-                    round_num, attempt_num, encoder.dimension, bits, encoder.rounding
-                )
+                if attempt_num == 0 and ahead is not None:
+                    prepared = ahead.result()
+                    _check_ahead(prepared, round_num, encoder, bits)
+                else:
+                    prepared = self.prepare(
+                        round_num, attempt_num, encoder.dimension, bits, encoder.rounding
+                    )
                 total, times = self.reduce(prepared, encoder)
             except (SiloExcluded, SiloRoundFailed):
                 raise
@@ -302,3 +324,19 @@ class SecureAllReduce:
         raise SiloRoundFailed(
             f"round {round_num}: no sum after {s.max_attempts} attempts: " + "; ".join(aborted)
         )
+
+
+def _check_ahead(prepared: Prepared, round_num: int, encoder: Encoder, bits: int) -> None:
+    """An attempt prepared ahead must be this round's, for this encoder (else ValueError)."""
+    if prepared.attempt.round != round_num or prepared.attempt.attempt != 0:
+        raise ValueError(
+            f"prepared ahead for round {prepared.attempt.round} attempt "
+            f"{prepared.attempt.attempt}, used in round {round_num} attempt 0"
+        )
+    if prepared.masks.size != encoder.dimension or prepared.bits != bits:
+        raise ValueError(
+            f"prepared ahead for {prepared.masks.size} coordinates of {prepared.bits} bits, "
+            f"the update has {encoder.dimension} of {bits}"
+        )
+    if (encoder.rounding is None) != (prepared.offsets is None):
+        raise ValueError("prepared ahead with a different rounding than the encoder's")

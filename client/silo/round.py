@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +41,7 @@ from fedveil.protocol.dp_rules import (
     USER,
 )
 
-from .allreduce import Encoder, SecureAllReduce, SecureSum
+from .allreduce import Encoder, Prepared, SecureAllReduce, SecureSum
 from .silo_ledger import SiloLedger
 
 
@@ -129,6 +130,31 @@ class SiloRound:
             )
         self.allreduce, self.quantizer, self.dp, self.ledger = allreduce, quantizer, dp, ledger
         self.events: list[PrivacyEvent] = []
+        self._ahead: tuple[int, int, Future[Prepared]] | None = None
+
+    def prepare(self, round_num: int, size: int) -> Future[Prepared] | None:
+        """Start the round's first attempt (join, group, keys, masks, rounding randomness,
+        wire buffer) on a background thread while the silo trains an update of `size`
+        values; `run` of this round then uses it. Without DP only: under distributed DP the
+        encoded vector's length and randomness come from the Skellam encoder when the
+        update is ready (None: nothing started)."""
+        if self.quantizer is None:
+            return None
+        q = self.quantizer
+        future = self.allreduce.prepare_ahead(round_num, size + WEIGHT_COORDINATES, q.bits, q)
+        self._ahead = (round_num, size, future)
+        return future
+
+    def _take_ahead(self, round_num: int, size: int) -> Future[Prepared] | None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        if ahead[:2] != (round_num, size):
+            raise ValueError(
+                f"round {round_num} ({size} values) run after prepare of round {ahead[0]} "
+                f"({ahead[1]} values)"
+            )
+        return ahead[2]
 
     def _event(self, members: int) -> PrivacyEvent:
         assert self.dp is not None
@@ -150,7 +176,8 @@ class SiloRound:
             assert self.quantizer is not None
             q = self.quantizer
             encoder = weighted_encoder(q, vector, min(int(weight), q.max_weight))
-            secure = self.allreduce.sum(round_num, encoder, q.bits)
+            ahead = self._take_ahead(round_num, vector.size)
+            secure = self.allreduce.sum(round_num, encoder, q.bits, ahead)
             mean = np.empty(vector.size, np.float32)
             _, count = q.decode_weighted_mean_into(secure.total, mean)
             if count != len(secure.members):

@@ -59,6 +59,7 @@ def train_silo(
     hp = hyperparameters(cfg)
     for round_num in range(1, cfg.server.rounds + 1):
         generator = client_generator(cfg.seed, round_num, silo)
+        rounds.prepare(round_num, vector.numel())  # keys, masks, rounding while it trains
         local = train_local(model, vector, data.x, data.y, hp, task.loss_fn, generator)
         result = rounds.run(round_num, local.delta.detach().cpu().numpy(), local.num_examples)
         vector = vector + cfg.server.server_lr * torch.from_numpy(result.mean)

@@ -162,3 +162,31 @@ def test_rounding_drawn_before_the_span_gives_the_exact_sum_and_the_same_decode(
         mean = np.empty(dim, np.float32)
         assert q.decode_weighted_mean_into(total, mean) == (sum(weights), WORLD)
         assert np.array_equal(mean, q.decode_weighted_mean(total)[0].astype(np.float32))
+
+
+def test_a_round_prepared_while_the_silo_trains_sums_with_that_attempt():
+    """SiloRound.prepare starts attempt 0 (keys, masks, rounding randomness) on a background
+    thread; `run` then sums with it, not with a second attempt or a second prepare."""
+    from fedveil.client.silo import SiloRound
+
+    dim, weights = 5_000, [1, 2, 3, 4]
+    q = Quantizer(1.0, 2**12, WORLD, max(weights))
+    updates = [
+        np.random.default_rng(s).uniform(-0.9, 0.9, dim).astype(np.float32) for s in range(4)
+    ]
+
+    def body(silo: SecureAllReduce) -> tuple:
+        s = silo.settings.silo
+        rounds = SiloRound(silo, quantizer=q)
+        ahead = rounds.prepare(1, dim)
+        assert ahead is not None
+        prepared = ahead.result(timeout=60)  # the silo would be training meanwhile
+        return rounds.run(1, updates[s], weights[s]), prepared
+
+    results = run_silos(WORLD, body, run_id="ahead", timeout_s=30)
+    expected = sum(w * u.astype(np.float64) for w, u in zip(weights, updates, strict=True))
+    expected /= sum(weights)
+    for result, prepared in results:
+        assert result.attempt == 0 and result.members == (0, 1, 2, 3)
+        assert result.seconds["masks_cpu"] == prepared.seconds["masks_cpu"]  # that attempt
+        assert np.max(np.abs(result.mean - expected)) <= q.sum_error_bound(WORLD) * q.max_weight
