@@ -136,6 +136,7 @@ class Prepared:
     seconds: dict[str, float]
     offsets: np.ndarray | None
     wire: torch.Tensor
+    spent: bool = False  # masks and rounding offsets mask and round one vector only
 
 
 @dataclass
@@ -249,6 +250,10 @@ class SecureAllReduce:
             )
         if (encoder.rounding is None) != (prepared.offsets is None):
             raise ValueError("the encoder's rounding and the attempt's prepared one differ")
+        if prepared.spent:
+            # two vectors under the same masks would reveal their difference
+            raise ValueError(f"attempt {attempt.attempt}: its masks are used once, already were")
+        prepared.spent = True
         times: dict[str, float] = {}
         if self.received is not None:
             self.received.attempt = attempt.attempt

@@ -142,6 +142,8 @@ def test_rounding_drawn_before_the_span_gives_the_exact_sum_and_the_same_decode(
         assert prepared.offsets is not None and prepared.offsets.shape == (dim + 2,)
         assert set(prepared.seconds) >= {"rounding_cpu", "buffers_cpu", "masks_cpu"}
         total, seconds = silo.reduce(prepared, weighted_encoder(q, updates[s], weights[s]))
+        with pytest.raises(ValueError, match="its masks are used once, already were"):
+            silo.reduce(prepared, weighted_encoder(q, updates[s], weights[s]))
         return total.copy(), prepared.offsets, seconds
 
     results = run_silos(WORLD, body, run_id="drawn-ahead", timeout_s=30)
