@@ -355,7 +355,7 @@ def _print(result: dict[str, Any]) -> None:
     print(
         f"secure all-reduce, {result['silos']} silos, d = {result['dim']}, "
         f"{result['repeats']} repeats, {result['cpus']} CPUs (medians; span = update ready -> "
-        "sum at every silo)"
+        "decoded mean at every silo; keys, masks, rounding randomness before it)"
     )
     for name, f in result["contenders"].items():
         cpu = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in f["cpu_s_per_silo"].items())
