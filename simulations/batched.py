@@ -135,8 +135,11 @@ class BatchedTrainer:
         per_client = base.dim() == 2
         if per_client and base.shape[0] != count:
             raise ValueError(f"{base.shape[0]} starting rows for a unit of {count} clients")
-        xs = torch.stack([c.x for c in clients]).to(device)
-        ys = torch.stack([c.y for c in clients]).to(device)
+        # Each epoch, every client's examples are gathered once, in its own order, into
+        # these: a step's batch is then a slice (no per-step gather or stacking).
+        first = clients[0]
+        xs = torch.empty(count, *first.x.shape, dtype=first.x.dtype, device=device)
+        ys = torch.empty(count, *first.y.shape, dtype=first.y.dtype, device=device)
 
         def view(e: object) -> torch.Tensor:
             lo, hi = e.offset, e.offset + e.numel  # type: ignore[attr-defined]
@@ -170,26 +173,31 @@ class BatchedTrainer:
             if hp.prox_mu > 0
             else None
         )
-        buffers: dict[str, torch.Tensor] = {}
-        rows = torch.arange(count, device=device)[:, None]
         self.model.module.train()
         total_steps = hp.steps_for(n)
         loss_sum = torch.zeros(count, device=device)
         step = 0
+        names = list(leaves)
+        params_list = list(leaves.values())
+        anchors = None if anchor is None else [anchor[name] for name in names]
+        momentum: list[torch.Tensor] = []
         while step < total_steps:
-            orders = torch.stack([torch.randperm(n, generator=g) for g in generators]).to(device)
+            for i, (c, g) in enumerate(zip(clients, generators, strict=True)):
+                order = torch.randperm(n, generator=g).to(device)
+                torch.index_select(c.x.to(device), 0, order, out=xs[i])
+                torch.index_select(c.y.to(device), 0, order, out=ys[i])
             for start in range(0, n, hp.batch_size):
                 if step >= total_steps:
                     break
-                idx = orders[:, start : start + hp.batch_size]
-                for p in leaves.values():
+                stop = start + hp.batch_size
+                for p in params_list:
                     p.grad = None
                 params = {name: leaf_layout(p, name) for name, p in leaves.items()}
-                loss = self._loss(params, fixed, xs[rows, idx], ys[rows, idx])
+                loss = self._loss(params, fixed, xs[:, start:stop], ys[:, start:stop])
                 loss.sum().backward()
                 with torch.no_grad():
-                    for name, p in leaves.items():
-                        _sgd(p, p.grad, buffers, name, hp, anchor)
+                    grads = [p.grad for p in params_list]
+                    _sgd(params_list, grads, momentum, hp, anchors)  # type: ignore[arg-type]
                 loss_sum += loss.detach()
                 step += 1
         deltas = torch.empty(count, self.model.size, device=device)
@@ -204,26 +212,30 @@ class BatchedTrainer:
 
 
 def _sgd(
-    p: torch.Tensor,
-    grad: torch.Tensor,
-    buffers: dict[str, torch.Tensor],
-    name: str,
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    momentum: list[torch.Tensor],
     hp: LocalTraining,
-    anchor: dict[str, torch.Tensor] | None,
+    anchors: list[torch.Tensor] | None,
 ) -> None:
-    """torch's single-tensor SGD step (and FedProx's gradient term), on a unit at once."""
-    if anchor is not None:
-        grad.add_(p - anchor[name], alpha=hp.prox_mu)
+    """torch's single-tensor SGD step (and FedProx's gradient term), on a unit at once.
+
+    The same element-wise operations in the same order as torch.optim.SGD with
+    foreach=False, one call for all of a unit's parameters (torch._foreach_*):
+    the results are the same bits. `momentum`: the buffers, empty before the first step.
+    """
+    if anchors is not None:
+        torch._foreach_add_(grads, torch._foreach_sub(params, anchors), alpha=hp.prox_mu)
     if hp.weight_decay != 0:
-        grad = grad.add(p, alpha=hp.weight_decay)
+        grads = torch._foreach_add(grads, params, alpha=hp.weight_decay)
     if hp.momentum != 0:
-        buf = buffers.get(name)
-        if buf is None:
-            buf = buffers[name] = grad.detach().clone()
+        if not momentum:
+            momentum.extend(g.detach().clone() for g in grads)
         else:
-            buf.mul_(hp.momentum).add_(grad, alpha=1.0)
-        grad = buf
-    p.add_(grad, alpha=-hp.lr)
+            torch._foreach_mul_(momentum, hp.momentum)
+            torch._foreach_add_(momentum, grads, alpha=1.0)
+        grads = momentum
+    torch._foreach_add_(params, grads, alpha=-hp.lr)
 
 
 def _requires_grad(t: torch.Tensor) -> bool:
