@@ -120,7 +120,9 @@ class BatchedTrainer:
         """Each client's loss on its batch: shape (clients,)."""
         if not self._cross_entropy:
             return self._losses(params, fixed, x, y)
-        if self._stack is not None:
+        if self._stack is not None and (x.dim() == 3 or self._stack[0][0] == "flatten"):
+            # (each example a vector, or flattened into one first: the layers' products
+            # then batch over clients alone, as written out)
             logits = _stack_forward(self._stack, params, x)
         else:
             logits = self._forward(params, fixed, x)
