@@ -74,7 +74,12 @@ def run_ours(w: Workload, workers: int, *, run_dir: Path | None = None) -> dict[
 
 
 def ours_config(w: Workload) -> RunConfig:
-    """The workload as a run config: no central evaluation, so rounds are training only."""
+    """The workload as a run config: no central evaluation, so rounds are training only.
+
+    The training is the bare loop's and the Flower peer's (bench_workload.local_epoch):
+    plain SGD on the clients (no momentum, no weight decay: set here, since the run
+    config's defaults are the default job's) and plain FedAvg on the server.
+    """
     from fedveil.config import load_config
 
     return load_config(
@@ -85,9 +90,15 @@ def ours_config(w: Workload) -> RunConfig:
             "model.name": "mlp",
             "server.rounds": w.rounds,
             "server.per_round": w.per_round,
+            "server.optimizer": "fedavg",
+            "server.server_lr": 1.0,
             "client.local_epochs": 1,
+            "client.local_steps": 0,
             "client.batch_size": w.batch_size,
             "client.lr": w.lr,
+            "client.momentum": 0.0,
+            "client.weight_decay": 0.0,
+            "client.prox_mu": 0.0,
             "eval.central_every": 0,
         },
     )

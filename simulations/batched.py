@@ -12,6 +12,13 @@ training to float rounding (~1e-7 relative), not bit for bit; a unit of the
 same clients always gives the same bits. `simulation.vmap_clients = 1` turns
 this off.
 
+A plain stack of Flatten, Linear and ReLU layers trained with cross-entropy (the
+built-in `mlp`) skips vmap and functional_call: its batched forward is written out
+with the operations vmap runs for it, so the bits are the same
+(tests/simulations/test_batched_bits.py). Each client's examples are gathered once
+per epoch, and the SGD step is one torch._foreach_* call per operation for all of a
+unit's parameters.
+
 A model qualifies when a probe on real data runs under vmap (no batch norm
 statistics or dropout: their state or randomness cannot be batched) and
 agrees with train_local, and, on a CPU, has no convolution (batched
@@ -62,6 +69,11 @@ class BatchedTrainer:
         # Cross-entropy under vmap runs a Python decomposition (and imports sympy); on
         # the batch's logits it is one ordinary call, each client's mean taken after.
         self._cross_entropy = loss_fn is functional.cross_entropy
+        # A plain stack of layers needs neither vmap nor functional_call: its batched
+        # forward is written out (_stack_forward), a tenth less CPU per step.
+        self._stack = (
+            _plain_stack(module) if self._cross_entropy and not self.fixed_entries else None
+        )
         self.usable = False
 
     def probe(self, data: ClientData, why_not: list[str] | None = None) -> bool:
@@ -108,7 +120,12 @@ class BatchedTrainer:
         """Each client's loss on its batch: shape (clients,)."""
         if not self._cross_entropy:
             return self._losses(params, fixed, x, y)
-        logits = self._forward(params, fixed, x)
+        if self._stack is not None and (x.dim() == 3 or self._stack[0][0] == "flatten"):
+            # (each example a vector, or flattened into one first: the layers' products
+            # then batch over clients alone, as written out)
+            logits = _stack_forward(self._stack, params, x)
+        else:
+            logits = self._forward(params, fixed, x)
         per_example = functional.cross_entropy(
             logits.flatten(0, 1), y.flatten(0, 1), reduction="none"
         )
@@ -135,8 +152,11 @@ class BatchedTrainer:
         per_client = base.dim() == 2
         if per_client and base.shape[0] != count:
             raise ValueError(f"{base.shape[0]} starting rows for a unit of {count} clients")
-        xs = torch.stack([c.x for c in clients]).to(device)
-        ys = torch.stack([c.y for c in clients]).to(device)
+        # Each epoch, every client's examples are gathered once, in its own order, into
+        # these: a step's batch is then a slice (no per-step gather or stacking).
+        first = clients[0]
+        xs = torch.empty(count, *first.x.shape, dtype=first.x.dtype, device=device)
+        ys = torch.empty(count, *first.y.shape, dtype=first.y.dtype, device=device)
 
         def view(e: object) -> torch.Tensor:
             lo, hi = e.offset, e.offset + e.numel  # type: ignore[attr-defined]
@@ -170,26 +190,31 @@ class BatchedTrainer:
             if hp.prox_mu > 0
             else None
         )
-        buffers: dict[str, torch.Tensor] = {}
-        rows = torch.arange(count, device=device)[:, None]
         self.model.module.train()
         total_steps = hp.steps_for(n)
         loss_sum = torch.zeros(count, device=device)
         step = 0
+        names = list(leaves)
+        params_list = list(leaves.values())
+        anchors = None if anchor is None else [anchor[name] for name in names]
+        momentum: list[torch.Tensor] = []
         while step < total_steps:
-            orders = torch.stack([torch.randperm(n, generator=g) for g in generators]).to(device)
+            for i, (c, g) in enumerate(zip(clients, generators, strict=True)):
+                order = torch.randperm(n, generator=g).to(device)
+                torch.index_select(c.x.to(device), 0, order, out=xs[i])
+                torch.index_select(c.y.to(device), 0, order, out=ys[i])
             for start in range(0, n, hp.batch_size):
                 if step >= total_steps:
                     break
-                idx = orders[:, start : start + hp.batch_size]
-                for p in leaves.values():
+                stop = start + hp.batch_size
+                for p in params_list:
                     p.grad = None
                 params = {name: leaf_layout(p, name) for name, p in leaves.items()}
-                loss = self._loss(params, fixed, xs[rows, idx], ys[rows, idx])
+                loss = self._loss(params, fixed, xs[:, start:stop], ys[:, start:stop])
                 loss.sum().backward()
                 with torch.no_grad():
-                    for name, p in leaves.items():
-                        _sgd(p, p.grad, buffers, name, hp, anchor)
+                    grads = [p.grad for p in params_list]
+                    _sgd(params_list, grads, momentum, hp, anchors)  # type: ignore[arg-type]
                 loss_sum += loss.detach()
                 step += 1
         deltas = torch.empty(count, self.model.size, device=device)
@@ -204,26 +229,71 @@ class BatchedTrainer:
 
 
 def _sgd(
-    p: torch.Tensor,
-    grad: torch.Tensor,
-    buffers: dict[str, torch.Tensor],
-    name: str,
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    momentum: list[torch.Tensor],
     hp: LocalTraining,
-    anchor: dict[str, torch.Tensor] | None,
+    anchors: list[torch.Tensor] | None,
 ) -> None:
-    """torch's single-tensor SGD step (and FedProx's gradient term), on a unit at once."""
-    if anchor is not None:
-        grad.add_(p - anchor[name], alpha=hp.prox_mu)
+    """torch's single-tensor SGD step (and FedProx's gradient term), on a unit at once.
+
+    The same element-wise operations in the same order as torch.optim.SGD with
+    foreach=False, one call for all of a unit's parameters (torch._foreach_*):
+    the results are the same bits. `momentum`: the buffers, empty before the first step.
+    """
+    if anchors is not None:
+        torch._foreach_add_(grads, torch._foreach_sub(params, anchors), alpha=hp.prox_mu)
     if hp.weight_decay != 0:
-        grad = grad.add(p, alpha=hp.weight_decay)
+        grads = torch._foreach_add(grads, params, alpha=hp.weight_decay)
     if hp.momentum != 0:
-        buf = buffers.get(name)
-        if buf is None:
-            buf = buffers[name] = grad.detach().clone()
+        if not momentum:
+            momentum.extend(g.detach().clone() for g in grads)
         else:
-            buf.mul_(hp.momentum).add_(grad, alpha=1.0)
-        grad = buf
-    p.add_(grad, alpha=-hp.lr)
+            torch._foreach_mul_(momentum, hp.momentum)
+            torch._foreach_add_(momentum, grads, alpha=1.0)
+        grads = momentum
+    torch._foreach_add_(params, grads, alpha=-hp.lr)
+
+
+# A stack's layers: (kind, parameter prefix); kinds "flatten", "linear", "relu".
+Stack = list[tuple[str, str]]
+
+
+def _plain_stack(module: nn.Module) -> Stack | None:
+    """The layers of an nn.Sequential of Flatten (its default dims), Linear and ReLU only
+    (the built-in `mlp`, say), or None for any other model."""
+    if type(module) is not nn.Sequential:
+        return None
+    layers: Stack = []
+    for name, m in module.named_children():
+        if type(m) is nn.Flatten and (m.start_dim, m.end_dim) == (1, -1):
+            layers.append(("flatten", name))
+        elif type(m) is nn.Linear:
+            layers.append(("linear", name))
+        elif type(m) is nn.ReLU:
+            layers.append(("relu", name))
+        else:
+            return None
+    return layers if any(kind == "linear" for kind, _ in layers) else None
+
+
+def _stack_forward(layers: Stack, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """A unit's logits (clients x batch x classes) through a plain stack: the operations
+    vmap runs for F.linear on batched weights (a batched product with the transposed
+    weight, then the bias added), so the same bits, without vmap's and
+    functional_call's per-step overhead. x: clients x batch x features."""
+    h = x
+    for kind, name in layers:
+        if kind == "flatten":  # Flatten(1, -1) of each example: every dim after the batch's
+            h = h.flatten(2)
+        elif kind == "linear":
+            h = torch.matmul(h, params[f"{name}.weight"].transpose(-1, -2))
+            bias = params.get(f"{name}.bias")
+            if bias is not None:
+                h = h + bias.unsqueeze(1)
+        else:
+            h = torch.relu(h)
+    return h
 
 
 def _requires_grad(t: torch.Tensor) -> bool:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fedveil.benchmarks.bench_simulation import measure, run_ours
+from fedveil.benchmarks.bench_simulation import measure, ours_config, run_ours
 from fedveil.benchmarks.bench_workload import Workload
 from fedveil.simulations.sequential_clients import SequentialClients
 
@@ -97,3 +97,15 @@ def test_the_flower_peer_runs_the_same_workload():
     ours = measure("ours", w)
     # the same data and model: the first round's mean training loss agrees closely
     assert flower["train_loss"][0] == pytest.approx(ours["train_loss"][0], rel=0.05)
+
+
+def test_our_contender_trains_with_the_bare_loops_plain_sgd():
+    # The bare loop and the Flower peer run torch.optim.SGD(lr) and FedAvg
+    # (bench_workload.local_epoch): ours must do the same work, not the default job's
+    # momentum (which costs two more passes over every client's parameters per step).
+    w = Workload(clients=8, per_round=6, rounds=2, examples=20, pool=200)
+    cfg = ours_config(w)
+    assert (cfg.client.momentum, cfg.client.weight_decay, cfg.client.prox_mu) == (0, 0, 0)
+    assert (cfg.client.local_epochs, cfg.client.local_steps) == (1, 0)
+    assert (cfg.client.lr, cfg.client.batch_size) == (w.lr, w.batch_size)
+    assert (cfg.server.optimizer, cfg.server.server_lr) == ("fedavg", 1.0)

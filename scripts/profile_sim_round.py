@@ -1,0 +1,147 @@
+"""Where a simulation round's CPU goes: one in-process lane against the bare loop, in one process.
+
+The workload is `fedveil bench simulation`'s (bench_workload.py): the 101,770-parameter
+MLP, 100 examples per client, batch 32, one epoch; vmap units of 32 clients. Both
+contenders run on one torch thread in this process, alternating, so load on the machine
+falls on both alike; the figure is CPU seconds per round (mean of rounds 2..R of
+each run, then the median over runs), less load-sensitive than wall time.
+
+    .venv/bin/python scripts/profile_sim_round.py compare --runs 5
+    .venv/bin/python scripts/profile_sim_round.py floor --runs 5  # and training, products alone
+    .venv/bin/python scripts/profile_sim_round.py cprofile     # the lane, by function
+    .venv/bin/python scripts/profile_sim_round.py ops          # the lane, by torch op
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from fedveil.benchmarks.bench_simulation import run_ours
+from fedveil.benchmarks.bench_workload import Workload, run_bare
+
+
+def steady_cpu(result: dict) -> float:
+    # The mean of rounds 2..R: CPU clocks tick in 10 ms, a round is ~0.2 s.
+    cpu = result["round_cpu_s"]
+    return statistics.fmean(cpu[1:] if len(cpu) > 1 else cpu)
+
+
+def compare(w: Workload, runs: int) -> dict:
+    bare: list[float] = []
+    lane: list[float] = []
+    for _ in range(runs):
+        bare.append(steady_cpu(run_bare(w)))
+        lane.append(steady_cpu(run_ours(w, 1)))
+    b, o = statistics.median(bare), statistics.median(lane)
+    return {"bare_cpu_s": bare, "lane_cpu_s": lane, "bare": b, "lane": o, "lane_over_bare": o / b}
+
+
+def training_only(w: Workload, unit: int) -> Callable[[], None]:
+    """A round's local training alone: the cohort in vmap units, no engine around it."""
+    from torch.nn import functional
+
+    from fedveil.benchmarks.bench_workload import SyntheticPool, mlp
+    from fedveil.client.runtime import client_generator
+    from fedveil.client.training import LocalTraining
+    from fedveil.flat_model import FlatModel
+    from fedveil.simulations.batched import BatchedTrainer
+
+    pool = SyntheticPool(w)
+    model = FlatModel(mlp())
+    trainer = BatchedTrainer(model, functional.cross_entropy)
+    hp = LocalTraining(batch_size=w.batch_size, lr=w.lr)
+    start = model.get()
+
+    def run() -> None:
+        for a in range(0, w.per_round, unit):
+            cids = range(a, min(w.per_round, a + unit))
+            gens = [client_generator(w.seed, 1, c) for c in cids]
+            trainer.train(start, [pool(c) for c in cids], hp, gens)
+
+    return run
+
+
+def products_only(w: Workload, unit: int) -> Callable[[], None]:
+    """The matrix products a round's training needs and nothing else: per step and unit,
+    the two layers' forward products and the backward ones (no input gradient for the
+    first layer), batched as the trainer batches them."""
+    d_in, hidden, classes = 784, 128, 10
+    w1, w2 = torch.randn(unit, d_in, hidden), torch.randn(unit, hidden, classes)
+    x = torch.randn(unit, w.examples, d_in)
+
+    def run() -> None:
+        for _ in range(0, w.per_round, unit):
+            for start in range(0, w.examples, w.batch_size):
+                xb = x[:, start : start + w.batch_size]
+                h = torch.bmm(xb, w1).relu_()
+                out = torch.bmm(h, w2)
+                g2 = torch.bmm(h.transpose(1, 2), out)  # second layer's weight gradient
+                gh = torch.bmm(out, w2.transpose(1, 2))  # its input gradient
+                torch.bmm(xb.transpose(1, 2), gh)  # first layer's weight gradient
+                del g2
+
+    return run
+
+
+def cpu_of(fn: Callable[[], None]) -> float:
+    t = time.process_time()
+    fn()
+    return time.process_time() - t
+
+
+def floor(w: Workload, runs: int, unit: int) -> dict:
+    """compare() plus the round's training alone and its matrix products alone, all
+    alternating in this process: how far the lane is from its arithmetic."""
+    train, products = training_only(w, unit), products_only(w, unit)
+    train()
+    products()
+    out = compare(w, runs)
+    t = [statistics.median(cpu_of(train) for _ in range(3)) for _ in range(runs)]
+    m = [statistics.median(cpu_of(products) for _ in range(3)) for _ in range(runs)]
+    out.update(training=statistics.median(t), products=statistics.median(m))
+    for key in ("lane", "training", "products"):
+        out[f"{key}_over_bare"] = out[key] / out["bare"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("mode", choices=["compare", "floor", "cprofile", "ops"])
+    p.add_argument("--unit", type=int, default=25, help="clients per vmap unit (floor) [25]")
+    p.add_argument("--runs", type=int, default=5, help="runs of each contender (compare) [5]")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--clients", type=int, default=500)
+    p.add_argument("--per-round", type=int, default=100)
+    p.add_argument("--top", type=int, default=40)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    w = Workload(clients=args.clients, per_round=args.per_round, rounds=args.rounds)
+    run_ours(Workload(clients=args.clients, per_round=args.per_round, rounds=1), 1)  # warm up
+    if args.mode == "compare":
+        print(json.dumps(compare(w, args.runs)))
+    elif args.mode == "floor":
+        print(json.dumps(floor(w, args.runs, args.unit)))
+    elif args.mode == "cprofile":
+        prof = cProfile.Profile()
+        prof.runcall(run_ours, w, 1)
+        stats = pstats.Stats(prof, stream=sys.stdout)
+        stats.sort_stats("cumulative").print_stats(args.top)
+        stats.sort_stats("tottime").print_stats(args.top)
+    else:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            run_ours(w, 1)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
