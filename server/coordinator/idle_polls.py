@@ -129,13 +129,14 @@ def record_write(index: PendingMessages, statement: str, parameters: Any, many: 
         dst, created, ttl = (columns.index(c) for c in ("dst_node_id", "created_at", "ttl"))
         width = len(columns)
         for params in rows:
-            values = list(params.values()) if isinstance(params, dict) else list(params)
+            # Named parameters by column name; positional ones (SQLite's) in column order.
+            values = [params[c] for c in columns] if isinstance(params, dict) else list(params)
             if not values or len(values) % width:
                 raise ValueError(f"{len(values)} parameters for {width} columns")
             for i in range(0, len(values), width):  # multi-row VALUES
                 row = values[i : i + width]
                 index.note(int(row[dst]), _expiry(row[created], row[ttl]))
-    except (ValueError, TypeError, IndexError) as exc:
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
         index.poison(f"an INSERT into message_ins not read ({exc})")
 
 

@@ -52,6 +52,11 @@ def test_an_insert_marks_its_node_busy_until_its_ttl_ends() -> None:
     assert index.quiet(6, 1000.0)  # another node
     record_write(index, INSERT, [_row(9, 1000.0, 5.0), _row(9, 1000.0, 50.0)], True)
     assert not index.quiet(9, 1010.0)  # the latest expiry counts
+    columns = INSERT.split("(")[1].split(")")[0].split(", ")
+    named = dict(zip(columns, _row(11, 1000.0, 5.0), strict=True))  # by column name
+    record_write(index, INSERT.replace("?", ":x"), named, False)
+    assert not index.quiet(11, 1004.9)
+    assert index.quiet(11, 1005.0)
 
 
 def test_reads_deletes_and_flowers_claim_change_nothing() -> None:
