@@ -23,6 +23,7 @@ import httpx
 from fedveil.benchmarks.procstats import TreeSample, sample_tree
 from fedveil.ops.certs import create_test_deployment
 from fedveil.ops.procs import free_port
+from fedveil.server.coordinator.fleet_listener import PROFILE_ENV
 
 
 class Coordinator:
@@ -67,6 +68,13 @@ max_per_peer = 512
         )
 
     @property
+    def superlink_profile(self) -> Path | None:
+        """Where the SuperLink child's cProfile goes (with `profile`): next to it."""
+        if self.profile is None:
+            return None
+        return self.profile.with_name(f"{self.profile.stem}-superlink.pstats")
+
+    @property
     def fleet_address(self) -> str:
         return f"127.0.0.1:{self.fleet_port}"
 
@@ -81,6 +89,8 @@ max_per_peer = 512
         cmd += ["-m", "fedveil.cli.main", "server", "--config", str(self.config)]
         env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0")
         env.pop("FEDVEIL_ADMIN_TOKEN", None)
+        if self.profile is not None:  # and its SuperLink child, which serves the Fleet port
+            env[PROFILE_ENV] = str(self.superlink_profile)
         self.proc = subprocess.Popen(
             cmd,
             cwd=self.root,

@@ -12,10 +12,12 @@ SuperLink child, which serves the Fleet port with the gateway in front of Flower
 routes) and,
 with `--peer flower`, stock Flower's SuperLink (fleet_peer_flower.py); each with device
 keys on every curve of `--curves` (P-384, fedveil's enrollment curve before issue 33,
-and P-256, after). `--profile DIR` writes a cProfile of each contender's serving process
-(fedveil's: the `fedveil server` process, i.e. the API and run supervisor, no longer the
-Fleet path, which runs in its SuperLink child; Flower's: the SuperLink, i.e. Flower's
-Fleet path) and prints the top functions by own time. Per request, `server` is the
+and P-256, after). `--profile DIR` writes a cProfile of each contender's processes and
+prints the top functions by own time: fedveil's `fedveil server` (fedveil.pstats: the API and run
+supervisor) and its SuperLink child, which serves the Fleet port (fedveil-superlink.pstats,
+every thread: FleetListenerSpec.profile_path); Flower's SuperLink (flower.pstats: its
+main thread, as `python -m cProfile` sees it, so the Fleet handlers that FastAPI runs in
+its thread pool are not in it). Per request, `server` is the
 `fedveil server` process's CPU and `link` its SuperLink's tree (the whole Fleet path).
 
     python -m fedveil.benchmarks.fleet_cost --devices 50 --requests 3000 --concurrency 16 \
@@ -183,9 +185,10 @@ def main(argv: list[str] | None = None) -> int:
             contender, curves, args.devices, args.requests, args.concurrency, args.profile
         )
         if args.profile is not None:
-            path = args.profile / f"{contender}.pstats"
-            if path.exists():
-                profiles[contender] = top_functions(path)
+            for name in (contender, f"{contender}-superlink"):
+                path = args.profile / f"{name}.pstats"
+                if path.exists():
+                    profiles[name] = top_functions(path)
     print(
         f"{'coordinator':>12} {'curve':>6} {'ms/request':>10} {'server':>8} {'link':>6} "
         f"{'fail':>5} {'load':>5}",

@@ -17,11 +17,17 @@ offline, or the transport closed at the end of a run) is dropped and counted in
 an exchange at its first R replies: an asynchronous secure-aggregation group released
 at R of G (server.group_release_at); the replies of the members it left out are late
 replies too.
+
+Every message carries a TTL bounded by its exchange's deadline (`message_ttl`), not
+Flower's 12-hour default: the SuperLink then forgets an unclaimed message minutes after
+its round, and answers its node's idle polls from memory again
+(server/coordinator/idle_polls.py).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +47,22 @@ log = logging.getLogger("fedveil.deploy")
 HELLO_RETRY_S = 30.0
 HELLOS_KEPT = 4  # unanswered hellos per node whose replies still count
 ABANDONED_KEPT = 1024  # given-up message ids whose late replies are still counted
+# How long past its exchange's deadline a message stays deliverable, and its reply
+# accepted (Flower refuses a reply once its instruction's TTL has passed): a reply
+# that comes a little late is still counted as late, not lost.
+LATE_REPLY_GRACE_S = 120.0
+# A hello stays deliverable as long as a reply to it still counts.
+HELLO_TTL_S = HELLO_RETRY_S * HELLOS_KEPT
+
+
+def message_ttl(timeout_s: float | None) -> float | None:
+    """The TTL of an exchange's messages: its deadline plus LATE_REPLY_GRACE_S; None
+    (Flower's default, 12 hours) for an exchange without a deadline."""
+    if timeout_s is None or timeout_s == math.inf:
+        return None
+    if not (timeout_s > 0):  # a deadline already passed (or NaN): the grace alone
+        return LATE_REPLY_GRACE_S
+    return timeout_s + LATE_REPLY_GRACE_S
 
 
 class DeployTransport:
@@ -122,7 +144,10 @@ class DeployTransport:
         ]
         if fresh:
             hello = self._with_setup(Envelope(Kind.HELLO, 0))
-            messages = [Message(to_content(hello), n, message_type(Kind.HELLO)) for n in fresh]
+            messages = [
+                Message(to_content(hello), n, message_type(Kind.HELLO), ttl=HELLO_TTL_S)
+                for n in fresh
+            ]
             for node, msg_id in zip(fresh, self.grid.push_messages(messages), strict=True):
                 self._hello_sent[node] = now
                 if msg_id:
@@ -217,6 +242,7 @@ class DeployTransport:
         out: dict[int, Envelope | ClientFailure] = {}
         targets: list[tuple[int, int]] = []
         messages: list[Message] = []
+        ttl = message_ttl(timeout_s)
         with self._lock:
             nodes = {cid: self.node_of.get(cid) for cid in requests}
         for cid in sorted(requests):
@@ -227,7 +253,13 @@ class DeployTransport:
             env = self._with_setup(requests[cid])
             targets.append((cid, node))
             messages.append(
-                Message(to_content(env), node, message_type(env.kind), group_id=str(env.round))
+                Message(
+                    to_content(env),
+                    node,
+                    message_type(env.kind),
+                    ttl=ttl,
+                    group_id=str(env.round),
+                )
             )
         pending: dict[str, tuple[int, int]] = {}
         if messages:

@@ -5,7 +5,8 @@ is served by `fedveil server`. The counters therefore live in a small owner-only
 the state dir, mapped into both: the SuperLink process adds to it (one event loop, one
 writer), `fedveil server` reads it when /metrics is scraped. Fixed slots of unsigned
 64-bit integers: requests served, body bytes in and out, then one per refusal reason
-(`REASONS`). The file survives a SuperLink restart, so the counts keep growing since
+(`REASONS`), then the PullMessages answered from memory (idle_polls.py; they are also
+counted as served). The file survives a SuperLink restart, so the counts keep growing since
 `fedveil server` started, as Prometheus expects of counters.
 """
 
@@ -19,7 +20,8 @@ from pathlib import Path
 
 # Every reason the gateway refuses a Fleet request with (gateway.py).
 REASONS = ("not_fleet", "busy", "too_large", "bad_request", "upstream")
-_SLOTS = 3 + len(REASONS)
+_IDLE_SLOT = 3 + len(REASONS)
+_SLOTS = _IDLE_SLOT + 1
 _FORMAT = f"<{_SLOTS}Q"
 SIZE = struct.calcsize(_FORMAT)
 FILE_NAME = "fleet-counters.bin"
@@ -52,10 +54,17 @@ class FleetCounterFile:
     def refused(self, reason: str) -> None:
         self._add(3 + REASONS.index(reason), 1)
 
+    def idle_answered(self) -> None:
+        self._add(_IDLE_SLOT, 1)
+
+    def idle_count(self) -> int:
+        (value,) = struct.unpack_from("<Q", self._map, _IDLE_SLOT * 8)
+        return int(value)
+
     def snapshot(self) -> tuple[int, Counter[str], int, int]:
         """(requests, refusals by reason, bytes in, bytes out)."""
         values = struct.unpack_from(_FORMAT, self._map, 0)
-        refused = Counter({r: v for r, v in zip(REASONS, values[3:], strict=True) if v})
+        refused = Counter({r: v for r, v in zip(REASONS, values[3:_IDLE_SLOT], strict=True) if v})
         return values[0], refused, values[1], values[2]
 
     def close(self) -> None:

@@ -10,6 +10,8 @@ socket, a second uvicorn server in the same event loop serves that port:
   a deadline on each request's arrival);
 - fedveil's gateway (gateway.py): `POST /v1/fleet/*` only, the body limit, the bound on
   buffered bytes, the counters for /metrics (fleet_counters.py);
+- idle polls answered from memory where sound (idle_polls.py: a PullMessages for a node
+  with nothing queued, after Flower's own SuperNode authentication);
 - then, called in process, `fleet_only_app`: Flower's own Fleet router (flwr 1.42,
   `flwr.superlink.routers.fleet.router`) with the three middlewares it needs (protobuf
   translation, SuperNode authentication, Flower's error translation), on the same
@@ -39,6 +41,7 @@ from typing import Any
 
 from fedveil.server.coordinator.fleet_counters import FleetCounterFile
 from fedveil.server.coordinator.gateway import FleetGateway
+from fedveil.server.coordinator.idle_polls import IdlePolls, PendingMessages
 from fedveil.server.coordinator.metrics import ServiceCounters
 from fedveil.server.coordinator.upstream_pool import UpstreamResponse
 from fedveil.server.serving.connections import ConnectionLimits, guarded_http
@@ -46,6 +49,9 @@ from fedveil.server.serving.connections import ConnectionLimits, guarded_http
 log = logging.getLogger("fedveil.fleet")
 
 FLEET_ENV = "FEDVEIL_FLEET_LISTENER"
+# Where `fedveil server` finds the path for a cProfile of its SuperLink child (the process
+# that serves the Fleet port); it passes it on in FleetListenerSpec.profile_path.
+PROFILE_ENV = "FEDVEIL_SUPERLINK_PROFILE"
 # Flower's app.state entries the Fleet routes and their middlewares read.
 _SHARED_STATE = ("linkstate_factory", "enable_supernode_auth", "fleet_api_type")
 
@@ -62,6 +68,9 @@ class FleetListenerSpec:
     max_per_peer: int
     request_timeout_s: float
     counters_path: str
+    # Set: the SuperLink process runs under cProfile (every thread) and writes the
+    # statistics here when it exits (process_profile.py). For benchmarks (fleet_cost).
+    profile_path: str | None = None
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -99,14 +108,21 @@ def fleet_only_app(superlink_app: Any) -> Any:
 
 
 class LocalFleet:
-    """The gateway's upstream (gateway.FleetUpstream): an ASGI app called in process."""
+    """The gateway's upstream (gateway.FleetUpstream): an ASGI app called in process;
+    with `idle`, a quiet node's PullMessages is answered from memory first
+    (idle_polls.py)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, idle: IdlePolls | None = None) -> None:
         self._app = app
+        self._idle = idle
 
     async def post(
         self, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
     ) -> UpstreamResponse:
+        if self._idle is not None:
+            answer = await self._idle.answer(path, body, headers)
+            if answer is not None:
+                return answer
         scope: MutableMapping[str, Any] = {
             "type": "http",
             "asgi": {"version": "3.0", "spec_version": "2.3"},
@@ -168,8 +184,11 @@ def follower_server(config: Any) -> Any:
     return FollowerServer(config)
 
 
-def fleet_server(superlink_app: Any, spec: FleetListenerSpec) -> tuple[Any, socket.socket]:
-    """The uvicorn server for the Fleet port, and the inherited socket it serves."""
+def fleet_server(
+    superlink_app: Any, spec: FleetListenerSpec, index: PendingMessages | None = None
+) -> tuple[Any, socket.socket]:
+    """The uvicorn server for the Fleet port, and the inherited socket it serves; with
+    `index` (idle_polls.watched_index), idle polls are answered from memory."""
     import uvicorn
 
     # The gateway's refusals and upstream errors go to the SuperLink's output (its log file,
@@ -181,12 +200,14 @@ def fleet_server(superlink_app: Any, spec: FleetListenerSpec) -> tuple[Any, sock
         fedveil_log.addHandler(handler)
         fedveil_log.setLevel(logging.INFO)
     counters = ServiceCounters(fleet_file=FleetCounterFile(Path(spec.counters_path), create=False))
+    fleet_app = fleet_only_app(superlink_app)
+    idle = None if index is None else IdlePolls(fleet_app, index, counters.fleet_idle_answered)
     gateway = FleetGateway(
         "http://fleet.local",  # nominal: the upstream is in process
         False,
         spec.max_body_bytes,
         counters,
-        local=LocalFleet(fleet_only_app(superlink_app)),
+        local=LocalFleet(fleet_app, idle),
     )
     limits = ConnectionLimits(spec.max_per_listener, spec.max_per_peer, spec.request_timeout_s)
     config = uvicorn.Config(
@@ -204,10 +225,15 @@ def fleet_server(superlink_app: Any, spec: FleetListenerSpec) -> tuple[Any, sock
     return follower_server(config), sock
 
 
-async def serve_with_fleet(internal: Any, superlink_app: Any, spec: FleetListenerSpec) -> None:
+async def serve_with_fleet(
+    internal: Any,
+    superlink_app: Any,
+    spec: FleetListenerSpec,
+    index: PendingMessages | None = None,
+) -> None:
     """Serve the SuperLink (`internal`, which handles the signals) and the Fleet port
     together until the SuperLink's server stops."""
-    public, sock = fleet_server(superlink_app, spec)
+    public, sock = fleet_server(superlink_app, spec, index)
     link = asyncio.create_task(internal.serve())
     # Devices are let in once the SuperLink's own start-up (its lifespan) is done; until
     # then their connections wait in the listening socket's backlog.

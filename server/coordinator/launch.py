@@ -18,6 +18,7 @@ dies with this process (procs.py) and every round is checkpointed atomically.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 from pathlib import Path
@@ -27,7 +28,7 @@ from fedveil.config import ConfigError
 from fedveil.server.coordinator.api import create_api
 from fedveil.server.coordinator.fleet_counters import FILE_NAME as FLEET_COUNTERS_FILE
 from fedveil.server.coordinator.fleet_counters import FleetCounterFile
-from fedveil.server.coordinator.fleet_listener import FleetListenerSpec
+from fedveil.server.coordinator.fleet_listener import PROFILE_ENV, FleetListenerSpec
 from fedveil.server.coordinator.service import Service
 from fedveil.server.coordinator.settings import ServerSettings, is_loopback
 
@@ -120,6 +121,7 @@ def serve(settings: ServerSettings) -> int:
         max_per_peer=s.connections.max_per_peer,
         request_timeout_s=s.connections.request_timeout_s,
         counters_path=str(counters_path),
+        profile_path=os.environ.get(PROFILE_ENV) or None,
     )
     sockets = [_bind(s.api.host, s.api.port)]
     api_port = sockets[0].getsockname()[1]

@@ -47,6 +47,7 @@ class ServiceCounters:
     fleet_rejected: Counter[str] = field(default_factory=Counter)
     fleet_bytes_in: int = 0
     fleet_bytes_out: int = 0
+    fleet_idle: int = 0  # PullMessages answered from memory (idle_polls.py)
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Where the Fleet counts are shared with the SuperLink's process, which serves the
     # Fleet API (fleet_counters.py); None when the counts are this object's own.
@@ -69,6 +70,16 @@ class ServiceCounters:
             self.fleet_rejected[reason] += 1
             if self.fleet_file is not None:
                 self.fleet_file.refused(reason)
+
+    def fleet_idle_answered(self) -> None:
+        with self.lock:
+            self.fleet_idle += 1
+            if self.fleet_file is not None:
+                self.fleet_file.idle_answered()
+
+    def fleet_idle_total(self) -> int:
+        with self.lock:
+            return self.fleet_file.idle_count() if self.fleet_file is not None else self.fleet_idle
 
     def fleet_snapshot(self) -> tuple[int, Counter[str], int, int]:
         """(requests, refusals by reason, bytes in, bytes out): the shared file's if any."""
@@ -273,6 +284,7 @@ def drop_reason_family(
 def counter_families(counters: ServiceCounters) -> list[str]:
     """The service's own counters since start-up (Fleet traffic, refused requests)."""
     requests, refused, bytes_in, bytes_out = counters.fleet_snapshot()
+    idle = counters.fleet_idle_total()
     fleet_rejected = [({"reason": k}, v) for k, v in sorted(refused.items())]
     with counters.lock:
         api_rejected = [({"reason": k}, v) for k, v in sorted(counters.rejected.items())]
@@ -294,6 +306,12 @@ def counter_families(counters: ServiceCounters) -> list[str]:
                 "counter",
                 "response bytes to SuperNodes",
                 [({}, bytes_out)],
+            ),
+            *family(
+                "fedveil_fleet_idle_polls_answered_total",
+                "counter",
+                "PullMessages of nodes with nothing queued, answered from memory",
+                [({}, idle)],
             ),
             *family(
                 "fedveil_fleet_requests_rejected_total",
