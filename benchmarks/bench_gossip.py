@@ -94,6 +94,7 @@ def _configs(args: argparse.Namespace, updates: int | None = None) -> dict[str, 
         "server.aggregation": "gossip",
         "gossip.active": 0 if active == clients else active,
         "server.rounds": updates // active,
+        "gossip.momentum": args.gossip_momentum,
     }
     return {
         "fedavg": fedavg,
@@ -296,6 +297,13 @@ def add_gossip_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         help="gossip clients awake per round [FedAvg's cohort: equal updates a round]; "
         "0: every client (synchronous D-PSGD)",
+    )
+    p.add_argument(
+        "--gossip-momentum",
+        type=float,
+        default=0.0,
+        help="gossip contenders' quasi-global momentum beta (gossip.momentum; QG-DSGDm); "
+        "FedAvg keeps its own server momentum [0: plain gossip]",
     )
     p.add_argument(
         "--lr-grid",
