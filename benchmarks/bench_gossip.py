@@ -12,6 +12,9 @@ local epoch; `--model`, default mlp: see below) with the same budget of client u
   client every round (synchronous D-PSGD);
 - gossip_exponential: the same on the exponential graph (neighbours at +-2^k).
 
+--gossip-momentum B gives both gossip contenders quasi-global momentum (gossip.momentum,
+QG-DSGDm); FedAvg keeps its dataset default, server momentum 0.7 (FedAvgM).
+
 Learning rate: every contender tries the same grid (--lr-grid) for --tune-updates client
 updates, evaluated on the validation half of the test set (eval.split = validation); the
 rate that reaches the target in the fewest updates (then: the best final validation
@@ -227,6 +230,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "bytes_per_node": {name: r["bytes_per_node"] for name, r in results.items()},
         "ring_spectral_gap": spectral_gap(gossip_graph(ring_cfg, ring_cfg.data.num_clients)),
         "exponential_spectral_gap": exp["spectral_gap"],
+        "gossip_momentum": args.gossip_momentum,
         "job": configs["fedavg"],
         "targets": {k: f"{op} {v}" for k, (op, v) in TARGETS.items()},
     }
