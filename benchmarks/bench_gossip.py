@@ -56,6 +56,7 @@ from fedveil.simulations.simulate_run import simulate
 
 TARGETS = {"gossip_updates_ratio": ("<=", 1.5), "gossip_accuracy_gap": ("<=", 2.0)}
 CONTENDERS = ("fedavg", "gossip_ring", "gossip_exponential")
+PROGRESS = (0.6, 0.7, 0.75, 0.8)  # accuracies whose client updates each contender reports
 
 
 def _job(args: argparse.Namespace) -> tuple[dict[str, Any], int, int, int, float]:
@@ -187,6 +188,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "rounds": summary["rounds"],
             "lr": cfg.client.lr,
             "updates_to_target": _to_target(curve, target),
+            # The same read at lower accuracies: how the updates ratio develops.
+            "updates_to_accuracy": {f"{a:g}": _to_target(curve, a) for a in PROGRESS},
             "final_accuracy": curve[-1][1] if curve else None,
             "wall_s": wall,
         }

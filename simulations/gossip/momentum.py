@@ -19,7 +19,7 @@ Why it matters for randomized gossip: mixing is doubly stochastic and never move
 average model, so only the trained clients' steps move it. With a common update
 Delta the average moves v = (K / n) (Delta + beta u) a round and u -> (n / K) v, so
 v -> (K / n) Delta / (1 - beta): the momentum multiplies the average's progress by
-1 / (1 - beta) (docs/explanation/gossip-trust-model.md). beta = 0 (the default) builds
+1 / (1 - beta) (docs/how-to/gossip-training.md). beta = 0 (the default) builds
 no buffer: the run is bit for bit plain gossip.
 """
 
