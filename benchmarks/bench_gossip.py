@@ -12,8 +12,10 @@ local epoch; `--model`, default mlp: see below) with the same budget of client u
   client every round (synchronous D-PSGD);
 - gossip_exponential: the same on the exponential graph (neighbours at +-2^k).
 
---gossip-momentum B gives both gossip contenders quasi-global momentum (gossip.momentum,
-QG-DSGDm); FedAvg keeps its dataset default, server momentum 0.7 (FedAvgM).
+--gossip-momentum B (default 0.7) gives both gossip contenders quasi-global momentum
+(gossip.momentum, QG-DSGDm); FedAvg keeps its dataset default, server momentum 0.7
+(FedAvgM). 0.7 is FedAvg's own momentum, and it beat 0.9 on the validation half
+(docs/benchmarks.md); --gossip-momentum 0 runs plain gossip.
 
 Learning rate: every contender tries the same grid (--lr-grid) for --tune-updates client
 updates, evaluated on the validation half of the test set (eval.split = validation); the
@@ -308,9 +310,9 @@ def add_gossip_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gossip-momentum",
         type=float,
-        default=0.0,
+        default=0.7,
         help="gossip contenders' quasi-global momentum beta (gossip.momentum; QG-DSGDm); "
-        "FedAvg keeps its own server momentum [0: plain gossip]",
+        "FedAvg keeps its own server momentum, 0.7; 0: plain gossip [0.7]",
     )
     p.add_argument(
         "--lr-grid",
