@@ -5,7 +5,9 @@ trains on its own data and takes the secure mean with the others through gloo on
 loopback store, exactly as `fedveil silo` processes do. Silo 0 evaluates the model after
 each round (every silo holds the same one: checked at the end) and writes the run
 directory: config.toml, metrics.jsonl, model.safetensors, summary.json, and under
-distributed DP each silo's signed ledger in silos/<id>/ledger.jsonl.
+distributed DP each silo's signed ledger in silos/<id>/ledger.jsonl and the silos'
+identity public keys in silos/roster.json (the keys `fedveil privacy verify` checks the
+ledgers against, unless given others with --silo-keys).
 """
 
 from __future__ import annotations
@@ -27,14 +29,12 @@ from fedveil.client.silo.silo_training import initial_model, train_silo
 from fedveil.config import RunConfig
 from fedveil.config.run import to_toml
 from fedveil.model_evaluation import evaluate
+from fedveil.privacy.secagg.identity_keys import DerivedIdentities, Roster
+from fedveil.server.engine.privacy_report import silo_ledger_path, silo_roster_path
 from fedveil.server.engine.runstore import RunStore
 from fedveil.tasks import Task, make_task
 
 SILO_TIMEOUT_S = 60.0
-
-
-def silo_ledger_path(out: Path, silo: int) -> Path:
-    return out / "silos" / str(silo) / "ledger.jsonl"
 
 
 def _max_weight(task: Task) -> int:
@@ -50,12 +50,18 @@ def simulate_allreduce(cfg: RunConfig) -> dict[str, Any]:
     store.clear()
     for old in Path(cfg.out).glob("silos/*/ledger.jsonl"):  # a previous run's
         old.unlink()
+    silo_roster_path(Path(cfg.out)).unlink(missing_ok=True)
     store.write_config(to_toml(cfg))
     model = initial_model(cfg, task)
     initial = model.flat.detach().clone()  # made once: the silo threads share torch's RNG
     plan = plan_silos(cfg, model.flat.numel(), _max_weight(task))
     run_id = secrets.token_hex(16)
     out = Path(cfg.out)
+    identities = DerivedIdentities()  # from an OS-random secret
+    if plan.dp is not None:  # pin the keys the ledgers are signed with
+        roster = Roster({s: identities.public_key(s) for s in range(plan.world)})
+        silo_roster_path(out).parent.mkdir(parents=True, exist_ok=True)
+        silo_roster_path(out).write_text(roster.to_json())
 
     def record(round_num: int, result: RoundResult, vector: torch.Tensor) -> None:
         metrics: dict[str, Any] = {
@@ -79,11 +85,19 @@ def simulate_allreduce(cfg: RunConfig) -> dict[str, Any]:
             else None
         )
         rounds = SiloRound(allreduce, quantizer=plan.quantizer, dp=plan.dp, ledger=ledger)
-        return train_silo(cfg, task, silo, rounds, record if silo == 0 else None, initial)
+        vector = train_silo(cfg, task, silo, rounds, record if silo == 0 else None, initial)
+        if ledger is not None:
+            ledger.close(cfg.server.rounds)
+        return vector
 
     torch.set_num_threads(1)  # N silos in threads: one core each, not N x all of them
     vectors = run_silos(
-        plan.world, silo_body, run_id=run_id, timeout_s=SILO_TIMEOUT_S, min_silos=plan.min_silos
+        plan.world,
+        silo_body,
+        run_id=run_id,
+        timeout_s=SILO_TIMEOUT_S,
+        identities=identities,
+        min_silos=plan.min_silos,
     )
     if any(not torch.equal(v, vectors[0]) for v in vectors):
         raise RuntimeError("the silos' final models differ: their sums disagreed")

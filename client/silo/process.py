@@ -132,6 +132,8 @@ def run_silo(p: SiloProcess) -> dict[str, Any]:
             f.write(json.dumps(line) + "\n")
 
     vector = train_silo(cfg, task, rdv.rank, rounds, record)
+    if ledger is not None:
+        ledger.close(cfg.server.rounds)
     model.set(vector)
     save_file(
         {k: v.contiguous() for k, v in model.module.state_dict().items()},

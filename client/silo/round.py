@@ -201,7 +201,7 @@ class SiloRound:
         epsilon = self._epsilon([*self.events, event])
         assert self.ledger is not None
         self.ledger.record(
-            self._release(round_num, event, epsilon),
+            self._release(round_num, event, epsilon, members),
             members=secure.members,
             attempt=secure.attempt,
             aborted=secure.aborted,
@@ -211,17 +211,24 @@ class SiloRound:
         noised = SkellamEncoder(dp.params, seed).decode(secure.total, members)
         return self._result(secure, (noised / members).astype(np.float32), epsilon)
 
-    def _release(self, round_num: int, event: PrivacyEvent, epsilon: float) -> dict[str, Any]:
+    def _release(
+        self, round_num: int, event: PrivacyEvent, epsilon: float, members: int
+    ) -> dict[str, Any]:
         assert self.dp is not None
         return {
             "round": round_num,
             "mechanism": DISTRIBUTED_SKELLAM,
             "noise_multiplier": event.noise_multiplier,
+            # What a verifier recomputes z from: every member's noise share is in the sum.
+            "skellam": self.dp.params.to_dict(),
+            "noise_shares": members,
             "clip_norm": self.dp.params.clip_norm,
             "sampling_rate": 1.0,
             "sampling": FIXED,
             "neighbouring": REPLACE_ONE,
             "privacy_unit": USER,
+            "population_size": event.population_size,
+            "steps": event.steps,
             "delta": self.dp.delta,
             "epsilon": epsilon,
             "accountant": SKELLAM_RDP_INTEGER,

@@ -8,7 +8,10 @@ entries carry, beyond its release fields, `silo`, `members` (the silo ids whose 
 are in the sum), `attempt`, `aborted_attempts` and `sum_sha256`.
 
 An entry is written (fsync'd) before the silo applies the round: a release is never used
-without its entry.
+without its entry. When the silo's last round is applied, `close` writes the signed final
+record (the run's epsilon), so a verifier tells a finished ledger from a truncated one.
+`fedveil privacy verify` checks every silo's ledger against its key and that the silos
+agree (privacy/dp/silo_verify.py).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedveil.privacy.dp.ledger import Ledger
+from fedveil.privacy.dp.ledger import FINAL, Ledger
 from fedveil.privacy.dp.signing import LedgerSigner
 
 
@@ -52,3 +55,11 @@ class SiloLedger:
             "sum_sha256": sum_digest(total),
         }
         return self.ledger.record(entry)
+
+    def close(self, training_round: int) -> dict[str, Any]:
+        """The signed final record: the rounds trained and the last release's epsilon."""
+        releases = self.ledger.releases
+        epsilon = releases[-1]["epsilon"] if releases else 0.0
+        return self.ledger.close(
+            FINAL, {"training_round": training_round, "epsilon": epsilon, "silo": self.silo}
+        )

@@ -41,7 +41,9 @@ def _add_verify(psub: argparse._SubParsersAction) -> None:
         "re-check Skellam releases' z from their recorded parameters; check that the\n"
         "opening record (ledger schema 3) carries the signing key and that every entry\n"
         "names it; and check that report.json's head and every witnessed head are in the\n"
-        "chain.",
+        "chain. A secure all-reduce run (RUN_DIR/silos/): check every silo's ledger so,\n"
+        "against that silo's key only (--silo-keys, else RUN_DIR/silos/roster.json), and\n"
+        "that the silos agree round by round (members, sum commitment, noise, epsilon).",
         epilog="exit codes:\n"
         "  0  final: the run finished; every entry is signed and consistent\n"
         "  3  interrupted at training round N: signed and consistent, resumable, not "
@@ -65,6 +67,13 @@ def _add_verify(psub: argparse._SubParsersAction) -> None:
         "--public-key",
         metavar="FILE",
         help="the run's Ed25519 public key (PEM or 32 raw bytes); only this key is accepted",
+    )
+    ver.add_argument(
+        "--silo-keys",
+        metavar="ROSTER",
+        help="secure all-reduce runs: the silos' identity roster (fedveil identity roster; "
+        "the one the silos were started with); only these keys are accepted [the keys "
+        "pinned in RUN_DIR/silos/roster.json]",
     )
     ver.add_argument(
         "--witness",
@@ -151,6 +160,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         public_key=public_key,
         witnesses=args.witness,
         second_accountants=args.second_accountant,
+        silo_keys=args.silo_keys,
     )
     label = {"final": "OK", "interrupted": "INTERRUPTED"}.get(result.status, "FAIL")
     print(f"{label}: {result.message}", file=sys.stdout if result.ok else sys.stderr)

@@ -54,6 +54,12 @@ SIMULATE_FLAGS: list[tuple[str, str, type, str]] = [
         int,
         "gossip: clients that wake, train and mix each round; 0: all",
     ),
+    (
+        "--gossip-momentum",
+        "gossip.momentum",
+        float,
+        "gossip: quasi-global momentum beta in [0, 0.99]; 0: none",
+    ),
     ("--local-epochs", "client.local_epochs", int, "local epochs per round"),
     ("--local-steps", "client.local_steps", int, "local steps per round (overrides epochs)"),
     ("--batch-size", "client.batch_size", int, "local batch size"),

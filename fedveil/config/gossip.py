@@ -46,6 +46,14 @@ class GossipConfig:
         help="clients that wake each round (randomized gossip, Boyd et al. 2006): they train, "
         "then mix over the edges that touch them; 0: every client, every round (D-PSGD)",
     )
+    momentum: float = spec(
+        0.0,
+        lo=0.0,
+        hi=0.99,
+        help="quasi-global momentum beta (QG-DSGDm, Lin et al. 2021): each client keeps a "
+        "buffer of its model's displacement over the rounds it trains and adds beta x it "
+        "to its next step; 0: plain gossip (D-PSGD)",
+    )
     spread_clients: int = spec(
         10,
         lo=0,

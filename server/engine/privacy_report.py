@@ -17,7 +17,10 @@ from fedveil.privacy.dp.report import (
     ledger_only_report,
     operator_report,
 )
+from fedveil.privacy.dp.silo_verify import verify_silo_ledgers
 from fedveil.privacy.dp.verify import read_witness_file
+from fedveil.privacy.secagg.identity_files import load_roster
+from fedveil.privacy.secagg.identity_keys import RosterError
 from fedveil.server.engine.runstore import atomic_write_bytes
 
 if sys.version_info >= (3, 11):
@@ -28,6 +31,51 @@ else:  # pragma: no cover
 
 def ledger_path(run_dir: Path) -> Path:
     return Path(run_dir) / "privacy" / "ledger.jsonl"
+
+
+# A secure all-reduce run (no coordinator): one signed ledger per silo, and the silos'
+# identity public keys they were signed with (a roster, `fedveil identity roster`'s format).
+SILOS_DIR = "silos"
+
+
+def silo_ledger_path(run_dir: Path, silo: int) -> Path:
+    return Path(run_dir) / SILOS_DIR / str(silo) / "ledger.jsonl"
+
+
+def silo_roster_path(run_dir: Path) -> Path:
+    return Path(run_dir) / SILOS_DIR / "roster.json"
+
+
+def silo_ledgers(run_dir: Path) -> dict[int, Path]:
+    """Each silo's ledger under silos/<id>/ (a folder whose name is no silo id: refused)."""
+    found: dict[int, Path] = {}
+    for child in sorted((Path(run_dir) / SILOS_DIR).iterdir()):
+        if not child.is_dir():
+            continue
+        if not (child.name.isascii() and child.name.isdigit()):
+            raise ValueError(f"{child}: a folder under {SILOS_DIR}/ that names no silo id")
+        if (child / "ledger.jsonl").exists():
+            found[int(child.name)] = child / "ledger.jsonl"
+    return found
+
+
+def verify_silo_run(run_dir: Path, silo_keys: str | Path | None = None) -> VerifyResult:
+    """Every silo's ledger against its key, and the silos' agreement
+    (privacy/dp/silo_verify.py). The keys: the roster `silo_keys` when given (only those
+    keys), else the one pinned in the run directory (silos/roster.json)."""
+    source = Path(silo_keys) if silo_keys is not None else silo_roster_path(run_dir)
+    flag = "--silo-keys" if silo_keys is not None else "pinned silo keys"
+    if silo_keys is None and not source.exists():
+        return VerifyResult(
+            ok=False,
+            message=f"{source}: no pinned silo keys; pass the silos' roster with --silo-keys",
+        )
+    try:
+        keys = load_roster(source, flag)
+        ledgers = silo_ledgers(run_dir)
+    except (RosterError, ValueError, OSError) as error:
+        return VerifyResult(ok=False, message=str(error))
+    return verify_silo_ledgers(ledgers, dict(keys))
 
 
 def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) -> dict[str, Any]:
@@ -189,8 +237,12 @@ def verify_run(
     public_key: bytes | None = None,
     witnesses: Sequence[str | Path] = (),
     second_accountants: Sequence[str] = (),
+    silo_keys: str | Path | None = None,
 ) -> VerifyResult:
     """Verify the run's ledger independently (status final / interrupted / failed).
+
+    A secure all-reduce run has no coordinator's ledger but one per silo (silos/): each
+    is verified against its silo's key, and the silos must agree (`verify_silo_run`).
 
     The public key is `public_key` when given, else found by key id in the local key
     store. Each witness file holds ledger heads a device saw; every one must be in
@@ -199,6 +251,12 @@ def verify_run(
     """
     run_dir = Path(run_dir)
     path = ledger_path(run_dir)
+    if not path.exists() and (run_dir / SILOS_DIR).is_dir():
+        return verify_silo_run(run_dir, silo_keys)
+    if silo_keys is not None:
+        return VerifyResult(
+            ok=False, message=f"--silo-keys {silo_keys}: {run_dir} has no silos' ledgers"
+        )
     if not path.exists():
         return VerifyResult(ok=False, message=f"{path}: no privacy ledger")
     heads: list[dict[str, Any]] = []

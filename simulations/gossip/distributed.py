@@ -49,6 +49,11 @@ def run_gossip_processes(cfg: RunConfig, world: int, out_dir: str | Path) -> lis
             f"gossip.active = {cfg.gossip.active}: the multi-process run wakes every client "
             "each round; randomized gossip runs in process (fedveil simulate)"
         )
+    if cfg.gossip.momentum:
+        raise ValueError(
+            f"gossip.momentum = {cfg.gossip.momentum}: the multi-process run mixes plain "
+            "models (D-PSGD); quasi-global momentum runs in process (fedveil simulate)"
+        )
     if not 2 <= world <= cfg.data.num_clients:
         raise ValueError(f"world = {world}: need 2 <= world <= data.num_clients")
     out = Path(out_dir)

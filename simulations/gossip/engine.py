@@ -12,6 +12,9 @@ A round:
      from the ClientRuntime through the in-process transport (the same path as a
      coordinator round, so vmap units, worker processes and DP-SGD apply unchanged).
      A client whose training fails keeps its model for the round.
+  1b. momentum (gossip.momentum = beta > 0; simulations/gossip/momentum.py): each
+     client that trained adds beta x its quasi-global momentum buffer to its row, and
+     after mixing folds its row's displacement since it last trained into the buffer.
   2. mix: x <- W x with W the Metropolis-Hastings matrix of the graph, or, when only
      some clients woke, of its edges that touch an awake client (topology.active_mixing:
      still doubly stochastic) (mixing.mix; D-PSGD's adapt-then-combine order).
@@ -47,6 +50,7 @@ from fedveil.server.engine.rounds import initial_model
 from fedveil.server.engine.sampling import CohortSampler, SecretCohortSampler
 from fedveil.server.engine.transport import ClientFailure
 from fedveil.simulations.gossip.mixing import average, consensus_distance, mix
+from fedveil.simulations.gossip.momentum import QuasiGlobalMomentum
 from fedveil.simulations.gossip.topology import (
     Mixing,
     active_mixing,
@@ -144,6 +148,8 @@ class GossipEngine:
         self.spread = spread_subset(cfg, self.n)
         self.config = training_config(cfg, None)
         self.on_round = on_round
+        beta = cfg.gossip.momentum
+        self.momentum = QuasiGlobalMomentum(beta, self.x) if beta > 0 else None
         self.round = 0
         self.client_updates = 0
         self.failures: list[str] = []  # the first few failures' causes
@@ -158,17 +164,22 @@ class GossipEngine:
         t0 = time.perf_counter()
         self.round += 1
         if self.waker is None:
-            half, trained, losses = self.train(self.round, self.x)
-            self.x = mix(half, self.mixing)
-            sent = self.sent
+            half, done, losses = self.train(self.round, self.x)
+            step, sent = self.mixing, self.sent
         else:
             awake = self.waker.sample()
             rows = torch.tensor(awake, dtype=torch.int64)
             half = self.x.clone()
-            half[rows], trained, losses = self.train(self.round, self.x[rows], awake)
+            half[rows], done_k, losses = self.train(self.round, self.x[rows], awake)
+            done = [awake[k] for k in done_k]
             step = active_mixing(self.mixing.graph, awake)
-            self.x = mix(half, step)
             sent = bytes_sent(step, self.model.size)
+        trained = len(done)
+        if self.momentum is None:
+            self.x = mix(half, step)
+        else:
+            self.x = mix(self.momentum.push(half, done), step)
+            self.momentum.update(self.x, done)
         record = self.measure(trained, losses, time.perf_counter() - t0, sent)
         self.history.append(record)
         if self.on_round is not None:
@@ -177,15 +188,15 @@ class GossipEngine:
 
     def train(
         self, round_num: int, x: torch.Tensor, clients: Sequence[int] | None = None
-    ) -> tuple[torch.Tensor, int, list[float]]:
+    ) -> tuple[torch.Tensor, list[int], list[float]]:
         """x (the rows of `clients`, default all) after each one's local training (a
-        failed client's row unchanged)."""
+        failed client's row unchanged), and the positions in x of those that trained."""
         ids = range(self.n) if clients is None else clients
-        out, trained, losses = local_training(
+        out, done, losses = local_training(
             self.transport, self.config, round_num, ids, x, self.failures
         )
-        self.client_updates += trained
-        return out, trained, losses
+        self.client_updates += len(done)
+        return out, done, losses
 
     def consensus(self) -> torch.Tensor:
         """The consensus model: the exact average of the clients' models."""
@@ -231,8 +242,9 @@ def local_training(
     clients: Sequence[int],
     rows: torch.Tensor,
     failures: list[str],
-) -> tuple[torch.Tensor, int, list[float]]:
-    """`rows` (one per client of `clients`, in order) after each client's local training.
+) -> tuple[torch.Tensor, list[int], list[float]]:
+    """`rows` (one per client of `clients`, in order) after each client's local training,
+    and the positions (in `clients`) of the clients that trained.
 
     Each client's request carries its own row; every row is a view of `rows`, so the
     in-process transport trains same-size clients as vmap units. A client that fails,
@@ -244,7 +256,8 @@ def local_training(
     }
     replies = transport.exchange(requests, None)
     out = rows.clone()
-    trained, losses = 0, []
+    done: list[int] = []
+    losses: list[float] = []
     size = rows.shape[1]
     for k, cid in enumerate(clients):
         reply = replies.get(cid)
@@ -258,9 +271,9 @@ def local_training(
                 failures.append(f"client {cid}: {exc}")
             continue
         out[k] += delta.to(out.device)
-        trained += 1
+        done.append(k)
         loss = reply.config.get(F.LOSS)
         # A DP-SGD reply carries no loss the guarantee covers: none is recorded.
         if F.DP_SGD_NOISE not in config and isinstance(loss, float) and math.isfinite(loss):
             losses.append(loss)
-    return out, trained, losses
+    return out, done, losses

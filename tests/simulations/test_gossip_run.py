@@ -92,7 +92,7 @@ def test_engine_trains_every_client_and_mixes(tmp_path: Path) -> None:
         engine = GossipEngine(cfg, task, transport)
         assert engine.x.shape == (12, engine.model.size)
         half, trained, _ = engine.train(1, engine.x)
-        assert trained == 12
+        assert trained == list(range(12))
         assert len({tuple(r[:4].tolist()) for r in half}) == 12  # each client its own model
         engine = GossipEngine(cfg, task, transport)
         engine.run(2)
@@ -114,8 +114,8 @@ def test_randomized_gossip_trains_only_the_awake_clients(tmp_path: Path) -> None
         engine = GossipEngine(cfg, task, transport)
         before = engine.x.clone()
         first = engine.run_round()
-        trained, count, _ = GossipEngine(cfg, task, transport).train(1, before[awake], awake)
-        assert count == 3
+        trained, done, _ = GossipEngine(cfg, task, transport).train(1, before[awake], awake)
+        assert done == [0, 1, 2]  # positions in `awake`: all three trained
         after = before.clone()
         after[awake] = trained
         assert torch.allclose(average(engine.x), average(after), atol=1e-6)
