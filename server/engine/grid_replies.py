@@ -15,8 +15,19 @@ from collections.abc import Iterator, Sequence
 from flwr.app import Message
 from flwr.server import Grid
 
-# Between pulls while replies are outstanding (Flower's in-memory Grid's own interval).
+# Between pulls while replies are outstanding: MIN_POLL_S after a pull that brought a
+# reply (more are on their way, and the exchange's last one is taken within MIN_POLL_S
+# of its arrival instead of up to POLL_S later), doubling after each empty pull up to
+# POLL_S (Flower's in-memory Grid's own interval), so a long wait pulls no more often
+# than Flower's own loop. Each exchange saves about half of POLL_S at its end: a secure
+# round has one exchange more than a plain one.
+MIN_POLL_S = 0.005
 POLL_S = 0.1
+
+
+def next_poll_s(interval_s: float, brought_replies: bool) -> float:
+    """The wait before the next pull, after one that did or did not bring a reply."""
+    return MIN_POLL_S if brought_replies else min(POLL_S, 2 * interval_s)
 
 
 def replies_as_they_arrive(
@@ -27,10 +38,16 @@ def replies_as_they_arrive(
     could not push (empty id) gets no reply."""
     pending = {msg_id for msg_id in grid.push_messages(messages) if msg_id}
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    interval = MIN_POLL_S
     while pending:
+        brought = False
         for reply in grid.pull_messages(list(pending)):
             pending.discard(reply.metadata.reply_to_message_id)
+            brought = True
             yield reply
         if not pending or (deadline is not None and time.monotonic() >= deadline):
             return
-        time.sleep(POLL_S)
+        interval = next_poll_s(interval, brought)
+        time.sleep(
+            interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic()))
+        )
