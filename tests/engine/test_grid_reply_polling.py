@@ -22,12 +22,16 @@ from fedveil.server.engine.grid_replies import (
 )
 
 
-def test_the_wait_is_short_after_a_reply_and_backs_off_to_flowers_interval() -> None:
+def test_the_wait_shrinks_with_the_replies_pending_and_backs_off_when_none_come() -> None:
     assert MIN_POLL_S <= POLL_S / 10
-    assert next_poll_s(POLL_S, brought_replies=True) == MIN_POLL_S
+    # After replies: Flower's interval scaled by the share still pending (ids asked for
+    # per second stay at most Flower's own), never below MIN_POLL_S.
+    assert next_poll_s(POLL_S, True, pending=100, pushed=100) == POLL_S
+    assert next_poll_s(POLL_S, True, pending=50, pushed=100) == POLL_S / 2
+    assert next_poll_s(POLL_S, True, pending=1, pushed=100) == MIN_POLL_S
     waits, interval = [], MIN_POLL_S
     for _ in range(8):
-        interval = next_poll_s(interval, brought_replies=False)
+        interval = next_poll_s(interval, False, pending=1, pushed=100)
         waits.append(interval)
     assert waits == sorted(waits) and waits[0] == 2 * MIN_POLL_S and waits[-1] == POLL_S
 
@@ -48,12 +52,13 @@ class ScriptedGrid:
         return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in ids]
 
 
-def test_replies_arriving_pull_after_pull_are_taken_without_flowers_interval() -> None:
-    grid = ScriptedGrid([1] * 6)
-    messages = [object()] * 6
+def test_the_last_replies_of_an_exchange_are_taken_without_flowers_interval() -> None:
+    grid = ScriptedGrid([90] + [1] * 10)
+    messages = [object()] * 100
     started = time.monotonic()
     replies = list(replies_as_they_arrive(grid, messages, timeout_s=30))  # type: ignore[arg-type]
-    assert len(replies) == 6 and len(grid.pulls) == 6
-    # Five waits between six pulls that each brought a reply: the old fixed interval
-    # slept POLL_S each (0.5 s in all).
-    assert time.monotonic() - started < 5 * POLL_S / 2
+    assert len(replies) == 100 and len(grid.pulls) == 11
+    # 90 replies at the first pull, then the last 10 one pull at a time: ten waits of
+    # 5-10 ms (POLL_S x the share pending). The old fixed interval slept POLL_S ten
+    # times (1.0 s).
+    assert time.monotonic() - started < 0.5
