@@ -49,9 +49,10 @@ browser:
 run: data
 	$(VENV)/bin/fedveil simulate
 
-# Both tiers side by side (scripts/test_tiers.sh): the process-starting tier's waits are
-# filled by the in-process tier's CPU work. --procs-guard: a test not marked procs/flower
-# fails if it starts a process (tests/procguard.py).
+# Three pytest sessions side by side (scripts/test_tiers.sh): the process-starting tests,
+# split by directory into two sessions (deployments; the rest, Ray's tests among them),
+# wait on processes, and the in-process tier's CPU work fills those waits. --procs-guard:
+# a test not marked procs/flower fails if it starts a process (tests/procguard.py).
 test: data browser
 	scripts/test_tiers.sh $(PY)
 

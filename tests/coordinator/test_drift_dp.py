@@ -90,7 +90,13 @@ def test_a_dp_version_is_evaluated_under_secure_aggregation_and_charged(tmp_path
         def drift() -> dict:
             return dep.http.get("/drift").json()  # public, as the dashboard reads it
 
-        entry = wait_for(lambda: drift()["history"] and drift()["history"][0], 300, "evaluation")
+        def settled() -> dict | None:
+            # While `submitting` is set the monitor is submitting a run, and the newest
+            # entry does not name its retraining run yet (drift.py writes the marker first).
+            state = drift()
+            return state["history"][0] if state["history"] and not state.get("submitting") else None
+
+        entry = wait_for(settled, 300, "evaluation")
         rid = entry["run_id"]
         rd = dep.state / "runs" / rid
         assert entry["status"] == "completed" and entry["dp"] is True, entry
