@@ -317,6 +317,8 @@ def _series(
 
 def headline_lines(report: Mapping[str, Any]) -> list[str]:
     """One line per adversary, z and q, and the ledger's state (for the CLI)."""
+    if report.get("aggregation") == "allreduce":  # one ledger per silo, no coordinator
+        return silo_report_lines(report) + attack_lines(report.get("attacks"))
     if "adversaries" not in report:  # a run without DP: a report of its attacks alone
         return attack_lines(report.get("attacks"))
     observers = report["adversaries"]["observers"]
@@ -679,3 +681,74 @@ def ledger_only_report(
     if verification is not None:
         report["verification"] = _verification(verification)
     return report
+
+
+# Fields of a silo's release entry the all-reduce report carries, round by round.
+SILO_ROUND_FIELDS = (
+    "round",
+    "members",
+    "attempt",
+    "aborted_attempts",
+    "mechanism",
+    "noise_multiplier",
+    "clip_norm",
+    "epsilon",
+    "sum_sha256",
+)
+
+
+def silo_run_report(
+    silo_entries: Iterable[Mapping[str, Any]],
+    verification: VerifyResult,
+    silos: Iterable[int],
+    trust_model: str | None,
+) -> dict[str, Any]:
+    """The report of a secure all-reduce run: one silo's ledger, which `verification`
+    (every silo's ledger against its key, and their agreement) found equal to every
+    other's. Figures come only from a verified account: when verification failed, the
+    report says why and carries no epsilon."""
+    entries = [dict(entry) for entry in silo_entries]
+    report: dict[str, Any] = {
+        "schema": REPORT_SCHEMA,
+        "aggregation": "allreduce",
+        "silos": sorted(silos),
+        "trust_model": trust_model,
+        "verification": _verification(verification),
+        "epsilon": None,
+        "rounds": [],
+    }
+    if not verification.ok:
+        report["statement"] = f"not verified, so no figure is reported: {verification.message}"
+        return report
+    releases = [entry for entry in entries if entry_kind(entry) == RELEASE]
+    final = entries[-1] if entries and entries[-1].get("kind") == "final" else None
+    last = releases[-1] if releases else {}
+    report.update(
+        epsilon=final.get("epsilon") if final is not None else None,
+        delta=last.get("delta"),
+        budget_epsilon=last.get("budget_epsilon"),
+        accountant=last.get("accountant"),
+        privacy_unit=last.get("privacy_unit"),
+        rounds=[{name: entry.get(name) for name in SILO_ROUND_FIELDS} for entry in releases],
+        statement=(
+            "epsilon against every silo and anyone who sees the released sums; each silo "
+            "sees the others' updates only masked. " + (trust_model or "")
+        ).strip(),
+    )
+    return report
+
+
+def silo_report_lines(report: Mapping[str, Any]) -> list[str]:
+    """The all-reduce report for a terminal."""
+    silos = ", ".join(str(s) for s in report["silos"])
+    lines = [f"secure all-reduce among silos {silos}: {report['verification']['message']}"]
+    if report.get("epsilon") is None:
+        lines.append(report.get("statement", "no figure"))
+        return lines
+    lines.append(
+        f"epsilon {float(report['epsilon']):.4f} (delta {report['delta']:g}) of budget "
+        f"{report['budget_epsilon']:g} after {len(report['rounds'])} releases"
+    )
+    if report.get("trust_model"):
+        lines.append(f"trust model: {report['trust_model']}")
+    return lines

@@ -16,6 +16,7 @@ from fedveil.privacy.dp.report import (
     attacks_section,
     ledger_only_report,
     operator_report,
+    silo_run_report,
 )
 from fedveil.privacy.dp.silo_verify import verify_silo_ledgers
 from fedveil.privacy.dp.verify import read_witness_file
@@ -92,6 +93,8 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
     # Attack results saved under privacy/attacks/ (`fedveil privacy attack ... --out`).
     attacks = attacks_section(path.parent / ATTACKS_DIR)
     if not path.exists() and config is None:
+        if (run_dir / SILOS_DIR).is_dir():  # a secure all-reduce run: one ledger per silo
+            return write_silo_report(run_dir, attacks)
         if attacks is not None:  # a run without DP: a report of its attacks alone
             return write_attacks_only_report(path.parent, attacks)
         raise FileNotFoundError(f"{path}: no privacy ledger (was the run made with --dp?)")
@@ -129,6 +132,30 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
     if annex is not None:
         write_operator_report(run_dir, report, entries, annex)
     return report
+
+
+def write_silo_report(run_dir: Path, attacks: dict[str, Any] | None) -> dict[str, Any]:
+    """privacy/report.json/html of a secure all-reduce run, from the silos' ledgers once
+    each verifies against its pinned key and they agree (`verify_silo_run`)."""
+    verification = verify_silo_run(run_dir)
+    entries: list[dict[str, Any]] = []
+    silos: list[int] = []
+    if verification.ok:  # read only what verified; a failed run directory may not parse
+        ledgers = silo_ledgers(run_dir)
+        silos = sorted(ledgers)
+        lines = ledgers[silos[0]].read_text().splitlines()
+        entries = [json.loads(line) for line in lines if line.strip()]
+    summary_path = Path(run_dir) / "summary.json"
+    trust_model = None
+    if summary_path.exists():
+        try:
+            trust_model = json.loads(summary_path.read_text()).get("trust_model")
+        except (OSError, ValueError, AttributeError):
+            trust_model = None
+    report = silo_run_report(entries, verification, silos, trust_model)
+    privacy_dir = Path(run_dir) / "privacy"
+    privacy_dir.mkdir(parents=True, exist_ok=True)
+    return _write_public(privacy_dir, report, attacks)
 
 
 def _write_public(

@@ -176,3 +176,36 @@ def test_a_round_one_silo_did_not_sign_is_refused(
     code, text = _verify(copy, capsys)
     assert code == 1, text
     assert "silo 2: round 2: listed in members [0, 1, 2, 3], but no entry" in text, text
+
+
+def test_privacy_report_of_an_allreduce_run_states_the_verified_epsilon_and_trust_model(
+    copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`fedveil privacy report` writes the silos' agreed account, with the trust model."""
+    code = main(["privacy", "report", str(copy)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    report = json.loads((copy / "privacy" / "report.json").read_text())
+    final = _entries(_ledger(copy, 0))[-1]
+    assert report["aggregation"] == "allreduce" and report["verification"]["ok"] is True
+    assert report["epsilon"] == final["epsilon"] and len(report["rounds"]) == 2
+    assert report["silos"] == [0, 1, 2, 3]
+    assert "colluding silos" in report["trust_model"]
+    assert f"epsilon {final['epsilon']:.4f}" in text
+    assert (copy / "privacy" / "report.html").exists()
+
+
+def test_privacy_report_of_an_altered_silo_ledger_fails_with_no_figure(
+    copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Whoever holds the run directory lowers one silo's epsilon: the report refuses
+    every figure and exits non-zero instead of reporting the altered account."""
+    entries = _entries(_ledger(copy, 1))
+    entries[0]["epsilon"] = 0.01
+    _write(_ledger(copy, 1), entries)
+    code = main(["privacy", "report", str(copy)])
+    text = capsys.readouterr().out
+    assert code == 1, text
+    report = json.loads((copy / "privacy" / "report.json").read_text())
+    assert report["verification"]["ok"] is False and report["epsilon"] is None
+    assert report["rounds"] == [] and "silo 1" in report["statement"]
