@@ -127,6 +127,23 @@ def test_a_dp_sgd_only_ledger_gets_a_report(tmp_path):
     assert report["verification"]["ok"] and report["rounds"] == 0
 
 
+def test_privacy_report_exits_1_on_a_dp_sgd_only_ledger_that_fails_verification(tmp_path, capsys):
+    """The holder of the run directory lowers the recorded DP-SGD noise: the command
+    must not exit 0 on a report whose ledger failed its check."""
+    from fedveil.cli import main
+
+    cfg = config(tmp_path / "run", **DP_SGD_ONLY)
+    _, store = run(cfg)
+    lines = store.ledger_path.read_text().splitlines()
+    opening = json.loads(lines[0])
+    opening["plan"]["dp_sgd_noise"] = 0.01
+    store.ledger_path.write_text("\n".join([json.dumps(opening), *lines[1:]]) + "\n")
+    assert main(["privacy", "report", str(store.path)]) == 1
+    report = json.loads((store.ledger_path.parent / "report.json").read_text())
+    assert report["verification"]["ok"] is False
+    capsys.readouterr()
+
+
 def test_the_public_final_record_states_the_cap_without_failure_counts(tmp_path):
     # Every client fails (NaN data): the cap runs out with no update. The operator's
     # reason names the failures; the public ledger's final record only the cap.
