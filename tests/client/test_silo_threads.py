@@ -94,7 +94,7 @@ def test_an_advert_not_signed_by_the_rostered_key_fails_the_round_closed():
         return silo.sum(1, np.zeros(16, np.uint32), 20).total
 
     with pytest.raises(RuntimeError, match="silo 0") as caught:
-        run_silos(WORLD, body, run_id="forged", timeout_s=4, identities=_ImpostorAt(3))
+        run_silos(WORLD, body, run_id="forged", timeout_s=10, identities=_ImpostorAt(3))
     assert isinstance(caught.value.__cause__, SiloAuthError)
     assert "silo 3: advert signature does not verify" in str(caught.value.__cause__)
 
