@@ -151,6 +151,24 @@ def measure(role: str, w: Workload, workers: int = 0, timeout_s: float = 3600) -
     return result
 
 
+def machine() -> dict[str, str]:
+    """What a figure depends on besides the code: the torch build and the CPU (the bare
+    loop's round fell 3.6x between two runs of the same code, and neither was recorded)."""
+    import platform
+
+    import torch
+
+    model = platform.processor() or "n/a"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model
+            )
+    except OSError:
+        pass
+    return {"torch_version": torch.__version__, "cpu_model": model}
+
+
 def load_average() -> str:
     try:
         return " ".join(open("/proc/loadavg").read().split()[:3])
@@ -199,6 +217,7 @@ def bench(w: Workload, *, peer: str | None, workers: int = 0, repeat: int = 1) -
     summary: dict[str, Any] = {
         "workload": w.to_dict(),
         "cpu_cores": os.cpu_count(),
+        **machine(),
         "repeat": repeat,
         "load_before": load_before,
         "load_after": load_average(),
@@ -252,7 +271,8 @@ def format_report(summary: dict[str, Any]) -> str:
     lines = [
         f"workload: {w['clients']} clients, {w['per_round']} per round, {w['rounds']} rounds, "
         f"{w['examples']} examples/client, MLP 784-128-10, batch {w['batch_size']}, 1 epoch",
-        f"machine: {summary['cpu_cores']} cores, load average {summary['load_before']} before, "
+        f"machine: {summary['cpu_cores']} cores ({summary.get('cpu_model', 'n/a')}), torch "
+        f"{summary.get('torch_version', 'n/a')}, load average {summary['load_before']} before, "
         f"{summary['load_after']} after; medians of {summary['repeat']} run(s) each",
         "",
         f"{'':8}{'round (median)':>16}{'CPU/round':>11}{'first round':>13}{'start-up':>10}"

@@ -8,6 +8,8 @@ each run, then the median over runs), less load-sensitive than wall time.
 
     .venv/bin/python scripts/profile_sim_round.py compare --runs 5
     .venv/bin/python scripts/profile_sim_round.py floor --runs 5  # and training, products alone
+    .venv/bin/python scripts/profile_sim_round.py sweep --runs 5 --units 1,2,4,8,16,32,50
+                                    # a round's training alone against unit size
     .venv/bin/python scripts/profile_sim_round.py cprofile     # the lane, by function
     .venv/bin/python scripts/profile_sim_round.py ops          # the lane, by torch op
 """
@@ -27,6 +29,7 @@ import torch
 
 from fedveil.benchmarks.bench_simulation import run_ours
 from fedveil.benchmarks.bench_workload import Workload, run_bare
+from fedveil.benchmarks.harness import int_list
 
 
 def steady_cpu(result: dict) -> float:
@@ -113,10 +116,39 @@ def floor(w: Workload, runs: int, unit: int) -> dict:
     return out
 
 
+def sweep(w: Workload, runs: int, units: list[int]) -> dict:
+    """A round's training alone for each unit size (clients per vmap unit), alternating
+    with the bare loop in this process: where the lane's CPU per client is lowest."""
+    trains = {u: training_only(w, u) for u in units}
+    for run in trains.values():
+        run()
+    bare: list[float] = []
+    per_unit: dict[int, list[float]] = {u: [] for u in units}
+    for r in range(runs):
+        bare.append(steady_cpu(run_bare(w)))
+        order = units[r % len(units) :] + units[: r % len(units)]  # no unit always first
+        for u in order:
+            per_unit[u].append(statistics.median(cpu_of(trains[u]) for _ in range(3)))
+    b = statistics.median(bare)
+    out: dict = {"bare": b, "bare_cpu_s": bare}
+    for u in units:
+        m = statistics.median(per_unit[u])
+        out[f"unit_{u}"] = {
+            "cpu_s": m,
+            "over_bare": m / b,
+            "ms_per_client": 1000 * m / w.per_round,
+            "runs": per_unit[u],
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("mode", choices=["compare", "floor", "cprofile", "ops"])
+    p.add_argument("mode", choices=["compare", "floor", "sweep", "cprofile", "ops"])
     p.add_argument("--unit", type=int, default=25, help="clients per vmap unit (floor) [25]")
+    p.add_argument(
+        "--units", type=int_list, default=[1, 2, 4, 8, 16, 32, 50], help="unit sizes (sweep)"
+    )
     p.add_argument("--runs", type=int, default=5, help="runs of each contender (compare) [5]")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--clients", type=int, default=500)
@@ -130,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(compare(w, args.runs)))
     elif args.mode == "floor":
         print(json.dumps(floor(w, args.runs, args.unit)))
+    elif args.mode == "sweep":
+        print(json.dumps(sweep(w, args.runs, args.units)))
     elif args.mode == "cprofile":
         prof = cProfile.Profile()
         prof.runcall(run_ours, w, 1)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from fedveil.benchmarks.bench_simulation import measure, ours_config, run_ours
+from fedveil.benchmarks.bench_simulation import machine, measure, ours_config, run_ours
 from fedveil.benchmarks.bench_workload import Workload
 from fedveil.simulations.sequential_clients import SequentialClients
 
@@ -37,11 +37,22 @@ def test_bench_reports_ours_against_the_bare_loop():
         ours["round_s_median"] / summary["results"]["bare"]["round_s_median"]
     )
     assert "ratio" not in summary  # no peer asked for
+    assert summary["torch_version"] == machine()["torch_version"] and summary["cpu_model"]
     # same workload, same learning: the engine's clients see the data the bare loop's see
     losses = {k: r["train_loss"] for k, r in summary["results"].items()}
     assert losses["ours"] == pytest.approx(losses["ours_1"], rel=1e-6)
     assert losses["ours"][0] == pytest.approx(losses["bare"][0], rel=0.05)
     assert "ours / bare loop" in proc.stderr
+
+
+def test_the_report_names_the_torch_build_and_the_cpu():
+    # Two runs of the same code are comparable only on the same torch and CPU: the bare
+    # loop's round fell 3.6x between two quiet runs whose report recorded neither.
+    import torch
+
+    info = machine()
+    assert info["torch_version"] == torch.__version__
+    assert info["cpu_model"] and info["cpu_model"] != "n/a"
 
 
 def test_our_contender_trains_clients_in_units(monkeypatch):
