@@ -10,6 +10,7 @@ each run, then the median over runs), less load-sensitive than wall time.
     .venv/bin/python scripts/profile_sim_round.py floor --runs 5  # and training, products alone
     .venv/bin/python scripts/profile_sim_round.py sweep --runs 5 --units 1,2,4,8,16,32,50
                                     # a round's training alone against unit size
+    .venv/bin/python scripts/profile_sim_round.py budget --runs 5 # a round's CPU by phase
     .venv/bin/python scripts/profile_sim_round.py cprofile     # the lane, by function
     .venv/bin/python scripts/profile_sim_round.py ops          # the lane, by torch op
 """
@@ -142,9 +143,69 @@ def sweep(w: Workload, runs: int, units: list[int]) -> dict:
     return out
 
 
+def budget(w: Workload, runs: int, unit: int) -> dict:
+    """A round's CPU by phase, each phase timed alone at the round's shapes (CPU ms a
+    round of `per_round` clients, median of `runs`), next to the round's training and the
+    bare loop's round, and the bare loop's own matrix products (one client's model, batch
+    by batch): the floor each side's arithmetic sets."""
+    d_in, hidden, classes = 784, 128, 10
+    sizes = [min(w.batch_size, w.examples - a) for a in range(0, w.examples, w.batch_size)]
+    units = -(-w.per_round // unit)
+    w1 = torch.randn(unit, d_in, hidden)
+    g1 = torch.empty_like(w1)
+    xs = torch.randn(unit, w.examples, d_in)
+    h = torch.randn(unit, w.batch_size, hidden)
+    g = torch.randn(unit, w.batch_size, hidden)
+    start = torch.randn(hidden, d_in)
+    deltas = torch.empty(unit, hidden, d_in)
+    flat = [torch.randn(unit, 101_770)]
+    grads = [torch.randn(unit, 101_770)]
+    w2 = torch.randn(unit, hidden, classes)
+    one_w1, one_x, one_g = torch.randn(d_in, hidden), xs[0], g[0]
+
+    def per_step(fn: Callable[[int], object]) -> Callable[[], None]:
+        def run() -> None:
+            for _ in range(units):
+                for size in sizes:  # the epoch's batches: a short last one
+                    fn(size)
+
+        return run
+
+    phases: dict[str, Callable[[], None]] = {
+        "forward_product_layer1": per_step(lambda s: torch.bmm(xs[:, :s], w1)),
+        "weight_gradient_layer1": per_step(
+            lambda s: torch.bmm(xs[:, :s].transpose(1, 2), g[:, :s], out=g1)
+        ),
+        "sgd_update": per_step(lambda s: torch._foreach_add_(flat, grads, alpha=-0.05)),
+        "products_layer2": per_step(
+            lambda s: (torch.bmm(h[:, :s], w2), torch.bmm(h[:, :s].transpose(1, 2), h[:, :s, :10]))
+        ),
+        "delta_transposed": lambda: [
+            torch.sub(w1.transpose(1, 2), start, out=deltas) for _ in range(units)
+        ],
+        "bare_products_layer1": lambda: [
+            (torch.mm(one_x[:s], one_w1), torch.mm(one_x[:s].t(), one_g[:s]))
+            for _ in range(w.per_round)
+            for s in sizes
+        ],
+    }
+    train = training_only(w, unit)
+    train()
+    out: dict = {"unit": unit, "batches": sizes}
+    samples: dict[str, list[float]] = {k: [] for k in (*phases, "training", "bare_round")}
+    for _ in range(runs):
+        samples["bare_round"].append(steady_cpu(run_bare(w)))
+        samples["training"].append(cpu_of(train))
+        for name, fn in phases.items():
+            samples[name].append(cpu_of(fn))
+    for name, values in samples.items():
+        out[f"{name}_ms"] = 1000 * statistics.median(values)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("mode", choices=["compare", "floor", "sweep", "cprofile", "ops"])
+    p.add_argument("mode", choices=["compare", "floor", "sweep", "budget", "cprofile", "ops"])
     p.add_argument("--unit", type=int, default=25, help="clients per vmap unit (floor) [25]")
     p.add_argument(
         "--units", type=int_list, default=[1, 2, 4, 8, 16, 32, 50], help="unit sizes (sweep)"
@@ -164,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(floor(w, args.runs, args.unit)))
     elif args.mode == "sweep":
         print(json.dumps(sweep(w, args.runs, args.units)))
+    elif args.mode == "budget":
+        print(json.dumps(budget(w, args.runs, args.unit)))
     elif args.mode == "cprofile":
         prof = cProfile.Profile()
         prof.runcall(run_ours, w, 1)

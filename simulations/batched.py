@@ -13,9 +13,11 @@ same clients always gives the same bits. `simulation.vmap_clients = 1` turns
 this off.
 
 A plain stack of Flatten, Linear and ReLU layers trained with cross-entropy (the
-built-in `mlp`) skips vmap and functional_call: its batched forward is written out
-with the operations vmap runs for it, so the bits are the same
-(tests/simulations/test_batched_bits.py). Each client's examples are gathered once
+built-in `mlp`) skips vmap, functional_call and autograd: its batched forward is written
+out with the operations vmap runs for it, and its backward with the operations autograd
+runs for that forward (the weights' gradients written into buffers kept for the whole
+unit), so the bits are the same (tests/simulations/test_batched_bits.py). Each client's
+examples are gathered once
 per epoch, and the SGD step is one torch._foreach_* call per operation for all of a
 unit's parameters.
 
@@ -74,6 +76,8 @@ class BatchedTrainer:
         self._stack = (
             _plain_stack(module) if self._cross_entropy and not self.fixed_entries else None
         )
+        # Its gradients written out too (_stack_step), not by autograd: the same bits.
+        self._by_hand = self._stack is not None
         self.usable = False
 
     def probe(self, data: ClientData, why_not: list[str] | None = None) -> bool:
@@ -110,6 +114,11 @@ class BatchedTrainer:
         self.usable = True
         return True
 
+    def _stack_applies(self, x: torch.Tensor) -> bool:
+        """Whether the written-out stack trains on this input: each example a vector, or
+        flattened into one first (the layers' products then batch over clients alone)."""
+        return self._stack is not None and (x.dim() == 3 or self._stack[0][0] == "flatten")
+
     def _loss(
         self,
         params: dict[str, torch.Tensor],
@@ -120,9 +129,7 @@ class BatchedTrainer:
         """Each client's loss on its batch: shape (clients,)."""
         if not self._cross_entropy:
             return self._losses(params, fixed, x, y)
-        if self._stack is not None and (x.dim() == 3 or self._stack[0][0] == "flatten"):
-            # (each example a vector, or flattened into one first: the layers' products
-            # then batch over clients alone, as written out)
+        if self._stack_applies(x):
             logits = _stack_forward(self._stack, params, x)
         else:
             logits = self._forward(params, fixed, x)
@@ -178,12 +185,16 @@ class BatchedTrainer:
         def leaf_layout(t: torch.Tensor, name: str) -> torch.Tensor:
             return t.transpose(-1, -2) if flip[name] else t
 
+        # A plain stack's gradients are written out (_stack_step) into these buffers, one
+        # per parameter for the whole run, with no autograd graph; other models use autograd.
+        by_hand = self._by_hand and self._stack_applies(xs)
         leaves = {}
         for e in self.trainable:
             start = leaf_layout(view(e), e.name).contiguous()  # transpose once, then copy
             if not per_client:
                 start = start.expand(count, *start.shape)
-            leaves[e.name] = start.clone().requires_grad_()
+            leaves[e.name] = start.clone() if by_hand else start.clone().requires_grad_()
+        grad_buffers = {name: torch.empty_like(p) for name, p in leaves.items()} if by_hand else {}
         fixed = {e.name: shared_view(e) for e in self.fixed_entries}
         anchor = (
             {e.name: leaf_layout(view(e), e.name) for e in self.trainable}
@@ -207,6 +218,16 @@ class BatchedTrainer:
                 if step >= total_steps:
                     break
                 stop = start + hp.batch_size
+                if by_hand:
+                    with torch.no_grad():
+                        loss = _stack_step(
+                            self._stack, leaves, grad_buffers, xs[:, start:stop], ys[:, start:stop]
+                        )
+                        grads = [grad_buffers[name] for name in names]
+                        _sgd(params_list, grads, momentum, hp, anchors)
+                    loss_sum += loss
+                    step += 1
+                    continue
                 for p in params_list:
                     p.grad = None
                 params = {name: leaf_layout(p, name) for name, p in leaves.items()}
@@ -294,6 +315,67 @@ def _stack_forward(layers: Stack, params: dict[str, torch.Tensor], x: torch.Tens
         else:
             h = torch.relu(h)
     return h
+
+
+def _stack_step(
+    layers: Stack,
+    leaves: dict[str, torch.Tensor],
+    grads: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> torch.Tensor:
+    """One step's forward and backward through a plain stack with cross-entropy, written
+    out: each client's loss (shape (clients,)), and every parameter's gradient written into
+    `grads` (the weights' straight into their buffers). Call under torch.no_grad().
+
+    The operations, operands and layouts are those autograd runs for `_stack_forward`
+    and `_loss` (derivatives.yaml: bmm, threshold_backward for ReLU, the bias's sum over
+    the batch, _log_softmax_backward_data, nll_loss's scatter of -1/batch), so the
+    gradients are the same bits, without the graph and with no weight-sized allocation
+    per step. `leaves`: the unit's parameters in the trainer's layout (matrices as
+    clients x in x out); x: clients x batch x ...; y: clients x batch."""
+    count = x.shape[0]
+    h = x
+    tape: list[tuple[str, str, torch.Tensor]] = []  # (kind, name, the layer's saved tensor)
+    for kind, name in layers:
+        if kind == "flatten":
+            h = h.flatten(2)
+        elif kind == "linear":
+            tape.append((kind, name, h))  # its input: the weight's gradient needs it
+            h = torch.matmul(h, leaves[f"{name}.weight"])
+            bias = leaves.get(f"{name}.bias")
+            if bias is not None:
+                h = h + bias.unsqueeze(1)
+        else:
+            h = torch.relu(h)
+            tape.append((kind, name, h))  # its output: ReLU's backward masks by it
+    logits = h.flatten(0, 1)
+    log_probs = torch.log_softmax(logits, 1)
+    target = y.flatten(0, 1)
+    per_client = functional.nll_loss(log_probs, target, reduction="none").view(count, -1)
+    loss = per_client.mean(dim=1)
+    # Backward of loss.sum(): each example's loss gets 1/batch (mean's backward), its
+    # log-probability of the target minus that (nll_loss's), then log-softmax's backward.
+    batch = per_client.shape[1]
+    g_example = torch.ones((), device=x.device).expand(count).unsqueeze(1).expand(count, batch)
+    g_example = g_example / batch
+    g_log_probs = torch.zeros_like(log_probs)
+    g_log_probs.scatter_(1, target.unsqueeze(1), -g_example.reshape(-1, 1))
+    g = torch._log_softmax_backward_data(g_log_probs, log_probs, 1, log_probs.dtype)
+    g = g.view(count, batch, -1)
+    first_linear = next(i for i, (kind, _, _) in enumerate(tape) if kind == "linear")
+    for i in range(len(tape) - 1, first_linear - 1, -1):
+        kind, name, saved = tape[i]
+        if kind == "relu":
+            g = torch.ops.aten.threshold_backward(g, saved, 0)
+            continue
+        weight = leaves[f"{name}.weight"]
+        if f"{name}.bias" in leaves:  # the broadcast add's backward: a sum over the batch
+            grads[f"{name}.bias"].copy_(g.sum([1], keepdim=True).squeeze(1))
+        torch.bmm(saved.transpose(1, 2), g, out=grads[f"{name}.weight"])
+        if i > first_linear:  # the first layer's input needs no gradient
+            g = g.bmm(weight.transpose(1, 2))
+    return loss
 
 
 def _requires_grad(t: torch.Tensor) -> bool:

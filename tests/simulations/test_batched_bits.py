@@ -6,8 +6,8 @@ The golden runs (tests/engine/test_golden_runs.py) rarely form a unit (the tiny 
 clients have different sizes); these cases train units of the benchmark's MLP with the
 settings the trainer handles differently: plain SGD over two epochs with a partial last
 batch, momentum with weight decay on a step budget, FedProx, and one starting model per
-client (gossip). The digests were written by the trainer before the optimisation
-(commit 3a62fdd); regenerate only on purpose:
+client (gossip). The digests were written by the trainer before the optimisations
+(commit 3a62fdd; the written-out backward kept them); regenerate only on purpose:
     .venv/bin/python tests/simulations/test_batched_bits.py
 """
 
@@ -81,8 +81,9 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_a_plain_stack_written_out_gives_vmaps_bits(bias: bool) -> None:
-    # An MLP (Flatten, Linear, ReLU) trains through the written-out forward; the same
-    # trainer made to take vmap's path must give the same bits.
+    # An MLP (Flatten, Linear, ReLU) trains through the written-out forward and backward
+    # (no autograd: it trains under torch.no_grad()); the same trainer made to take
+    # autograd over the written-out forward, and vmap's path, must give the same bits.
     def model() -> torch.nn.Module:
         return torch.nn.Sequential(
             torch.nn.Flatten(),
@@ -96,16 +97,20 @@ def test_a_plain_stack_written_out_gives_vmaps_bits(bias: bool) -> None:
     pool = SyntheticPool(Workload(clients=20, per_round=6, examples=21, pool=200))
     hp = LocalTraining(batch_size=8, lr=0.1, momentum=0.5)
     got = []
-    for written_out in (True, False):
+    for path in ("by_hand", "autograd", "vmap"):
         trainer = BatchedTrainer(flat, functional.cross_entropy)
         assert trainer._stack is not None  # the written-out path
-        if not written_out:
+        if path != "by_hand":
+            trainer._by_hand = False  # autograd computes the gradients
+        if path == "vmap":
             trainer._stack = None  # vmap over functional_call, the general path
-        results = trainer.train(
-            flat.get(),
-            [pool(c) for c in range(4)],
-            hp,
-            [client_generator(5, 2, c) for c in range(4)],
-        )
+        with torch.set_grad_enabled(path != "by_hand"):
+            results = trainer.train(
+                flat.get(),
+                [pool(c) for c in range(4)],
+                hp,
+                [client_generator(5, 2, c) for c in range(4)],
+            )
         got.append((torch.stack([r.delta for r in results]), [r.loss for r in results]))
-    assert torch.equal(got[0][0], got[1][0]) and got[0][1] == got[1][1]
+    for other in got[1:]:
+        assert torch.equal(got[0][0], other[0]) and got[0][1] == other[1]
