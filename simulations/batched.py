@@ -9,8 +9,11 @@ same batch order (its own generator), the same SGD arithmetic (torch's
 single-tensor SGD, momentum, weight decay, FedProx), the same loss bookkeeping.
 Only the matrix products run batched, so results agree with one-at-a-time
 training to float rounding (~1e-7 relative), not bit for bit; a unit of the
-same clients always gives the same bits. `simulation.vmap_clients = 1` turns
-this off.
+same clients always gives the same bits. The unit's size and a client's place in
+it can change the last bits (MKL's batched product rounds by its operands'
+alignment), so `simulation.vmap_clients` is part of a run's results; the split
+(`plan_units`) depends only on sizes and ids, so a run reproduces.
+`simulation.vmap_clients = 1` turns batching off.
 
 A plain stack of Flatten, Linear and ReLU layers trained with cross-entropy (the
 built-in `mlp`) skips vmap, functional_call and autograd: its batched forward is written
