@@ -11,7 +11,7 @@ each run, then the median over runs), less load-sensitive than wall time.
     .venv/bin/python scripts/profile_sim_round.py sweep --runs 5 --units 1,2,4,8,16,32,50
                                     # a round's training alone against unit size
     .venv/bin/python scripts/profile_sim_round.py budget --runs 5 # a round's CPU by phase
-    .venv/bin/python scripts/profile_sim_round.py cprofile     # the lane, by function
+    .venv/bin/python scripts/profile_sim_round.py cprofile     # the lane, by function (CPU)
     .venv/bin/python scripts/profile_sim_round.py ops          # the lane, by torch op
 """
 
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.mode == "budget":
         print(json.dumps(budget(w, args.runs, args.unit)))
     elif args.mode == "cprofile":
-        prof = cProfile.Profile()
+        prof = cProfile.Profile(time.process_time)  # CPU time: less load-sensitive than wall
         prof.runcall(run_ours, w, 1)
         stats = pstats.Stats(prof, stream=sys.stdout)
         stats.sort_stats("cumulative").print_stats(args.top)
