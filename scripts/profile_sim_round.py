@@ -206,11 +206,21 @@ def budget(w: Workload, runs: int, unit: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("mode", choices=["compare", "floor", "sweep", "budget", "cprofile", "ops"])
-    p.add_argument("--unit", type=int, default=25, help="clients per vmap unit (floor) [25]")
     p.add_argument(
-        "--units", type=int_list, default=[1, 2, 4, 8, 16, 32, 50], help="unit sizes (sweep)"
+        "--unit", type=int, default=25, help="clients per vmap unit (floor, budget) [25]"
     )
-    p.add_argument("--runs", type=int, default=5, help="runs of each contender (compare) [5]")
+    p.add_argument(
+        "--units",
+        type=int_list,
+        default=[1, 2, 4, 8, 16, 32, 50],
+        help="unit sizes (sweep) [1,2,4,8,16,32,50]",
+    )
+    p.add_argument(
+        "--runs",
+        type=int,
+        default=5,
+        help="runs of each contender (compare, floor, sweep, budget) [5]",
+    )
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--clients", type=int, default=500)
     p.add_argument("--per-round", type=int, default=100)
