@@ -79,23 +79,39 @@ if __name__ == "__main__":
     sys.exit(0)
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_a_plain_stack_written_out_gives_vmaps_bits(bias: bool) -> None:
-    # An MLP (Flatten, Linear, ReLU) trains through the written-out forward and backward
-    # (no autograd: it trains under torch.no_grad()); the same trainer made to take
-    # autograd over the written-out forward, and vmap's path, must give the same bits.
-    def model() -> torch.nn.Module:
-        return torch.nn.Sequential(
-            torch.nn.Flatten(),
-            torch.nn.Linear(784, 32, bias=bias),
-            torch.nn.ReLU(),
-            torch.nn.Linear(32, 10),
-        )
+STACKS = {
+    "mlp": lambda: torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(784, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+    ),
+    "mlp_no_bias": lambda: torch.nn.Sequential(
+        torch.nn.Flatten(),
+        torch.nn.Linear(784, 32, bias=False),
+        torch.nn.ReLU(),
+        torch.nn.Linear(32, 10),
+    ),
+    # three layers: the backward carries the input's gradient through two of them
+    "deep": lambda: torch.nn.Sequential(
+        torch.nn.Flatten(),
+        torch.nn.Linear(784, 32),
+        torch.nn.ReLU(),
+        torch.nn.Linear(32, 16, bias=False),
+        torch.nn.ReLU(),
+        torch.nn.Linear(16, 10),
+    ),
+    "logreg": lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10)),
+}
 
+
+@pytest.mark.parametrize("stack", list(STACKS))
+def test_a_plain_stack_written_out_gives_vmaps_bits(stack: str) -> None:
+    # A plain stack (Flatten, Linear, ReLU) trains through the written-out forward and
+    # backward (no autograd: it trains under torch.no_grad()); the same trainer made to
+    # take autograd over the written-out forward, and vmap's path, must give the same bits.
+    model = STACKS[stack]
     torch.manual_seed(1)
     flat = FlatModel(model())
     pool = SyntheticPool(Workload(clients=20, per_round=6, examples=21, pool=200))
-    hp = LocalTraining(batch_size=8, lr=0.1, momentum=0.5)
+    hp = LocalTraining(batch_size=8, lr=0.1, momentum=0.5, weight_decay=0.01, prox_mu=0.1)
     got = []
     for path in ("by_hand", "autograd", "vmap"):
         trainer = BatchedTrainer(flat, functional.cross_entropy)
