@@ -10,6 +10,7 @@ each run, then the median over runs), less load-sensitive than wall time.
     .venv/bin/python scripts/profile_sim_round.py floor --runs 5  # and training, products alone
     .venv/bin/python scripts/profile_sim_round.py sweep --runs 5 --units 1,2,4,8,16,32,50
                                     # a round's training alone against unit size
+    .venv/bin/python scripts/profile_sim_round.py backward --runs 11  # written out vs autograd
     .venv/bin/python scripts/profile_sim_round.py budget --runs 5 # a round's CPU by phase
     .venv/bin/python scripts/profile_sim_round.py cprofile     # the lane, by function (CPU)
     .venv/bin/python scripts/profile_sim_round.py ops          # the lane, by torch op
@@ -49,7 +50,7 @@ def compare(w: Workload, runs: int) -> dict:
     return {"bare_cpu_s": bare, "lane_cpu_s": lane, "bare": b, "lane": o, "lane_over_bare": o / b}
 
 
-def training_only(w: Workload, unit: int) -> Callable[[], None]:
+def training_only(w: Workload, unit: int, *, by_hand: bool = True) -> Callable[[], None]:
     """A round's local training alone: the cohort in vmap units, no engine around it."""
     from torch.nn import functional
 
@@ -62,6 +63,7 @@ def training_only(w: Workload, unit: int) -> Callable[[], None]:
     pool = SyntheticPool(w)
     model = FlatModel(mlp())
     trainer = BatchedTrainer(model, functional.cross_entropy)
+    trainer._by_hand = by_hand  # False: autograd over the written-out forward (backward mode)
     hp = LocalTraining(batch_size=w.batch_size, lr=w.lr)
     start = model.get()
 
@@ -143,6 +145,20 @@ def sweep(w: Workload, runs: int, units: list[int]) -> dict:
     return out
 
 
+def backward(w: Workload, runs: int, unit: int) -> dict:
+    """A round's training with the written-out backward against autograd over the same
+    forward, alternating (each sample the mean of 3 rounds), medians of `runs`."""
+    paths = {"by_hand": training_only(w, unit), "autograd": training_only(w, unit, by_hand=False)}
+    samples: dict[str, list[float]] = {name: [] for name in paths}
+    for r in range(runs):
+        for name in sorted(paths, reverse=r % 2 == 1):  # neither always first
+            run = paths[name]
+            samples[name].append(statistics.fmean(cpu_of(run) for _ in range(3)))
+    out = {f"{name}_ms": 1000 * statistics.median(v) for name, v in samples.items()}
+    out["by_hand_over_autograd"] = out["by_hand_ms"] / out["autograd_ms"]
+    return out
+
+
 def budget(w: Workload, runs: int, unit: int) -> dict:
     """A round's CPU by phase, each phase timed alone at the round's shapes (CPU ms a
     round of `per_round` clients, median of `runs`), next to the round's training and the
@@ -205,9 +221,11 @@ def budget(w: Workload, runs: int, unit: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("mode", choices=["compare", "floor", "sweep", "budget", "cprofile", "ops"])
     p.add_argument(
-        "--unit", type=int, default=25, help="clients per vmap unit (floor, budget) [25]"
+        "mode", choices=["compare", "floor", "sweep", "backward", "budget", "cprofile", "ops"]
+    )
+    p.add_argument(
+        "--unit", type=int, default=25, help="clients per vmap unit (floor, backward, budget) [25]"
     )
     p.add_argument(
         "--units",
@@ -219,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         "--runs",
         type=int,
         default=5,
-        help="runs of each contender (compare, floor, sweep, budget) [5]",
+        help="runs of each contender (compare, floor, sweep, backward, budget) [5]",
     )
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--clients", type=int, default=500)
@@ -235,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(floor(w, args.runs, args.unit)))
     elif args.mode == "sweep":
         print(json.dumps(sweep(w, args.runs, args.units)))
+    elif args.mode == "backward":
+        print(json.dumps(backward(w, args.runs, args.unit)))
     elif args.mode == "budget":
         print(json.dumps(budget(w, args.runs, args.unit)))
     elif args.mode == "cprofile":
