@@ -14,10 +14,10 @@ per-client drop lines.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from fedveil.benchmarks.fleet_secagg_round import (
     coordinator_drops,
@@ -127,7 +127,7 @@ def test_absent_clients_are_refused_unless_they_are_client_ids(tmp_path: Path) -
     for bad, says in (("3,x", "'x' is not a client id"), ("-1", "a client id is >= 0")):
         with pytest.raises(ConfigError, match=says):
             load_config(None, {"simulation.absent_clients": bad})
-    with pytest.raises(ConfigError, match="not among data.num_clients"):
+    with pytest.raises(ConfigError, match=r"not among data\.num_clients"):
         load_config(
             None,
             {"simulation.absent_clients": "7", "data.num_clients": 5, "server.per_round": 5},
