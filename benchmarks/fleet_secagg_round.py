@@ -16,9 +16,10 @@ A failed pull or push of one message (a 500, which Flower's retry invoker does n
 retry) loses that message and the device keeps polling, as the SuperNode's loop does; a
 failed PullMessages ends the connection, which the device starts again (device_loop).
 
-What is compared (round_verdict): the coordinator's per-client drop lines name who was
-left out of the round; the deployed model is compared with `fedveil simulate` of the
-same run in which exactly those devices never answer (simulation.absent_clients), so
+What is compared (round_verdict): the coordinator's per-client drop lines name who
+dropped and whether its update is in the sum (a device that drops after its masked
+input is summed); the deployed model is compared with `fedveil simulate` of the
+same run in which exactly the devices left out of the sum never answer (simulation.absent_clients), so
 both sides sum the same cohort. secagg_round_ok also asks that at most
 dropped_allowed(N) devices (1%, at least one) dropped: a round that loses more
 devices shows a coordinator that does not serve its fleet, whatever its sum.
@@ -69,6 +70,7 @@ from fedveil.benchmarks.fleet_coordinator import Coordinator
 from fedveil.client.edge.device_app import DataSource, EdgeClient, answer
 from fedveil.config import config_from_dict
 from fedveil.ops.certs import CLIENT_CURVE
+from fedveil.server.engine.round_steps import SUMMED_NOTE
 from fedveil.simulations.simulate_run import simulate
 from fedveil.tasks import builtin_task
 
@@ -291,14 +293,21 @@ def dropped_allowed(devices: int) -> int:
 
 
 def coordinator_drops(run_log: str, round_num: int) -> dict[int, str]:
-    """Who the coordinator left out of round `round_num`, and why: the engine's line per
-    dropped client (round_steps.log_drops, at INFO in the run's server.log without DP)."""
+    """Who dropped from round `round_num`, and why: the engine's line per dropped client
+    (round_steps.log_drops, at INFO in the run's server.log without DP). A reason ending
+    in SUMMED_NOTE is a client whose update is in the sum (it dropped after its masked
+    input); the others are left out of it (left_out)."""
     drops: dict[int, str] = {}
     for line in run_log.splitlines():
         m = DROP_LINE.search(line)
         if m is not None and int(m["round"]) == round_num:
             drops[int(m["client"])] = m["reason"]
     return drops
+
+
+def left_out(drops: dict[int, str]) -> set[int]:
+    """The dropped clients whose updates are not in the round's sum."""
+    return {c for c, reason in drops.items() if not reason.endswith(SUMMED_NOTE)}
 
 
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float | None:
@@ -323,10 +332,12 @@ def round_verdict(
     if deployed is None or record.get("applied") is not True:
         return False, "the round's model was not applied"
     aggregated, dropped = record.get("cohort_aggregated"), record.get("dropped")
-    if aggregated != devices - len(drops) or dropped != len(drops):
+    absent = left_out(drops)
+    if aggregated != devices - len(absent) or dropped != len(drops):
         return False, (
             f"the round record (cohort_aggregated {aggregated}, dropped {dropped}) does not "
-            f"match the {len(drops)} dropped clients the run's log names"
+            f"match the run's log ({len(drops)} dropped, {len(absent)} of them left out "
+            "of the sum)"
         )
     allowed = dropped_allowed(devices)
     if not len(drops) <= allowed:
@@ -472,10 +483,10 @@ def secagg_round(
         # The simulation of exactly the cohort the coordinator aggregated.
         simulated: dict[str, torch.Tensor] | None = None
         try:
-            simulated = simulated_model(toml, Path(tmp) / "sim", drops)
+            simulated = simulated_model(toml, Path(tmp) / "sim", left_out(drops))
         except Exception as exc:  # e.g. too few survivors for the simulation's protocol
             say(f"secagg round: the simulation of the aggregated cohort failed: {exc}")
-    survivors = [c for c in range(devices) if c not in drops]
+    survivors = [c for c in range(devices) if c not in left_out(drops)]
     tol = tolerance(cfg, [weights[c] for c in survivors])
     last = rounds[-1] if rounds else {}
     ok, verdict = round_verdict(deployed, simulated, tol, last, drops, devices)

@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 import tomllib
+import torch
 
 from fedveil.benchmarks.fleet_secagg_round import (
     coordinator_drops,
     dropped_allowed,
+    left_out,
     max_abs_diff,
     round_verdict,
     run_toml,
@@ -72,6 +74,27 @@ def _record(aggregated: int, dropped: int) -> dict:
 def test_the_coordinators_drop_lines_name_the_dropped_devices() -> None:
     assert coordinator_drops(RUN_LOG, 1) == {2: "dropped during secure aggregation"}
     assert coordinator_drops(RUN_LOG, 2) == {}
+
+
+def test_a_device_dropped_after_its_masked_input_is_in_the_sum(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The engine's drop line (round_steps.account_drops) says whether a dropped
+    client's update is in the sum; the harness leaves out only the others."""
+    import logging
+
+    from fedveil.server.engine.aggregation import Aggregate
+    from fedveil.server.engine.round_record import RoundRecord
+    from fedveil.server.engine.round_steps import Collected, account_drops
+
+    dropped = {2: "no reply before the deadline", 4: "dropped during secure aggregation"}
+    agg = Aggregate(torch.zeros(3), 5.0, [0, 1, 2, 3, 5], 0.5, dropped)
+    record = RoundRecord(1, DEVICES, 0, 0, applied=False)
+    with caplog.at_level(logging.INFO, logger="fedveil.server"):
+        account_drops(record, list(range(DEVICES)), Collected.of(agg), dp=False)
+    drops = coordinator_drops(caplog.text, 1)
+    assert set(drops) == {2, 4} and left_out(drops) == {4}
+    assert (record.cohort_aggregated, record.dropped) == (5, 2)
 
 
 def test_a_round_that_lost_one_device_equals_the_simulation_of_its_cohort(
