@@ -18,11 +18,11 @@ failed PullMessages ends the connection, which the device starts again (device_l
 
 What is compared (round_verdict): the coordinator's per-client drop lines name who
 dropped and whether its update is in the sum (a device that drops after its masked
-input is summed); the deployed model is compared with `fedveil simulate` of the
-same run in which exactly the devices left out of the sum never answer (simulation.absent_clients), so
-both sides sum the same cohort. secagg_round_ok also asks that at most
-dropped_allowed(N) devices (1%, at least one) dropped: a round that loses more
-devices shows a coordinator that does not serve its fleet, whatever its sum.
+input is summed); the deployed model is compared with `fedveil simulate` of the same
+run in which exactly the devices left out of the sum never answer
+(simulation.absent_clients), so both sides sum the same cohort. secagg_round_ok also
+asks that at most dropped_allowed(N) devices (1%, at least one) dropped: a round that
+loses more devices shows a coordinator that does not serve its fleet, whatever its sum.
 
 The run: `synthetic` data, `logreg`, one round, every device sampled, `[secagg] enabled`.
 Tolerance: secure aggregation rounds each client's weighted update (x_i * w_i / W) to a
