@@ -124,7 +124,9 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="also run one secure-aggregation round of N emulated devices (fresh "
-        "coordinator) and compare its model with `fedveil simulate` (secagg_round_ok)",
+        "coordinator) and compare its model with `fedveil simulate` of the cohort it "
+        "aggregated; secagg_round_ok also needs at most 1%% of the devices (at least one) "
+        "dropped",
     )
     p.add_argument(
         "--secagg-logs",
