@@ -480,14 +480,16 @@ def secagg_round(
             if logs is not None:
                 keep_logs(Path(tmp), rid, logs)
                 say(f"secagg round: the coordinator's logs are in {logs}")
-        # The simulation of exactly the cohort the coordinator aggregated.
+        # The simulation of exactly the cohort the coordinator aggregated; not run
+        # where the round cannot be ok anyway (too many left out of the sum).
         simulated: dict[str, torch.Tensor] | None = None
-        try:
-            simulated = simulated_model(toml, Path(tmp) / "sim", left_out(drops))
-        except Exception as exc:  # e.g. too few survivors for the simulation's protocol
-            say(f"secagg round: the simulation of the aggregated cohort failed: {exc}")
+        if deployed is not None and len(left_out(drops)) <= dropped_allowed(devices):
+            try:
+                simulated = simulated_model(toml, Path(tmp) / "sim", left_out(drops))
+            except Exception as exc:  # e.g. too few survivors for the simulation's protocol
+                say(f"secagg round: the simulation of the aggregated cohort failed: {exc}")
     survivors = [c for c in range(devices) if c not in left_out(drops)]
-    tol = tolerance(cfg, [weights[c] for c in survivors])
+    tol = tolerance(cfg, [weights[c] for c in survivors]) if survivors else math.nan
     last = rounds[-1] if rounds else {}
     ok, verdict = round_verdict(deployed, simulated, tol, last, drops, devices)
     diff = None if deployed is None or simulated is None else max_abs_diff(deployed, simulated)
@@ -504,7 +506,7 @@ def secagg_round(
         "secagg_round_status": run["status"],
         "secagg_round_s": round(elapsed, 2),
         "secagg_round_coordinator_cpu_s": round(cpu_s, 2),
-        "secagg_round_tolerance": tol,
+        "secagg_round_tolerance": tol if tol == tol else None,  # NaN: nobody aggregated
         "secagg_round_max_abs_diff": diff,
         "secagg_round_models_differ": changed,  # fresh rounding keys: they should
         "secagg_round_cohort_aggregated": last.get("cohort_aggregated"),
