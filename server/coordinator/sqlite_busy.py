@@ -16,10 +16,12 @@ machine a request waited past 5 s and got a 500. A SuperNode does not retry a 50
 (flwr.supercore.retry.http_retry retries 502, 503, 504 and transport errors only): the
 message it was pulling or pushing is dropped, and the device misses the stage.
 
-A longer wait turns that failure into latency. A SuperNode's request times out after
-30 s and is retried (a read timeout is retryable), and PullObject and PushObject are
-idempotent, so a request that waits past the client's timeout costs a retry, not a
-message. The coordinator's exchanges have deadlines of minutes.
+A longer wait turns that failure into latency; the coordinator's exchanges have
+deadlines of minutes. It stays below the 30 s after which a SuperNode's request times
+out (and is retried: a read timeout is retryable): PullObject and PushObject are
+idempotent, but PullMessages claims the messages it returns, and one that completed
+after its client had given up would deliver them to nobody. A request that waits once
+for the lock still answers its client in time.
 
 The pragma is set when a connection is first checked out of its pool (SQLAlchemy's
 declared `checkout` pool event), after Flower's own `connect` listener has set its 5 s,
@@ -31,7 +33,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-BUSY_TIMEOUT_S = 60.0
+BUSY_TIMEOUT_S = 20.0  # Flower's: 5 s; a SuperNode's request timeout: 30 s
 _MARK = "fedveil_busy_timeout"
 
 
