@@ -13,6 +13,9 @@ is involved, and a re-run of the same config fails the same clients.
   computes nothing on the client's data (secure aggregation's key and unmasking
   stages) has the median latency_median * message_latency_share: a message's round
   trip, not a training's.
+- Absent clients (simulation.absent_clients): named clients drop at the first stage
+  they are asked, every round; a deployed round's dropouts replayed, so the simulation
+  aggregates the cohort that round did (benchmarks/fleet_secagg_round.py).
 
 A dropped or late client stays gone for the rest of its round, as a real one
 whose connection broke would; the transport answers for it with a ClientFailure.
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedveil.config import parse_stage_dropout
+from fedveil.config import parse_client_ids, parse_stage_dropout
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import MESSAGE_KINDS
 from fedveil.server.engine.transport import (
@@ -94,6 +97,7 @@ class AvailabilityModel:
     latency_sigma: float = 0.5
     latency_client_sigma: float = 0.5
     message_latency_share: float = 1.0  # median of a message-only exchange / latency_median
+    absent: frozenset[int] = frozenset()  # never answer (simulation.absent_clients)
 
     def __post_init__(self) -> None:
         for name, p in [("dropout", self.dropout), *self.stage_dropout.items()]:
@@ -119,12 +123,18 @@ class AvailabilityModel:
             latency_sigma=s.latency_sigma,
             latency_client_sigma=s.latency_client_sigma,
             message_latency_share=s.message_latency_share,
+            absent=parse_client_ids(s.absent_clients),
         )
         return model if model.active else None
 
     @property
     def active(self) -> bool:
-        return self.dropout > 0 or any(self.stage_dropout.values()) or self.latency_median > 0
+        return (
+            self.dropout > 0
+            or any(self.stage_dropout.values())
+            or self.latency_median > 0
+            or bool(self.absent)
+        )
 
     def dropout_probability(self, stage: str, cids: Sequence[int]) -> np.ndarray:
         """Each client's chance of dropping at `stage`."""
@@ -167,7 +177,9 @@ class AvailabilityModel:
         failed: dict[int, str] = {}
         latency: dict[int, float] = {}
         for cid, pc, uc, lc in zip(cids, p, u, lat, strict=True):
-            if uc < pc:
+            if cid in self.absent:
+                failed[cid] = f"{DROPPED} at stage {stage!r} (absent client)"
+            elif uc < pc:
                 failed[cid] = f"{DROPPED} at stage {stage!r} (p={pc:.3f})"
             elif timeout_s and lc > timeout_s:
                 failed[cid] = f"{LATE}: reply after {lc:.2f} s, deadline {timeout_s:g} s"

@@ -181,6 +181,15 @@ def _check_simulation_fields(cfg: RunConfig) -> None:
         except ValueError as exc:
             raise ConfigError(f"simulation.dropout_stages: {exc}") from None
     try:
+        absent = parse_client_ids(cfg.simulation.absent_clients)
+    except ValueError as exc:
+        raise ConfigError(f"simulation.absent_clients: {exc}") from None
+    if absent and not max(absent) < cfg.data.num_clients:
+        raise ConfigError(
+            f"simulation.absent_clients: client {max(absent)} is not among data.num_clients = "
+            f"{cfg.data.num_clients} (ids 0..{cfg.data.num_clients - 1})"
+        )
+    try:
         check_ray_address(cfg.simulation.ray_address)
     except ValueError as exc:
         raise ConfigError(f"simulation.ray_address = {exc}") from None
@@ -276,6 +285,22 @@ def parse_stage_dropout(text: str) -> dict[str, float]:
             raise ValueError(f"{item!r}: probability must be in [0, 0.99]")
         out[stage] = p
     return out
+
+
+def parse_client_ids(text: str) -> frozenset[int]:
+    """'3, 57' -> {3, 57}; ValueError naming the item that is not a client id (>= 0)."""
+    out: set[int] = set()
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        try:
+            cid = int(item)
+        except ValueError:
+            raise ValueError(f"{item!r} is not a client id") from None
+        if cid < 0:
+            raise ValueError(f"{item!r}: a client id is >= 0")
+        out.add(cid)
+    return frozenset(out)
 
 
 class DeprecatedKeyWarning(FutureWarning):

@@ -374,6 +374,12 @@ class SimulationConfig:
     dropout_stages: str = spec(
         "", help="per-stage dropout overrides, e.g. 'train=0.1,evaluate=0'; others use dropout"
     )
+    absent_clients: str = spec(
+        "",
+        help="clients that never answer, e.g. '3,57': each drops at the first stage it is "
+        "asked (a deployed round's dropouts replayed, so the simulation sums the cohort "
+        "that round aggregated)",
+    )
     latency_median: float = spec(
         0.0, lo=0.0, hi=86_400.0, help="median simulated reply latency in s; 0: no latency model"
     )

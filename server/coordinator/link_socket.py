@@ -112,7 +112,11 @@ def superlink_main() -> None:
     import uvicorn
 
     from fedveil.server.coordinator.fleet_listener import serve_with_fleet, spec_from_env
+    from fedveil.server.coordinator.sqlite_busy import wait_for_sqlite_writes
 
+    # Before Flower opens its state: a Fleet request waits for SQLite's write lock
+    # rather than failing with a 500 after 5 s (sqlite_busy.py).
+    wait_for_sqlite_writes()
     path = Path(os.environ[SOCKET_ENV])
     real_run = uvicorn.run
 

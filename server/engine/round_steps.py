@@ -58,17 +58,32 @@ def account_drops(record: RoundRecord, cohort: list[int], got: Collected, *, dp:
         # sum may have been seen; under distributed DP it was charged first.
         record.extra.update(status="aborted", aborted_stage=got.aborted.stage)
         record.extra["abort_reason"] = got.aborted.reason
-    log_drops(record.round, len(cohort), got.dropped, dp=dp)
+    summed = frozenset(got.agg.contributors) if got.agg is not None else frozenset()
+    log_drops(record.round, len(cohort), got.dropped, dp=dp, summed=summed)
 
 
-def log_drops(round_num: int, cohort_size: int, dropped: dict[int, str], *, dp: bool) -> None:
+SUMMED_NOTE = " (its update is in the sum)"
+
+
+def log_drops(
+    round_num: int,
+    cohort_size: int,
+    dropped: dict[int, str],
+    *,
+    dp: bool,
+    summed: frozenset[int] = frozenset(),
+) -> None:
     """One warning per round, not one per client: "round 3: 20 of 20 clients failed:
     20 x RuntimeError: ...". Under DP it names the distinct reasons without counts or
     ids; the counts go to the debug log. Per-client lines are below the default level:
-    info (`-v`, the deployed server.log), under DP debug only."""
+    info (`-v`, the deployed server.log), under DP debug only. A dropped client whose
+    update is in the round's sum (`summed`: secure aggregation's client that dropped
+    after its masked input) is marked SUMMED_NOTE: who the sum covers, without DP,
+    is then in the log (benchmarks/fleet_secagg_round.py reads it)."""
     per_client = logging.DEBUG if dp else logging.INFO
     for cid, reason in sorted(dropped.items()):
-        log.log(per_client, "round %d: client %d dropped: %s", round_num, cid, reason)
+        note = SUMMED_NOTE if cid in summed else ""
+        log.log(per_client, "round %d: client %d dropped: %s%s", round_num, cid, reason, note)
     if not dropped:
         return
     counted = failure_summary(dropped, counts=True)
