@@ -9,6 +9,9 @@ is dropped and counted. After K client updates (server.buffer) the server optimi
 takes one step on sum(s(tau_i) w_i delta_i) / sum(w_i): a new model version, one
 RoundRecord, one checkpoint. Under ssp a unit is dispatched only while the model is
 at most server.ssp_bound versions ahead of the oldest download still in flight.
+A secure-aggregation group takes G slots: by default it goes out once G are free; with
+server.group_dispatch_at = S (rolling, simulated clock) once S are, its other members
+starting to train as slots come free, never more than C training at once.
 
 Arrivals come from an ArrivalClock (sim_clock.py): simulated time, never wall-clock
 order, so every transport reaches the same model for the same config and seed.
@@ -200,6 +203,7 @@ class BufferedScheduler:
     def fill(self) -> None:
         """Dispatch units into every free slot the SSP gate and the cap allow (with keys
         ahead, then form the groups that agree their keys for the next free slots)."""
+        self._recompute_restored()
         done = self.engine.round >= self.cfg.server.rounds
         if done and self.dp is not None and self.dp.charges_at_unmask:
             return  # distributed DP charges a group when unmasked: none after the last update
@@ -217,6 +221,17 @@ class BufferedScheduler:
             self._dispatch(clients)
         if self.keys_ahead and not self.stalled and self.engine.round < self.cfg.server.rounds:
             self._form_keyed()
+
+    def _recompute_restored(self) -> None:
+        """With keys ahead, the groups restored in flight run their sessions again before
+        any group agrees its keys: a client holds one session at a time (client/sessions.py),
+        and a member freed early may be drawn into a group formed after the restore, whose
+        session a recomputation at the old group's arrival would close."""
+        if not self.keys_ahead:
+            return
+        for unit in self.in_flight.values():
+            if not unit.computed:
+                self._compute(unit)
 
     def _form_keyed(self) -> None:
         """One group per slot agreeing its keys ahead; a group whose key agreement aborts
@@ -593,13 +608,6 @@ class BufferedScheduler:
             self.in_flight[unit.seq] = unit
             self.clock.schedule(unit.seq, unit.arrival)
         self.keyed = [GroupKeyedAhead.from_state(g) for g in a.get("keyed", [])]
-        if self.free_early:
-            # The groups in flight run their sessions again now, before any group forms its
-            # keys ahead: a client holds one session at a time (client/sessions.py), and a
-            # member freed early may be drawn into a group formed after the restore, whose
-            # session a later recomputation would close.
-            for unit in self.in_flight.values():
-                self._compute(unit)
         self.last_apply_clock = float(a["last_apply_clock"])
         self.totals = Counter(a["totals"])
 
