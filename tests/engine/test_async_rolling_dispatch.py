@@ -165,8 +165,8 @@ def test_a_recomputed_rolling_group_leaves_out_the_same_members(tmp_path):
     ("extra", "field"),
     [
         ({"server.group_dispatch_at": 6}, "server.group_dispatch_at = 6: must be in [1, "),
-        ({"server.group_dispatch_at": -1}, "server.group_dispatch_at"),
-        ({"server.group_dispatch_at": float("nan")}, "server.group_dispatch_at"),
+        ({"server.group_dispatch_at": -1}, "server.group_dispatch_at = -1: must be >= 0"),
+        ({"server.group_dispatch_at": float("nan")}, "server.group_dispatch_at = nan: must be"),
         ({"server.mode": "sync", "server.group_release_at": 0}, "server.group_dispatch_at = 1"),
         (
             {"secagg.enabled": False, "server.group_release_at": 0, "server.group_size": 1},
