@@ -14,7 +14,9 @@ job's training time per client), sigma 1.0 per draw and 0.5 per client.
   dispatched, the group released at its first R masked inputs (server.group_release_at;
   R = K, G = K + ceil(0.3 K) by default), the other G - R dropped by design and their
   masks removed by dropout recovery; each protocol stage has sync_deadline's deadline
-  (--group-deadline p90), a member past it is dropped as well;
+  (--group-deadline p90), a member past it is dropped as well; a group goes out once
+  S = R slots are free, its other members starting to train as slots come free
+  (--dispatch-at, server.group_dispatch_at; 0: once G are, the design before);
 - async_secagg_whole: the previous design, side by side: groups of G = K that wait for
   every member (or the deadline).
 
@@ -125,6 +127,13 @@ def add_async_arguments(p: argparse.ArgumentParser) -> None:
         "(server.group_release_at) [K]; 0: at every member, as async_secagg_whole",
     )
     p.add_argument(
+        "--dispatch-at",
+        type=int,
+        help="async_secagg: a group goes out once S slots are free, its other members "
+        "starting to train as slots come free (server.group_dispatch_at) [R]; 0: once G "
+        "are free, the whole group at once",
+    )
+    p.add_argument(
         "--group-deadline",
         choices=("p90", "none"),
         default="p90",
@@ -175,6 +184,7 @@ class Setup:
     buffer: int
     group_size: int
     release_at: int  # async_secagg: R of G (0: every member)
+    dispatch_at: int  # async_secagg: server.group_dispatch_at S (0: G, at once)
     group_deadline: bool  # async_secagg: round_timeout at the p90 latency, as sync_deadline
     latency_median: float
     message_latency_share: float  # async_secagg's key and unmask stages, of latency_median
@@ -198,12 +208,16 @@ def resolve(args: argparse.Namespace) -> Setup:
         )
     if r and not 3 <= r <= g:
         raise ValueError(f"--release-at = {r}: must be 0 or in [3, --group-size = {g}]")
+    dispatch_at = r if getattr(args, "dispatch_at", None) is None else args.dispatch_at
+    if not 0 <= dispatch_at <= g:
+        raise ValueError(f"--dispatch-at = {dispatch_at}: must be 0 or in [1, --group-size = {g}]")
     return Setup(
         base=base,
         concurrency=c,
         buffer=k,
         group_size=g,
         release_at=r,
+        dispatch_at=dispatch_at,
         group_deadline=getattr(args, "group_deadline", "p90") == "p90",
         latency_median=args.latency_median,
         message_latency_share=args.message_latency_share,
@@ -260,6 +274,8 @@ def contender_values(name: str, s: Setup, seed: int, out: Path) -> dict[str, Any
         )
         if s.release_at and not whole:
             values.update(release_values(s.group_size, s.release_at))
+        if s.dispatch_at and not whole:
+            values["server.group_dispatch_at"] = s.dispatch_at
         if s.group_deadline:  # stragglers past it are dropped; the sum comes by recovery
             values["server.round_timeout"] = deadline(s, seed)
     return values
@@ -361,6 +377,7 @@ def bench(s: Setup, seeds: list[int], names: list[str], out: Path) -> dict[str, 
         buffer=s.buffer,
         group_size=s.group_size,
         release_at=s.release_at,
+        dispatch_at=s.dispatch_at,
         latency_median_s=s.latency_median,
         latency_sigma=1.0,
         latency_client_sigma=0.5,
@@ -403,7 +420,9 @@ def format_report(summary: dict[str, Any]) -> str:
     lines = [
         f"fedveil bench async: C = {summary['concurrency']} in flight, K = {summary['buffer']}, "
         f"secagg groups of G = {summary['group_size']} released at R = "
-        f"{summary['release_at'] or summary['group_size']} (whole: G = K); "
+        f"{summary['release_at'] or summary['group_size']}, dispatched with S = "
+        f"{summary['dispatch_at'] or summary['group_size']} slots free (whole: G = K, "
+        "at once); "
         "latency log-normal, median "
         f"{summary['latency_median_s']:g} s, sigma 1.0, client sigma 0.5 (secagg key and "
         f"unmask stages x {summary['message_latency_share']:g}); "

@@ -49,6 +49,12 @@ def check_async_fields(cfg: RunConfig) -> None:
     """The async settings against each other and the rest of the run."""
     s = cfg.server
     if s.mode == "sync":
+        if s.group_dispatch_at:
+            raise ConfigError(
+                f"server.group_dispatch_at = {s.group_dispatch_at} with server.mode = 'sync': "
+                "a rolling dispatch is an asynchronous group's; set it to 0, or use "
+                "server.mode = 'async' | 'ssp'"
+            )
         if s.group_release_at:
             raise ConfigError(
                 f"server.group_release_at = {s.group_release_at} with server.mode = 'sync': "
@@ -79,6 +85,17 @@ def check_async_fields(cfg: RunConfig) -> None:
             f"server.buffer = {k} clients and at least 3"
         )
     check_group_release(cfg)
+    if s.group_dispatch_at and not cfg.secagg.enabled:
+        raise ConfigError(
+            f"server.group_dispatch_at = {s.group_dispatch_at} with secagg.enabled = false: "
+            "in the clear each client is its own unit, dispatched as its slot comes free "
+            "already; set it to 0"
+        )
+    if s.group_dispatch_at > g:
+        raise ConfigError(
+            f"server.group_dispatch_at = {s.group_dispatch_at}: must be in [1, "
+            f"server.group_size = {g}] (the free slots a group goes out with), or 0 (G)"
+        )
     cap = s.max_participations
     if cap and cap * n < s.rounds * k:
         raise ConfigError(

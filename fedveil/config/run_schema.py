@@ -171,6 +171,15 @@ class ServerConfig:
         "every member (or the deadline). 3 <= R <= G, R >= the Shamir threshold, G - R "
         "within secagg.dropout_rate x G",
     )
+    group_dispatch_at: int = spec(
+        0,
+        lo=0,
+        hi=1_000_000,
+        help="async/ssp with secagg on the simulated clock: a group is dispatched once S "
+        "training slots are free, its other G - S members starting to train as slots come "
+        "free (rolling dispatch; its keys agreed when it forms); 0: G, the whole group at "
+        "once. The same session, R and threshold either way; 1 <= S <= G",
+    )
     max_participations: int = spec(
         0, lo=0, hi=1_000_000, help="async/ssp: most dispatches per client in a run; 0: no cap"
     )

@@ -9,6 +9,9 @@ is dropped and counted. After K client updates (server.buffer) the server optimi
 takes one step on sum(s(tau_i) w_i delta_i) / sum(w_i): a new model version, one
 RoundRecord, one checkpoint. Under ssp a unit is dispatched only while the model is
 at most server.ssp_bound versions ahead of the oldest download still in flight.
+A secure-aggregation group takes G slots: by default it goes out once G are free; with
+server.group_dispatch_at = S (rolling, simulated clock) once S are, its other members
+starting to train as slots come free, never more than C training at once.
 
 Arrivals come from an ArrivalClock (sim_clock.py): simulated time, never wall-clock
 order, so every transport reaches the same model for the same config and seed.
@@ -165,6 +168,18 @@ class BufferedScheduler:
         # training: it is free to join the next group while its own waits for stragglers
         # to report or hit the deadline (Dispatch.frees), so the slot holds no idle client.
         self.free_early = self.secagg and latency and simulated
+        # Rolling dispatch: a group goes out once S slots are free (server.group_dispatch_at),
+        # each other member starting to train as a slot comes free (the members' free times
+        # are known on this clock: Dispatch.frees), so fewer slots wait idle for G to be
+        # free at once. The session, its members, R and the threshold are the same.
+        self.dispatch_at = self.cfg.server.group_dispatch_at or self.group
+        self.rolling = self.dispatch_at < self.group
+        if self.rolling and not self.free_early:
+            raise ValueError(
+                f"server.group_dispatch_at = {self.dispatch_at} needs secure aggregation on "
+                "the simulated clock with a latency model (simulation.latency_median > 0): "
+                "it starts each member as a slot comes free, known only there; set it to 0"
+            )
 
     def _runner(self, engine: EngineView) -> DispatchRunner:
         return DispatchRunner(
@@ -174,18 +189,25 @@ class BufferedScheduler:
 
     # -- dispatch -----------------------------------------------------------
     def clients_in_flight(self) -> int:
-        """Clients training now (a group's members that have sent their masked input do
-        not count: Dispatch.frees)."""
+        """Slots taken now: clients training (a group's members that have sent their masked
+        input do not count: Dispatch.frees), and under rolling dispatch members waiting
+        for a slot that is not free yet (Dispatch.waiting)."""
         now = self.clock.now()
         return sum(len(u.busy(now)) for u in self.in_flight.values())
+
+    def clients_training(self) -> int:
+        """Clients training now (rolling dispatch: not those still waiting for a slot)."""
+        now = self.clock.now()
+        return self.clients_in_flight() - sum(len(u.waiting(now)) for u in self.in_flight.values())
 
     def fill(self) -> None:
         """Dispatch units into every free slot the SSP gate and the cap allow (with keys
         ahead, then form the groups that agree their keys for the next free slots)."""
+        self._recompute_restored()
         done = self.engine.round >= self.cfg.server.rounds
         if done and self.dp is not None and self.dp.charges_at_unmask:
             return  # distributed DP charges a group when unmasked: none after the last update
-        while not self.stalled and self.concurrency - self.clients_in_flight() >= self.group:
+        while not self.stalled and self.concurrency - self.clients_in_flight() >= self.dispatch_at:
             if self.ssp_bound is not None:
                 oldest = min((u.version for u in self.in_flight.values()), default=None)
                 if not ssp_allows(self.engine.round, oldest, self.ssp_bound):
@@ -200,10 +222,23 @@ class BufferedScheduler:
         if self.keys_ahead and not self.stalled and self.engine.round < self.cfg.server.rounds:
             self._form_keyed()
 
+    def _recompute_restored(self) -> None:
+        """With keys ahead, the groups restored in flight run their sessions again before
+        any group agrees its keys: a client holds one session at a time (client/sessions.py),
+        and a member freed early may be drawn into a group formed after the restore, whose
+        session a recomputation at the old group's arrival would close."""
+        if not self.keys_ahead:
+            return
+        for unit in self.in_flight.values():
+            if not unit.computed:
+                self._compute(unit)
+
     def _form_keyed(self) -> None:
         """One group per slot agreeing its keys ahead; a group whose key agreement aborts
         (too few members left) is lost, never trained, and counted."""
         slots = self.concurrency // self.group
+        if self.rolling:  # groups go out more often: one more agrees its keys ahead
+            slots = -(-self.concurrency // self.group)
         for _ in range(slots):
             if len(self.keyed) >= slots:
                 return
@@ -255,8 +290,9 @@ class BufferedScheduler:
         if keys is None:  # restored from a checkpoint: the same stages, agreed again
             keys, _ = self.runner.agree_keys(group.seq, group.clients)
         start = unit.dispatched_at + max(0.0, group.keys_ready - unit.dispatched_at)
+        ready = self._slots_for(unit.clients, start) if self.rolling else None
         elapsed = self.runner.run_keyed_group(
-            unit, self.engine.weights, keys, start if self.free_early else None
+            unit, self.engine.weights, keys, start if self.free_early else None, ready
         )
         unit.arrival = start + elapsed
         self.in_flight[unit.seq] = unit
@@ -273,7 +309,8 @@ class BufferedScheduler:
         self.participations.update(clients)
         if self.secagg:
             start = unit.dispatched_at if self.free_early else None
-            latency = self.runner.run_group(unit, self.engine.weights, start)
+            ready = self._slots_for(unit.clients, unit.dispatched_at) if self.rolling else None
+            latency = self.runner.run_group(unit, self.engine.weights, start, ready)
         else:
             timeout = self.cfg.server.round_timeout or None
             latency, unit.failed = plain_unit_fate(self.availability, seq, clients, timeout)
@@ -281,6 +318,19 @@ class BufferedScheduler:
         self.in_flight[seq] = unit
         self.clock.schedule(seq, unit.arrival)
         self.totals["dispatched"] += 1
+
+    def _slots_for(self, clients: Sequence[int], start: float) -> dict[int, float]:
+        """Rolling dispatch: when each member's training slot comes free, from `start` (the
+        session's first stage here): the slots free now (0), then the next free times of
+        the members training now, earliest first, one member each (in client order).
+        fill() dispatches only with a slot free and no member of an earlier group still
+        waiting for one, so these free times are no other member's."""
+        now = self.clock.now()
+        free_now = self.concurrency - self.clients_in_flight()
+        later = sorted(t for u in self.in_flight.values() for t in u.frees.values() if t > now)
+        times = [now] * max(0, free_now) + later
+        assert len(times) >= len(clients), "a group needs G <= C slots"
+        return {c: max(0.0, t - start) for c, t in zip(sorted(clients), times, strict=False)}
 
     # -- arrivals -----------------------------------------------------------
     def deliver(self, seq: int) -> RoundRecord | None:
@@ -431,7 +481,7 @@ class BufferedScheduler:
             status="applied",
             sim_time_s=round(now - self.last_apply_clock, 6),
             sim_clock_s=round(now, 6),
-            in_flight=self.clients_in_flight(),
+            in_flight=self.clients_training(),
             stale_dropped=w.stale_dropped,
             replays_dropped=w.replays_dropped,
             drops_by_reason=drops_by_reason(w.dropped),

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -62,7 +62,13 @@ class _SessionOnItsThread(DispatchRunner):
     """The unit runner whose secure-aggregation group does not run at dispatch: on the
     wall clock the group's session runs on the unit's thread (DeviceScheduler._work)."""
 
-    def run_group(self, unit: Dispatch, weights: torch.Tensor, start: float | None = None) -> float:
+    def run_group(
+        self,
+        unit: Dispatch,
+        weights: torch.Tensor,
+        start: float | None = None,
+        ready: Mapping[int, float] | None = None,
+    ) -> float:
         return 0.0
 
 

@@ -28,7 +28,7 @@ from fedveil.protocol.kinds import TRAINING_KINDS
 from fedveil.server.engine.aggregation import Aggregate, NoUpdates, UpdateChannel
 from fedveil.server.engine.requests import ClientPrivacy, build_train_request
 from fedveil.server.engine.secagg_channel import SecAggChannel
-from fedveil.server.engine.sim_clock import DEFAULT_LATENCY_S, Availability
+from fedveil.server.engine.sim_clock import DEFAULT_LATENCY_S, Availability, Verdict
 from fedveil.server.engine.transport import LEFT_OUT, ClientFailure, ReplySink, Transport
 from fedveil.server.engine.unmask_gate import Aborted
 
@@ -72,12 +72,24 @@ class Dispatch:
     # (its masked input sent, or lost); from then on it is free to join another group
     # while this one waits for its stragglers. Empty: every member busy until arrival.
     frees: dict[int, float] = field(default_factory=dict)
+    # server.group_dispatch_at (rolling): how long after its training stage began each member
+    # started training (its slot came free then); kept so a recomputed session (resume)
+    # leaves out the same members. Empty: every member started with the stage.
+    delays: dict[int, float] = field(default_factory=dict)
+    # Rolling dispatch: when each member starts training (simulated time; after its keys
+    # are agreed and its slot is free). Empty: counted as training from dispatch.
+    starts: dict[int, float] = field(default_factory=dict)
 
     def busy(self, now: float) -> list[int]:
         """The members still training at simulated time `now`."""
         if not self.frees:
             return list(self.clients)
         return [c for c in self.clients if self.frees.get(c, self.arrival) > now]
+
+    def waiting(self, now: float) -> list[int]:
+        """Rolling dispatch: the members not training yet at `now`, waiting for their keys
+        or for their slot to come free (they count against C in `busy`)."""
+        return [c for c, t in self.starts.items() if t > now and self.frees.get(c, t) > t]
 
     def to_state(self) -> dict[str, Any]:
         """What a checkpoint keeps (never the update: it is recomputed on resume)."""
@@ -88,6 +100,8 @@ class Dispatch:
             "dispatched_at": self.dispatched_at,
             "arrival": self.arrival,
             "frees": [[c, t] for c, t in sorted(self.frees.items())],
+            "delays": [[c, t] for c, t in sorted(self.delays.items())],
+            "starts": [[c, t] for c, t in sorted(self.starts.items())],
         }
 
     @classmethod
@@ -100,6 +114,8 @@ class Dispatch:
             float(state["arrival"]),
         )
         unit.frees = {int(c): float(t) for c, t in state.get("frees", [])}
+        unit.delays = {int(c): float(t) for c, t in state.get("delays", [])}
+        unit.starts = {int(c): float(t) for c, t in state.get("starts", [])}
         return unit
 
 
@@ -130,13 +146,28 @@ class StagedAvailability:
     members drop or straggle as the model decides at (seq, stage); a member lost at one
     stage stays lost; the group's simulated time is the sum of its stages' waits.
     `trained` holds when each member stopped training (from the session's start): its
-    reply to the training stage, or the end of the stage at which it was lost."""
+    reply to the training stage, or the end of the stage at which it was lost.
 
-    def __init__(self, inner: Transport, availability: Availability | None) -> None:
+    Rolling dispatch (server.group_dispatch_at): `ready` says when each member's training slot
+    comes free (from the session's start); a member starts training then, or with the
+    training stage if that is later. Its reply comes its drawn latency after its own start,
+    and its deadline runs from its own start. `delays` (a recomputed session's, from
+    Dispatch.delays) fixes the starts instead; `self.delays` holds those applied."""
+
+    def __init__(
+        self,
+        inner: Transport,
+        availability: Availability | None,
+        ready: Mapping[int, float] | None = None,
+        delays: Mapping[int, float] | None = None,
+    ) -> None:
         self.inner, self.availability = inner, availability
         self.gone: dict[int, str] = {}
         self.elapsed = 0.0
         self.trained: dict[int, float] = {}
+        self.ready = dict(ready or {})
+        self.delays: dict[int, float] = dict(delays or {})
+        self.train_began = 0.0  # when the training stage began (from the session's start)
 
     def client_ids(self) -> Sequence[int]:
         return self.inner.client_ids()
@@ -168,6 +199,8 @@ class StagedAvailability:
             first = next(iter(live.values()))
             verdict = self.availability.judge(first.round, first.kind, sorted(live), timeout_s)
             wait = verdict.simulated_time(timeout_s)
+            if first.kind in TRAINING_KINDS and (self.ready or self.delays):
+                wait = self._start_late(verdict, timeout_s)
             if 0 < quorum <= len(verdict.latency):
                 wait = self._release_at(verdict.latency, quorum, verdict.failed)
             for cid, reason in verdict.failed.items():
@@ -188,6 +221,18 @@ class StagedAvailability:
         if live:
             out.update(self.inner.exchange(live, timeout_s, on_reply=on_reply))
         return out
+
+    def _start_late(self, verdict: Verdict, timeout_s: float | None) -> float:
+        """Rolling dispatch: shifts each member's reply (and, past its deadline, when it is
+        noticed) by its start delay; the stage's wait for all of them."""
+        self.train_began = self.elapsed
+        if not self.delays:
+            self.delays = {c: max(0.0, t - self.elapsed) for c, t in self.ready.items()}
+        delay = {c: self.delays.get(c, 0.0) for c in [*verdict.latency, *verdict.failed]}
+        for cid in verdict.latency:
+            verdict.latency[cid] += delay[cid]
+        noticed = [delay[c] + timeout_s for c in verdict.failed] if timeout_s else []
+        return max([*verdict.latency.values(), *noticed], default=0.0)
 
     @staticmethod
     def _release_at(latency: dict[int, float], quorum: int, failed: dict[int, str]) -> float:
@@ -261,10 +306,17 @@ class DispatchRunner:
         unit.outcome = self.channel.collect(_Replies(mine), requests, self.model_size, None)
         unit.computed = True
 
-    def run_group(self, unit: Dispatch, weights: torch.Tensor, start: float | None = None) -> float:
+    def run_group(
+        self,
+        unit: Dispatch,
+        weights: torch.Tensor,
+        start: float | None = None,
+        ready: Mapping[int, float] | None = None,
+    ) -> float:
         """A secure-aggregation group's whole session; its simulated duration (and, given
-        the simulated time `start` its first stage begins, when each member is free)."""
-        return self.run_keyed_group(unit, weights, None, start)
+        the simulated time `start` its first stage begins, when each member is free).
+        `ready`: rolling dispatch, when each member's slot comes free (StagedAvailability)."""
+        return self.run_keyed_group(unit, weights, None, start, ready)
 
     def agree_keys(self, seq: int, clients: Sequence[int]) -> tuple[Any, float]:
         """A group's key stages, run before its training (GroupKeyedAhead): the agreed keys
@@ -275,12 +327,19 @@ class DispatchRunner:
         return keys, staged.elapsed
 
     def run_keyed_group(
-        self, unit: Dispatch, weights: torch.Tensor, keys: Any, start: float | None = None
+        self,
+        unit: Dispatch,
+        weights: torch.Tensor,
+        keys: Any,
+        start: float | None = None,
+        ready: Mapping[int, float] | None = None,
     ) -> float:
         """A group's session from masked input on when `keys` (agree_keys) are given, else
         whole; its simulated duration. With `start` (the simulated time the session's first
-        stage here begins) `unit.frees` says when each member stops training."""
-        staged = StagedAvailability(self.transport, self.availability)
+        stage here begins) `unit.frees` says when each member stops training. `ready`
+        (from `start`): rolling dispatch, when each member's slot comes free; the delays
+        applied go to `unit.delays` (a recomputed session applies those again)."""
+        staged = StagedAvailability(self.transport, self.availability, ready, unit.delays)
         requests = self.requests(unit, weights)
         if keys is None:
             unit.outcome = self.channel.collect(staged, requests, self.model_size, self.timeout)
@@ -290,8 +349,12 @@ class DispatchRunner:
                 staged, requests, self.model_size, self.timeout, keys=keys
             )
         unit.computed = True
+        unit.delays = {c: t for c, t in staged.delays.items() if t > 0}
         if self.availability is None or self.availability.latency_median <= 0:
             return DEFAULT_LATENCY_S
         if start is not None:
             unit.frees = {c: start + staged.trained.get(c, staged.elapsed) for c in unit.clients}
+            if ready is not None:
+                began = start + staged.train_began
+                unit.starts = {c: began + unit.delays.get(c, 0.0) for c in unit.clients}
         return staged.elapsed

@@ -59,6 +59,9 @@ def test_quick_bench_reports_the_issue_keys_with_sane_numbers(tmp_path):
     assert secure["secagg.enabled"] and secure["server.group_size"] == 4
     assert secure["server.group_release_at"] == 3 and secure["secagg.dropout_rate"] == 0.25
     assert whole["server.group_size"] == 3 and "server.group_release_at" not in whole
+    # Dispatched once S = R = 3 slots are free, the fourth member as a slot frees; whole
+    # groups at once.
+    assert secure["server.group_dispatch_at"] == 3 and "server.group_dispatch_at" not in whole
     assert summary["peer"]["time_to_target_ratio"] == 3.0
     assert "time_to_target_ratio" in done.stderr  # the human table goes to stderr under --json
 
