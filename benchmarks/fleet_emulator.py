@@ -15,9 +15,11 @@ devices (which then poll and heartbeat as a SuperNode does) and reports "up"; on
 every child is up the parent picks the window (warm-up, then the measured seconds) on
 CLOCK_MONOTONIC, which every process on the machine shares, and sends it to all. Each
 child then counts the requests that start inside that window, reads its own CPU at the
-window's edges, lets open calls finish (GRACE_S), deactivates its devices and sends
-its tally back as plain lists and dicts. `merge` makes one Tally of them, so the
-figures (p50, p99, requests/s, failures, retries) are those of one fleet.
+window's edges and lets open calls finish (GRACE_S). Its devices leave (DeactivateNode)
+only when the parent says so, after it has read the coordinator's view of the window's
+end; then the child sends its tally back as plain lists and dicts. `merge` makes one
+Tally of them, so the figures (p50, p99, requests/s, failures, retries) are those of
+one fleet.
 
 A child that fails sends its traceback and the parent raises it; the parent stops
 every child on its way out, whatever happened.
@@ -227,11 +229,12 @@ class Emulator:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop()
+        self._stop(wait_s=10.0 if kind is None else 0.0)
 
-    def _stop(self) -> None:
+    def _stop(self, wait_s: float = 0.0) -> None:
+        """Let the children exit (`wait_s` each, after their "done"), then stop them."""
         for p in self._procs:
-            p.join(timeout=10 if p.is_alive() else 0)
+            p.join(timeout=wait_s if p.is_alive() else 0)
         for p in self._procs:
             if p.is_alive():
                 p.terminate()
@@ -285,7 +288,10 @@ class Emulator:
         return window
 
     def results(self) -> Fleet:
-        """Every process's tally once it has let its calls finish and left."""
+        """Let the devices leave (DeactivateNode), and every process's tally. Call it
+        after reading the coordinator's view: until then every device stays activated."""
+        for c in self._conns:
+            c.send(("leave", None))
         return Fleet([ShareResult(**r) for r in self._gather("done", 2 * GRACE_S + 60)])
 
 
@@ -351,6 +357,11 @@ async def _hold(conn: Connection, share: Share) -> None:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        # The second barrier: no device leaves before the parent has read the
+        # coordinator's view (GET /cluster) of the window's end.
+        what, _ = await asyncio.to_thread(conn.recv)
+        if what != "leave":
+            raise RuntimeError(f"expected 'leave' from the parent, got {what!r}")
         # On a timeout the SuperLink marks them offline after its heartbeat patience.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(
