@@ -42,8 +42,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.proto.fleet_pb2 import PullMessagesRequest
 from flwr.proto.node_pb2 import Node
 
-from fedveil.benchmarks.bench_fleet import _activate, make_devices, tls_context
 from fedveil.benchmarks.fleet_coordinator import Coordinator
+from fedveil.benchmarks.fleet_devices import activate, make_devices, tls_context
 from fedveil.benchmarks.fleet_peer_flower import StockSuperLink
 from fedveil.benchmarks.fleet_wire import call
 
@@ -56,7 +56,7 @@ async def _drive(coord: Any, devices: list[Any], requests: int, concurrency: int
     )
     async with httpx.AsyncClient(verify=tls_context(coord.ca), limits=limits) as http:
         for d in devices:
-            await _activate(http, d)
+            await activate(http, d)
         left, failures = [requests], [0]
 
         async def worker(i: int) -> None:

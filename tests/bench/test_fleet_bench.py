@@ -138,7 +138,7 @@ def test_emulated_requests_equal_flowers_supernode_client_on_the_wire(
 
 
 @pytest.mark.procs
-def test_a_small_run_holds_every_device_on_fedveil_and_stock_flower_in_one_json(
+def test_a_small_run_split_over_two_emulator_processes_holds_every_device_on_both(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # With stock Flower's SuperLink as the peer, on the same devices, in the same run.
@@ -154,6 +154,9 @@ def test_a_small_run_holds_every_device_on_fedveil_and_stock_flower_in_one_json(
             "4",
             "--peer",
             "flower",
+            # Two emulator processes, 10 devices each, on both sides (fleet_emulator.py).
+            "--emulator-procs",
+            "2",
             "--json",
         ]
     )
@@ -169,6 +172,16 @@ def test_a_small_run_holds_every_device_on_fedveil_and_stock_flower_in_one_json(
     assert summary["requests"] > 0 and 0 < summary["p50_s"] <= summary["p99_s"]
     assert summary["coordinator_cpu_percent"] > 0 and summary["coordinator_rss_mb"] > 0
     assert summary["secagg_round_ok"] is None and summary["secagg_round_note"]
+    # Both emulator processes held their half and counted requests in the one window; the
+    # emulator's CPU is the sum of theirs.
+    for side in (summary, summary["peer_sweep"][0]):
+        assert side["emulator_procs"] == 2
+        assert side["emulator_devices_per_proc"] == [10, 10]
+        assert all(r > 0 for r in side["emulator_requests_per_proc"])
+        assert sum(side["emulator_requests_per_proc"]) == side["requests"]
+        assert side["emulator_cpu_percent"] == pytest.approx(
+            sum(side["emulator_cpu_percent_per_proc"]), abs=0.15
+        )
     # The peer: flower-superlink (TLS, SuperNode auth) held the same 20 devices, each
     # listed online by its own Control API, with the same keys per N.
     assert summary["peer"].startswith("flower-superlink ")
