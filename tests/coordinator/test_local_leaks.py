@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from deployment_harness import Deployment, run_toml, wait_for
+from proctree import descendants
 
 from fedveil.server.coordinator.runs import (
     MAX_CONFIG_DEPTH,
@@ -92,11 +93,11 @@ def test_public_run_views_show_no_server_paths(tmp_path):
 
 
 # -- the real coordinator: file modes and the ServerApp token ----------------------------
-def _cmdlines() -> list[list[bytes]]:
-    out = []
+def _cmdlines() -> dict[int, list[bytes]]:
+    out = {}
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            out.append((proc / "cmdline").read_bytes().split(b"\0"))
+            out[int(proc.name)] = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
     return out
@@ -141,10 +142,18 @@ def test_state_is_owner_only_and_no_token_on_a_command_line(tmp_path):
         rid = dep.submit(run_toml(rounds=1, clients=2, per_round=2, seed=1, name="leaks"))
         wait_for(lambda: _serverapp_started(dep.state), 60, "the ServerApp to start")
         tokens = wait_for(lambda: _live_tokens(dep.state / "superlink.db"), 30, "a token")
-        for argv in _cmdlines():
-            assert b"--token" not in argv, argv[:3]
+        assert dep.server is not None
+        ours = {dep.server.pid, *descendants(dep.server.pid)}
+        assert len(ours) >= 3  # the coordinator, its SuperLink and the ServerApp at least
+        argvs = _cmdlines()
+        assert any(b"--token-file" in argvs.get(pid, []) for pid in ours)  # the ServerApp
+        for pid, argv in argvs.items():
+            # Any local user can read every command line: no process shows our tokens.
             joined = b" ".join(argv)
-            assert not any(t.encode() in joined for t in tokens)
+            assert not any(t.encode() in joined for t in tokens), argv[:3]
+            # Stock Flower started by another test may pass --token; ours never do.
+            if pid in ours:
+                assert b"--token" not in argv, argv[:3]
         assert (dep.state / "runs" / rid / "run.json").exists()
 
         assert stat.S_IMODE(dep.state.stat().st_mode) == 0o700
