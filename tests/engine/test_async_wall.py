@@ -74,7 +74,8 @@ def wall_engine(tmp_path, delay, **extra):
     cfg = load_config(None, values)
     task = tiny_task.make(cfg)
     _, channel = make_privacy_pipeline(cfg, task, tmp_path / "ledger.jsonl")
-    devices = SlowDevices(InProcessTransport(task), delay)
+    # The clients hold the run's config, as in a run: async keeps their sessions by dispatch.
+    devices = SlowDevices(InProcessTransport(task, run_config=cfg), delay)
     scheduler = DeviceScheduler(cfg)
     return RoundEngine(cfg, task, devices, channel=channel, scheduler=scheduler), devices
 
