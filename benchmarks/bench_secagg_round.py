@@ -49,6 +49,7 @@ import torch
 from fedveil.benchmarks import bench_secagg, run_directory
 from fedveil.benchmarks.harness import command_main
 from fedveil.benchmarks.memwatch import ProcessPeak
+from fedveil.benchmarks.procstats import sample_tree
 from fedveil.benchmarks.secagg_round_workload import (
     ADVERSARIAL_RATE,
     AT_MOST,
@@ -334,7 +335,9 @@ def run_ours(
         "secagg": secagg,
         "transport": transport,
         "round_s": durations,
-        "round_cpu_s": list(np.diff(cpu_marks)) if cpu_marks else None,
+        "round_cpu_s": list(np.diff([m[0] for m in cpu_marks])),
+        # over Flower: the driver process alone (ServerApp, SuperLink, Ray submissions)
+        "round_driver_cpu_s": list(np.diff([m[1] for m in cpu_marks])),
         "wall_s": wall,
         # This process over the run: the server (in-process: with one client at a time).
         "peak_rss_mb": peak.peak_mb,
@@ -351,17 +354,26 @@ def run_ours(
 
 def _run_rounds(
     run: RunLifecycle, w: Workload, secagg: bool, transport: str, counter: Traffic
-) -> tuple[RoundEngine, list[float] | None]:
-    """The run's rounds over `transport`, every exchange counted; the engine, and (in-process
-    only) the process CPU time at the start and at each round's end: in-process every client
-    runs here, so that is the round's whole compute, robust to a busy machine (under Flower
-    it would miss the workers)."""
-    cpu_marks = [time.process_time()]
+) -> tuple[RoundEngine, list[tuple[float, float]]]:
+    """The run's rounds over `transport`, every exchange counted; the engine, and the CPU
+    time at the engine's start and at each round's end: in-process, this process's (every
+    client runs here); over Flower, this process tree's (the driver with Flower's SuperLink
+    and the Ray workers running the ClientApps). Either is the round's whole compute, less
+    sensitive to a busy machine than its wall time."""
+
+    def clock() -> tuple[float, float]:
+        if transport == "inprocess":
+            return (time.process_time(),) * 2
+        tree = sample_tree(os.getpid())
+        return tree.cpu_s, tree.root_cpu_s
+
+    cpu_marks = [clock()]
 
     def build(base: Transport) -> RoundEngine:
         def mark(_record: Any) -> None:
-            cpu_marks.append(time.process_time())
+            cpu_marks.append(clock())
 
+        cpu_marks[0] = clock()
         return run.engine(CountingTransport(base, counter), on_round=mark, resume=False)
 
     if transport == "inprocess":
@@ -369,7 +381,7 @@ def _run_rounds(
 
         base = DroppingTransport(InProcessTransport(run.task), w.dropped, drop_kinds(w, secagg))
         engine = build(base)
-        cpu_marks[0] = time.process_time()
+        cpu_marks[0] = clock()
         try:
             engine.run()
         finally:
@@ -378,7 +390,7 @@ def _run_rounds(
     from fedveil.simulations.flower_runner import run_on_flower
 
     factory = DroppingRuntimeFactory(w, secagg)
-    return run_on_flower(run.cfg, w.clients, build, runtime_factory=factory)["engine"], None
+    return run_on_flower(run.cfg, w.clients, build, runtime_factory=factory)["engine"], cpu_marks
 
 
 # -- the benchmark ------------------------------------------------------------------------
@@ -393,11 +405,9 @@ def steady(runs: Sequence[dict[str, Any]], key: str = "round_s") -> float | None
     return median([s for run in runs for s in _steady(run[key])])
 
 
-def steady_cpu(runs: Sequence[dict[str, Any]]) -> float | None:
-    """Median process CPU seconds of the steady rounds (in-process runs only)."""
-    return median(
-        [s for run in runs if run.get("round_cpu_s") for s in _steady(run["round_cpu_s"])]
-    )
+def steady_cpu(runs: Sequence[dict[str, Any]], key: str = "round_cpu_s") -> float | None:
+    """Median CPU seconds of the steady rounds (see _run_rounds for whose)."""
+    return median([s for run in runs if run.get(key) for s in _steady(run[key])])
 
 
 def expected_contributors(w: Workload, secagg: bool) -> list[int]:
@@ -601,6 +611,7 @@ def round_summary(runs: Mapping[str, list[dict[str, Any]]], *, floor: bool) -> d
         floor_s = steady(runs["fedveil_floor"])
         plain_s = summary["fedveil"]["plain_round_s"]
         summary["fedveil"]["floor_round_s"] = floor_s
+        summary["fedveil"]["floor_round_cpu_s"] = steady_cpu(runs["fedveil_floor"])
         summary["fedveil"]["transport_floor_s"] = (
             None if floor_s is None or plain_s is None else floor_s - plain_s
         )
@@ -624,6 +635,9 @@ def framework_summary(
         "first_secagg_peak_rss_mb": secure_runs[0].get("peak_rss_mb"),
         "secagg_round_cpu_s": steady_cpu(secure_runs),
         "overhead_s": None if plain is None or secure is None else secure - plain,
+        "overhead_cpu_s": _minus(steady_cpu(secure_runs), steady_cpu(plain_runs)),
+        "plain_round_driver_cpu_s": steady_cpu(plain_runs, "round_driver_cpu_s"),
+        "secagg_round_driver_cpu_s": steady_cpu(secure_runs, "round_driver_cpu_s"),
         "bytes_up_per_client": last["bytes_up_per_client"],
         "bytes_down_per_client": last["bytes_down_per_client"],
         "plain_bytes_up_per_client": last_plain["bytes_up_per_client"],
@@ -634,6 +648,10 @@ def framework_summary(
         "secagg_outside_exchanges_s": steady(secure_runs, "outside_exchanges_s"),
         "plain_outside_exchanges_s": steady(plain_runs, "outside_exchanges_s"),
     }
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
 
 
 def _most(values: Iterable[float | None]) -> float | None:
@@ -731,8 +749,11 @@ def format_report(out: dict[str, Any]) -> str:
     f = out["round"]["fedveil"]
     if f["secagg_round_cpu_s"] is not None:
         lines.append(
-            f"  fedveil round CPU (all clients + server, this process): plain "
-            f"{_fmt_s(f['plain_round_cpu_s'])}, secagg {_fmt_s(f['secagg_round_cpu_s'])}"
+            f"  fedveil round CPU (all clients + server; over Flower: the driver and the Ray "
+            f"workers): plain {_fmt_s(f['plain_round_cpu_s'])}, secagg "
+            f"{_fmt_s(f['secagg_round_cpu_s'])}, overhead {_fmt_s(f['overhead_cpu_s'])}; "
+            f"the driver alone: plain {_fmt_s(f['plain_round_driver_cpu_s'])}, secagg "
+            f"{_fmt_s(f['secagg_round_driver_cpu_s'])}"
         )
     if "floor_round_s" in f:
         lines.append(

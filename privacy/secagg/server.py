@@ -115,6 +115,11 @@ class _Round:
     seed_points: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     key_points: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     x_to_client: dict[int, int] = field(default_factory=dict)
+    # Dropped clients whose pairwise masks are in the sum (fixed once unmasking opens).
+    mask_dropped: frozenset[int] = frozenset()
+    # ("seed" | "key", owner) whose masks are already off `total` (see _unmask_early).
+    unmasked: set[tuple[str, int]] = field(default_factory=set)
+    applier: MaskApplier | None = None
 
 
 class SecAggServer:
@@ -343,6 +348,7 @@ class SecAggServer:
             )
         round_.seed_points = {cid: [] for cid in round_.u3}
         round_.key_points = {cid: [] for cid in round_.u2 - round_.u3}
+        round_.mask_dropped = frozenset(self._dropped_with_masks())
         self._open(ServerPhase.UNMASK, round_.responders)
         self._timed("unmask", started)
         return requests
@@ -522,6 +528,8 @@ class SecAggServer:
             if owner in points:  # key shares of dropped clients nobody masked with are moot
                 points[owner].append((x, value))
         round_.x_to_client[x] = cid
+        for kind, owner, _value in decoded:
+            self._unmask_early(kind, owner)
 
     # --- unmasking --------------------------------------------------------------------------
 
@@ -532,10 +540,14 @@ class SecAggServer:
         session, round_ = self.session, self._round
         total = round_.total
         assert total is not None
-        applier = MaskApplier(session.dimension, session.dtype, session.modulus_bits)
+        applier = self._applier()
         bad_holders: set[int] = set()
-        self._strip_self_masks(total, applier, bad_holders)
-        self._strip_dropped_masks(total, applier, bad_holders)
+        for owner in sorted(round_.u3):
+            if ("seed", owner) not in round_.unmasked:
+                self._strip_self_mask(owner, round_.seed_points[owner], bad_holders, final=True)
+        for owner in sorted(round_.mask_dropped):
+            if ("key", owner) not in round_.unmasked:
+                self._strip_dropped_masks(owner, round_.key_points[owner], bad_holders, final=True)
         applier.reduce(total)
         result = AggregateResult(
             total=total,
@@ -549,6 +561,33 @@ class SecAggServer:
         self._timed("finalize", started)
         return result
 
+    def _applier(self) -> MaskApplier:
+        round_, session = self._round, self.session
+        if round_.applier is None:
+            round_.applier = MaskApplier(session.dimension, session.dtype, session.modulus_bits)
+        return round_.applier
+
+    def _unmask_early(self, kind: str, owner: int) -> None:
+        """Strip `owner`'s mask(s) off the sum as soon as it has t shares, while the other
+        replies are still arriving, when those t shares reconstruct its secret.
+
+        It is the work finalize would do, with the same result: finalize's first try is the
+        first t shares in arrival order (shamir.robust_reconstruct's fast path, which
+        finds no wrong holder), and those are the t shares used here. A secret whose
+        first t shares do not reconstruct is left to finalize, which error-corrects over
+        all the shares (or aborts) as before. Masks are added and subtracted mod 2^32,
+        so the order of stripping does not change a bit of the sum."""
+        round_, t = self._round, self.session.threshold
+        if kind == "seed":
+            points = round_.seed_points.get(owner)
+        else:
+            points = round_.key_points.get(owner) if owner in round_.mask_dropped else None
+        if points is None or len(points) != t or (kind, owner) in round_.unmasked:
+            return
+        strip = self._strip_self_mask if kind == "seed" else self._strip_dropped_masks
+        if strip(owner, points, set(), final=False):
+            round_.unmasked.add((kind, owner))
+
     def _recover(
         self,
         owner: int,
@@ -556,9 +595,12 @@ class SecAggServer:
         kind: str,
         valid: Callable[[bytes], bool],
         bad_holders: set[int],
-    ) -> bytes:
+        *,
+        final: bool,
+    ) -> bytes | None:
         """`owner`'s secret from its shares, checked by `valid`; holders of wrong shares
-        go to `bad_holders`. Aborts if too few shares or none reconstructs."""
+        go to `bad_holders`. If too few shares or none reconstructs: abort when `final`,
+        else None (an early try, see _unmask_early)."""
         t = self.session.threshold
 
         def check(value: int) -> bool:
@@ -566,9 +608,13 @@ class SecAggServer:
             return secret is not None and valid(secret)
 
         if len(points) < t:
+            if not final:
+                return None
             raise self._abort(f"unmask: {len(points)} {kind} shares of client {owner}, need {t}")
         found = shamir.robust_reconstruct(points, t, check)
         if found is None:
+            if not final:
+                return None
             raise self._abort(f"unmask: the {kind} of client {owner} does not reconstruct")
         value, wrong = found
         bad_holders.update(self._round.x_to_client[x] for x in wrong)
@@ -576,54 +622,58 @@ class SecAggServer:
         assert secret is not None
         return secret
 
-    def _strip_self_masks(
-        self, total: np.ndarray, applier: MaskApplier, bad_holders: set[int]
-    ) -> None:
-        """Subtract each survivor's self mask, from its seed checked against its commitment."""
+    def _strip_self_mask(
+        self, owner: int, points: list[tuple[int, int]], bad_holders: set[int], *, final: bool
+    ) -> bool:
+        """Subtract survivor `owner`'s self mask, from its seed checked against its
+        commitment; False if it did not reconstruct (only when not `final`)."""
         round_, digest = self._round, self.session.digest
-        for owner in sorted(round_.u3):
-            commitment = round_.adverts[owner].seed_commitment
-            seed = self._recover(
-                owner,
-                round_.seed_points[owner],
-                "self-mask seed",
-                lambda s, o=owner, c=commitment: crypto.seed_commitment(digest, o, s) == c,
-                bad_holders,
-            )
-            applier.subtract(total, crypto.self_mask_key(seed, digest, owner))
+        assert round_.total is not None
+        commitment = round_.adverts[owner].seed_commitment
+        seed = self._recover(
+            owner,
+            points,
+            "self-mask seed",
+            lambda s: crypto.seed_commitment(digest, owner, s) == commitment,
+            bad_holders,
+            final=final,
+        )
+        if seed is None:
+            return False
+        self._applier().subtract(round_.total, crypto.self_mask_key(seed, digest, owner))
+        return True
 
     def _strip_dropped_masks(
-        self, total: np.ndarray, applier: MaskApplier, bad_holders: set[int]
-    ) -> None:
-        """Undo the pairwise masks survivors added with clients that dropped after sharing."""
+        self, owner: int, points: list[tuple[int, int]], bad_holders: set[int], *, final: bool
+    ) -> bool:
+        """Undo the pairwise masks survivors added with `owner`, a client that dropped after
+        sharing; False if its mask key did not reconstruct (only when not `final`)."""
         round_, digest = self._round, self.session.digest
-        for owner in sorted(self._dropped_with_masks()):
-            public = round_.adverts[owner].mask_public_key
-            # Checking a candidate computes its key pair: keep it rather than compute it again.
-            candidates: dict[bytes, crypto.KeyPair] = {}
+        assert round_.total is not None
+        total, applier = round_.total, self._applier()
+        public = round_.adverts[owner].mask_public_key
+        # Checking a candidate computes its key pair: keep it rather than compute it again.
+        candidates: dict[bytes, crypto.KeyPair] = {}
 
-            def matches(
-                secret: bytes,
-                public: bytes = public,
-                candidates: dict[bytes, crypto.KeyPair] = candidates,
-            ) -> bool:
-                pair = candidates[secret] = crypto.KeyPair(secret)
-                return pair.public_bytes == public
+        def matches(secret: bytes) -> bool:
+            pair = candidates[secret] = crypto.KeyPair(secret)
+            return pair.public_bytes == public
 
-            secret = self._recover(
-                owner, round_.key_points[owner], "mask key", matches, bad_holders
-            )
-            pair = candidates[secret]
-            # Forwarding is symmetric: the survivors that masked with `owner` are exactly
-            # those whose ciphertexts were forwarded to it.
-            for survivor in sorted(set(round_.forwarded[owner]) & round_.u3):
-                shared = pair.agree(round_.adverts[survivor].mask_public_key)
-                key = crypto.pairwise_mask_key(shared, digest, owner, survivor)
-                # The survivor added the mask if its id is the smaller one: undo that.
-                if survivor < owner:
-                    applier.subtract(total, key)
-                else:
-                    applier.add(total, key)
+        secret = self._recover(owner, points, "mask key", matches, bad_holders, final=final)
+        if secret is None:
+            return False
+        pair = candidates[secret]
+        # Forwarding is symmetric: the survivors that masked with `owner` are exactly
+        # those whose ciphertexts were forwarded to it.
+        for survivor in sorted(set(round_.forwarded[owner]) & round_.u3):
+            shared = pair.agree(round_.adverts[survivor].mask_public_key)
+            key = crypto.pairwise_mask_key(shared, digest, owner, survivor)
+            # The survivor added the mask if its id is the smaller one: undo that.
+            if survivor < owner:
+                applier.subtract(total, key)
+            else:
+                applier.add(total, key)
+        return True
 
 
 class _Reject(Exception):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from flwr.app import Array
 
-from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.flower_codec import from_content, npy_array, to_content
 
 CASES = {
@@ -52,3 +52,50 @@ def test_an_envelope_round_trips_through_the_codec() -> None:
     assert (back.kind, back.round, back.config) == ("train", 3, {"lr": 0.1})
     np.testing.assert_array_equal(back.arrays["model"], model.numpy())
     np.testing.assert_array_equal(back.arrays["ids"], np.arange(4, dtype=np.uint64))
+
+
+def _content_with(array: Array) -> object:
+    content = to_content(Envelope("train", 1, {}, {}))
+    content["arrays"]["x"] = array
+    return content
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_from_content_reads_every_array_as_np_load_does(name: str) -> None:
+    """The decoder parses each distinct .npy header once (cached) and copies the data once;
+    what it returns is what `np.load` returned: values, dtype, shape, order, writability."""
+    array = Array(np.ascontiguousarray(CASES[name]))
+    for _ in range(2):  # the second read hits the header cache
+        got = from_content(_content_with(array)).arrays["x"]
+        expected = array.numpy()
+        np.testing.assert_array_equal(got, expected)
+        assert (got.dtype, got.shape) == (expected.dtype, expected.shape)
+        assert got.flags.writeable and got.flags.c_contiguous == expected.flags.c_contiguous
+
+
+def test_a_fortran_header_is_read_in_fortran_order() -> None:
+    value = np.asfortranarray(np.arange(12.0).reshape(3, 4))
+    array = Array(value)  # np.save keeps the Fortran order and says so in the header
+    assert b"'fortran_order': True" in array.data[:128]
+    got = from_content(_content_with(array)).arrays["x"]
+    np.testing.assert_array_equal(got, value)
+    assert got.flags.f_contiguous
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda d: d[:-1], "carries fewer"),
+        (lambda d: b"\x93NUMPX" + d[6:], "magic"),
+        (lambda d: d[:6] + b"\x03\x00" + d[8:], "version"),
+        (lambda d: d[:8] + (60_000).to_bytes(2, "little") + d[10:], "exceeds the limit"),
+        (lambda d: d[:40], "cannot be decoded"),
+        (lambda d: d.replace(b"<u4", b"|O8"), "cannot be decoded"),
+    ],
+)
+def test_malformed_arrays_are_refused_naming_the_array(mutate: object, reason: str) -> None:
+    data = Array(np.arange(100, dtype=np.uint32)).data
+    bad = Array(dtype="uint32", shape=(100,), stype="numpy.ndarray", data=mutate(data))  # type: ignore[operator]
+    with pytest.raises(MessageError, match=reason) as err:
+        from_content(_content_with(bad))
+    assert "'x'" in str(err.value)
