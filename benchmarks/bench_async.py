@@ -35,7 +35,7 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -134,6 +134,21 @@ def add_async_arguments(p: argparse.ArgumentParser) -> None:
         "are free, the whole group at once",
     )
     p.add_argument(
+        "--member-model",
+        choices=("dispatch", "start"),
+        default="dispatch",
+        help="async_secagg with rolling dispatch: the model a member trains on "
+        "(server.group_member_model): the group's, or the one current at the member's own "
+        "start [dispatch]",
+    )
+    p.add_argument(
+        "--start-order",
+        choices=("client_id", "random"),
+        default="client_id",
+        help="async_secagg with rolling dispatch: the order in which a group's members take "
+        "the slots as they come free (server.group_start_order) [client_id]",
+    )
+    p.add_argument(
         "--group-deadline",
         choices=("p90", "none"),
         default="p90",
@@ -185,6 +200,8 @@ class Setup:
     group_size: int
     release_at: int  # async_secagg: R of G (0: every member)
     dispatch_at: int  # async_secagg: server.group_dispatch_at S (0: G, at once)
+    member_model: str  # async_secagg: server.group_member_model (rolling dispatch)
+    start_order: str  # async_secagg: server.group_start_order (rolling dispatch)
     group_deadline: bool  # async_secagg: round_timeout at the p90 latency, as sync_deadline
     latency_median: float
     message_latency_share: float  # async_secagg's key and unmask stages, of latency_median
@@ -218,6 +235,8 @@ def resolve(args: argparse.Namespace) -> Setup:
         group_size=g,
         release_at=r,
         dispatch_at=dispatch_at,
+        member_model=getattr(args, "member_model", "dispatch"),
+        start_order=getattr(args, "start_order", "client_id"),
         group_deadline=getattr(args, "group_deadline", "p90") == "p90",
         latency_median=args.latency_median,
         message_latency_share=args.message_latency_share,
@@ -276,6 +295,10 @@ def contender_values(name: str, s: Setup, seed: int, out: Path) -> dict[str, Any
             values.update(release_values(s.group_size, s.release_at))
         if s.dispatch_at and not whole:
             values["server.group_dispatch_at"] = s.dispatch_at
+            if s.member_model != "dispatch":
+                values["server.group_member_model"] = s.member_model
+            if s.start_order != "client_id":
+                values["server.group_start_order"] = s.start_order
         if s.group_deadline:  # stragglers past it are dropped; the sum comes by recovery
             values["server.round_timeout"] = deadline(s, seed)
     return values
@@ -313,6 +336,12 @@ def applied_updates(rows: list[dict[str, Any]]) -> int:
     return total
 
 
+def mean_of(lists: Iterable[Any]) -> float | None:
+    """The mean of the numbers in the lists (None entries skipped); None with none."""
+    values = [float(v) for xs in lists if isinstance(xs, list) for v in xs]
+    return sum(values) / len(values) if values else None
+
+
 def measure(done: dict[str, Any], target: float) -> dict[str, Any]:
     rows = done["records"]
     updates = applied_updates(rows)
@@ -329,6 +358,9 @@ def measure(done: dict[str, Any], target: float) -> dict[str, Any]:
             None,
         ),
         "mean_staleness": sum(taus) / len(taus) if taus else None,
+        # server.group_member_model = 'start': each contributor's own model's staleness
+        # (mean_staleness is the weight's, the oldest member's); None otherwise
+        "mean_member_staleness": mean_of(r.get("member_staleness") for r in rows),
         "stale_dropped": sum(int(r.get("stale_dropped") or 0) for r in rows),
     }
 
@@ -378,6 +410,8 @@ def bench(s: Setup, seeds: list[int], names: list[str], out: Path) -> dict[str, 
         group_size=s.group_size,
         release_at=s.release_at,
         dispatch_at=s.dispatch_at,
+        member_model=s.member_model,
+        start_order=s.start_order,
         latency_median_s=s.latency_median,
         latency_sigma=1.0,
         latency_client_sigma=0.5,

@@ -55,6 +55,18 @@ def check_async_fields(cfg: RunConfig) -> None:
                 "a rolling dispatch is an asynchronous group's; set it to 0, or use "
                 "server.mode = 'async' | 'ssp'"
             )
+        if s.group_start_order != "client_id":
+            raise ConfigError(
+                f"server.group_start_order = {s.group_start_order!r} with server.mode = "
+                "'sync': it orders a rolling asynchronous group's starts; set it to "
+                "'client_id', or use server.mode = 'async' | 'ssp'"
+            )
+        if s.group_member_model != "dispatch":
+            raise ConfigError(
+                f"server.group_member_model = {s.group_member_model!r} with server.mode = "
+                "'sync': it is a rolling asynchronous group's; set it to 'dispatch', or use "
+                "server.mode = 'async' | 'ssp'"
+            )
         if s.group_release_at:
             raise ConfigError(
                 f"server.group_release_at = {s.group_release_at} with server.mode = 'sync': "
@@ -95,6 +107,14 @@ def check_async_fields(cfg: RunConfig) -> None:
         raise ConfigError(
             f"server.group_dispatch_at = {s.group_dispatch_at}: must be in [1, "
             f"server.group_size = {g}] (the free slots a group goes out with), or 0 (G)"
+        )
+    check_member_model(cfg)
+    if s.group_start_order != "client_id" and not 0 < s.group_dispatch_at < g:
+        raise ConfigError(
+            f"server.group_start_order = {s.group_start_order!r}: needs rolling dispatch, "
+            f"server.group_dispatch_at in [1, server.group_size - 1 = {g - 1}] (now "
+            f"{s.group_dispatch_at}): otherwise every member starts with the group; set it "
+            "to 'client_id'"
         )
     cap = s.max_participations
     if cap and cap * n < s.rounds * k:
@@ -165,3 +185,39 @@ def check_group_release(cfg: RunConfig) -> None:
             f"design, more than the threat model's {budget:g} dropouts; set "
             f"secagg.dropout_rate >= {left_out / g:.4g} or raise server.group_release_at"
         )
+
+
+def check_member_model(cfg: RunConfig) -> None:
+    """server.group_member_model = 'start': a rolling group's late members train on the
+    model current at their own start. It needs what moves a member's start past the
+    dispatch (rolling dispatch: S < G, secure aggregation) and the group's whole session
+    computed at its arrival, which the simulated clock does only with the keys agreed
+    ahead: no DP (a group is counted, and under distributed DP charged, at dispatch) and
+    the semi-honest protocol (its stages are the ones timed at dispatch). The simulated
+    clock and its latency model are checked when the scheduler starts."""
+    s, g = cfg.server, resolved_group_size(cfg)
+    mode = s.group_member_model
+    if mode == "dispatch":
+        return
+    why = ""
+    if not cfg.secagg.enabled:
+        why = "needs secagg.enabled = true (in the clear each client starts with its unit)"
+    elif not 0 < s.group_dispatch_at < g:
+        why = (
+            f"needs rolling dispatch, server.group_dispatch_at in [1, server.group_size - 1 "
+            f"= {g - 1}] (now {s.group_dispatch_at}): otherwise every member starts with "
+            "the group"
+        )
+    elif cfg.dp.mechanism != "none":
+        why = (
+            f"refused with dp.mechanism = {cfg.dp.mechanism!r}: a group's session is "
+            "computed at its arrival, while DP counts (and distributed DP charges) it at "
+            "dispatch"
+        )
+    elif cfg.secagg.threat != "semi_honest":
+        why = (
+            f"refused with secagg.threat = {cfg.secagg.threat!r}: its consistency stage is "
+            "not among the stages timed at dispatch; use 'semi_honest'"
+        )
+    if why:
+        raise ConfigError(f"server.group_member_model = {mode!r}: {why}; or set it to 'dispatch'")

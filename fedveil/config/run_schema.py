@@ -180,6 +180,25 @@ class ServerConfig:
         "free (rolling dispatch; its keys agreed when it forms); 0: G, the whole group at "
         "once. The same session, R and threshold either way; 1 <= S <= G",
     )
+    group_member_model: str = spec(
+        "dispatch",
+        choices=("dispatch", "start"),
+        help="async/ssp with secagg, rolling dispatch (server.group_dispatch_at < G) on "
+        "the simulated clock, without DP: the model a group member trains on. dispatch: "
+        "the version the group went out with; start: the version current when the member "
+        "starts to train (late members train on newer models; the released sum of deltas "
+        "is weighted by its oldest member's staleness). The same session, R and threshold "
+        "either way",
+    )
+    group_start_order: str = spec(
+        "client_id",
+        choices=("client_id", "random"),
+        help="async/ssp rolling dispatch (server.group_dispatch_at < G): the order in "
+        "which a group's members take the slots as they come free. client_id: the lowest "
+        "ids first (the same members start last, and with a release at R are left out, "
+        "every time); random: drawn per dispatch from the run seed (under DP from the "
+        "secret cohort key)",
+    )
     max_participations: int = spec(
         0, lo=0, hi=1_000_000, help="async/ssp: most dispatches per client in a run; 0: no cap"
     )

@@ -72,6 +72,8 @@ __all__ = ["BufferedScheduler"]
 # A run stops once this many units per slot came back with no server update.
 STALL_UNITS_PER_SLOT = 20
 GROUP_LABEL = b"async-group"  # the keyed draw's domain (sync cohorts use b"cohort")
+START_ORDER_LABEL = b"async-start-order"  # server.group_start_order = 'random', under DP
+START_ORDER_STREAM = 0x5107  # its seeded stream otherwise (the draw's is 0xA5F1)
 
 
 class _Window:
@@ -88,6 +90,8 @@ class _Window:
         self.aborted_groups = 0
         self.started = time.perf_counter()
         self.units = 0  # units that came back
+        # server.group_member_model = 'start': each contributor's own staleness (its model's)
+        self.member_staleness: list[int] = []
 
     @property
     def buffered(self) -> int:
@@ -129,6 +133,9 @@ class BufferedScheduler:
         self.stall_limit = max(100, STALL_UNITS_PER_SLOT * max(self.concurrency, s.buffer))
         self.stalled = False
         self.keyed: list[GroupKeyedAhead] = []  # formed, keys agreed or agreeing, in seq order
+        # server.group_member_model = 'start': when each version still needed became current
+        # (simulated time), to find the model a late member started on.
+        self.applied_at: dict[int, float] = {}
 
     def attach(self, engine: EngineView) -> None:
         privacy = engine.privacy
@@ -180,6 +187,17 @@ class BufferedScheduler:
                 "the simulated clock with a latency model (simulation.latency_median > 0): "
                 "it starts each member as a slot comes free, known only there; set it to 0"
             )
+        # server.group_member_model = 'start': a late member trains on the model current at
+        # its own start. Its group's session is timed at formation and dispatch and computed
+        # whole at the arrival, when every member's model is known (config: rolling, no DP).
+        self.late = self.cfg.server.group_member_model == "start"
+        if self.late and not (self.keys_ahead and self.rolling):
+            raise ValueError(
+                "server.group_member_model = 'start' needs rolling dispatch of secure-"
+                "aggregation groups on the simulated clock with a latency model "
+                "(simulation.latency_median > 0), whose group keys are agreed ahead; set it "
+                "to 'dispatch'"
+            )
 
     def _runner(self, engine: EngineView) -> DispatchRunner:
         return DispatchRunner(
@@ -215,6 +233,11 @@ class BufferedScheduler:
             if self.keyed:
                 self._dispatch_keyed(self.keyed.pop(0))
                 continue
+            if self.late:  # every group goes out keyed (timed ahead), even with none formed
+                self._form_keyed()
+                if self.keyed:
+                    continue
+                break
             clients = self._draw()
             if clients is None:
                 break
@@ -227,7 +250,7 @@ class BufferedScheduler:
         any group agrees its keys: a client holds one session at a time (client/sessions.py),
         and a member freed early may be drawn into a group formed after the restore, whose
         session a recomputation at the old group's arrival would close."""
-        if not self.keys_ahead:
+        if not self.keys_ahead or self.late:  # late: every session runs at its arrival
             return
         for unit in self.in_flight.values():
             if not unit.computed:
@@ -246,6 +269,14 @@ class BufferedScheduler:
             if clients is None:
                 return
             seq, self.next_seq = self.next_seq, self.next_seq + 1
+            if self.late:  # timed now, agreed with the rest of its session at its arrival
+                live, elapsed = self.runner.time_keys(seq, clients)
+                if live is None:
+                    self.window.aborted_groups += 1
+                    continue
+                ready = self.clock.now() + elapsed
+                self.keyed.append(GroupKeyedAhead(seq, tuple(clients), ready, live=live))
+                continue
             keys, elapsed = self.runner.agree_keys(seq, clients)
             if keys is None:
                 self.window.aborted_groups += 1
@@ -286,11 +317,18 @@ class BufferedScheduler:
         unit = Dispatch(group.seq, group.clients, self.engine.round, self.clock.now())
         self.versions.setdefault(self.engine.round, self.engine.weights)
         self.participations.update(group.clients)
+        start = unit.dispatched_at + max(0.0, group.keys_ready - unit.dispatched_at)
+        ready = self._slots_for(unit.seq, unit.clients, start) if self.rolling else None
+        if group.live is not None and ready is not None:  # late: computed at its arrival
+            elapsed = self.runner.time_keyed_group(unit, group.live, start, ready)
+            unit.arrival = start + elapsed
+            self.in_flight[unit.seq] = unit
+            self.clock.schedule(unit.seq, unit.arrival)
+            self.totals["dispatched"] += 1
+            return
         keys = group.keys
         if keys is None:  # restored from a checkpoint: the same stages, agreed again
             keys, _ = self.runner.agree_keys(group.seq, group.clients)
-        start = unit.dispatched_at + max(0.0, group.keys_ready - unit.dispatched_at)
-        ready = self._slots_for(unit.clients, start) if self.rolling else None
         elapsed = self.runner.run_keyed_group(
             unit, self.engine.weights, keys, start if self.free_early else None, ready
         )
@@ -309,7 +347,7 @@ class BufferedScheduler:
         self.participations.update(clients)
         if self.secagg:
             start = unit.dispatched_at if self.free_early else None
-            ready = self._slots_for(unit.clients, unit.dispatched_at) if self.rolling else None
+            ready = self._slots_for(seq, unit.clients, unit.dispatched_at) if self.rolling else None
             latency = self.runner.run_group(unit, self.engine.weights, start, ready)
         else:
             timeout = self.cfg.server.round_timeout or None
@@ -319,10 +357,11 @@ class BufferedScheduler:
         self.clock.schedule(seq, unit.arrival)
         self.totals["dispatched"] += 1
 
-    def _slots_for(self, clients: Sequence[int], start: float) -> dict[int, float]:
+    def _slots_for(self, seq: int, clients: Sequence[int], start: float) -> dict[int, float]:
         """Rolling dispatch: when each member's training slot comes free, from `start` (the
         session's first stage here): the slots free now (0), then the next free times of
-        the members training now, earliest first, one member each (in client order).
+        the members training now, earliest first, one member each (in client order, or
+        with server.group_start_order = 'random' in an order drawn per dispatch `seq`).
         fill() dispatches only with a slot free and no member of an earlier group still
         waiting for one, so these free times are no other member's."""
         now = self.clock.now()
@@ -330,7 +369,22 @@ class BufferedScheduler:
         later = sorted(t for u in self.in_flight.values() for t in u.frees.values() if t > now)
         times = [now] * max(0, free_now) + later
         assert len(times) >= len(clients), "a group needs G <= C slots"
-        return {c: max(0.0, t - start) for c, t in zip(sorted(clients), times, strict=False)}
+        order = self._start_order(seq, clients)
+        return {c: max(0.0, t - start) for c, t in zip(order, times, strict=False)}
+
+    def _start_order(self, seq: int, clients: Sequence[int]) -> list[int]:
+        """The order in which a rolling group's members take the slots as they come free.
+        By client id the same members of a group start last every time it forms, and
+        with a release at R they are the ones left out: 'random' draws the order per
+        dispatch (from the run seed; under DP from the secret cohort key, as the group)."""
+        members = sorted(clients)
+        if self.cfg.server.group_start_order != "random":
+            return members
+        if self.group_keys is not None:
+            u = self.group_keys.uniforms(START_ORDER_LABEL, seq, len(members))
+        else:
+            u = np.random.default_rng([self.cfg.seed, START_ORDER_STREAM, seq]).random(len(members))
+        return [members[int(i)] for i in np.argsort(u, kind="stable")]
 
     # -- arrivals -----------------------------------------------------------
     def deliver(self, seq: int) -> RoundRecord | None:
@@ -385,11 +439,25 @@ class BufferedScheduler:
     def _compute(self, unit: Dispatch) -> None:
         """The unit's update, computed now: after a resume (never stored), or a unit in the
         clear together with every other one not computed yet (one exchange per version)."""
+        if self.late:  # the whole session, each member on the model current at its start
+            bases = {c: self._base_of(unit, c) for c in unit.clients}
+            self.runner.run_late_group(unit, self.versions.__getitem__, bases)
+            return
         if self.secagg:  # its arrival time stays the checkpoint's
             self.runner.run_group(unit, self.versions[unit.version])
             return
         pending = [u for u in self.in_flight.values() if not u.computed]
         self.runner.compute_plain([unit, *pending], self.versions.__getitem__)
+
+    def _base_of(self, unit: Dispatch, client: int) -> int:
+        """server.group_member_model = 'start': the version current when `client` started
+        to train (the group's own for a member that started with it; a version applied at
+        the very time a member starts is the one it downloads)."""
+        start = unit.starts.get(client, unit.dispatched_at)
+        if not start > unit.dispatched_at:
+            return unit.version
+        newer = [v for v, t in self.applied_at.items() if v >= unit.version and t <= start]
+        return max([unit.version, *newer])
 
     def _receive(self, unit: Dispatch) -> None:
         w, outcome = self.window, unit.outcome
@@ -402,18 +470,27 @@ class BufferedScheduler:
             w.dropped_count += len(outcome.dropped)
         if not isinstance(outcome, Aggregate) or not outcome.contributors:
             return
-        tau = self.engine.round - unit.version
+        # A group whose members trained on different versions (server.group_member_model =
+        # 'start') is as stale as its oldest contributor's model: the sum is weighted so.
+        bases = [unit.bases.get(c, unit.version) for c in outcome.contributors]
+        tau = self.engine.round - min(bases)
         if too_stale(tau, self.cfg.server.max_staleness):
             w.stale_dropped += len(outcome.contributors)
             return
         w.buffer.append((outcome, tau))
         w.seqs.append(unit.seq)
+        if unit.bases:
+            w.member_staleness.extend(self.engine.round - b for b in bases)
 
     def _forget_versions(self) -> None:
         """Keep the weights of the versions units in flight downloaded, and no others."""
         used = {u.version for u in self.in_flight.values()}
+        if self.late and used:  # a late member may start on any version since its group's
+            used = {v for v in self.versions if v >= min(used)}
         for v in [v for v in self.versions if v not in used]:
             del self.versions[v]
+        for v in [v for v in self.applied_at if v not in self.versions]:
+            del self.applied_at[v]
 
     # -- one server update ---------------------------------------------------
     def admits_next(self) -> bool:
@@ -457,6 +534,8 @@ class BufferedScheduler:
         record = RoundRecord(round_num, w.clients, len(contributors), w.dropped_count, False)
         record.extra["staleness"] = [tau for agg, tau in w.buffer for _ in agg.contributors]
         record.extra["applied_dispatches"] = list(w.seqs)
+        if self.late:
+            record.extra["member_staleness"] = list(w.member_staleness)
         got = Collected(agg=Aggregate(total, weight, contributors, loss_sum / weight))
         # Async DP: counts, staleness and losses go to the operator's annex only.
         annex = None if self.dp is None else {}
@@ -465,6 +544,9 @@ class BufferedScheduler:
     def after_apply(self, record: RoundRecord) -> None:
         """Replacements go out with the new version (before the checkpoint); the
         window's facts go on the record."""
+        if self.late and self.in_flight:  # a late member may start on this version
+            self.versions.setdefault(self.engine.round, self.engine.weights)
+            self.applied_at[self.engine.round] = self.clock.now()
         self.fill()
         self._note_window(record, self._applying)
 
@@ -576,6 +658,7 @@ class BufferedScheduler:
                 "versions": {v: t.cpu() for v, t in self.versions.items()},
                 "last_apply_clock": self.last_apply_clock,
                 "totals": dict(self.totals),
+                **({"applied_at": dict(self.applied_at)} if self.late else {}),
             }
         }
 
@@ -610,6 +693,7 @@ class BufferedScheduler:
         self.keyed = [GroupKeyedAhead.from_state(g) for g in a.get("keyed", [])]
         self.last_apply_clock = float(a["last_apply_clock"])
         self.totals = Counter(a["totals"])
+        self.applied_at = {int(v): float(t) for v, t in a.get("applied_at", {}).items()}
 
     def _recount(self, unit: Dispatch) -> bool:
         """Async DP after a lost release: a recomputed update counts as a new dispatch of

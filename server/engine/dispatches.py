@@ -23,8 +23,9 @@ from typing import Any
 import torch
 
 from fedveil.config import RunConfig
+from fedveil.privacy.secagg import SecAggError
 from fedveil.protocol.envelope import Envelope
-from fedveil.protocol.kinds import TRAINING_KINDS
+from fedveil.protocol.kinds import TRAINING_KINDS, TRAINING_STAGE, Kind, Stage
 from fedveil.server.engine.aggregation import Aggregate, NoUpdates, UpdateChannel
 from fedveil.server.engine.requests import ClientPrivacy, build_train_request
 from fedveil.server.engine.secagg_channel import SecAggChannel
@@ -46,14 +47,26 @@ class GroupKeyedAhead:
     clients: tuple[int, ...]
     keys_ready: float  # simulated time the key stages end
     keys: Any = None  # the channel's agreed session; None after a restore (agreed again)
+    # server.group_member_model = 'start': the key stages are only timed when the group
+    # forms (DispatchRunner.time_keys; the session runs whole at the group's arrival);
+    # the members left after them. None: the keys were agreed (keys).
+    live: tuple[int, ...] | None = None
 
     def to_state(self) -> dict[str, Any]:
-        return {"seq": self.seq, "clients": list(self.clients), "keys_ready": self.keys_ready}
+        state: dict[str, Any] = {
+            "seq": self.seq, "clients": list(self.clients), "keys_ready": self.keys_ready
+        }  # fmt: skip
+        if self.live is not None:
+            state["live"] = list(self.live)
+        return state
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> GroupKeyedAhead:
         clients = tuple(int(c) for c in state["clients"])
-        return cls(int(state["seq"]), clients, float(state["keys_ready"]))
+        live = state.get("live")
+        group = cls(int(state["seq"]), clients, float(state["keys_ready"]))
+        group.live = None if live is None else tuple(int(c) for c in live)
+        return group
 
 
 @dataclass
@@ -79,6 +92,10 @@ class Dispatch:
     # Rolling dispatch: when each member starts training (simulated time; after its keys
     # are agreed and its slot is free). Empty: counted as training from dispatch.
     starts: dict[int, float] = field(default_factory=dict)
+    # server.group_member_model = 'start': the model version each member trained on (the
+    # one current at its start), set when the session is computed at the group's arrival.
+    # Empty: every member trained on `version`.
+    bases: dict[int, int] = field(default_factory=dict)
 
     def busy(self, now: float) -> list[int]:
         """The members still training at simulated time `now`."""
@@ -317,6 +334,88 @@ class DispatchRunner:
         the simulated time `start` its first stage begins, when each member is free).
         `ready`: rolling dispatch, when each member's slot comes free (StagedAvailability)."""
         return self.run_keyed_group(unit, weights, None, start, ready)
+
+    def time_keys(self, seq: int, clients: Sequence[int]) -> tuple[tuple[int, ...] | None, float]:
+        """server.group_member_model = 'start': a group's key stages timed when it forms,
+        as `agree_keys` would run them (the same availability verdicts at (seq, stage)),
+        without running them: the session runs whole at the group's arrival, when every
+        member's model is known. The members left after them (None: fewer than the
+        session's threshold t, the group aborts as agree_keys's would) and the stages'
+        simulated duration."""
+        staged = StagedAvailability(_Replies({}), self.availability)
+        live = self._timed_stages(staged, seq, clients, (Stage.ADVERTISE, Stage.SHARE_KEYS))
+        return live, staged.elapsed
+
+    def time_keyed_group(
+        self,
+        unit: Dispatch,
+        live: Sequence[int],
+        start: float,
+        ready: Mapping[int, float],
+    ) -> float:
+        """server.group_member_model = 'start': a group's masked-input and unmask stages
+        timed at dispatch, as `run_keyed_group` runs them from `start` with the members
+        `live` after its key stages, rolling dispatch's slots `ready`: sets `unit.frees`,
+        `unit.starts` and `unit.delays` as that does, computes nothing (the session runs at
+        the arrival: run_late_group); the simulated duration."""
+        staged = StagedAvailability(_Replies({}), self.availability, ready)
+        stages = (Stage.MASKED_INPUT, Stage.UNMASK)
+        assert isinstance(self.channel, SecAggChannel)
+        self._timed_stages(staged, unit.seq, live, stages, self.channel.release_at)
+        unit.delays = {c: t for c, t in staged.delays.items() if t > 0}
+        unit.frees = {c: start + staged.trained.get(c, staged.elapsed) for c in unit.clients}
+        began = start + staged.train_began
+        unit.starts = {c: began + unit.delays.get(c, 0.0) for c in unit.clients}
+        return staged.elapsed
+
+    def _timed_stages(
+        self,
+        staged: StagedAvailability,
+        seq: int,
+        clients: Sequence[int],
+        stages: Sequence[Stage],
+        quorum: int = 0,
+    ) -> tuple[int, ...] | None:
+        """Each stage's exchange under the availability model alone (nothing reaches a
+        client), to the members still live; None once fewer than the threshold t are."""
+        assert isinstance(self.channel, SecAggChannel)
+        members = sorted(clients)
+        try:
+            threshold = self.channel.session(members, self.model_size, seq).threshold
+        except (SecAggError, ValueError):
+            return None
+        live = tuple(members)
+        for stage in stages:
+            kind = Kind.secagg(stage)
+            asked = {c: Envelope(kind, seq, {}, {}) for c in live}
+            at = quorum if stage is TRAINING_STAGE else 0
+            staged.exchange_first(asked, self.timeout, at)
+            live = tuple(c for c in live if c not in staged.gone)
+            if len(live) < threshold:
+                return None
+        return live
+
+    def run_late_group(
+        self, unit: Dispatch, weights_of: Callable[[int], torch.Tensor], bases: Mapping[int, int]
+    ) -> None:
+        """server.group_member_model = 'start': the group's whole session (its key stages
+        as timed when it formed, then masked input and unmask), computed at its arrival,
+        each member's training request carrying the model version `bases` names (the one
+        current at its start): the masked sum is of deltas, each against its member's own
+        model. The session (members, keys, threshold t, release at R) is the one fixed at
+        dispatch; unit.delays starts the same members late as the timing did."""
+        staged = StagedAvailability(self.transport, self.availability, None, unit.delays)
+        privacy = self.privacy_fields() if self.privacy_fields is not None else None
+        built = {v: build_train_request(self.cfg, unit.seq, weights_of(v), privacy) for v in
+                 sorted(set(bases.values()))}  # fmt: skip
+        requests = {
+            c: Envelope(built[bases[c]].kind, unit.seq, dict(built[bases[c]].config),
+                        built[bases[c]].arrays)
+            for c in unit.clients
+        }  # fmt: skip
+        unit.outcome = self.channel.collect(staged, requests, self.model_size, self.timeout)
+        unit.bases = dict(bases)
+        unit.computed = True
 
     def agree_keys(self, seq: int, clients: Sequence[int]) -> tuple[Any, float]:
         """A group's key stages, run before its training (GroupKeyedAhead): the agreed keys

@@ -73,3 +73,27 @@ def test_a_secagg_group_too_small_for_the_protocol_is_refused_by_name(tmp_path, 
     assert done.returncode != 0
     assert "--group-size = 2: must be in [max(3, --buffer = 2), --concurrency = 6]" in done.stderr
     assert not (tmp_path / "seed0").exists()  # refused before any contender ran
+
+
+def test_the_late_member_flags_reach_the_rolling_secure_contender_only(tmp_path):
+    """--member-model and --start-order (server.group_member_model, group_start_order)
+    configure async_secagg's rolling groups; the defaults leave every config as before."""
+    import argparse
+
+    from fedveil.benchmarks import bench_async
+
+    parser = argparse.ArgumentParser()
+    bench_async.add_async_arguments(parser)
+    plain = bench_async.resolve(parser.parse_args(["--quick"]))
+    late = bench_async.resolve(
+        parser.parse_args(["--quick", "--member-model", "start", "--start-order", "random"])
+    )
+    for name in ("async_secagg", "async_secagg_whole", "async"):
+        before = bench_async.contender_values(name, plain, 0, tmp_path)
+        assert "server.group_member_model" not in before
+        assert "server.group_start_order" not in before
+    secure = bench_async.contender_values("async_secagg", late, 0, tmp_path)
+    assert secure["server.group_member_model"] == "start"
+    assert secure["server.group_start_order"] == "random"
+    whole = bench_async.contender_values("async_secagg_whole", late, 0, tmp_path)
+    assert "server.group_member_model" not in whole and "server.group_start_order" not in whole

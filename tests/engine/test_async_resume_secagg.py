@@ -86,12 +86,16 @@ SECURE = {"secagg.enabled": True, "server.group_size": 3, "server.buffer": 3, "s
 # Groups of 4 of C = 6 dispatched as slots come free: a unit in flight at the checkpoint
 # may hold members that start late, and its recomputation must start them as late.
 ROLLING = {**SECURE, "server.group_size": 4, "server.group_dispatch_at": 1}
+# Late members on the model current at their start: a group in flight at the checkpoint
+# has not run its session yet (it runs at its arrival), and its members' versions must
+# still be at hand, and found the same, after the resume.
+LATE = {**ROLLING, "server.group_member_model": "start"}
 
 
 @pytest.mark.parametrize(
     ("extra", "crash_at"),
-    [({}, 4), (SECURE, 22), (ROLLING, 22)],
-    ids=["clear", "secagg", "secagg_rolling"],
+    [({}, 4), (SECURE, 22), (ROLLING, 22), (LATE, 10)],
+    ids=["clear", "secagg", "secagg_rolling", "secagg_late_members"],
 )
 def test_a_run_killed_mid_stream_resumes_to_the_uninterrupted_model(tmp_path, extra, crash_at):
     straight = run_lifecycle(async_config(tmp_path / "straight", **extra))
