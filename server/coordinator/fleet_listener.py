@@ -12,6 +12,9 @@ socket, a second uvicorn server in the same event loop serves that port:
   buffered bytes, the counters for /metrics (fleet_counters.py);
 - idle polls answered from memory where sound (idle_polls.py: a PullMessages for a node
   with nothing queued, after Flower's own SuperNode authentication);
+- heartbeats answered from memory and written in batches (heartbeats.py: an
+  authenticated SendNodeHeartbeat noted, written with the others every 0.5 s and before
+  any read of a node's liveness);
 - then, called in process, `fleet_only_app`: Flower's own Fleet router (flwr 1.42,
   `flwr.superlink.routers.fleet.router`) with the three middlewares it needs (protobuf
   translation, SuperNode authentication, Flower's error translation), on the same
@@ -41,6 +44,7 @@ from typing import Any
 
 from fedveil.server.coordinator.fleet_counters import FleetCounterFile
 from fedveil.server.coordinator.gateway import FleetGateway
+from fedveil.server.coordinator.heartbeats import HeartbeatBatch, Heartbeats
 from fedveil.server.coordinator.idle_polls import IdlePolls, PendingMessages
 from fedveil.server.coordinator.metrics import ServiceCounters
 from fedveil.server.coordinator.upstream_pool import UpstreamResponse
@@ -110,17 +114,25 @@ def fleet_only_app(superlink_app: Any) -> Any:
 class LocalFleet:
     """The gateway's upstream (gateway.FleetUpstream): an ASGI app called in process;
     with `idle`, a quiet node's PullMessages is answered from memory first
-    (idle_polls.py)."""
+    (idle_polls.py); with `heartbeats`, an authenticated SendNodeHeartbeat is noted and
+    answered, its write batched (heartbeats.py)."""
 
-    def __init__(self, app: Any, idle: IdlePolls | None = None) -> None:
+    def __init__(
+        self, app: Any, idle: IdlePolls | None = None, heartbeats: Heartbeats | None = None
+    ) -> None:
         self._app = app
         self._idle = idle
+        self._heartbeats = heartbeats
 
     async def post(
         self, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
     ) -> UpstreamResponse:
         if self._idle is not None:
             answer = await self._idle.answer(path, body, headers)
+            if answer is not None:
+                return answer
+        if self._heartbeats is not None:
+            answer = await self._heartbeats.answer(path, body, headers)
             if answer is not None:
                 return answer
         scope: MutableMapping[str, Any] = {
@@ -185,10 +197,14 @@ def follower_server(config: Any) -> Any:
 
 
 def fleet_server(
-    superlink_app: Any, spec: FleetListenerSpec, index: PendingMessages | None = None
+    superlink_app: Any,
+    spec: FleetListenerSpec,
+    index: PendingMessages | None = None,
+    heartbeats: HeartbeatBatch | None = None,
 ) -> tuple[Any, socket.socket]:
     """The uvicorn server for the Fleet port, and the inherited socket it serves; with
-    `index` (idle_polls.watched_index), idle polls are answered from memory."""
+    `index` (idle_polls.watched_index), idle polls are answered from memory; with
+    `heartbeats` (heartbeats.batched_heartbeats), heartbeats are written in batches."""
     import uvicorn
 
     # The gateway's refusals and upstream errors go to the SuperLink's output (its log file,
@@ -207,7 +223,9 @@ def fleet_server(
         False,
         spec.max_body_bytes,
         counters,
-        local=LocalFleet(fleet_app, idle),
+        local=LocalFleet(
+            fleet_app, idle, None if heartbeats is None else Heartbeats(fleet_app, heartbeats)
+        ),
     )
     limits = ConnectionLimits(spec.max_per_listener, spec.max_per_peer, spec.request_timeout_s)
     config = uvicorn.Config(
@@ -230,10 +248,11 @@ async def serve_with_fleet(
     superlink_app: Any,
     spec: FleetListenerSpec,
     index: PendingMessages | None = None,
+    heartbeats: HeartbeatBatch | None = None,
 ) -> None:
     """Serve the SuperLink (`internal`, which handles the signals) and the Fleet port
     together until the SuperLink's server stops."""
-    public, sock = fleet_server(superlink_app, spec, index)
+    public, sock = fleet_server(superlink_app, spec, index, heartbeats)
     link = asyncio.create_task(internal.serve())
     # Devices are let in once the SuperLink's own start-up (its lifespan) is done; until
     # then their connections wait in the listening socket's backlog.
