@@ -14,7 +14,8 @@ socket, a second uvicorn server in the same event loop serves that port:
   with nothing queued, after Flower's own SuperNode authentication);
 - heartbeats answered from memory and written in batches (heartbeats.py: an
   authenticated SendNodeHeartbeat noted, written with the others every 0.5 s and before
-  any read of a node's liveness);
+  any read of a node's liveness), both after Flower's own SuperNode authentication with
+  the key's node id looked up in memory (node_keys.py);
 - then, called in process, `fleet_only_app`: Flower's own Fleet router (flwr 1.42,
   `flwr.superlink.routers.fleet.router`) with the three middlewares it needs (protobuf
   translation, SuperNode authentication, Flower's error translation), on the same
@@ -47,6 +48,7 @@ from fedveil.server.coordinator.gateway import FleetGateway
 from fedveil.server.coordinator.heartbeats import HeartbeatBatch, Heartbeats
 from fedveil.server.coordinator.idle_polls import IdlePolls, PendingMessages
 from fedveil.server.coordinator.metrics import ServiceCounters
+from fedveil.server.coordinator.node_keys import AuthApp, NodeKeys
 from fedveil.server.coordinator.upstream_pool import UpstreamResponse
 from fedveil.server.serving.connections import ConnectionLimits, guarded_http
 
@@ -201,10 +203,12 @@ def fleet_server(
     spec: FleetListenerSpec,
     index: PendingMessages | None = None,
     heartbeats: HeartbeatBatch | None = None,
+    keys: NodeKeys | None = None,
 ) -> tuple[Any, socket.socket]:
     """The uvicorn server for the Fleet port, and the inherited socket it serves; with
     `index` (idle_polls.watched_index), idle polls are answered from memory; with
-    `heartbeats` (heartbeats.batched_heartbeats), heartbeats are written in batches."""
+    `heartbeats` (heartbeats.batched_heartbeats), heartbeats are written in batches; with
+    `keys` (node_keys.watched_keys), those two paths look a key's node id up in memory."""
     import uvicorn
 
     # The gateway's refusals and upstream errors go to the SuperLink's output (its log file,
@@ -217,14 +221,16 @@ def fleet_server(
         fedveil_log.setLevel(logging.INFO)
     counters = ServiceCounters(fleet_file=FleetCounterFile(Path(spec.counters_path), create=False))
     fleet_app = fleet_only_app(superlink_app)
-    idle = None if index is None else IdlePolls(fleet_app, index, counters.fleet_idle_answered)
+    # What Flower's authenticate_node reads as request.app on the memory paths.
+    auth_app = fleet_app if keys is None else AuthApp(keys)
+    idle = None if index is None else IdlePolls(auth_app, index, counters.fleet_idle_answered)
     gateway = FleetGateway(
         "http://fleet.local",  # nominal: the upstream is in process
         False,
         spec.max_body_bytes,
         counters,
         local=LocalFleet(
-            fleet_app, idle, None if heartbeats is None else Heartbeats(fleet_app, heartbeats)
+            fleet_app, idle, None if heartbeats is None else Heartbeats(auth_app, heartbeats)
         ),
     )
     limits = ConnectionLimits(spec.max_per_listener, spec.max_per_peer, spec.request_timeout_s)
@@ -249,10 +255,11 @@ async def serve_with_fleet(
     spec: FleetListenerSpec,
     index: PendingMessages | None = None,
     heartbeats: HeartbeatBatch | None = None,
+    keys: NodeKeys | None = None,
 ) -> None:
     """Serve the SuperLink (`internal`, which handles the signals) and the Fleet port
     together until the SuperLink's server stops."""
-    public, sock = fleet_server(superlink_app, spec, index, heartbeats)
+    public, sock = fleet_server(superlink_app, spec, index, heartbeats, keys)
     link = asyncio.create_task(internal.serve())
     # Devices are let in once the SuperLink's own start-up (its lifespan) is done; until
     # then their connections wait in the listening socket's backlog.

@@ -106,6 +106,10 @@ class HeartbeatBatch:
         with self._lock:
             self._pending[node_id] = beat  # the latest heartbeat wins, as in Flower
 
+    def writing(self) -> bool:
+        """True while this thread writes a flush (node_keys.py does not count it)."""
+        return bool(getattr(self._local, "writing", False))
+
     def pending(self) -> int:
         with self._lock:
             return len(self._pending)
@@ -169,7 +173,7 @@ class HeartbeatBatch:
 
     def before_statement(self, cursor: Any, statement: str) -> None:
         """Flush first if `statement` reads or writes a node's liveness (module docstring)."""
-        if getattr(self._local, "writing", False) or not _NODE_TABLE.search(statement):
+        if self.writing() or not _NODE_TABLE.search(statement):
             return
         if "online_until" not in statement and not _NODE_WRITE.match(statement):
             return  # e.g. authenticate_node's key lookup: liveness plays no part
@@ -237,11 +241,11 @@ class Heartbeats:
     """Answers an authenticated SendNodeHeartbeat from memory (see the module
     docstring); None: not answered here, the caller passes it to Flower's Fleet routes."""
 
-    def __init__(self, fleet_app: Any, batch: HeartbeatBatch) -> None:
+    def __init__(self, auth_app: Any, batch: HeartbeatBatch) -> None:
         from flwr.proto.heartbeat_pb2 import SendNodeHeartbeatResponse
         from flwr.supercore.protobuf.constants import PROTOBUF_MEDIA_TYPE
 
-        self._app = fleet_app  # its state holds the LinkStateFactory authenticate_node reads
+        self._app = auth_app  # request.app for authenticate_node (node_keys.AuthApp)
         self._batch = batch
         self._ok = SendNodeHeartbeatResponse(success=True).SerializeToString()
         self._headers = [(b"content-type", PROTOBUF_MEDIA_TYPE.encode())]

@@ -186,12 +186,12 @@ class IdlePolls:
     here, the caller passes the request to Flower's Fleet routes."""
 
     def __init__(
-        self, fleet_app: Any, index: PendingMessages, on_answer: Callable[[], None]
+        self, auth_app: Any, index: PendingMessages, on_answer: Callable[[], None]
     ) -> None:
         from flwr.proto.fleet_pb2 import PullMessagesResponse
         from flwr.supercore.protobuf.constants import PROTOBUF_MEDIA_TYPE
 
-        self._app = fleet_app  # its state holds the LinkStateFactory authenticate_node reads
+        self._app = auth_app  # request.app for authenticate_node: its state's LinkState
         self._index = index
         self._on_answer = on_answer  # counted for /metrics
         # What Flower's ProtobufTranslationMiddleware sends for an empty pull.
@@ -248,7 +248,7 @@ def protobuf_body(message_type: Any, body: bytes, headers: list[tuple[bytes, byt
 
 
 async def authenticated(
-    fleet_app: Any, path: str, headers: list[tuple[bytes, bytes]], message: Any
+    auth_app: Any, path: str, headers: list[tuple[bytes, bytes]], message: Any
 ) -> bool:
     """Whether Flower's own `authenticate_node` passes on this request (called, not
     copied: signature, time window, registered key, the key's node id). False on any
@@ -264,7 +264,7 @@ async def authenticated(
             "method": "POST",
             "path": path,
             "headers": headers,
-            "app": fleet_app,
+            "app": auth_app,
             "query_string": b"",
         }
     )

@@ -137,18 +137,21 @@ def superlink_main() -> None:
 
         from fedveil.server.coordinator.heartbeats import batched_heartbeats
         from fedveil.server.coordinator.idle_polls import watched_index
+        from fedveil.server.coordinator.node_keys import watched_keys
         from fedveil.server.coordinator.process_profile import profiled
 
         # Listening to the state's writes before any request can make one (idle_polls.py).
         index = watched_index(app)
         # Heartbeats written in batches, flushed before any read of a node's liveness.
         heartbeats = batched_heartbeats(app)
+        # Keys' node ids in memory for those paths, forgotten on any write to a node.
+        keys = watched_keys(app, heartbeats.writing if heartbeats is not None else lambda: False)
         config = uvicorn.Config(app, fd=sock.fileno(), **kwargs)
         server = uvicorn.Server(config)
         try:
             with profiled(spec.profile_path):
                 asyncio_run(
-                    serve_with_fleet(server, app, spec, index, heartbeats),
+                    serve_with_fleet(server, app, spec, index, heartbeats, keys),
                     loop_factory=config.get_loop_factory(),
                 )
         finally:

@@ -13,8 +13,10 @@ The test drives it over stdin/stdout, one JSON object a line:
       get_node_info, the read behind node listings and the ServerApp's node ids)
   {"op": "delete", "node": id}               -> {} (Flower's Control API deletion)
   {"op": "pending"}                          -> {"pending": n} (heartbeats not yet written)
+  {"op": "key_hits"}                         -> {"hits": n} (key lookups answered from memory)
 It prints {"port": p} once the Fleet port serves. A second argument, seconds, turns on
-heartbeats written in batches at that interval (heartbeats.py), as superlink_main does.
+heartbeats written in batches at that interval (heartbeats.py) and the key map
+(node_keys.py), as superlink_main does.
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ def main(state_dir: Path, flush_s: float | None) -> None:
     from fedveil.server.coordinator.fleet_listener import FleetListenerSpec, fleet_server
     from fedveil.server.coordinator.heartbeats import batched_heartbeats
     from fedveil.server.coordinator.idle_polls import watched_index
+    from fedveil.server.coordinator.node_keys import watched_keys
 
     app = create_app()
     app.state.enable_supernode_auth = True
     index = watched_index(app)  # before any write, as superlink_main does
     heartbeats = None if flush_s is None else batched_heartbeats(app, flush_s)
+    keys = None if heartbeats is None else watched_keys(app, heartbeats.writing)
     state = app.state.linkstate_factory.state()
     run_id = state.create_run(
         None, None, None, {}, NOOP_FEDERATION_ID, None, NOOP_FLWR_AID, TaskType.SERVER_APP
@@ -89,7 +93,7 @@ def main(state_dir: Path, flush_s: float | None) -> None:
         request_timeout_s=30.0,
         counters_path=str(counters_path),
     )
-    server, fleet_sock = fleet_server(app, spec, index, heartbeats)
+    server, fleet_sock = fleet_server(app, spec, index, heartbeats, keys)
 
     def control() -> None:
         print(json.dumps({"port": sock.getsockname()[1]}), flush=True)
@@ -108,6 +112,8 @@ def main(state_dir: Path, flush_s: float | None) -> None:
             elif cmd["op"] == "delete":
                 state.delete_node(NOOP_FLWR_AID, int(cmd["node"]))
                 out = {}
+            elif cmd["op"] == "key_hits":
+                out = {"hits": -1 if keys is None else keys.hits}
             elif cmd["op"] == "pending":
                 out = {"pending": -1 if heartbeats is None else heartbeats.pending()}
             else:

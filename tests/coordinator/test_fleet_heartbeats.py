@@ -184,6 +184,9 @@ def test_a_deleted_nodes_key_no_longer_authenticates(fast: tuple[Link, Path]) ->
     link, db = fast
     key, node = _device(link)
     assert _heartbeat(link, key, node)  # pending when the node is deleted
+    hits = link.ask(op="key_hits")["hits"]
+    assert _heartbeat(link, key, node)
+    assert link.ask(op="key_hits")["hits"] == hits + 1  # its key's node id from memory
     link.ask(op="delete", node=node)
     req = SendNodeHeartbeatRequest(node=Node(node_id=node), heartbeat_interval=INTERVAL)
     r = link.send(build(capturing_client("fleet:443", key), "SendNodeHeartbeat", req))
