@@ -46,6 +46,7 @@ offline early, never keep a silent node online.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import math
@@ -68,6 +69,14 @@ FLUSH_INTERVAL_S = 0.5
 # A statement on the node table, and whether it writes.
 _NODE_TABLE = re.compile(r"\b(FROM|UPDATE|INTO|JOIN)\s+node\b", re.IGNORECASE)
 _NODE_WRITE = re.compile(r"\s*(UPDATE|INSERT INTO|DELETE FROM)\s+node\b", re.IGNORECASE)
+# flwr 1.42's acknowledge_node_heartbeat, column for column, with the values of the
+# heartbeat's arrival; a deleted (unregistered) node is left as it is.
+_FLUSH_SQL = (
+    "UPDATE node SET online_until = :online_until, heartbeat_interval = :interval, "
+    "last_activated_at = CASE WHEN status != :online THEN :arrived_at "
+    "ELSE last_activated_at END, status = :online "
+    "WHERE node_id = :node_id AND status != :unregistered"
+)
 
 
 @dataclass(frozen=True)
@@ -92,7 +101,6 @@ class HeartbeatBatch:
         self._lock = threading.Lock()  # guards _pending
         self._flush_lock = threading.Lock()  # one flush at a time: snapshot to commit
         self._pending: dict[int, Beat] = {}
-        self._local = threading.local()  # set while this thread writes a flush
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.flushes = 0  # transactions committed with at least one heartbeat
@@ -106,83 +114,63 @@ class HeartbeatBatch:
         with self._lock:
             self._pending[node_id] = beat  # the latest heartbeat wins, as in Flower
 
-    def writing(self) -> bool:
-        """True while this thread writes a flush (node_keys.py does not count it)."""
-        return bool(getattr(self._local, "writing", False))
-
     def pending(self) -> int:
         with self._lock:
             return len(self._pending)
 
-    def flush(self) -> int:
-        """Write every pending heartbeat in one transaction; the count written."""
+    def flush(self, connection: Any = None) -> int:
+        """Write every pending heartbeat in one transaction; the count written.
+
+        `connection`: a DBAPI sqlite3 connection in no transaction, used for the write
+        (a reader's own, from `before_statement`); None: one from Flower's pool, checked
+        out before the flush lock is taken, so that no thread holds the lock while it
+        waits for a pooled connection that a thread waiting for the lock holds."""
+        if connection is None:
+            # An empty context: Flower's session() then opens a connection of its own.
+            return contextvars.Context().run(self._flush_pooled)
+        return self._flush_on(connection)
+
+    def _flush_pooled(self) -> int:
+        with self._state.session() as session:
+            dbapi = session.connection().connection.dbapi_connection
+            return self._flush_on(dbapi)
+
+    def _flush_on(self, dbapi: Any) -> int:
         with self._flush_lock:
             with self._lock:
                 batch, self._pending = self._pending, {}
             if not batch:
                 return 0
-            self._local.writing = True
             try:
-                # An empty context: Flower's session() then opens a connection of its
-                # own, never joining a transaction of the thread that asked for the flush.
-                contextvars.Context().run(self._write, batch)
+                # On the DBAPI connection: no SQLAlchemy event sees this write, so
+                # neither this module's listener nor node_keys.py's reacts to it.
+                dbapi.executemany(_FLUSH_SQL, _rows(batch))
+                dbapi.commit()
             except BaseException:
+                with contextlib.suppress(Exception):
+                    dbapi.rollback()
                 with self._lock:  # not lost: back in, unless a newer heartbeat came
                     for node, beat in batch.items():
                         self._pending.setdefault(node, beat)
                 raise
-            finally:
-                self._local.writing = False
             self.flushes += 1
             return len(batch)
 
-    def _write(self, batch: dict[int, Beat]) -> None:
-        from flwr.supercore.constant import NodeStatus
-        from flwr.supercore.state.schema.linkstate_models import Node as NodeModel
-        from flwr.supercore.utils import uint64_to_int64
-        from sqlalchemy import bindparam, case, update
-
-        stmt = (
-            update(NodeModel)
-            .execution_options(dml_strategy="core_only")
-            .where(
-                NodeModel.node_id == bindparam("hb_node_id"),
-                NodeModel.status != NodeStatus.UNREGISTERED,
-            )
-            .values(
-                online_until=bindparam("hb_online_until"),
-                heartbeat_interval=bindparam("hb_interval"),
-                last_activated_at=case(
-                    (NodeModel.status != NodeStatus.ONLINE, bindparam("hb_arrived_at")),
-                    else_=NodeModel.last_activated_at,
-                ),
-                status=NodeStatus.ONLINE,
-            )
-        )
-        params = [
-            {
-                "hb_node_id": uint64_to_int64(node),
-                "hb_online_until": beat.online_until,
-                "hb_interval": beat.interval,
-                "hb_arrived_at": beat.arrived_at,
-            }
-            for node, beat in batch.items()
-        ]
-        with self._state.session() as session:
-            session.execute(stmt, params)
-
     def before_statement(self, cursor: Any, statement: str) -> None:
         """Flush first if `statement` reads or writes a node's liveness (module docstring)."""
-        if self.writing() or not _NODE_TABLE.search(statement):
+        if not _NODE_TABLE.search(statement):
             return
         if "online_until" not in statement and not _NODE_WRITE.match(statement):
             return  # e.g. authenticate_node's key lookup: liveness plays no part
-        if getattr(getattr(cursor, "connection", None), "in_transaction", False):
+        dbapi = getattr(cursor, "connection", None)
+        if dbapi is None or getattr(dbapi, "in_transaction", True):
             return  # this transaction holds the write lock: its first node statement flushed
         with self._lock:
             if not self._pending:
                 return
-        self.flush()
+        # On the reader's own connection, in a transaction of its own committed before
+        # the reader's statement runs: no second pooled connection is needed.
+        self.flush(dbapi)
 
     def start(self) -> None:
         """Listen to the process's statements and start the flusher thread."""
@@ -213,6 +201,23 @@ class HeartbeatBatch:
         if self._thread is not None:
             self._thread.join(10)
         self.flush()
+
+
+def _rows(batch: dict[int, Beat]) -> list[dict[str, Any]]:
+    from flwr.supercore.constant import NodeStatus
+    from flwr.supercore.utils import uint64_to_int64
+
+    return [
+        {
+            "node_id": uint64_to_int64(node),  # stored as Flower stores it: signed int64
+            "online_until": beat.online_until,
+            "interval": beat.interval,
+            "arrived_at": beat.arrived_at,
+            "online": NodeStatus.ONLINE,
+            "unregistered": NodeStatus.UNREGISTERED,
+        }
+        for node, beat in batch.items()
+    ]
 
 
 def _patience() -> float:

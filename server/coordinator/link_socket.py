@@ -145,7 +145,7 @@ def superlink_main() -> None:
         # Heartbeats written in batches, flushed before any read of a node's liveness.
         heartbeats = batched_heartbeats(app)
         # Keys' node ids in memory for those paths, forgotten on any write to a node.
-        keys = watched_keys(app, heartbeats.writing if heartbeats is not None else lambda: False)
+        keys = watched_keys(app)
         config = uvicorn.Config(app, fd=sock.fileno(), **kwargs)
         server = uvicorn.Server(config)
         try:

@@ -19,8 +19,9 @@ the map before it runs, and again when its connection goes back to the pool (the
 `checkin` pool event, after its commit or rollback), each time moving a generation
 counter on. A miss fills the map only if the generation did not move during its read,
 so a read that began before the write committed never brings the old answer back. The
-one write not counted is fedveil's own heartbeat flush (heartbeats.py): it only sets a
-non-deleted node online, and never touches a key or a deleted node.
+one write not seen is fedveil's own heartbeat flush (heartbeats.py, on the DBAPI
+connection, below SQLAlchemy's events): it only sets a non-deleted node online, and
+never touches a key or a deleted node.
 """
 
 from __future__ import annotations
@@ -38,9 +39,8 @@ class NodeKeys:
     """public key -> node id (uint64) for registered, not deleted nodes (see the module
     docstring); the one LinkState method `authenticate_node` calls."""
 
-    def __init__(self, state: Any, own_write: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, state: Any) -> None:
         self._state = state  # Flower's SqlLinkState: the source of every answer
-        self._own_write = own_write  # True while this thread writes a heartbeat flush
         self._lock = threading.Lock()
         self._ids: dict[bytes, int] = {}
         self._generation = 0
@@ -67,7 +67,7 @@ class NodeKeys:
             self._generation += 1
 
     def before_statement(self, connection_info: dict[Any, Any], statement: str) -> None:
-        if _NODE_WRITE.match(statement) and not self._own_write():
+        if _NODE_WRITE.match(statement):
             connection_info[_MARK] = True
             self.forget()
 
@@ -127,7 +127,7 @@ class AuthApp:
         self.state = _AppState(keys)
 
 
-def watched_keys(superlink_app: Any, own_write: Callable[[], bool]) -> NodeKeys | None:
+def watched_keys(superlink_app: Any) -> NodeKeys | None:
     """The key map for `superlink_app`'s LinkState, listening from now on; None where
     that state is not SQL. Call it before the app serves a request."""
     from flwr.server.superlink.linkstate.sql_linkstate import SqlLinkState
@@ -136,6 +136,6 @@ def watched_keys(superlink_app: Any, own_write: Callable[[], bool]) -> NodeKeys 
     state = None if factory is None else factory.state()
     if not isinstance(state, SqlLinkState):
         return None
-    keys = NodeKeys(state, own_write)
+    keys = NodeKeys(state)
     keys.watch()
     return keys

@@ -53,7 +53,7 @@ def main(state_dir: Path, flush_s: float | None) -> None:
     app.state.enable_supernode_auth = True
     index = watched_index(app)  # before any write, as superlink_main does
     heartbeats = None if flush_s is None else batched_heartbeats(app, flush_s)
-    keys = None if heartbeats is None else watched_keys(app, heartbeats.writing)
+    keys = None if heartbeats is None else watched_keys(app)
     state = app.state.linkstate_factory.state()
     run_id = state.create_run(
         None, None, None, {}, NOOP_FEDERATION_ID, None, NOOP_FLWR_AID, TaskType.SERVER_APP

@@ -102,7 +102,7 @@ def test_the_heartbeat_flush_keeps_the_map_and_flowers_node_writes_empty_it(
     state: SqlLinkState, keys: NodeKeys
 ) -> None:
     batch = HeartbeatBatch(state, 3600.0)  # flushed by hand below
-    own = NodeKeys(state, batch.writing)
+    own = NodeKeys(state)
     own.watch()
     try:
         key, node = _node(state)
