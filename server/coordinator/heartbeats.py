@@ -23,16 +23,16 @@ in one transaction, with Flower's own statement shape (the same columns, the sam
 `status != unregistered` guard, so a deleted node is never revived).
 
 Liveness stays exact. Every statement of the process passes `before_cursor_execute` (a
-declared SQLAlchemy event, as for idle_polls), and one that reads or writes a node's
-liveness (any statement on the `node` table naming `online_until`, and every INSERT,
-UPDATE or DELETE on it: Flower's offline tagging, node listing and `get_nodes` for the
-ServerApp's node ids, the reply-availability check of dropout detection, activation,
-deactivation, deletion) first waits for the pending heartbeats to be committed, on a
-connection of its own. So such a read sees every heartbeat answered before it, and a
-write to a node is ordered after them, as in Flower. Only a statement inside a
-transaction that has already written (its connection holds the write lock, which the
-flush would wait for) skips this: its transaction's first node statement flushed. The
-key lookup of `authenticate_node` names no liveness column and does not flush.
+declared SQLAlchemy event, as for idle_polls), and every statement on the `node` table
+(Flower's offline tagging, node listing and `get_nodes` for the ServerApp's node ids,
+the reply-availability check of dropout detection, the destination check of a push,
+activation, deactivation, deletion) first commits the pending heartbeats, on its own
+connection, before it runs. So a read sees every heartbeat answered before it, and a
+write to a node is ordered after them, as in Flower. Two statements skip this: one
+inside a transaction that has already written (its connection holds the write lock the
+flush would wait for; its transaction's first node statement flushed), and
+`authenticate_node`'s lookup of a node id by key, whose answer only a deletion changes,
+never a heartbeat.
 
 A node that stops heartbeating goes offline on time: its `online_until` is the one its
 last heartbeat set at arrival, not at the write, and Flower's offline tagging reads it
@@ -68,7 +68,10 @@ HEARTBEAT_PATH = "/v1/fleet/send-node-heartbeat"
 FLUSH_INTERVAL_S = 0.5
 # A statement on the node table, and whether it writes.
 _NODE_TABLE = re.compile(r"\b(FROM|UPDATE|INTO|JOIN)\s+node\b", re.IGNORECASE)
-_NODE_WRITE = re.compile(r"\s*(UPDATE|INSERT INTO|DELETE FROM)\s+node\b", re.IGNORECASE)
+# Flower's get_node_id_by_public_key: only a deletion changes its answer, never a heartbeat.
+_KEY_LOOKUP = re.compile(
+    r"\s*SELECT\b[^;]*\bFROM node\b[^;]*\bWHERE node\.public_key = \?", re.IGNORECASE
+)
 # flwr 1.42's acknowledge_node_heartbeat, column for column, with the values of the
 # heartbeat's arrival; a deleted (unregistered) node is left as it is.
 _FLUSH_SQL = (
@@ -158,10 +161,8 @@ class HeartbeatBatch:
 
     def before_statement(self, cursor: Any, statement: str) -> None:
         """Flush first if `statement` reads or writes a node's liveness (module docstring)."""
-        if not _NODE_TABLE.search(statement):
-            return
-        if "online_until" not in statement and not _NODE_WRITE.match(statement):
-            return  # e.g. authenticate_node's key lookup: liveness plays no part
+        if not _NODE_TABLE.search(statement) or _KEY_LOOKUP.match(statement):
+            return  # authenticate_node's lookup: a heartbeat never changes its answer
         dbapi = getattr(cursor, "connection", None)
         if dbapi is None or getattr(dbapi, "in_transaction", True):
             return  # this transaction holds the write lock: its first node statement flushed
