@@ -120,7 +120,7 @@ def test_a_heartbeat_is_answered_while_sqlite_is_locked_and_written_within_the_i
         answered = time.time()
         # Flower writes a heartbeat on its request's path: it would wait for the lock
         # (5 s, then a 500). Answered from memory, it does not wait.
-        assert answered - sent < 2.0, f"heartbeat answered after {answered - sent:.2f} s"
+        assert answered - sent < 4.0, f"heartbeat answered after {answered - sent:.2f} s"
         assert link.ask(op="pending")["pending"] == 1
         assert _stored(db, node)[2] == 30.0  # still the activation's interval: not written
     finally:
@@ -175,7 +175,9 @@ def test_a_node_that_stops_heartbeating_goes_offline_on_time(fast: tuple[Link, P
     patience = HEARTBEAT_PATIENCE * INTERVAL
     assert link.ask(op="node", node=node)["status"] == "online"
     time.sleep(max(0.0, sent + patience - 1.0 - time.time()))
-    assert link.ask(op="node", node=node)["status"] == "online"  # 1 s before its end
+    status = link.ask(op="node", node=node)["status"]
+    if time.time() < sent + patience:  # the read was done before the patience ended
+        assert status == "online"
     time.sleep(max(0.0, answered + patience + 0.5 - time.time()))
     assert link.ask(op="node", node=node)["status"] == "offline"  # 0.5 s after it
 
