@@ -2,10 +2,11 @@
 
 `fedveil bench fleet` holds devices at Flower's idle poll and reads CPU over a time
 window, so on a shared machine its per-request figure carries the idle floor's noise.
-Here a fixed number of PullMessages (signed by Flower's own client code, fleet_wire.py)
-is sent at a fixed concurrency, and the CPU seconds the coordinator's process tree spent
-on them are divided by their count: CPU time, unlike latency, barely depends on how busy
-the rest of the machine is.
+Here a fixed number of PullMessages, or with `--request heartbeat` SendNodeHeartbeat
+(Flower's SuperNode interval, 30 s), each signed by Flower's own client code
+(fleet_wire.py), is sent at a fixed concurrency, and the CPU seconds the coordinator's
+process tree spent on them are divided by their count: CPU time, unlike latency, barely
+depends on how busy the rest of the machine is.
 
 Contenders, side by side in one run: fedveil's coordinator (`fedveil server` and its
 SuperLink child, which serves the Fleet port with the gateway in front of Flower's Fleet
@@ -40,7 +41,9 @@ from typing import Any
 import httpx
 from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.proto.fleet_pb2 import PullMessagesRequest
+from flwr.proto.heartbeat_pb2 import SendNodeHeartbeatRequest
 from flwr.proto.node_pb2 import Node
+from google.protobuf.message import Message
 
 from fedveil.benchmarks.fleet_coordinator import Coordinator
 from fedveil.benchmarks.fleet_devices import activate, make_devices, tls_context
@@ -48,9 +51,22 @@ from fedveil.benchmarks.fleet_peer_flower import StockSuperLink
 from fedveil.benchmarks.fleet_wire import call
 
 CURVES: dict[str, ec.EllipticCurve] = {"p256": ec.SECP256R1(), "p384": ec.SECP384R1()}
+REQUESTS = ("pull", "heartbeat")
+HEARTBEAT_INTERVAL_S = 30.0  # a SuperNode's default (flwr HEARTBEAT_DEFAULT_INTERVAL)
 
 
-async def _drive(coord: Any, devices: list[Any], requests: int, concurrency: int) -> dict[str, Any]:
+def _request(kind: str, node_id: int) -> tuple[str, Message]:
+    """The Fleet method and message a device sends for `kind` (one of REQUESTS)."""
+    if kind == "heartbeat":
+        return "SendNodeHeartbeat", SendNodeHeartbeatRequest(
+            node=Node(node_id=node_id), heartbeat_interval=HEARTBEAT_INTERVAL_S
+        )
+    return "PullMessages", PullMessagesRequest(node=Node(node_id=node_id))
+
+
+async def _drive(
+    coord: Any, devices: list[Any], requests: int, concurrency: int, kind: str = "pull"
+) -> dict[str, Any]:
     limits = httpx.Limits(
         max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8
     )
@@ -61,26 +77,17 @@ async def _drive(coord: Any, devices: list[Any], requests: int, concurrency: int
 
         async def worker(i: int) -> None:
             d = devices[i % len(devices)]
-            req = PullMessagesRequest(node=Node(node_id=d.node_id))
+            method, req = _request(kind, d.node_id)
             while left[0] > 0:
                 left[0] -= 1
                 try:
-                    await call(http, d.client, "PullMessages", req, 30.0)
+                    await call(http, d.client, method, req, 30.0)
                 except httpx.HTTPError:
                     failures[0] += 1
 
         # Warm the connections on both hops before the count starts.
         await asyncio.gather(
-            *(
-                call(
-                    http,
-                    d.client,
-                    "PullMessages",
-                    PullMessagesRequest(node=Node(node_id=d.node_id)),
-                    30.0,
-                )
-                for d in devices[:concurrency]
-            )
+            *(call(http, d.client, *_request(kind, d.node_id), 30.0) for d in devices[:concurrency])
         )
         before, t0 = coord.sample(), time.perf_counter()
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
@@ -88,6 +95,7 @@ async def _drive(coord: Any, devices: list[Any], requests: int, concurrency: int
     total_ms = 1000 * (after.cpu_s - before.cpu_s) / requests
     server_ms = 1000 * (after.root_cpu_s - before.root_cpu_s) / requests
     return {
+        "request": kind,
         "requests": requests,
         "concurrency": concurrency,
         "failures": failures[0],
@@ -105,6 +113,7 @@ def measure(
     requests: int,
     concurrency: int,
     profile: Path | None = None,
+    kind: str = "pull",
 ) -> list[dict[str, Any]]:
     """One coordinator (`fedveil` or `flower`), one closed-loop count per curve."""
     with tempfile.TemporaryDirectory(prefix="fedveil-fleet-cost-") as tmp:
@@ -125,7 +134,7 @@ def measure(
                 for d in fleets[name]:
                     coord.enroll(d.client_id, d.openssh())
             for name in curves:
-                r = asyncio.run(_drive(coord, fleets[name], requests, concurrency))
+                r = asyncio.run(_drive(coord, fleets[name], requests, concurrency, kind))
                 r.update(
                     coordinator=contender,
                     curve=name,
@@ -158,7 +167,13 @@ def top_functions(path: Path, limit: int = 25) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--devices", type=int, default=50, help="devices per curve [50]")
-    p.add_argument("--requests", type=int, default=3000, help="PullMessages per curve [3000]")
+    p.add_argument("--requests", type=int, default=3000, help="requests per curve [3000]")
+    p.add_argument(
+        "--request",
+        choices=REQUESTS,
+        default="pull",
+        help="what each request is: PullMessages or SendNodeHeartbeat [pull]",
+    )
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--peer", choices=["flower"], help="also stock Flower's SuperLink")
     p.add_argument(
@@ -182,7 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     results, profiles = [], {}
     for contender in ["fedveil", *([args.peer] if args.peer else [])]:
         results += measure(
-            contender, curves, args.devices, args.requests, args.concurrency, args.profile
+            contender,
+            curves,
+            args.devices,
+            args.requests,
+            args.concurrency,
+            args.profile,
+            args.request,
         )
         if args.profile is not None:
             for name in (contender, f"{contender}-superlink"):

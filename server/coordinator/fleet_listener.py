@@ -12,6 +12,10 @@ socket, a second uvicorn server in the same event loop serves that port:
   buffered bytes, the counters for /metrics (fleet_counters.py);
 - idle polls answered from memory where sound (idle_polls.py: a PullMessages for a node
   with nothing queued, after Flower's own SuperNode authentication);
+- heartbeats answered from memory and written in batches (heartbeats.py: an
+  authenticated SendNodeHeartbeat noted, written with the others every 0.5 s and before
+  any read of a node's liveness), both after Flower's own SuperNode authentication with
+  the key's node id looked up in memory (node_keys.py);
 - then, called in process, `fleet_only_app`: Flower's own Fleet router (flwr 1.42,
   `flwr.superlink.routers.fleet.router`) with the three middlewares it needs (protobuf
   translation, SuperNode authentication, Flower's error translation), on the same
@@ -41,8 +45,10 @@ from typing import Any
 
 from fedveil.server.coordinator.fleet_counters import FleetCounterFile
 from fedveil.server.coordinator.gateway import FleetGateway
+from fedveil.server.coordinator.heartbeats import HeartbeatBatch, Heartbeats
 from fedveil.server.coordinator.idle_polls import IdlePolls, PendingMessages
 from fedveil.server.coordinator.metrics import ServiceCounters
+from fedveil.server.coordinator.node_keys import AuthApp, NodeKeys
 from fedveil.server.coordinator.upstream_pool import UpstreamResponse
 from fedveil.server.serving.connections import ConnectionLimits, guarded_http
 
@@ -110,17 +116,25 @@ def fleet_only_app(superlink_app: Any) -> Any:
 class LocalFleet:
     """The gateway's upstream (gateway.FleetUpstream): an ASGI app called in process;
     with `idle`, a quiet node's PullMessages is answered from memory first
-    (idle_polls.py)."""
+    (idle_polls.py); with `heartbeats`, an authenticated SendNodeHeartbeat is noted and
+    answered, its write batched (heartbeats.py)."""
 
-    def __init__(self, app: Any, idle: IdlePolls | None = None) -> None:
+    def __init__(
+        self, app: Any, idle: IdlePolls | None = None, heartbeats: Heartbeats | None = None
+    ) -> None:
         self._app = app
         self._idle = idle
+        self._heartbeats = heartbeats
 
     async def post(
         self, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
     ) -> UpstreamResponse:
         if self._idle is not None:
             answer = await self._idle.answer(path, body, headers)
+            if answer is not None:
+                return answer
+        if self._heartbeats is not None:
+            answer = await self._heartbeats.answer(path, body, headers)
             if answer is not None:
                 return answer
         scope: MutableMapping[str, Any] = {
@@ -185,10 +199,16 @@ def follower_server(config: Any) -> Any:
 
 
 def fleet_server(
-    superlink_app: Any, spec: FleetListenerSpec, index: PendingMessages | None = None
+    superlink_app: Any,
+    spec: FleetListenerSpec,
+    index: PendingMessages | None = None,
+    heartbeats: HeartbeatBatch | None = None,
+    keys: NodeKeys | None = None,
 ) -> tuple[Any, socket.socket]:
     """The uvicorn server for the Fleet port, and the inherited socket it serves; with
-    `index` (idle_polls.watched_index), idle polls are answered from memory."""
+    `index` (idle_polls.watched_index), idle polls are answered from memory; with
+    `heartbeats` (heartbeats.batched_heartbeats), heartbeats are written in batches; with
+    `keys` (node_keys.watched_keys), those two paths look a key's node id up in memory."""
     import uvicorn
 
     # The gateway's refusals and upstream errors go to the SuperLink's output (its log file,
@@ -201,13 +221,17 @@ def fleet_server(
         fedveil_log.setLevel(logging.INFO)
     counters = ServiceCounters(fleet_file=FleetCounterFile(Path(spec.counters_path), create=False))
     fleet_app = fleet_only_app(superlink_app)
-    idle = None if index is None else IdlePolls(fleet_app, index, counters.fleet_idle_answered)
+    # What Flower's authenticate_node reads as request.app on the memory paths.
+    auth_app = fleet_app if keys is None else AuthApp(keys)
+    idle = None if index is None else IdlePolls(auth_app, index, counters.fleet_idle_answered)
     gateway = FleetGateway(
         "http://fleet.local",  # nominal: the upstream is in process
         False,
         spec.max_body_bytes,
         counters,
-        local=LocalFleet(fleet_app, idle),
+        local=LocalFleet(
+            fleet_app, idle, None if heartbeats is None else Heartbeats(auth_app, heartbeats)
+        ),
     )
     limits = ConnectionLimits(spec.max_per_listener, spec.max_per_peer, spec.request_timeout_s)
     config = uvicorn.Config(
@@ -230,10 +254,12 @@ async def serve_with_fleet(
     superlink_app: Any,
     spec: FleetListenerSpec,
     index: PendingMessages | None = None,
+    heartbeats: HeartbeatBatch | None = None,
+    keys: NodeKeys | None = None,
 ) -> None:
     """Serve the SuperLink (`internal`, which handles the signals) and the Fleet port
     together until the SuperLink's server stops."""
-    public, sock = fleet_server(superlink_app, spec, index)
+    public, sock = fleet_server(superlink_app, spec, index, heartbeats, keys)
     link = asyncio.create_task(internal.serve())
     # Devices are let in once the SuperLink's own start-up (its lifespan) is done; until
     # then their connections wait in the listening socket's backlog.

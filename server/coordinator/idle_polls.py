@@ -186,15 +186,14 @@ class IdlePolls:
     here, the caller passes the request to Flower's Fleet routes."""
 
     def __init__(
-        self, fleet_app: Any, index: PendingMessages, on_answer: Callable[[], None]
+        self, auth_app: Any, index: PendingMessages, on_answer: Callable[[], None]
     ) -> None:
         from flwr.proto.fleet_pb2 import PullMessagesResponse
         from flwr.supercore.protobuf.constants import PROTOBUF_MEDIA_TYPE
 
-        self._app = fleet_app  # its state holds the LinkStateFactory authenticate_node reads
+        self._app = auth_app  # request.app for authenticate_node: its state's LinkState
         self._index = index
         self._on_answer = on_answer  # counted for /metrics
-        self._media_type = PROTOBUF_MEDIA_TYPE
         # What Flower's ProtobufTranslationMiddleware sends for an empty pull.
         self._empty = PullMessagesResponse().SerializeToString()
         self._headers = [(b"content-type", PROTOBUF_MEDIA_TYPE.encode())]
@@ -206,48 +205,74 @@ class IdlePolls:
             return None
         from flwr.proto.fleet_pb2 import PullMessagesRequest
         from flwr.supercore.utils import uint64_to_int64
-        from flwr.superlink.routers.fleet.node_auth import authenticate_node
-        from google.protobuf.message import DecodeError
-        from starlette.concurrency import run_in_threadpool
-        from starlette.exceptions import HTTPException
-        from starlette.requests import Request
 
-        content_type = b""
-        for name, value in headers:
-            if name.lower() == b"content-encoding":
-                return None  # Flower's path decides what it accepts
-            if name.lower() == b"content-type":
-                content_type = value
-        media = content_type.decode("latin-1").partition(";")[0].strip().lower()
-        if media != self._media_type:
+        pull = protobuf_body(PullMessagesRequest, body, headers)
+        if pull is None:
             return None
-        pull = PullMessagesRequest()
         try:
-            pull.ParseFromString(body)
             node = uint64_to_int64(pull.node.node_id)
-        except (DecodeError, ValueError, OverflowError):
+        except (ValueError, OverflowError):
             return None
         if not self._index.quiet(node, time.time()):
             return None
-        request = Request(
-            {
-                "type": "http",
-                "method": "POST",
-                "path": path,
-                "headers": headers,
-                "app": self._app,
-                "query_string": b"",
-            }
-        )
-        request.state.protobuf_request = pull
-        try:
-            await run_in_threadpool(authenticate_node, request)
-        except HTTPException:
-            return None  # refused: Flower's path refuses it again, with its own answer
-        except Exception:  # e.g. SQLite busy: Flower's path answers it
+        if not await authenticated(self._app, path, headers, pull):
             return None
         # Checked again after the (threaded) authentication: the answer is as of now.
         if not self._index.quiet(node, time.time()):
             return None
         self._on_answer()
         return UpstreamResponse(200, list(self._headers), self._empty)
+
+
+def protobuf_body(message_type: Any, body: bytes, headers: list[tuple[bytes, bytes]]) -> Any:
+    """`body` parsed as `message_type`, or None where Flower's path must decide: a
+    content encoding, a media type not Flower's protobuf one, or bytes that do not parse."""
+    from flwr.supercore.protobuf.constants import PROTOBUF_MEDIA_TYPE
+    from google.protobuf.message import DecodeError
+
+    content_type = b""
+    for name, value in headers:
+        if name.lower() == b"content-encoding":
+            return None  # Flower's path decides what it accepts
+        if name.lower() == b"content-type":
+            content_type = value
+    media = content_type.decode("latin-1").partition(";")[0].strip().lower()
+    if media != PROTOBUF_MEDIA_TYPE:
+        return None
+    message = message_type()
+    try:
+        message.ParseFromString(body)
+    except DecodeError:
+        return None
+    return message
+
+
+async def authenticated(
+    auth_app: Any, path: str, headers: list[tuple[bytes, bytes]], message: Any
+) -> bool:
+    """Whether Flower's own `authenticate_node` passes on this request (called, not
+    copied: signature, time window, registered key, the key's node id). False on any
+    refusal or error: the request then goes down Flower's path, which answers it."""
+    from flwr.superlink.routers.fleet.node_auth import authenticate_node
+    from starlette.concurrency import run_in_threadpool
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+
+    request = Request(
+        {
+            "type": "http",
+            "method": "POST",
+            "path": path,
+            "headers": headers,
+            "app": auth_app,
+            "query_string": b"",
+        }
+    )
+    request.state.protobuf_request = message
+    try:
+        await run_in_threadpool(authenticate_node, request)
+    except HTTPException:
+        return False  # refused: Flower's path refuses it again, with its own answer
+    except Exception:  # e.g. SQLite busy: Flower's path answers it
+        return False
+    return True

@@ -135,18 +135,28 @@ def superlink_main() -> None:
         # The public Fleet port too, in this process (fleet_listener.py).
         from uvicorn._compat import asyncio_run
 
+        from fedveil.server.coordinator.heartbeats import batched_heartbeats
         from fedveil.server.coordinator.idle_polls import watched_index
+        from fedveil.server.coordinator.node_keys import watched_keys
         from fedveil.server.coordinator.process_profile import profiled
 
         # Listening to the state's writes before any request can make one (idle_polls.py).
         index = watched_index(app)
         config = uvicorn.Config(app, fd=sock.fileno(), **kwargs)
         server = uvicorn.Server(config)
-        with profiled(spec.profile_path):
-            asyncio_run(
-                serve_with_fleet(server, app, spec, index),
-                loop_factory=config.get_loop_factory(),
-            )
+        with profiled(spec.profile_path):  # the flusher thread is profiled too
+            # Heartbeats written in batches, flushed before any read of a node's liveness.
+            heartbeats = batched_heartbeats(app)
+            # Keys' node ids in memory for those paths, forgotten on any write to a node.
+            keys = watched_keys(app)
+            try:
+                asyncio_run(
+                    serve_with_fleet(server, app, spec, index, heartbeats, keys),
+                    loop_factory=config.get_loop_factory(),
+                )
+            finally:
+                if heartbeats is not None:
+                    heartbeats.close()  # what the last interval noted, written before exit
         if not server.started:
             sys.exit(3)  # as uvicorn.run does when start-up failed
 

@@ -9,7 +9,14 @@ The test drives it over stdin/stdout, one JSON object a line:
       message and its objects stored in this process's LinkState as Flower's Runtime API
       handler stores them, the write path the index listens to)
   {"op": "idle"}                             -> {"idle": count} (answered from memory)
-It prints {"port": p} once the Fleet port serves.
+  {"op": "node", "node": id}                 -> {"status": s, "online_until": t} (Flower's
+      get_node_info, the read behind node listings and the ServerApp's node ids)
+  {"op": "delete", "node": id}               -> {} (Flower's Control API deletion)
+  {"op": "pending"}                          -> {"pending": n} (heartbeats not yet written)
+  {"op": "key_hits"}                         -> {"hits": n} (key lookups answered from memory)
+It prints {"port": p} once the Fleet port serves. A second argument, seconds, turns on
+heartbeats written in batches at that interval (heartbeats.py) and the key map
+(node_keys.py), as superlink_main does.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import threading
 from pathlib import Path
 
 
-def main(state_dir: Path) -> None:
+def main(state_dir: Path, flush_s: float | None) -> None:
     os.environ["FLWR_DATABASE"] = str(state_dir / "superlink.db")
     from flwr.app import Message, RecordDict
     from flwr.common.constant import NOOP_ACCOUNT_NAME, NOOP_FLWR_AID, SUPERLINK_NODE_ID
@@ -38,11 +45,15 @@ def main(state_dir: Path) -> None:
 
     from fedveil.server.coordinator.fleet_counters import FleetCounterFile
     from fedveil.server.coordinator.fleet_listener import FleetListenerSpec, fleet_server
+    from fedveil.server.coordinator.heartbeats import batched_heartbeats
     from fedveil.server.coordinator.idle_polls import watched_index
+    from fedveil.server.coordinator.node_keys import watched_keys
 
     app = create_app()
     app.state.enable_supernode_auth = True
     index = watched_index(app)  # before any write, as superlink_main does
+    heartbeats = None if flush_s is None else batched_heartbeats(app, flush_s)
+    keys = None if heartbeats is None else watched_keys(app)
     state = app.state.linkstate_factory.state()
     run_id = state.create_run(
         None, None, None, {}, NOOP_FEDERATION_ID, None, NOOP_FLWR_AID, TaskType.SERVER_APP
@@ -82,7 +93,7 @@ def main(state_dir: Path) -> None:
         request_timeout_s=30.0,
         counters_path=str(counters_path),
     )
-    server, fleet_sock = fleet_server(app, spec, index)
+    server, fleet_sock = fleet_server(app, spec, index, heartbeats, keys)
 
     def control() -> None:
         print(json.dumps({"port": sock.getsockname()[1]}), flush=True)
@@ -95,6 +106,16 @@ def main(state_dir: Path) -> None:
                 out: dict[str, object] = {"node": node}
             elif cmd["op"] == "push":
                 out = {"ids": push(int(cmd["node"]), float(cmd["ttl"]))}
+            elif cmd["op"] == "node":
+                (info,) = state.get_node_info(node_ids=[int(cmd["node"])])
+                out = {"status": info.status, "online_until": info.online_until}
+            elif cmd["op"] == "delete":
+                state.delete_node(NOOP_FLWR_AID, int(cmd["node"]))
+                out = {}
+            elif cmd["op"] == "key_hits":
+                out = {"hits": -1 if keys is None else keys.hits}
+            elif cmd["op"] == "pending":
+                out = {"pending": -1 if heartbeats is None else heartbeats.pending()}
             else:
                 out = {"idle": counters.idle_count()}
             print(json.dumps(out), flush=True)
@@ -105,4 +126,4 @@ def main(state_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else None)
