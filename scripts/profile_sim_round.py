@@ -12,6 +12,8 @@ each run, then the median over runs), less load-sensitive than wall time.
                                     # a round's training alone against unit size
     .venv/bin/python scripts/profile_sim_round.py backward --runs 11  # written out vs autograd
     .venv/bin/python scripts/profile_sim_round.py budget --runs 5 # a round's CPU by phase
+    .venv/bin/python scripts/profile_sim_round.py workers --runs 5 # the worker pool's round
+                                    # against one lane: driver, IPC, idle, imbalance
     .venv/bin/python scripts/profile_sim_round.py cprofile     # the lane, by function (CPU)
     .venv/bin/python scripts/profile_sim_round.py ops          # the lane, by torch op
 """
@@ -219,10 +221,75 @@ def budget(w: Workload, runs: int, unit: int) -> dict:
     return out
 
 
+def workers(w: Workload, runs: int, pool: int) -> dict:
+    """The worker pool's round against one lane's, alternating (medians over the steady
+    rounds of `runs` runs each): where the wall time goes that one lane does not have.
+
+    - `lane_*`: one in-process lane's round, wall and CPU; `ideal_s` = its CPU / pool
+      size, the round with perfect scaling and no overhead;
+    - `round_s`, `round_cpu_s`: the pool's round (engine duration; CPU of the tree);
+    - `exchange_s`: first dispatch to last reply; `outside_exchange_s` = round - exchange,
+      the driver's serial work while every worker waits (sampling, requests, the sum
+      after the last reply, the server's update);
+    - `driver_in_exchange_s`: the driver's packing and copying replies out during the
+      exchange (on a core the workers need); `driver_cpu_s` = tree CPU - workers' CPU;
+    - per worker: clients, busy (its chunks' wall), CPU, idle (exchange - busy), and
+      `finish_gap_s`, how long the first worker to finish waits for the last;
+    - `request_bytes`, `reply_bytes`: what crosses shared memory a round.
+    """
+    lane_wall: list[float] = []
+    lane_cpu: list[float] = []
+    rows: list[dict] = []
+    for _ in range(runs):
+        r1 = run_ours(w, 1)
+        lane_wall += r1["round_s"][1:]
+        lane_cpu += r1["round_cpu_s"][1:]
+        stats: list = []
+        rp = run_ours(w, pool, on_exchange=stats.append)
+        # One exchange a round (training; no central evaluation in this workload).
+        for rnd, (wall, cpu, st) in enumerate(zip(rp["round_s"], rp["round_cpu_s"], stats)):
+            if rnd == 0:
+                continue
+            rows.append(
+                {
+                    "round_s": wall,
+                    "round_cpu_s": cpu,
+                    "exchange_s": st.wall_s,
+                    "outside_exchange_s": wall - st.wall_s,
+                    "driver_in_exchange_s": st.driver_s,
+                    "driver_cpu_s": cpu - sum(st.cpu_s),
+                    "workers_cpu_s": sum(st.cpu_s),
+                    "finish_gap_s": max(st.last_done_s) - min(st.last_done_s),
+                    "idle_s": st.idle_s(),
+                    "busy_s": st.busy_s,
+                    "worker_cpu_s": st.cpu_s,
+                    "clients": st.clients,
+                    "request_bytes": st.request_bytes,
+                    "reply_bytes": sum(st.reply_bytes),
+                }
+            )
+    med = statistics.median
+    out: dict = {
+        "workers": pool,
+        "steady_rounds": len(rows),
+        "lane_s": med(lane_wall),
+        "lane_cpu_s": med(lane_cpu),
+        "ideal_s": med(lane_cpu) / pool,
+    }
+    for key in rows[0]:
+        if isinstance(rows[0][key], list):
+            out[key] = [med(r[key][i] for r in rows) for i in range(pool)]
+        else:
+            out[key] = med(r[key] for r in rows)
+    out["over_ideal_s"] = out["round_s"] - out["ideal_s"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
-        "mode", choices=["compare", "floor", "sweep", "backward", "budget", "cprofile", "ops"]
+        "mode",
+        choices=["compare", "floor", "sweep", "backward", "budget", "workers", "cprofile", "ops"],
     )
     p.add_argument(
         "--unit", type=int, default=25, help="clients per vmap unit (floor, backward, budget) [25]"
@@ -237,8 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         "--runs",
         type=int,
         default=5,
-        help="runs of each contender (compare, floor, sweep, backward, budget) [5]",
+        help="runs of each contender (compare, floor, sweep, backward, budget, workers) [5]",
     )
+    p.add_argument("--workers", type=int, default=2, help="worker processes (workers) [2]")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--clients", type=int, default=500)
     p.add_argument("--per-round", type=int, default=100)
@@ -257,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(backward(w, args.runs, args.unit)))
     elif args.mode == "budget":
         print(json.dumps(budget(w, args.runs, args.unit)))
+    elif args.mode == "workers":
+        print(json.dumps(workers(w, args.runs, args.workers)))
     elif args.mode == "cprofile":
         prof = cProfile.Profile(time.process_time)  # CPU time: less load-sensitive than wall
         prof.runcall(run_ours, w, 1)

@@ -105,6 +105,28 @@ def death_cause(exitcode: int | None) -> str:
 
 
 @dataclass
+class ExchangeStats:
+    """Where one exchange's time went (`WorkerPool(on_exchange=...)`): seconds from the
+    first dispatch to the last reply, and per worker (lists indexed by worker) the
+    clients it ran, its busy wall and CPU seconds (its chunks, as it measured them), when
+    its last chunk came back, and the bytes the server packed and copied out. `driver_s`
+    is this process's own time in packing the requests and copying the replies out."""
+
+    wall_s: float
+    driver_s: float
+    request_bytes: int
+    clients: list[int]
+    busy_s: list[float]
+    cpu_s: list[float]
+    last_done_s: list[float]
+    reply_bytes: list[int]
+
+    def idle_s(self) -> list[float]:
+        """Per worker, the exchange's wall time it spent not running a chunk."""
+        return [max(0.0, self.wall_s - b) for b in self.busy_s]
+
+
+@dataclass
 class WorkerSetup:
     """What a worker needs; pickled only for spawned workers (then `task` is None)."""
 
@@ -185,7 +207,7 @@ def _worker_main(conn: Connection, setup: WorkerSetup, parent: int = 0) -> None:
         _, chunk_id, exchange, slot, units = msg
         if exchange != cache_key:  # each distinct request array is copied once per exchange
             cache_key, cache = exchange, {}
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         packer = Packer(replies[slot])
         results = []
         for unit in units:
@@ -200,7 +222,8 @@ def _worker_main(conn: Connection, setup: WorkerSetup, parent: int = 0) -> None:
             for cid, reply in lane.run_unit(envelopes):
                 results.append((cid, _pack(packer, reply)))
         try:
-            conn.send(("done", chunk_id, results, time.perf_counter() - start))
+            timing = (time.perf_counter() - start, time.process_time() - cpu, packer.offset)
+            conn.send(("done", chunk_id, results, timing))
         except (BrokenPipeError, OSError):
             return
 
@@ -241,13 +264,17 @@ class WorkerPool:
         identities: IdentitySource | None = None,
         run_id: bytes = SIMULATION_RUN_ID,
         run_config: RunConfig | None = None,
+        on_exchange: Callable[[ExchangeStats], None] | None = None,
     ) -> None:
+        """`on_exchange`: given each exchange's ExchangeStats as it ends (profiling)."""
         if workers < 2:
             raise ValueError(f"simulation.workers = {workers}: a worker pool needs at least 2")
         self.task, self.device, self.task_factory = task, device, task_factory
         self.unit_size = unit_size
         self.identities = identities
         self.run_id, self.run_config = run_id, run_config
+        self.on_exchange = on_exchange
+        self._stats: ExchangeStats | None = None
         self.threads = threads or max(1, cpu_cores() // workers)
         # GNU OpenMP (torch's intra-op pool) and CUDA break in forked children.
         self.method = "fork" if self.threads == 1 and device == "cpu" else "spawn"
@@ -357,7 +384,12 @@ class WorkerPool:
                 self.owner = {c: o for c, o in self.owner.items() if outlives(o[1], latest)}
                 self.lost = {c: r for c, r in self.lost.items() if outlives(r, latest)}
         self._exchange += 1
+        t0 = time.perf_counter()
+        n = len(self.workers)
+        stats = ExchangeStats(0.0, 0.0, 0, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0] * n)
+        self._stats = stats if self.on_exchange is not None else None
         packed = self._pack_requests(units)
+        stats.driver_s = time.perf_counter() - t0
         self._pinned = [deque() for _ in self.workers]
         self._free = deque()
         pending = 0
@@ -387,6 +419,10 @@ class WorkerPool:
             if on_progress is not None:
                 on_progress(done)
         _hand_over(out, take)
+        if self.on_exchange is not None:
+            stats.wall_s = time.perf_counter() - t0
+            stats.last_done_s = [max(0.0, t - t0) for t in stats.last_done_s]
+            self.on_exchange(stats)
         return out
 
     def _pack_requests(self, units: Sequence[Unit]) -> list[list[tuple]]:
@@ -400,6 +436,8 @@ class WorkerPool:
                 for key, value in msg.arrays.items():
                     if id(value) not in refs:
                         refs[id(value)] = packer.put(value)
+                        if self._stats is not None:
+                            self._stats.request_bytes += refs[id(value)].nbytes
                     msg_refs[key] = refs[id(value)]
                 items.append((cid, msg.kind, msg.round, msg.config, msg_refs))
             packed.append(items)
@@ -446,7 +484,8 @@ class WorkerPool:
             msg = w.conn.recv()
         except (EOFError, OSError):
             return self._worker_died(w, out)
-        _, chunk_id, results, _elapsed = msg
+        t0 = time.perf_counter()
+        _, chunk_id, results, (busy_s, cpu_s, nbytes) = msg
         slot, cids = w.in_flight.pop(chunk_id)
         arena = w.replies[slot]
         for cid, result in results:
@@ -457,6 +496,16 @@ class WorkerPool:
             arrays = {key: take(arena, ref) for key, ref in packed.items()}
             out[cid] = Envelope(kind, round_num, config, arrays)
         w.free_slots.append(slot)
+        stats = self._stats
+        if stats is not None:
+            now = time.perf_counter()
+            i = w.index
+            stats.clients[i] += len(cids)
+            stats.busy_s[i] += busy_s
+            stats.cpu_s[i] += cpu_s
+            stats.reply_bytes[i] += nbytes
+            stats.driver_s += now - t0
+            stats.last_done_s[i] = now
         return len(cids)
 
     def _worker_died(self, w: _Worker, out: dict[int, Envelope | str]) -> int:
