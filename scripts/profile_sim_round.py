@@ -247,7 +247,9 @@ def workers(w: Workload, runs: int, pool: int) -> dict:
         stats: list = []
         rp = run_ours(w, pool, on_exchange=stats.append)
         # One exchange a round (training; no central evaluation in this workload).
-        for rnd, (wall, cpu, st) in enumerate(zip(rp["round_s"], rp["round_cpu_s"], stats)):
+        for rnd, (wall, cpu, st) in enumerate(
+            zip(rp["round_s"], rp["round_cpu_s"], stats, strict=True)
+        ):
             if rnd == 0:
                 continue
             rows.append(
