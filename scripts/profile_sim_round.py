@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import json
 import pstats
 import statistics
@@ -34,6 +35,7 @@ import torch
 from fedveil.benchmarks.bench_simulation import run_ours
 from fedveil.benchmarks.bench_workload import Workload, run_bare
 from fedveil.benchmarks.harness import int_list
+from fedveil.simulations.workers import ExchangeStats
 
 
 def steady_cpu(result: dict) -> float:
@@ -221,20 +223,52 @@ def budget(w: Workload, runs: int, unit: int) -> dict:
     return out
 
 
+def exchange_rows(st: ExchangeStats) -> dict:
+    """One exchange's timeline, in seconds from the pool's `run` being called."""
+    n = st.workers
+    mine = [[c for c in st.chunks if c.worker == i] for i in range(n)]
+    busy = [sum(c.ended - c.started for c in cs) for cs in mine]
+    first = [min((c.started for c in cs), default=st.finished) for cs in mine]
+    last = [max((c.ended for c in cs), default=st.begun) for cs in mine]
+    gaps = []  # per worker: waiting between its chunks (for work from the server)
+    for cs in mine:
+        spans = sorted((c.started, c.ended) for c in cs)
+        gaps.append(sum(max(0.0, b[0] - a[1]) for a, b in itertools.pairwise(spans)))
+    return {
+        "exchange_s": st.finished - st.begun,
+        "pack_requests_s": st.packed - st.begun,
+        "hop_to_worker_s": statistics.median(c.started - c.sent for c in st.chunks),
+        "hop_back_s": statistics.median(c.received - c.ended for c in st.chunks),
+        "copy_out_s": sum(c.copied - c.received for c in st.chunks),
+        "tail_s": st.finished - max(c.ended for c in st.chunks),
+        "finish_gap_s": max(last) - min(last),
+        "clients": [sum(c.clients for c in cs) for cs in mine],
+        "busy_s": busy,
+        "worker_cpu_s": [sum(c.cpu_s for c in cs) for cs in mine],
+        "idle_before_s": [f - st.begun for f in first],
+        "idle_between_s": gaps,
+        "idle_after_s": [st.finished - t for t in last],
+        "request_bytes": st.request_bytes,
+        "reply_bytes": sum(c.reply_bytes for c in st.chunks),
+    }
+
+
 def workers(w: Workload, runs: int, pool: int) -> dict:
     """The worker pool's round against one lane's, alternating (medians over the steady
     rounds of `runs` runs each): where the wall time goes that one lane does not have.
 
-    - `lane_*`: one in-process lane's round, wall and CPU; `ideal_s` = its CPU / pool
-      size, the round with perfect scaling and no overhead;
-    - `round_s`, `round_cpu_s`: the pool's round (engine duration; CPU of the tree);
-    - `exchange_s`: first dispatch to last reply; `outside_exchange_s` = round - exchange,
-      the driver's serial work while every worker waits (sampling, requests, the sum
-      after the last reply, the server's update);
-    - `driver_in_exchange_s`: the driver's packing and copying replies out during the
-      exchange (on a core the workers need); `driver_cpu_s` = tree CPU - workers' CPU;
-    - per worker: clients, busy (its chunks' wall), CPU, idle (exchange - busy), and
-      `finish_gap_s`, how long the first worker to finish waits for the last;
+    - `lane_s`, `lane_cpu_s`: one in-process lane's round; `ideal_s` = its CPU / pool
+      size, the round with perfect scaling and no overhead; `over_ideal_s` the rest;
+    - `round_s`, `round_cpu_s`: the pool's round (the engine's duration; CPU of the
+      process tree); `outside_exchange_s` = round - exchange: the server's serial work
+      while every worker waits (cohort, requests, units, what is left of the sum after
+      the last reply, the server's update);
+    - in the exchange: packing the model (`pack_requests_s`), the pipe hops to a worker
+      and back (medians per chunk), copying replies out of shared memory (`copy_out_s`,
+      the server's, a round), `tail_s` from the last chunk's end to the exchange's;
+    - per worker: clients, busy (its chunks), CPU, and idle before its first chunk,
+      between chunks and after its last (`finish_gap_s`: the first to finish waits
+      that long for the last); `driver_cpu_s` = tree CPU - the workers' chunks' CPU;
     - `request_bytes`, `reply_bytes`: what crosses shared memory a round.
     """
     lane_wall: list[float] = []
@@ -244,32 +278,18 @@ def workers(w: Workload, runs: int, pool: int) -> dict:
         r1 = run_ours(w, 1)
         lane_wall += r1["round_s"][1:]
         lane_cpu += r1["round_cpu_s"][1:]
-        stats: list = []
+        stats: list[ExchangeStats] = []
         rp = run_ours(w, pool, on_exchange=stats.append)
         # One exchange a round (training; no central evaluation in this workload).
-        for rnd, (wall, cpu, st) in enumerate(
-            zip(rp["round_s"], rp["round_cpu_s"], stats, strict=True)
-        ):
-            if rnd == 0:
-                continue
-            rows.append(
-                {
-                    "round_s": wall,
-                    "round_cpu_s": cpu,
-                    "exchange_s": st.wall_s,
-                    "outside_exchange_s": wall - st.wall_s,
-                    "driver_in_exchange_s": st.driver_s,
-                    "driver_cpu_s": cpu - sum(st.cpu_s),
-                    "workers_cpu_s": sum(st.cpu_s),
-                    "finish_gap_s": max(st.last_done_s) - min(st.last_done_s),
-                    "idle_s": st.idle_s(),
-                    "busy_s": st.busy_s,
-                    "worker_cpu_s": st.cpu_s,
-                    "clients": st.clients,
-                    "request_bytes": st.request_bytes,
-                    "reply_bytes": sum(st.reply_bytes),
-                }
+        for wall, cpu, st in list(zip(rp["round_s"], rp["round_cpu_s"], stats, strict=True))[1:]:
+            row = exchange_rows(st)
+            row.update(
+                round_s=wall,
+                round_cpu_s=cpu,
+                outside_exchange_s=wall - row["exchange_s"],
+                driver_cpu_s=cpu - sum(row["worker_cpu_s"]),
             )
+            rows.append(row)
     med = statistics.median
     out: dict = {
         "workers": pool,

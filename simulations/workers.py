@@ -35,7 +35,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -105,25 +105,34 @@ def death_cause(exitcode: int | None) -> str:
 
 
 @dataclass
+class ChunkTiming:
+    """One chunk's way through the pool, in time.perf_counter() seconds (the system's
+    monotonic clock, the same in every process): sent by the server, started and ended
+    by the worker, its replies copied out by the server."""
+
+    worker: int
+    clients: int
+    sent: float
+    started: float
+    ended: float
+    received: float
+    copied: float
+    cpu_s: float
+    reply_bytes: int
+
+
+@dataclass
 class ExchangeStats:
-    """Where one exchange's time went (`WorkerPool(on_exchange=...)`): seconds from the
-    first dispatch to the last reply, and per worker (lists indexed by worker) the
-    clients it ran, its busy wall and CPU seconds (its chunks, as it measured them), when
-    its last chunk came back, and the bytes the server packed and copied out. `driver_s`
-    is this process's own time in packing the requests and copying the replies out."""
+    """Where one exchange's time went (`WorkerPool(on_exchange=...)`, profiling): from
+    `begun` (the pool's `run` called) to `finished` (its last reply handed over), the
+    server's packing of the requests (`packed`: when done) and every chunk's timeline."""
 
-    wall_s: float
-    driver_s: float
-    request_bytes: int
-    clients: list[int]
-    busy_s: list[float]
-    cpu_s: list[float]
-    last_done_s: list[float]
-    reply_bytes: list[int]
-
-    def idle_s(self) -> list[float]:
-        """Per worker, the exchange's wall time it spent not running a chunk."""
-        return [max(0.0, self.wall_s - b) for b in self.busy_s]
+    workers: int
+    begun: float
+    packed: float = 0.0
+    finished: float = 0.0
+    request_bytes: int = 0
+    chunks: list[ChunkTiming] = field(default_factory=list)
 
 
 @dataclass
@@ -222,7 +231,7 @@ def _worker_main(conn: Connection, setup: WorkerSetup, parent: int = 0) -> None:
             for cid, reply in lane.run_unit(envelopes):
                 results.append((cid, _pack(packer, reply)))
         try:
-            timing = (time.perf_counter() - start, time.process_time() - cpu, packer.offset)
+            timing = (start, time.perf_counter(), time.process_time() - cpu, packer.offset)
             conn.send(("done", chunk_id, results, timing))
         except (BrokenPipeError, OSError):
             return
@@ -275,6 +284,7 @@ class WorkerPool:
         self.run_id, self.run_config = run_id, run_config
         self.on_exchange = on_exchange
         self._stats: ExchangeStats | None = None
+        self._sent: dict[int, float] = {}  # chunk id -> when sent (profiling only)
         self.threads = threads or max(1, cpu_cores() // workers)
         # GNU OpenMP (torch's intra-op pool) and CUDA break in forked children.
         self.method = "fork" if self.threads == 1 and device == "cpu" else "spawn"
@@ -384,12 +394,11 @@ class WorkerPool:
                 self.owner = {c: o for c, o in self.owner.items() if outlives(o[1], latest)}
                 self.lost = {c: r for c, r in self.lost.items() if outlives(r, latest)}
         self._exchange += 1
-        t0 = time.perf_counter()
-        n = len(self.workers)
-        stats = ExchangeStats(0.0, 0.0, 0, [0] * n, [0.0] * n, [0.0] * n, [0.0] * n, [0] * n)
+        stats = ExchangeStats(len(self.workers), time.perf_counter())
         self._stats = stats if self.on_exchange is not None else None
+        self._sent = {}
         packed = self._pack_requests(units)
-        stats.driver_s = time.perf_counter() - t0
+        stats.packed = time.perf_counter()
         self._pinned = [deque() for _ in self.workers]
         self._free = deque()
         pending = 0
@@ -420,8 +429,7 @@ class WorkerPool:
                 on_progress(done)
         _hand_over(out, take)
         if self.on_exchange is not None:
-            stats.wall_s = time.perf_counter() - t0
-            stats.last_done_s = [max(0.0, t - t0) for t in stats.last_done_s]
+            stats.finished = time.perf_counter()
             self.on_exchange(stats)
         return out
 
@@ -476,6 +484,8 @@ class WorkerPool:
         self._chunk += 1
         w.in_flight[self._chunk] = (slot, cids)
         # A dead worker is noticed when its pipe reports EOF.
+        if self._stats is not None:
+            self._sent[self._chunk] = time.perf_counter()
         with contextlib.suppress(BrokenPipeError, OSError):
             w.conn.send(("run", self._chunk, self._exchange, slot, chunk))
 
@@ -484,8 +494,8 @@ class WorkerPool:
             msg = w.conn.recv()
         except (EOFError, OSError):
             return self._worker_died(w, out)
-        t0 = time.perf_counter()
-        _, chunk_id, results, (busy_s, cpu_s, nbytes) = msg
+        received = time.perf_counter()
+        _, chunk_id, results, (started, ended, cpu_s, nbytes) = msg
         slot, cids = w.in_flight.pop(chunk_id)
         arena = w.replies[slot]
         for cid, result in results:
@@ -496,16 +506,14 @@ class WorkerPool:
             arrays = {key: take(arena, ref) for key, ref in packed.items()}
             out[cid] = Envelope(kind, round_num, config, arrays)
         w.free_slots.append(slot)
-        stats = self._stats
-        if stats is not None:
-            now = time.perf_counter()
-            i = w.index
-            stats.clients[i] += len(cids)
-            stats.busy_s[i] += busy_s
-            stats.cpu_s[i] += cpu_s
-            stats.reply_bytes[i] += nbytes
-            stats.driver_s += now - t0
-            stats.last_done_s[i] = now
+        if self._stats is not None:
+            sent = self._sent.pop(chunk_id, received)
+            self._stats.chunks.append(
+                ChunkTiming(
+                    w.index, len(cids), sent, started, ended, received,
+                    time.perf_counter(), cpu_s, nbytes,
+                )
+            )  # fmt: skip
         return len(cids)
 
     def _worker_died(self, w: _Worker, out: dict[int, Envelope | str]) -> int:
