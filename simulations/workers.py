@@ -497,6 +497,9 @@ class WorkerPool:
         received = time.perf_counter()
         _, chunk_id, results, (started, ended, cpu_s, nbytes) = msg
         slot, cids = w.in_flight.pop(chunk_id)
+        # The worker's next chunk first (into its other reply arena), then the copying
+        # out: a worker with nothing queued would otherwise wait for the copy.
+        self._dispatch(w)
         arena = w.replies[slot]
         for cid, result in results:
             if isinstance(result, str):
