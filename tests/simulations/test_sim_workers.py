@@ -208,6 +208,34 @@ def test_spawned_workers_with_several_threads_match_one_lane():
         assert torch.equal(got[c].arrays["delta"], want[c].arrays["delta"])
 
 
+@pytest.mark.procs
+def test_a_worker_with_nothing_queued_gets_its_next_chunk_before_the_copying_out():
+    cfg = tiny_config()
+    task = tiny_task.make(cfg)
+    request = _request(cfg, task)
+    stats = []
+    pool = WorkerPool(task, 2, on_exchange=stats.append)
+    try:
+        # Three one-client units on two workers: one each, the third held back for
+        # whichever finishes first (a slowed worker never holds it queued).
+        got = pool.run([[(c, request)] for c in range(3)])
+    finally:
+        pool.close()
+    assert sorted(got) == [0, 1, 2] and all(isinstance(r, Envelope) for r in got.values())
+    (st,) = stats
+    assert sorted(c.clients for c in st.chunks) == [1, 1, 1]
+    assert st.request_bytes == request.arrays["model"].numel() * 4  # the model, packed once
+    assert sum(c.reply_bytes for c in st.chunks) >= 3 * st.request_bytes
+    first, *_, third = sorted(st.chunks, key=lambda c: c.sent)
+    assert third.sent > min(c.received for c in st.chunks)  # held back, sent on a return
+    freed = next(c for c in st.chunks if c.worker == third.worker and c is not third)
+    # It was sent as soon as its worker's first chunk came back, before that chunk's
+    # replies were copied out of shared memory: the worker does not wait for the copy.
+    assert freed.received <= third.sent < freed.copied
+    assert all(c.sent <= c.started <= c.ended <= c.received <= c.copied for c in st.chunks)
+    assert st.begun <= st.packed <= first.sent and max(c.copied for c in st.chunks) <= st.finished
+
+
 class _TinyFactory:
     def __init__(self, cfg):
         self.cfg = cfg
