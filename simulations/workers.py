@@ -112,6 +112,7 @@ class ChunkTiming:
 
     worker: int
     clients: int
+    first_client: int
     sent: float
     started: float
     ended: float
@@ -464,11 +465,20 @@ class WorkerPool:
         # Whole units, up to a chunk's worth of clients; smaller chunks towards the end
         # keep the workers finishing together.
         want = max(1, min(self._cap, -(-self._queued // (2 * self.size))))
+        skip = 0
+        if w.in_flight and queue is self._free:
+            # Queued behind its own chunk: the front units are left to the workers with
+            # nothing running (they start them sooner), so replies come back close to
+            # client-id order and less of the server's in-order sum waits for the end.
+            idle = sum(1 for o in self.workers if not o.in_flight and o.free_slots)
+            skip = min(len(queue) - 1, idle)
+        queue.rotate(-skip)
         chunk = [queue.popleft()]
         size = len(chunk[0])
-        while queue and size + len(queue[0]) <= want:
+        while len(queue) > skip and size + len(queue[0]) <= want:
             size += len(queue[0])
             chunk.append(queue.popleft())
+        queue.rotate(skip)
         self._queued -= size
         cids = [item[0] for unit in chunk for item in unit]
         chunk_items = (item for unit in chunk for item in unit) if self._client_state else ()
@@ -513,7 +523,7 @@ class WorkerPool:
             sent = self._sent.pop(chunk_id, received)
             self._stats.chunks.append(
                 ChunkTiming(
-                    w.index, len(cids), sent, started, ended, received,
+                    w.index, len(cids), min(cids, default=-1), sent, started, ended, received,
                     time.perf_counter(), cpu_s, nbytes,
                 )
             )  # fmt: skip
