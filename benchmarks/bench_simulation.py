@@ -18,7 +18,7 @@ import math
 import os
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,13 +30,21 @@ from fedveil.benchmarks.memwatch import RoundClock
 
 if TYPE_CHECKING:
     from fedveil.config import RunConfig
+    from fedveil.simulations.workers import ExchangeStats
 
 
 # -- children: one contender each (simulation_contender.py) -------------------
-def run_ours(w: Workload, workers: int, *, run_dir: Path | None = None) -> dict[str, Any]:
+def run_ours(
+    w: Workload,
+    workers: int,
+    *,
+    run_dir: Path | None = None,
+    on_exchange: Callable[[ExchangeStats], None] | None = None,
+) -> dict[str, Any]:
     """The workload through fedveil's run lifecycle, as `fedveil simulate` runs it: the
     round engine over the in-process transport, writing its run directory (`run_dir`;
-    None: a temporary folder)."""
+    None: a temporary folder). `on_exchange`: the worker pool's timings per exchange
+    (scripts/profile_sim_round.py workers)."""
     # Imported here: the other contenders' children do not pay for fedveil's engine.
     from fedveil.benchmarks.bench_workload import BenchTaskFactory, bench_task
     from fedveil.server.engine.lifecycle import RunLifecycle
@@ -56,6 +64,7 @@ def run_ours(w: Workload, workers: int, *, run_dir: Path | None = None) -> dict[
             unit_size=cfg.simulation.vmap_clients,
             task_factory=BenchTaskFactory(w),
             run_config=cfg,
+            on_exchange=on_exchange,
         ) as transport:
             engine = run.engine(transport, on_round=lambda _record: clock.mark(), resume=False)
             clock.mark()

@@ -12,6 +12,8 @@ each run, then the median over runs), less load-sensitive than wall time.
                                     # a round's training alone against unit size
     .venv/bin/python scripts/profile_sim_round.py backward --runs 11  # written out vs autograd
     .venv/bin/python scripts/profile_sim_round.py budget --runs 5 # a round's CPU by phase
+    .venv/bin/python scripts/profile_sim_round.py workers --runs 5 # the worker pool's round
+                                    # against one lane: driver, IPC, idle, imbalance
     .venv/bin/python scripts/profile_sim_round.py cprofile     # the lane, by function (CPU)
     .venv/bin/python scripts/profile_sim_round.py ops          # the lane, by torch op
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import json
 import pstats
 import statistics
@@ -32,6 +35,7 @@ import torch
 from fedveil.benchmarks.bench_simulation import run_ours
 from fedveil.benchmarks.bench_workload import Workload, run_bare
 from fedveil.benchmarks.harness import int_list
+from fedveil.simulations.workers import ExchangeStats
 
 
 def steady_cpu(result: dict) -> float:
@@ -219,10 +223,95 @@ def budget(w: Workload, runs: int, unit: int) -> dict:
     return out
 
 
+def exchange_rows(st: ExchangeStats) -> dict:
+    """One exchange's timeline, in seconds from the pool's `run` being called."""
+    n = st.workers
+    mine = [[c for c in st.chunks if c.worker == i] for i in range(n)]
+    busy = [sum(c.ended - c.started for c in cs) for cs in mine]
+    first = [min((c.started for c in cs), default=st.finished) for cs in mine]
+    last = [max((c.ended for c in cs), default=st.begun) for cs in mine]
+    gaps = []  # per worker: waiting between its chunks (for work from the server)
+    for cs in mine:
+        spans = sorted((c.started, c.ended) for c in cs)
+        gaps.append(sum(max(0.0, b[0] - a[1]) for a, b in itertools.pairwise(spans)))
+    return {
+        "exchange_s": st.finished - st.begun,
+        "pack_requests_s": st.packed - st.begun,
+        "hop_to_worker_s": statistics.median(c.started - c.sent for c in st.chunks),
+        "hop_back_s": statistics.median(c.received - c.ended for c in st.chunks),
+        "copy_out_s": sum(c.copied - c.received for c in st.chunks),
+        "tail_s": st.finished - max(c.ended for c in st.chunks),
+        "finish_gap_s": max(last) - min(last),
+        "clients": [sum(c.clients for c in cs) for cs in mine],
+        "busy_s": busy,
+        "worker_cpu_s": [sum(c.cpu_s for c in cs) for cs in mine],
+        "idle_before_s": [f - st.begun for f in first],
+        "idle_between_s": gaps,
+        "idle_after_s": [st.finished - t for t in last],
+        "request_bytes": st.request_bytes,
+        "reply_bytes": sum(c.reply_bytes for c in st.chunks),
+    }
+
+
+def workers(w: Workload, runs: int, pool: int) -> dict:
+    """The worker pool's round against one lane's, alternating (medians over the steady
+    rounds of `runs` runs each): where the wall time goes that one lane does not have.
+
+    - `lane_s`, `lane_cpu_s`: one in-process lane's round; `ideal_s` = its CPU / pool
+      size, the round with perfect scaling and no overhead; `over_ideal_s` the rest;
+    - `round_s`, `round_cpu_s`: the pool's round (the engine's duration; CPU of the
+      process tree); `outside_exchange_s` = round - exchange: the server's serial work
+      while every worker waits (cohort, requests, units, what is left of the sum after
+      the last reply, the server's update);
+    - in the exchange: packing the model (`pack_requests_s`), the pipe hops to a worker
+      and back (medians per chunk), copying replies out of shared memory (`copy_out_s`,
+      the server's, a round), `tail_s` from the last chunk's end to the exchange's;
+    - per worker: clients, busy (its chunks), CPU, and idle before its first chunk,
+      between chunks and after its last (`finish_gap_s`: the first to finish waits
+      that long for the last); `driver_cpu_s` = tree CPU - the workers' chunks' CPU;
+    - `request_bytes`, `reply_bytes`: what crosses shared memory a round.
+    """
+    lane_wall: list[float] = []
+    lane_cpu: list[float] = []
+    rows: list[dict] = []
+    for _ in range(runs):
+        r1 = run_ours(w, 1)
+        lane_wall += r1["round_s"][1:]
+        lane_cpu += r1["round_cpu_s"][1:]
+        stats: list[ExchangeStats] = []
+        rp = run_ours(w, pool, on_exchange=stats.append)
+        # One exchange a round (training; no central evaluation in this workload).
+        for wall, cpu, st in list(zip(rp["round_s"], rp["round_cpu_s"], stats, strict=True))[1:]:
+            row = exchange_rows(st)
+            row.update(
+                round_s=wall,
+                round_cpu_s=cpu,
+                outside_exchange_s=wall - row["exchange_s"],
+                driver_cpu_s=cpu - sum(row["worker_cpu_s"]),
+            )
+            rows.append(row)
+    med = statistics.median
+    out: dict = {
+        "workers": pool,
+        "steady_rounds": len(rows),
+        "lane_s": med(lane_wall),
+        "lane_cpu_s": med(lane_cpu),
+        "ideal_s": med(lane_cpu) / pool,
+    }
+    for key in rows[0]:
+        if isinstance(rows[0][key], list):
+            out[key] = [med(r[key][i] for r in rows) for i in range(pool)]
+        else:
+            out[key] = med(r[key] for r in rows)
+    out["over_ideal_s"] = out["round_s"] - out["ideal_s"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
-        "mode", choices=["compare", "floor", "sweep", "backward", "budget", "cprofile", "ops"]
+        "mode",
+        choices=["compare", "floor", "sweep", "backward", "budget", "workers", "cprofile", "ops"],
     )
     p.add_argument(
         "--unit", type=int, default=25, help="clients per vmap unit (floor, backward, budget) [25]"
@@ -237,8 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         "--runs",
         type=int,
         default=5,
-        help="runs of each contender (compare, floor, sweep, backward, budget) [5]",
+        help="runs of each contender (compare, floor, sweep, backward, budget, workers) [5]",
     )
+    p.add_argument("--workers", type=int, default=2, help="worker processes (workers) [2]")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--clients", type=int, default=500)
     p.add_argument("--per-round", type=int, default=100)
@@ -257,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(backward(w, args.runs, args.unit)))
     elif args.mode == "budget":
         print(json.dumps(budget(w, args.runs, args.unit)))
+    elif args.mode == "workers":
+        print(json.dumps(workers(w, args.runs, args.workers)))
     elif args.mode == "cprofile":
         prof = cProfile.Profile(time.process_time)  # CPU time: less load-sensitive than wall
         prof.runcall(run_ours, w, 1)

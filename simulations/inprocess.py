@@ -28,7 +28,7 @@ from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.protocol.envelope import Envelope
 from fedveil.server.engine.transport import ClientFailure, ReplySink
 from fedveil.simulations.sequential_clients import CENTRAL_EVAL, SequentialClients, plan_units
-from fedveil.simulations.workers import WorkerPool, cpu_cores, keep_freed_memory
+from fedveil.simulations.workers import ExchangeStats, WorkerPool, cpu_cores, keep_freed_memory
 from fedveil.tasks import Task
 
 # on_progress(done, total): clients finished so far in the current exchange.
@@ -53,11 +53,13 @@ class InProcessTransport:
         identities: IdentitySource | None = None,
         run_id: bytes = SIMULATION_RUN_ID,
         run_config: RunConfig | None = None,
+        on_exchange: Callable[[ExchangeStats], None] | None = None,
     ) -> None:
         """`identities`: the clients' secure-aggregation identities (malicious mode).
         `run_id`, `run_config`: what the clients hold fixed for the run (ClientRuntime):
         the run id their sessions must name, and the config they derive distributed-DP
-        parameters from."""
+        parameters from. `on_exchange`: each worker-pool exchange's timings (profiling;
+        unused with one lane)."""
         if workers < 1:
             raise ValueError(f"simulation.workers = {workers}: must be >= 1 once resolved")
         keep_freed_memory()
@@ -80,6 +82,7 @@ class InProcessTransport:
                 identities=identities,
                 run_id=run_id,
                 run_config=run_config,
+                on_exchange=on_exchange,
             )
             # The workers own the cores. This process's share of a round (copying,
             # checking and summing updates, evaluating) is small, and intra-op threads

@@ -67,11 +67,17 @@ def plan_units(
     """
     units: list[Unit] = []
     groups: dict[tuple, Unit] = {}
+    # A cohort's requests usually share one config dict: its key is worked out once
+    # (this runs on the server while every worker waits for its first unit).
+    config_keys: dict[int, tuple] = {}
     for cid, msg in sorted(requests, key=lambda r: r[0]):
         if unit_size > 1 and sizes is not None and cid not in seen and _batchable(msg):
             # Not the round: async dispatches of one model version share a unit, each
             # with its own round (sequence number) and so its own generator.
-            key = (int(sizes[cid]), _model_key(msg), _config_key(msg))
+            config_key = config_keys.get(id(msg.config))
+            if config_key is None:
+                config_key = config_keys[id(msg.config)] = _config_key(msg)
+            key = (int(sizes[cid]), _model_key(msg), config_key)
             groups.setdefault(key, []).append((cid, msg))
         else:
             units.append([(cid, msg)])

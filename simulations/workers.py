@@ -35,7 +35,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -102,6 +102,38 @@ def death_cause(exitcode: int | None) -> str:
         "SIGABRT": ": aborted by native code",
     }
     return f"killed by {name}{hints.get(name, '')}"
+
+
+@dataclass
+class ChunkTiming:
+    """One chunk's way through the pool, in time.perf_counter() seconds (the system's
+    monotonic clock, the same in every process): sent by the server, started and ended
+    by the worker, its replies copied out by the server."""
+
+    worker: int
+    clients: int
+    first_client: int
+    sent: float
+    started: float
+    ended: float
+    received: float
+    copied: float
+    cpu_s: float
+    reply_bytes: int
+
+
+@dataclass
+class ExchangeStats:
+    """Where one exchange's time went (`WorkerPool(on_exchange=...)`, profiling): from
+    `begun` (the pool's `run` called) to `finished` (its last reply handed over), the
+    server's packing of the requests (`packed`: when done) and every chunk's timeline."""
+
+    workers: int
+    begun: float
+    packed: float = 0.0
+    finished: float = 0.0
+    request_bytes: int = 0
+    chunks: list[ChunkTiming] = field(default_factory=list)
 
 
 @dataclass
@@ -185,7 +217,7 @@ def _worker_main(conn: Connection, setup: WorkerSetup, parent: int = 0) -> None:
         _, chunk_id, exchange, slot, units = msg
         if exchange != cache_key:  # each distinct request array is copied once per exchange
             cache_key, cache = exchange, {}
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         packer = Packer(replies[slot])
         results = []
         for unit in units:
@@ -200,7 +232,8 @@ def _worker_main(conn: Connection, setup: WorkerSetup, parent: int = 0) -> None:
             for cid, reply in lane.run_unit(envelopes):
                 results.append((cid, _pack(packer, reply)))
         try:
-            conn.send(("done", chunk_id, results, time.perf_counter() - start))
+            timing = (start, time.perf_counter(), time.process_time() - cpu, packer.offset)
+            conn.send(("done", chunk_id, results, timing))
         except (BrokenPipeError, OSError):
             return
 
@@ -241,13 +274,18 @@ class WorkerPool:
         identities: IdentitySource | None = None,
         run_id: bytes = SIMULATION_RUN_ID,
         run_config: RunConfig | None = None,
+        on_exchange: Callable[[ExchangeStats], None] | None = None,
     ) -> None:
+        """`on_exchange`: given each exchange's ExchangeStats as it ends (profiling)."""
         if workers < 2:
             raise ValueError(f"simulation.workers = {workers}: a worker pool needs at least 2")
         self.task, self.device, self.task_factory = task, device, task_factory
         self.unit_size = unit_size
         self.identities = identities
         self.run_id, self.run_config = run_id, run_config
+        self.on_exchange = on_exchange
+        self._stats: ExchangeStats | None = None
+        self._sent: dict[int, float] = {}  # chunk id -> when sent (profiling only)
         self.threads = threads or max(1, cpu_cores() // workers)
         # GNU OpenMP (torch's intra-op pool) and CUDA break in forked children.
         self.method = "fork" if self.threads == 1 and device == "cpu" else "spawn"
@@ -357,7 +395,11 @@ class WorkerPool:
                 self.owner = {c: o for c, o in self.owner.items() if outlives(o[1], latest)}
                 self.lost = {c: r for c, r in self.lost.items() if outlives(r, latest)}
         self._exchange += 1
+        stats = ExchangeStats(len(self.workers), time.perf_counter())
+        self._stats = stats if self.on_exchange is not None else None
+        self._sent = {}
         packed = self._pack_requests(units)
+        stats.packed = time.perf_counter()
         self._pinned = [deque() for _ in self.workers]
         self._free = deque()
         pending = 0
@@ -387,6 +429,9 @@ class WorkerPool:
             if on_progress is not None:
                 on_progress(done)
         _hand_over(out, take)
+        if self.on_exchange is not None:
+            stats.finished = time.perf_counter()
+            self.on_exchange(stats)
         return out
 
     def _pack_requests(self, units: Sequence[Unit]) -> list[list[tuple]]:
@@ -400,6 +445,8 @@ class WorkerPool:
                 for key, value in msg.arrays.items():
                     if id(value) not in refs:
                         refs[id(value)] = packer.put(value)
+                        if self._stats is not None:
+                            self._stats.request_bytes += refs[id(value)].nbytes
                     msg_refs[key] = refs[id(value)]
                 items.append((cid, msg.kind, msg.round, msg.config, msg_refs))
             packed.append(items)
@@ -418,11 +465,20 @@ class WorkerPool:
         # Whole units, up to a chunk's worth of clients; smaller chunks towards the end
         # keep the workers finishing together.
         want = max(1, min(self._cap, -(-self._queued // (2 * self.size))))
+        skip = 0
+        if w.in_flight and queue is self._free:
+            # Queued behind its own chunk: the front units are left to the workers with
+            # nothing running (they start them sooner), so replies come back close to
+            # client-id order and less of the server's in-order sum waits for the end.
+            idle = sum(1 for o in self.workers if not o.in_flight and o.free_slots)
+            skip = min(len(queue) - 1, idle)
+        queue.rotate(-skip)
         chunk = [queue.popleft()]
         size = len(chunk[0])
-        while queue and size + len(queue[0]) <= want:
+        while len(queue) > skip and size + len(queue[0]) <= want:
             size += len(queue[0])
             chunk.append(queue.popleft())
+        queue.rotate(skip)
         self._queued -= size
         cids = [item[0] for unit in chunk for item in unit]
         chunk_items = (item for unit in chunk for item in unit) if self._client_state else ()
@@ -438,6 +494,8 @@ class WorkerPool:
         self._chunk += 1
         w.in_flight[self._chunk] = (slot, cids)
         # A dead worker is noticed when its pipe reports EOF.
+        if self._stats is not None:
+            self._sent[self._chunk] = time.perf_counter()
         with contextlib.suppress(BrokenPipeError, OSError):
             w.conn.send(("run", self._chunk, self._exchange, slot, chunk))
 
@@ -446,8 +504,12 @@ class WorkerPool:
             msg = w.conn.recv()
         except (EOFError, OSError):
             return self._worker_died(w, out)
-        _, chunk_id, results, _elapsed = msg
+        received = time.perf_counter()
+        _, chunk_id, results, (started, ended, cpu_s, nbytes) = msg
         slot, cids = w.in_flight.pop(chunk_id)
+        # The worker's next chunk first (into its other reply arena), then the copying
+        # out: a worker with nothing queued would otherwise wait for the copy.
+        self._dispatch(w)
         arena = w.replies[slot]
         for cid, result in results:
             if isinstance(result, str):
@@ -457,6 +519,14 @@ class WorkerPool:
             arrays = {key: take(arena, ref) for key, ref in packed.items()}
             out[cid] = Envelope(kind, round_num, config, arrays)
         w.free_slots.append(slot)
+        if self._stats is not None:
+            sent = self._sent.pop(chunk_id, received)
+            self._stats.chunks.append(
+                ChunkTiming(
+                    w.index, len(cids), min(cids, default=-1), sent, started, ended, received,
+                    time.perf_counter(), cpu_s, nbytes,
+                )
+            )  # fmt: skip
         return len(cids)
 
     def _worker_died(self, w: _Worker, out: dict[int, Envelope | str]) -> int:

@@ -169,25 +169,14 @@ class PlainChannel:
         upcoming: list[int] | None = None,
     ) -> Aggregate | NoUpdates:
         round_num = next(iter(requests.values())).round
-        replies = transport.exchange(requests, timeout_s)
         acc = _WeightedSum() if self.aggregator is None else _HeldUpdates(self.aggregator)
-        dropped: dict[int, str] = {}
-        clipped_by_server: int | None = None  # None: no request under central DP
-        for cid in sorted(requests):
-            reply = replies.get(cid, ClientFailure(cid, "no reply"))
-            if isinstance(reply, ClientFailure):
-                dropped[cid] = reply.reason
-                continue
-            try:
-                r = check_train_reply(reply, round_num, model_size)
-            except MessageError as exc:
-                dropped[cid] = str(exc)
-                continue
-            clip = request_clip_norm(requests[cid])
-            if clip is not None:
-                r, changed = enforce_clip(r, clip)
-                clipped_by_server = (clipped_by_server or 0) + int(changed)
-            acc.add(cid, r)
+        fold = _InOrder(requests, round_num, model_size, acc)
+        # Replies are checked and summed as they arrive, in client-id order (one that
+        # comes early waits for those before it): the same sum, bit for bit, as after the
+        # exchange, but most of it done while the remaining clients still train.
+        rest = transport.exchange(requests, timeout_s, on_reply=fold.take)
+        fold.finish(rest)
+        dropped, clipped_by_server = fold.dropped, fold.clipped_by_server
         if clipped_by_server is not None:
             acc.extras[RECLIPPED] = float(clipped_by_server)
             if clipped_by_server:
@@ -205,6 +194,59 @@ class PlainChannel:
             self._reports[round_num] = acc.report
             return result
         return acc.result(dropped)
+
+
+class _InOrder:
+    """Checks each train reply and adds it to `acc` in client-id order, as soon as every
+    client before it has replied or failed (`take`, a transport's `on_reply`); `finish`
+    folds what the exchange returned and fails the clients that never replied."""
+
+    def __init__(
+        self,
+        requests: dict[int, Envelope],
+        round_num: int,
+        model_size: int,
+        acc: _WeightedSum | _HeldUpdates,
+    ) -> None:
+        self.requests, self.round_num = requests, round_num
+        self.model_size, self.acc = model_size, acc
+        self.order = sorted(requests)
+        self.next = 0
+        self.held: dict[int, Envelope | ClientFailure] = {}
+        self.dropped: dict[int, str] = {}
+        self.clipped_by_server: int | None = None  # None: no request under central DP
+
+    def take(self, cid: int, reply: Envelope | ClientFailure) -> None:
+        if cid not in self.requests:  # not asked this exchange: ignored, as before
+            return
+        self.held[cid] = reply
+        while self.next < len(self.order) and self.order[self.next] in self.held:
+            cid = self.order[self.next]
+            self.next += 1
+            self._fold(cid, self.held.pop(cid))
+
+    def finish(self, rest: Mapping[int, Envelope | ClientFailure]) -> None:
+        for cid in self.order[self.next :]:
+            reply = self.held.pop(cid, None)
+            if reply is None:
+                reply = rest.get(cid, ClientFailure(cid, "no reply"))
+            self._fold(cid, reply)
+        self.next = len(self.order)
+
+    def _fold(self, cid: int, reply: Envelope | ClientFailure) -> None:
+        if isinstance(reply, ClientFailure):
+            self.dropped[cid] = reply.reason
+            return
+        try:
+            r = check_train_reply(reply, self.round_num, self.model_size)
+        except MessageError as exc:
+            self.dropped[cid] = str(exc)
+            return
+        clip = request_clip_norm(self.requests[cid])
+        if clip is not None:
+            r, changed = enforce_clip(r, clip)
+            self.clipped_by_server = (self.clipped_by_server or 0) + int(changed)
+        self.acc.add(cid, r)
 
 
 @dataclass

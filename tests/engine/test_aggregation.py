@@ -112,3 +112,63 @@ def test_server_optimizers_match_hand_computation():
 def test_unknown_optimizer_is_named():
     with pytest.raises(ValueError, match=r"server\.optimizer = 'sgd'"):
         make_optimizer("sgd")
+
+
+class HandsRepliesOver:
+    """A transport that hands replies to `on_reply` in the order given (scrambled: as
+    workers finish), keeping no reference itself, and returns `returned` in its dict,
+    as a transport may for replies it did not hand over."""
+
+    def __init__(self, order: list[int], replies: dict[int, Envelope], returned: set[int]):
+        self.order, self.replies, self.returned = order, replies, returned
+        self.alive_at_return: list[int] = []
+
+    def client_ids(self) -> list[int]:
+        return sorted(self.replies)
+
+    def exchange(self, requests, timeout_s, on_reply=None):
+        import weakref
+
+        refs = {cid: weakref.ref(r.arrays["delta"]) for cid, r in self.replies.items()}
+        out = {cid: self.replies.pop(cid) for cid in self.returned}
+        for cid in self.order:
+            reply = self.replies.pop(cid)
+            if on_reply is None:
+                out[cid] = reply
+            else:
+                on_reply(cid, reply)
+            del reply
+        # Who still holds an update handed over: the channel, unless it summed it already.
+        self.alive_at_return = sorted(cid for cid in self.order if refs[cid]() is not None)
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def test_replies_are_summed_as_they_arrive_in_client_id_order_with_the_same_bits():
+    gen = torch.Generator().manual_seed(7)
+    deltas = {cid: torch.randn(1000, generator=gen) * 10 ** (cid % 5) for cid in range(12)}
+    sizes = {cid: 1 + 3 * cid for cid in range(12)}
+
+    def replies() -> dict[int, Envelope]:
+        return {cid: reply(deltas[cid].tolist(), sizes[cid]) for cid in range(12)}
+
+    req = Envelope("train", 1)
+    requests = {cid: req for cid in range(12)}
+    # Client 11 never replies; 5 and 9 come back in the exchange's dict, the rest are
+    # handed over as two workers would finish them, out of id order.
+    order = [3, 4, 0, 1, 2, 10, 6, 7, 8]
+    scrambled = HandsRepliesOver(order, replies(), returned={5, 9})
+    agg = PlainChannel().collect(scrambled, requests, 1000, None)
+    in_order = PlainChannel().collect(
+        ScriptedClients({**replies(), 11: ClientFailure(11, "no reply")}), requests, 1000, None
+    )
+    assert isinstance(agg, type(in_order))
+    assert torch.equal(agg.mean, in_order.mean)  # the float sum's order is kept: same bits
+    assert agg.weight == in_order.weight and agg.loss == in_order.loss
+    assert agg.contributors == in_order.contributors == [c for c in range(12) if c != 11]
+    assert agg.dropped == {11: "no reply"}
+    # Every update handed over whose predecessors had all arrived was summed and let go
+    # during the exchange (0..4 in order; 6..8 and 10 wait for 5 and 9, returned at the end).
+    assert scrambled.alive_at_return == [6, 7, 8, 10]

@@ -18,7 +18,7 @@ from fedveil.server.engine.ftrl_sampling import SchemaCohortSampler
 from fedveil.server.engine.pipeline import make_privacy_pipeline
 from fedveil.server.engine.release_mechanism import ReleaseMechanism
 from fedveil.server.engine.rounds import RoundEngine
-from fedveil.server.engine.transport import ClientFailure
+from fedveil.server.engine.transport import ClientFailure, ReplySink
 from fedveil.simulations.inprocess import InProcessTransport
 
 BASE: dict[str, Any] = {
@@ -137,10 +137,13 @@ class RecordingTransport:
         return self.inner.client_ids()
 
     def exchange(
-        self, requests: Mapping[int, Envelope], timeout_s: float | None
+        self,
+        requests: Mapping[int, Envelope],
+        timeout_s: float | None,
+        on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         self.sent.append(sorted(requests))
-        return self.inner.exchange(requests, timeout_s)
+        return self.inner.exchange(requests, timeout_s, on_reply=on_reply)
 
     def close(self) -> None:
         self.inner.close()

@@ -208,6 +208,57 @@ def test_spawned_workers_with_several_threads_match_one_lane():
         assert torch.equal(got[c].arrays["delta"], want[c].arrays["delta"])
 
 
+@pytest.mark.procs
+def test_a_worker_with_nothing_queued_gets_its_next_chunk_before_the_copying_out():
+    cfg = tiny_config()
+    task = tiny_task.make(cfg)
+    request = _request(cfg, task)
+    stats = []
+    pool = WorkerPool(task, 2, on_exchange=stats.append)
+    try:
+        # Three one-client units on two workers: one each, the third held back for
+        # whichever finishes first (a slowed worker never holds it queued).
+        got = pool.run([[(c, request)] for c in range(3)])
+    finally:
+        pool.close()
+    assert sorted(got) == [0, 1, 2] and all(isinstance(r, Envelope) for r in got.values())
+    (st,) = stats
+    assert sorted(c.clients for c in st.chunks) == [1, 1, 1]
+    assert st.request_bytes == request.arrays["model"].numel() * 4  # the model, packed once
+    assert sum(c.reply_bytes for c in st.chunks) >= 3 * st.request_bytes
+    first, *_, third = sorted(st.chunks, key=lambda c: c.sent)
+    assert third.sent > min(c.received for c in st.chunks)  # held back, sent on a return
+    freed = next(c for c in st.chunks if c.worker == third.worker and c is not third)
+    # It was sent as soon as its worker's first chunk came back, before that chunk's
+    # replies were copied out of shared memory: the worker does not wait for the copy.
+    assert freed.received <= third.sent < freed.copied
+    assert all(c.sent <= c.started <= c.ended <= c.received <= c.copied for c in st.chunks)
+    assert st.begun <= st.packed <= first.sent and max(c.copied for c in st.chunks) <= st.finished
+
+
+@pytest.mark.procs
+def test_each_worker_starts_on_the_lowest_client_ids_so_replies_come_back_in_order():
+    cfg = tiny_config()
+    task = tiny_task.make(cfg)
+    request = _request(cfg, task)
+    stats = []
+    pool = WorkerPool(task, 2, on_exchange=stats.append)
+    try:
+        got = pool.run([[(c, request)] for c in range(4)])
+    finally:
+        pool.close()
+    assert sorted(got) == [0, 1, 2, 3]
+    (st,) = stats
+    by_worker = {
+        i: [c.first_client for c in sorted(st.chunks, key=lambda c: c.sent) if c.worker == i]
+        for i in range(2)
+    }
+    # Worker 0 starts on client 0 and has client 2 queued behind it; worker 1 starts on
+    # client 1 (before: worker 0 had 0 and 1, so 2's reply held up the in-order sum).
+    assert by_worker[0][:2] == [0, 2] and by_worker[1][0] == 1
+    assert sorted(by_worker[0] + by_worker[1]) == [0, 1, 2, 3]
+
+
 class _TinyFactory:
     def __init__(self, cfg):
         self.cfg = cfg
