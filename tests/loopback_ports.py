@@ -14,7 +14,8 @@ out by itself (below the ephemeral range, above Ray's worker ports 10002-19999 a
 fixed defaults of Flower, fedveil and Ray), drawn at random, and are reserved for this
 process's life by an exclusive flock on a file per port in a shared directory: another
 session skips a port whose lock it cannot take. The lock goes with the process, however
-it ends, so a killed session leaves no reservation behind.
+it ends, so a killed session leaves no reservation behind. On a kernel whose ephemeral
+range covers the tests' range, the ports are the kernel's picks, still reserved.
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ def _ephemeral_range() -> tuple[int, int]:
         return int(low), int(high)
     except (OSError, ValueError):
         return 32768, 60999  # Linux's default
+
+
+def outside_ephemeral_range() -> bool:
+    """The tests' range [LOW, HIGH) lies outside the kernel's ephemeral ports (Linux's
+    default 32768-60999 does)."""
+    low, high = _ephemeral_range()
+    return low >= HIGH or high < LOW
 
 
 def _reserve(port: int) -> bool:
@@ -66,17 +74,20 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def _kernel_pick() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def free_port() -> int:
-    """A loopback TCP port reserved for this process (see the module's contract)."""
-    low, high = _ephemeral_range()
-    if not (low >= HIGH or high < LOW):
-        raise RuntimeError(
-            f"the kernel's ephemeral ports {low}-{high} overlap the tests' range "
-            f"{LOW}-{HIGH - 1}: a port reserved here could be taken by any process"
-        )
+    """A loopback TCP port reserved for this process (see the module's contract). Where the
+    kernel's ephemeral range covers the tests' range (not Linux's default), the port is
+    the kernel's pick, still reserved against the other sessions."""
+    outside = outside_ephemeral_range()
     rng = random.SystemRandom()
     for _ in range(1000):
-        port = rng.randrange(LOW, HIGH)
+        port = rng.randrange(LOW, HIGH) if outside else _kernel_pick()
         if port in _held or not _reserve(port):
             continue
         if _bindable(port):
