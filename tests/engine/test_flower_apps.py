@@ -145,8 +145,9 @@ options.num-supernodes = 3
 
 
 def _end_processes_with(marker: str) -> None:
-    """End the processes `flwr run` left behind (its local SuperLink outlives it): those
-    whose environment holds this test's own FLWR_HOME, one by one."""
+    """End what the run left behind outside the SuperLink's process group (which
+    local_superlink stops): the processes whose environment holds this test's own
+    FLWR_HOME, one by one; never another test's."""
     import os
     import signal
 
