@@ -33,6 +33,14 @@ def descendants(root: int) -> dict[int, int]:
     return out
 
 
+def start_time(pid: int) -> int | None:
+    """When the process `pid` started (clock ticks since boot), None if there is none: with
+    `alive`, it tells that process from a later one that got the same pid (pids wrap at
+    kernel.pid_max, 32768 here, and a busy machine goes through them)."""
+    fields = _stat(pid)
+    return None if fields is None else int(fields[19])
+
+
 def alive(pid: int, start: int) -> bool:
     """The same process (not a reused pid) still runs (a zombie counts as gone)."""
     fields = _stat(pid)

@@ -10,54 +10,27 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+from wheel_build import build_wheel, install_wheel
 
 # Building and installing the wheel (module fixture) may take 2 x 300 s, then each test's
 # own commands up to 300 s: the limit sits above both.
 pytestmark = [pytest.mark.procs, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = (
-    "pyproject.toml",
-    "README.md",
-    "fedveil",
-    "server",
-    "client",
-    "privacy",
-    "simulations",
-    "benchmarks",
-)
-
-
-def _ignore(_folder: str, names: list[str]) -> set[str]:
-    return {n for n in names if n == "__pycache__" or n.endswith(".egg-info")}
 
 
 @pytest.fixture(scope="module")
 def wheel_install(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the built wheel, a folder where it is installed without dependencies)."""
     work = tmp_path_factory.mktemp("wheel")
-    src = work / "src"
-    src.mkdir()
-    for name in SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name, ignore=_ignore)
-        else:
-            shutil.copy2(ROOT / name, src / name)
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    build = [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(work), str(src)]
-    subprocess.run(build, check=True, capture_output=True, timeout=300)
-    (wheel,) = work.glob("fedveil-*.whl")
-    site = work / "site"
-    install = [*pip, "install", "--no-deps", "--no-compile", "--target", str(site), str(wheel)]
-    subprocess.run(install, check=True, capture_output=True, timeout=300)
-    return wheel, site
+    wheel = build_wheel(work)  # from a copy of the sources (tests/wheel_build.py)
+    return wheel, install_wheel(wheel, work / "site")
 
 
 def _fedveil(site: Path, cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess:

@@ -9,6 +9,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from wheel_build import build_wheel, install_wheel
 
 from fedveil.cli.main import main
 
@@ -94,42 +95,10 @@ def test_bad_config_fails_before_training_naming_the_field(
 @pytest.mark.procs
 @pytest.mark.timeout(900)  # a wheel build and an install, 300 s each at most
 def test_regular_install_imports_under_one_namespace(tmp_path):
-    wheel_dir = tmp_path / "wheel"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(wheel_dir),
-            str(ROOT),
-        ],
-        check=True,
-        timeout=300,
-        capture_output=True,
-    )
-    (wheel,) = wheel_dir.glob("fedveil-*.whl")
-    target = tmp_path / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "-q",
-            "--target",
-            str(target),
-            str(wheel),
-        ],
-        check=True,
-        timeout=300,
-        capture_output=True,
-    )
+    # Built from a copy of the sources: pip would otherwise write build/ and the
+    # egg-info into this checkout (tests/wheel_build.py).
+    wheel = build_wheel(tmp_path / "wheel")
+    target = install_wheel(wheel, tmp_path / "site")
     top = sorted(p.name for p in target.iterdir() if not p.name.endswith(".dist-info"))
     assert top == ["bin", "fedveil"] or top == ["fedveil"], top
     code = (

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from loopback_ports import free_port
 
 from fedveil.privacy.secagg.identity_files import read_public_key, write_identity_key
 from fedveil.privacy.secagg.identity_keys import Roster
@@ -17,12 +17,6 @@ from fedveil.privacy.secagg.identity_keys import Roster
 pytestmark = pytest.mark.procs
 WORLD = 4
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_silos(tmp_path: Path, config_text: str) -> tuple[list[dict], Path]:
@@ -35,7 +29,7 @@ def _run_silos(tmp_path: Path, config_text: str) -> tuple[list[dict], Path]:
     )
     config = tmp_path / "run.toml"
     config.write_text(config_text)
-    address = f"tcp://127.0.0.1:{_free_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     procs = [
         subprocess.Popen(

@@ -3,9 +3,8 @@ gets plain progress lines, and an error the user can fix is one line with exit 2
 
 from __future__ import annotations
 
-import socket
-
 import pytest
+from loopback_ports import free_port
 
 from fedveil.cli.main import main
 
@@ -38,9 +37,7 @@ def test_progress_in_a_log_is_plain_lines_without_carriage_returns(capsys, tmp_p
 @pytest.mark.procs
 def test_an_unreachable_ray_address_is_one_line_and_exit_2(capsys, tmp_path):
     # Used to print a 24-line traceback and exit 1.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # nothing listens once closed
+    port = free_port()  # nothing listens once closed
     code = main(
         [
             "simulate",

@@ -78,14 +78,19 @@ def test_fedveil_client_app_trains_under_a_stock_fedavg_server(monkeypatch):
     from fedveil.flower import client_app
 
     monkeypatch.setenv("PYTHONPATH", str(TESTS))  # Ray workers import tiny_task
-    logging.getLogger("flwr").setLevel(logging.ERROR)
+    flwr_log = logging.getLogger("flwr")
+    level = flwr_log.level
+    flwr_log.setLevel(logging.ERROR)  # for this test only: the session's later tests log
     RESULT.clear()
-    run_simulation(
-        server_app=server,
-        client_app=client_app(client_config()),
-        num_supernodes=CLIENTS,
-        backend_config={"client_resources": {"num_cpus": 1.0, "num_gpus": 0.0}},
-    )
+    try:
+        run_simulation(
+            server_app=server,
+            client_app=client_app(client_config()),
+            num_supernodes=CLIENTS,
+            backend_config={"client_resources": {"num_cpus": 1.0, "num_gpus": 0.0}},
+        )
+    finally:
+        flwr_log.setLevel(level)
     result = RESULT["result"]
     initial, final = RESULT["initial"], result.arrays.to_torch_state_dict()
     assert list(final) == list(initial)  # the state_dict's keys, in its order

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from loopback_ports import free_port
 from silo_checks import leaked_partial_sums
 from silo_worker import quantizer, silo_update
 
@@ -23,14 +23,8 @@ WORLD = 4
 WORKER = Path(__file__).with_name("silo_worker.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(tmp_path: Path, collective: str, dying: int | None = None) -> list[subprocess.Popen]:
-    port, secret = _free_port(), os.urandom(32).hex()
+    port, secret = free_port(), os.urandom(32).hex()
     env = {**os.environ, "PYTHONPATH": str(WORKER.parent), "OMP_NUM_THREADS": "1"}
     procs = []
     for rank in range(WORLD):

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from loopback_ports import free_port
 
 from fedveil.ops.certs import create_client_key, create_test_deployment
-from fedveil.ops.procs import free_port
 
 COORDINATOR_TESTS = Path(__file__).resolve().parent
 TESTS = COORDINATOR_TESTS.parent

@@ -10,7 +10,6 @@ the real dashboard router: seconds, no deployment.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from loopback_ports import free_port
 
 from fedveil.server.coordinator.routes import dashboard_api
 
@@ -96,9 +96,7 @@ def fixture_app(rounds: list[dict[str, Any]]) -> FastAPI:
 
 def page(rounds: list[dict[str, Any]], tmp: Path, name: str) -> tuple[str, Path]:
     """The rendered DOM, and a screenshot (kept in tmp) of the page over `rounds`."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(fixture_app(rounds), host="127.0.0.1", port=port, log_level="error")
     )

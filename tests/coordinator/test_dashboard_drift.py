@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from loopback_ports import free_port
 
 from fedveil.server.coordinator.routes import dashboard_api
 
@@ -179,9 +179,7 @@ def fixture_app(drift: dict[str, Any] | None) -> FastAPI:
 
 
 def dom_of(drift: dict[str, Any] | None, tmp: Path, screenshot: Path | None = None) -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     app = fixture_app(drift)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     threading.Thread(target=server.run, daemon=True).start()

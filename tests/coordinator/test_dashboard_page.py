@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from loopback_ports import free_port
 
 from fedveil.server.coordinator.clients import ClientRegistry
 from fedveil.server.coordinator.routes import dashboard_api
@@ -142,9 +142,7 @@ def fixture_app(selected: str) -> FastAPI:
 
 
 def _serve(app: FastAPI) -> tuple[uvicorn.Server, int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     threading.Thread(target=server.run, daemon=True).start()
     deadline = time.monotonic() + 20

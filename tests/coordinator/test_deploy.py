@@ -30,6 +30,7 @@ import torch
 from deploy_task import write_big_file, write_client_file
 from deployment_harness import TOKEN as TOKEN_TEXT
 from deployment_harness import Deployment, run_toml, wait_for
+from proctree import alive, start_time
 from safetensors.torch import load, load_file
 
 from fedveil.config import config_from_dict
@@ -402,14 +403,13 @@ def test_coordinator_killed_mid_run_resumes_and_finishes(deployment, tmp_path):
 
 def kill_and_restart_coordinator(dep: Deployment) -> None:
     superlink_pid = int((dep.state / "superlink.pid").read_text())
+    started = start_time(superlink_pid)
     dep.stop_server(signal.SIGKILL)
     # The SuperLink dies with the coordinator, so its port and database are free again.
+    # (Its pid with its start time: a later process may reuse the pid.)
     wait_for(
-        lambda: (
-            not os.path.exists(f"/proc/{superlink_pid}")
-            or Path(f"/proc/{superlink_pid}/stat").read_text().split()[2] == "Z"
-        ),
-        10,
+        lambda: started is None or not alive(superlink_pid, started),
+        60,
         "the SuperLink to die",
     )
     dep.start_server()
@@ -562,12 +562,11 @@ def test_sigterm_stops_devices_and_coordinator_cleanly(deployment):
         assert "stopped after" in log.read_text()
     dep.clients.clear()
     superlink = int((dep.state / "superlink.pid").read_text())
+    started = start_time(superlink)
     proc = dep.server
     dep.stop_server(signal.SIGTERM, timeout=120)
     assert proc.returncode == 0
-    assert not Path(f"/proc/{superlink}").exists() or (
-        Path(f"/proc/{superlink}/stat").read_text().split()[2] == "Z"
-    )
+    assert started is None or not alive(superlink, started)  # not a later process's pid
     assert "coordinator stopped" in (dep.root / "server.log").read_text()
     assert TOKEN_TEXT not in (dep.root / "server.log").read_text()  # the secret never logged
     assert TOKEN_TEXT not in (dep.state / "logs" / "superlink.log").read_text()

@@ -10,6 +10,7 @@ import threading
 import time
 
 import uvicorn
+from loopback_ports import free_port
 
 from fedveil.server.coordinator.gateway import FleetGateway
 from fedveil.server.coordinator.metrics import ServiceCounters
@@ -18,9 +19,7 @@ MIB = 1024 * 1024
 
 
 def _serve(gateway: FleetGateway) -> tuple[uvicorn.Server, int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(gateway, host="127.0.0.1", port=port, log_level="error"))
     threading.Thread(target=server.run, daemon=True).start()
     deadline = time.monotonic() + 20

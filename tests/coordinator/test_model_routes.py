@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from loopback_ports import free_port
 from registry_runs import tiny_run
 
 from fedveil.server.coordinator.api import create_api
@@ -57,9 +57,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Client
     }
     register_finished_run(state, state / "runs" / DP_RUN, retrained)
     assert retrained["model_version"] == "tiny-blobs@3"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_api(service), host="127.0.0.1", port=port, log_level="error")
     )

@@ -3,7 +3,7 @@
 Flower starts its SuperExec in a session of its own and lets it, and each
 ServerApp, poll for its parent: they used to outlive a killed coordinator by
 4-12 s, holding the state dir and the run's files. Every descendant must now be
-gone within 2 s.
+gone within GRACE_S: the kernel's SIGKILL down the tree (PR_SET_PDEATHSIG), not polling.
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ from proctree import alive, cmdline, descendants
 
 pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
 
-GRACE_S = 2.0
+# Below the old polling's 4 s at the least, so the old code still fails; above what the
+# kernel's chain of SIGKILLs (each generation's exit, then its children's) takes on a
+# 2-core machine at load 20+, where 2 s was tight.
+GRACE_S = 3.5
 
 
 def _roles(pids: dict[int, int]) -> dict[str, list[int]]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from loopback_ports import free_port
 
 from fedveil.server.coordinator.api import create_api
 from fedveil.server.coordinator.service import Service
@@ -87,9 +87,7 @@ def api(tmp_path_factory) -> Iterator[tuple[httpx.Client, str]]:
     _write_run(state, "20260101-000000-aaaaaa", dp=True)
     _write_run(state, "20260101-000000-bbbbbb", dp=False)
     _write_run(state, "20260101-000000-cccccc", dp=True, leaky=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_api(service), host="127.0.0.1", port=port, log_level="error")
     )

@@ -12,6 +12,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from loopback_ports import free_port
+
 from fedveil.config import ConfigError, config_from_dict, device_config, device_toml, load_config
 from fedveil.server.coordinator.runs import RunManager, SubmissionError, parse_submission
 from fedveil.server.coordinator.settings import settings_from_dict
@@ -247,7 +249,6 @@ def test_post_runs_answers_422_naming_the_field(tmp_path):
     SuperLink), on loopback uvicorn."""
     import os
     import secrets
-    import socket
     import threading
     import time
 
@@ -268,9 +269,7 @@ def test_post_runs_answers_422_naming_the_field(tmp_path):
             del os.environ["FEDVEIL_ADMIN_TOKEN"]
         else:
             os.environ["FEDVEIL_ADMIN_TOKEN"] = old_env
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_api(service), host="127.0.0.1", port=port, log_level="error")
     )

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from flower_local_superlink import local_superlink
 from flwr.simulation import run_simulation
 from local_ray import local_ray
 
@@ -144,8 +145,9 @@ options.num-supernodes = 3
 
 
 def _end_processes_with(marker: str) -> None:
-    """End the processes `flwr run` left behind (its local SuperLink outlives it): those
-    whose environment holds this test's own FLWR_HOME, one by one."""
+    """End what the run left behind outside the SuperLink's process group (which
+    local_superlink stops): the processes whose environment holds this test's own
+    FLWR_HOME, one by one; never another test's."""
     import os
     import signal
 
@@ -165,24 +167,25 @@ def _end_processes_with(marker: str) -> None:
 def test_flwr_run_builds_the_run_from_the_apps_config(tmp_path, tiny_env):
     """`flwr run .` with fedveil's module-level apps: the run comes from the app's
     [tool.flwr.app.config] (fedveil's keys read, the app's own ignored)."""
-    import os
     import subprocess
     import sys
 
     app, out, home = tmp_path / "app", tmp_path / "run", tmp_path / "flwr-home"
     app.mkdir()
     (app / "pyproject.toml").write_text(APP_PYPROJECT.replace("{out}", str(out)))
-    env = dict(tiny_env, FLWR_HOME=str(home))
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     try:
-        done = subprocess.run(
-            [str(Path(sys.executable).parent / "flwr"), "run", ".", "--stream"],
-            cwd=app,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
+        # Its local SuperLink on ports of its own, not Flower's fixed 39091/39093 where
+        # another session's could answer (tests/flower_local_superlink.py).
+        with local_superlink(tmp_path, tiny_env) as env:
+            assert env["FLWR_HOME"] == str(home)
+            done = subprocess.run(
+                [str(Path(sys.executable).parent / "flwr"), "run", ".", "--stream"],
+                cwd=app,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=240,
+            )
     finally:
         _end_processes_with(f"FLWR_HOME={home}")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -22,8 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from loopback_ports import free_port
 
-from fedveil.ops.procs import child_env, flwr_command, free_port, spawn, stop_group, wait_port
+from fedveil.ops.procs import child_env, flwr_command, spawn, stop_group, wait_port
 
 pytestmark = [pytest.mark.flower, pytest.mark.procs]
 

@@ -9,8 +9,6 @@ clients' train function run here, averaged by Flower's own aggregate_arrayrecord
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from typing import Any
 
@@ -26,6 +24,7 @@ from flwr.serverapp import ServerApp
 from flwr.serverapp.strategy import FedAvg, FedMedian, Krum
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from flwr.simulation import run_simulation
+from local_ray import local_ray
 
 from fedveil.flower import FlowerDP, SecAggGrid, StrategyRefused, secure
 from fedveil.protocol import flower_secagg_codec as codec
@@ -124,23 +123,8 @@ def _flat(arrays: ArrayRecord) -> np.ndarray:
     return np.concatenate([a.numpy().astype(np.float64).ravel() for a in arrays.values()])
 
 
-def _local_ray() -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    pythonpath = os.pathsep.join(sys.path)  # the workers import the test apps by name
-    os.environ["PYTHONPATH"] = pythonpath
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
-        logging_level="error",
-    )
-
-
 def _run(main: Any) -> None:
-    _local_ray()
+    local_ray()  # this session's own Ray (tests/local_ray.py)
     app = ServerApp()
     app.main()(main)
     run_simulation(

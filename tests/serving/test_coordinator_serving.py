@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from loopback_ports import free_port
 from serve_harness import metric, predict_npz, request
 
 from fedveil.config import ConfigError, load_config
 from fedveil.config.service_settings import service_config
-from fedveil.ops.procs import free_port, spawn, stop_group
+from fedveil.ops.procs import spawn, stop_group
 from fedveil.server.registry import Registry
 from fedveil.simulations.simulate_run import simulate
 

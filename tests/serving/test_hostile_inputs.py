@@ -166,10 +166,10 @@ def test_a_model_file_never_chooses_code_to_import(
 def test_json_checks_stay_linear_on_escapes() -> None:
     """Escaped quotes with no closing quote made a string pattern backtrack quadratically;
     brackets hidden in escaped strings still end in a 422, never a RecursionError."""
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: the backtracking's cost, not the machine's load
     with pytest.raises(InputError):
         decode(b'{"inputs": "' + b'\\"' * 2_000_000, "application/json", (8,), 4)
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5
     hidden = b'{"x": "' + b"]" * 5000 + b'\\n", "inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}"
     with pytest.raises(InputError, match="JSON nested too deep"):
         decode(hidden, "application/json", (8,), 4)

@@ -9,17 +9,15 @@ import json
 import os
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import tomllib
 from docs_pages import code_blocks, section
+from flower_local_superlink import local_superlink
 
 pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
 
@@ -27,67 +25,14 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower-app"
 BIN = Path(sys.executable).parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def flower_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     """FLWR_HOME in tmp and the local SuperLink `flwr run` would start, started here on
-    free ports (Flower's own fixed ones may be taken) so that the test can stop it."""
+    ports of the test's own (Flower's fixed ones may be taken) so that the test can stop
+    it (tests/flower_local_superlink.py)."""
     env = {k: v for k, v in os.environ.items() if k != "FEDVEIL_STATE_DIR"}
-    http_port, control_port = free_port(), free_port()
-    env.update(
-        FLWR_HOME=str(tmp_path / "flwr-home"),
-        FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http_port),
-        FLWR_LOCAL_CONTROL_API_PORT=str(control_port),
-        FLWR_DISABLE_UPDATE_CHECK="1",
-        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-    )
-    log_dir = tmp_path / "flwr-home" / "local-superlink"
-    log_dir.mkdir(parents=True)
-    superlink = subprocess.Popen(
-        [
-            str(BIN / "flower-superlink"),
-            "--insecure",
-            "--simulation",
-            "--isolation",
-            "subprocess",
-            "--control-api-address",
-            f"127.0.0.1:{control_port}",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(http_port),
-            "--log-file",
-            str(log_dir / "superlink.log"),
-        ],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own group: stopped with its children below
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", http_port), timeout=0.5).close()
-                break
-            except OSError:
-                assert superlink.poll() is None, "flower-superlink exited at start"
-                assert time.monotonic() < deadline, "flower-superlink did not start in 60 s"
-                time.sleep(0.3)
+    with local_superlink(tmp_path, env) as env:
         yield env
-    finally:
-        os.killpg(superlink.pid, signal.SIGTERM)
-        try:
-            superlink.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(superlink.pid, signal.SIGKILL)
-            superlink.wait()
 
 
 def tutorial_commands() -> list[list[str]]:

@@ -4,13 +4,13 @@ devices, a real two-node cluster on loopback, and an address nobody answers at."
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 import torch
+from loopback_ports import free_port
 from safetensors.torch import load_file
 
 from fedveil.config import ConfigError, load_config
@@ -25,12 +25,6 @@ TINY = {
     "server.rounds": 2,
     "simulation.plots": False,
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize(
@@ -95,7 +89,7 @@ def test_a_gpu_share_without_an_assigned_gpu_says_so():
 @pytest.mark.flower
 @pytest.mark.parametrize("via_env", [False, True])
 def test_an_unreachable_cluster_fails_fast_and_says_where(tmp_path, monkeypatch, via_env):
-    address = f"127.0.0.1:{_free_port()}"  # nothing listens: a stale cluster's address
+    address = f"127.0.0.1:{free_port()}"  # nothing listens: a stale cluster's address
     overrides = {**TINY, "transport": "flower", "out": str(tmp_path / "run")}
     if via_env:
         monkeypatch.setenv("RAY_ADDRESS", address)

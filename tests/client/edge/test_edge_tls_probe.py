@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from loopback_ports import free_port
 
 from fedveil.client.edge.tls_probe import server_speaks_tls
 from fedveil.ops.certs import create_ca, create_server_cert
@@ -60,12 +61,12 @@ def listener(tmp_path: Path, tls: bool) -> Iterator[int]:
 
 def test_the_probe_tells_tls_from_plaintext_and_from_nothing(tmp_path):
     with listener(tmp_path, tls=True) as port:
-        assert server_speaks_tls("127.0.0.1", port)
+        # A generous timeout: the handshake with this process's own listener thread may
+        # wait seconds for a core on a loaded machine (the claim is TLS, not speed).
+        assert server_speaks_tls("127.0.0.1", port, timeout=30)
     with listener(tmp_path, tls=False) as port:
         assert not server_speaks_tls("127.0.0.1", port)
-    closed = socket.create_server(("127.0.0.1", 0))
-    port = closed.getsockname()[1]
-    closed.close()
+    port = free_port()  # nothing listens there, and no other test's server will
     assert not server_speaks_tls("127.0.0.1", port, timeout=1)
 
 

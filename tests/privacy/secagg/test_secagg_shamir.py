@@ -112,7 +112,8 @@ def test_sharing_and_reconstruction_are_cheap_at_n_1000() -> None:
     """1000 clients, k=36, t=19: every client shares two secrets, the server rebuilds 1000."""
     t, holders = 19, 37
     xs = list(range(1, holders + 1))
-    started = time.perf_counter()
+    # CPU time, not wall time: the claim is the work done, whatever else runs (CI load).
+    started = time.process_time()
     all_points = []
     for owner in range(1000):
         shares = shamir.split(owner, t, xs)
@@ -120,4 +121,4 @@ def test_sharing_and_reconstruction_are_cheap_at_n_1000() -> None:
         all_points.append(list(zip(xs, shares, strict=True))[owner % 10 : owner % 10 + t])
     for owner, points in enumerate(all_points):
         assert shamir.reconstruct(points, t) == owner
-    assert time.perf_counter() - started < 6.0
+    assert time.process_time() - started < 6.0
