@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from fedveil.cli.completion import add_completion
 from fedveil.cli.simulate import SIMULATE_FLAGS, add_simulate
+from fedveil.cli.unrecognized import unrecognized_message
 from fedveil.config import ConfigError
 
 __all__ = ["SIMULATE_FLAGS", "build_parser", "main"]
@@ -81,7 +82,11 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(given)
+    if extra:  # argparse would show the top-level usage, naming none of the command's flags
+        print(unrecognized_message(parser, given, extra), file=sys.stderr)
+        return 2
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

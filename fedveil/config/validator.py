@@ -8,6 +8,7 @@ and the limit: `server.rounds = 0: must be >= 1`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import field
@@ -151,8 +152,12 @@ def build(
     unknown = sorted(set(values) - set(known))
     if unknown:
         where = f"[{prefix.rstrip('.')}]" if prefix else top
+        # A typo is the usual cause: name the nearest key before the whole list.
+        near = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"did you mean {prefix}{near[0]}? " if near else ""
         raise ConfigError(
-            f"unknown key {prefix}{unknown[0]} in {where}; known keys: " + ", ".join(sorted(known))
+            f"unknown key {prefix}{unknown[0]} in {where}; {hint}known keys: "
+            + ", ".join(sorted(known))
         )
     kwargs: dict[str, Any] = {}
     for name, f in known.items():

@@ -154,7 +154,8 @@ def find_fashion_mnist(data_dir: str | os.PathLike[str] | None = None) -> dict[s
         f"{default_download_dir()})\n"
         "  3. set FEDVEIL_DATA=/path/to/dir holding train-images-idx3-ubyte.gz, "
         "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz "
-        "(or a fashion-mnist/ subfolder), or pass data_dir=..."
+        "(or a fashion-mnist/ subfolder), or name that directory: `fedveil simulate "
+        "--data-dir DIR` (data.data_dir)"
     )
 
 

@@ -61,3 +61,32 @@ def test_an_unreachable_ray_address_is_one_line_and_exit_2(capsys, tmp_path):
         f"fedveil: error: simulation.ray_address = '127.0.0.1:{port}': cannot reach a Ray cluster"
     ), err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "command", "near"),
+    [
+        (["simulate", "--rouns", "3"], "fedveil simulate", "did you mean --rounds (not --rouns)?"),
+        (["simulate", "--per-roud=3"], "fedveil simulate", "did you mean --per-round"),
+        (["privacy", "report", "run", "--hepl"], "fedveil privacy report", "did you mean --help"),
+    ],
+)
+def test_an_unknown_flag_is_named_with_its_command_and_the_nearest_option(
+    capsys, argv, command, near
+):
+    # argparse used to print the top-level usage (`fedveil [-h] [-v] ... COMMAND`),
+    # naming none of the command's options, and no suggestion.
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"{command}: error: unrecognized arguments: "), err
+    assert near in err and f"`{command} --help` lists every option" in err
+    assert "COMMAND" not in err and "Traceback" not in err
+
+
+def test_a_typo_in_a_config_key_names_the_key_it_resembles(capsys, tmp_path):
+    config = tmp_path / "typo.toml"
+    config.write_text("[server]\nrouds = 3\n")
+    assert main(["simulate", "--config", str(config), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key server.rouds in [server]; did you mean server.rounds?" in err, err
+    assert not (tmp_path / "r").exists()
