@@ -23,6 +23,8 @@ import numpy as np
 import torch
 
 from fedveil.builtin_models import build_model
+from fedveil.dataset_defaults import DATASET_DEFAULTS as DATASET_DEFAULTS
+from fedveil.dataset_defaults import dataset_defaults as dataset_defaults
 from fedveil.task_types import ClientData, Task  # the contract: users import it from here
 from fedveil.taskcheck import check_task_function
 
@@ -70,28 +72,8 @@ class PartitionedData:
         return np.where(total >= 2, total - n_eval, total)
 
 
-# What each built-in dataset runs well on, where the global defaults (the small CNN,
-# 100 clients, plain FedAvg) do not fit it: synthetic data is tabular (no CNN), and
-# digits' 1,437 training images are 8x8 (too small for the CNN, too few for 100
-# Dirichlet clients of at least 10 examples). Fashion-MNIST, the default job, trains
-# with server momentum (FedAvgM, 0.7) and a local learning rate of 0.1: under
-# Dirichlet(0.5) skew it reaches 85% test accuracy in about half the rounds plain
-# FedAvg at 0.05 takes (docs/explanation/performance.md). Applied to settings the user
-# left unset.
-DATASET_DEFAULTS: dict[str, dict[str, object]] = {
-    "fashion-mnist": {
-        "client.lr": 0.1,
-        "server.optimizer": "fedavgm",
-        "server.server_momentum": 0.7,
-    },
-    "digits": {"model.name": "mlp", "data.num_clients": 20},
-    "synthetic": {"model.name": "mlp"},
-}
-
-
-def dataset_defaults(dataset: str, given: set[str] | frozenset[str]) -> dict[str, object]:
-    """The dataset's own defaults (dotted config keys) for the settings not in `given`."""
-    return {k: v for k, v in DATASET_DEFAULTS.get(dataset, {}).items() if k not in given}
+# Each built-in dataset's own defaults: fedveil/dataset_defaults.py (torch-free, so that
+# `fedveil --help` can show them without importing torch).
 
 
 def _builtin_dataset(cfg: RunConfig) -> Dataset:

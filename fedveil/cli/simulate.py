@@ -21,6 +21,7 @@ from typing import Any
 from fedveil.config import RunConfig, load_config
 from fedveil.config.resume import resume_config
 from fedveil.config.run import parse_set
+from fedveil.dataset_defaults import per_key
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -112,9 +113,12 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", help="TOML file; flags below override it")
     defaults = _flat_defaults()
+    by_dataset = per_key()
     for flag, key, kind, text in SIMULATE_FLAGS:
         shown = defaults.get(key)
         default = "" if shown in (None, "") else f", default {shown}"
+        # The default job is Fashion-MNIST's: its own defaults are what a bare run uses.
+        default += "".join(f"; {d}: {v}" for d, v in by_dataset.get(key, {}).items())
         p.add_argument(flag, dest=key, type=kind, default=None, help=f"{text} [{key}{default}]")
     p.add_argument(
         "--set",

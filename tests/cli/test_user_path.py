@@ -9,15 +9,21 @@ from loopback_ports import free_port
 from fedveil.cli.main import main
 
 
-def test_simulate_help_shows_the_defaults(capsys):
+def test_simulate_help_shows_the_defaults(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # no line break inside 'fashion-mnist'
     with pytest.raises(SystemExit):
         main(["simulate", "--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     for shown in (
         "[server.rounds, default 60]",
-        "[data.num_clients, default 100]",
+        "[data.num_clients, default 100; digits: 20]",
         "[server.per_round, default 20]",
         "[data.dataset, default fashion-mnist]",
+        # The default job's own settings beside the schema's (a bare `fedveil simulate`
+        # runs FedAvgM at lr 0.1; --help used to say only fedavg and 0.05).
+        "[server.optimizer, default fedavg; fashion-mnist: fedavgm]",
+        "[client.lr, default 0.05; fashion-mnist: 0.1]",
+        "[model.name, default cnn; digits: mlp; synthetic: mlp]",
     ):
         assert shown in text, shown
 
