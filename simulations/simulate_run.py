@@ -254,4 +254,10 @@ class Attempt:
         except Exception as exc:  # the interruption is what the caller must hear about
             log.warning("interrupted: could not write the model and summary: %s", exc)
             return
-        log.warning("interrupted after round %d: model and summary written", self.engine.round)
+        # The round in flight may have bumped engine.round before its record was kept:
+        # name the last round on disk (metrics.jsonl, the checkpoint), where a resume starts.
+        kept = self.engine.history[-1].round if self.engine.history else None
+        if kept is None:
+            log.warning("interrupted before a round completed in this session")
+        else:
+            log.warning("interrupted after round %d: model and summary written", kept)

@@ -94,6 +94,10 @@ def test_ctrl_c_then_the_documented_resume_gives_the_uninterrupted_model(tmp_pat
     out = tmp_path / "run"
     err = _interrupted_run(out)
     assert f"fedveil simulate --resume --out {out}" in err  # the exact command to continue
+    # The round it names is the last one kept (it named the round in flight, one more
+    # than metrics.jsonl holds, when the signal landed during its evaluation).
+    kept = len((out / "metrics.jsonl").read_text().splitlines())
+    assert f"interrupted after round {kept}: model and summary written" in err, err
     recorded = (out / "config.toml").read_bytes()
 
     resumed = _cli("--resume", "--out", str(out))
