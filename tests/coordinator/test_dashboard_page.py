@@ -336,3 +336,13 @@ def test_a_run_has_its_own_url(tmp_path):
         server.should_exit = True
     assert re.search(r'id="run-title" class="mono">aborted<', dom), dom[:2000]
     assert 'href="/dashboard/runs/aborted">link to this run<' in dom
+
+
+@pytest.mark.procs
+def test_the_legend_names_only_the_series_drawn(pages):
+    # The plain run has no federated evaluation: its accuracy chart used to show a
+    # "federated" swatch for a line that is not there. The clients chart keeps all three
+    # (dropped is 0 in some rounds, a value, not a gap).
+    dom = pages["plain"][0]
+    assert re.search(r'id="chart-accuracy"[^>]*data-legend="central"', dom), dom
+    assert re.search(r'id="chart-clients"[^>]*data-legend="connected,dropped,aggregated"', dom)

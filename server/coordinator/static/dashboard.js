@@ -92,9 +92,15 @@ function drawChart(canvas, series, opts) {
   canvas.dataset.points = String(data.reduce((n, s) => n + s.points.length, 0));
   const xs = data.flatMap((s) => finite(s).map((p) => p[0]));
   const ys = series.flatMap((s) => finite(s).map((p) => p[1]));
+  // The legend names only what is drawn: a series with no finite point (federated
+  // evaluation off) would be a swatch for nothing. Threshold lines (budget) stay.
+  const shown = series.filter((s) => s.kind === "hline" || finite(s).length);
+  canvas.dataset.legend = shown.map((s) => s.name).join(",");
   if (!xs.length) {
     ctx.fillStyle = COLORS.grey;
-    ctx.fillText(opts.empty || "no data yet", L, H / 2);
+    ctx.textAlign = "center";  // in the middle of the empty plot, not at its left edge
+    ctx.fillText(opts.empty || "no data yet", W / 2, H / 2);
+    ctx.textAlign = "start";
     return;
   }
   // x: whole rounds, half a round of margin each side so bars and end points stay inside
@@ -151,6 +157,7 @@ function drawChart(canvas, series, opts) {
   // legend: a swatch in each series' colour and dash
   let lx = L;
   series.forEach((s, i) => {
+    if (!shown.includes(s)) return;  // its colour and dash (styles[i]) stay the series' own
     ctx.strokeStyle = ctx.fillStyle = s.color; ctx.lineWidth = 2;
     if (s.kind === "bar") ctx.fillRect(lx, 7, 12, 10);
     else { ctx.setLineDash(styles[i]); ctx.beginPath(); ctx.moveTo(lx, 12); ctx.lineTo(lx + 18, 12); ctx.stroke(); ctx.setLineDash([]); }
