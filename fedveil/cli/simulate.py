@@ -155,6 +155,21 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_simulate)
 
 
+def _finished_rounds(out: Path, planned: int) -> int | None:
+    """The rounds a run directory's summary says it completed, when it ended (not
+    interrupted) with at least `planned` of them; None when a resume has work to do."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None  # no summary: the run was killed hard, its checkpoint is the truth
+    if not isinstance(summary, dict) or summary.get("interrupted"):
+        return None
+    rounds = summary.get("rounds")
+    if not isinstance(rounds, int) or not rounds >= planned:
+        return None
+    return rounds
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     overrides, given = command_line_settings(args)
     if args.resume:  # the run's own config.toml, never the defaults
@@ -163,6 +178,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out = _resume_dir(args.config, overrides)
         require_checkpoint(Path(out))
         cfg = resume_config(out, overrides)
+        finished = _finished_rounds(Path(out), cfg.server.rounds)
+        if finished is not None:  # resuming would rewrite its summary with nothing trained
+            print(
+                f"fedveil: {out} already finished its {finished} rounds (summary.json); "
+                f"nothing to resume. To train further: --rounds N with N > {finished} (without "
+                "DP), or start a new run from its model with --init-model "
+                f"{shlex.quote(str(Path(out) / 'model.safetensors'))}",
+                file=sys.stderr,
+            )
+            return 0
     else:
         cfg = resolve_config(args.config, overrides)
     _check_privacy_plan(cfg)
@@ -196,6 +221,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if (Path(cfg.out) / "checkpoint" / "state.pt").exists():
             print(
                 f"fedveil: to continue: fedveil simulate --resume --out {shlex.quote(cfg.out)}",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                "fedveil: stopped before its first round completed: nothing to resume; "
+                "run the same command again to start over",
                 file=sys.stderr,
             )
         raise

@@ -153,3 +153,17 @@ def test_flags_that_conflict_with_the_checkpoint_are_refused_naming_them(
     assert err.startswith("fedveil: error: --resume: ") and key in err, err
     assert "conflict with the checkpoint" in err
     assert (out / "config.toml").read_bytes() == recorded
+
+
+def test_resuming_a_finished_run_changes_nothing_and_says_how_to_go_further(tmp_path, capsys):
+    # Used to "resume" with nothing to train and rewrite summary.json with test_accuracy
+    # null and rounds_applied 0: a finished run's result lost to a stray --resume.
+    out = tmp_path / "run"
+    assert _simulate(*DIGITS, "--rounds", "1", "--out", str(out)) == 0
+    before = {name: (out / name).read_bytes() for name in ("summary.json", "model.safetensors")}
+    capsys.readouterr()
+    assert _simulate("--resume", "--out", str(out)) == 0
+    err = capsys.readouterr().err
+    assert f"{out} already finished its 1 rounds (summary.json); nothing to resume" in err
+    assert "--rounds N with N > 1" in err and "--init-model" in err
+    assert {name: (out / name).read_bytes() for name in before} == before
