@@ -630,9 +630,16 @@ def model_inversion_statement(result: Mapping[str, Any]) -> str:
     if not rows:
         return ""
     final = [float(r["final_confidence"]) for r in rows]
+    low, high = f"{min(final):.0%}", f"{max(final):.0%}"
+    # "100% to 100%" read as a typo: one figure when every class rounds to the same.
+    spread = (
+        f"{low} confidence in its class, for every class"
+        if low == high
+        else f"{low} to {high} confidence in its class"
+    )
     return (
         f"One input per class ({len(rows)} classes) was optimised until the final model "
-        f"gave it {min(final):.0%} to {max(final):.0%} confidence in its class."
+        f"gave it {spread}."
     )
 
 

@@ -125,3 +125,15 @@ def test_noise_only_rounds_are_marked_in_the_operators_report_only(make_ledger):
     none = operator_report(public, ANNEX[:1])
     assert none["noise_only_rounds"] == []
     assert none["noise_only_rounds_statement"].startswith("None of the 5 released rounds")
+
+
+def test_model_inversion_statement_gives_one_figure_when_every_class_rounds_the_same():
+    from fedveil.privacy.dp.report import model_inversion_statement
+
+    same = {"classes": [{"final_confidence": 0.9996}, {"final_confidence": 1.0}]}
+    text = model_inversion_statement(same)
+    # It read "gave it 100% to 100% confidence in its class".
+    assert "100% to 100%" not in text
+    assert "gave it 100% confidence in its class, for every class." in text
+    spread = {"classes": [{"final_confidence": 0.5}, {"final_confidence": 0.97}]}
+    assert "gave it 50% to 97% confidence in its class." in model_inversion_statement(spread)
