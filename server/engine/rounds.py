@@ -105,6 +105,9 @@ class RoundEngine:
         self.history: list[RoundRecord] = []
         # The first drop reason of this run, whole (the summary's `first_client_error`).
         self.first_client_error: str | None = None
+        # The counts of the rounds before a resume (the checkpoint's), so that a resumed
+        # run's summary counts the whole run, not only the rounds since the resume.
+        self.earlier_counts: dict[str, Any] = {}
         # Facts from the parts around the engine (clients connected in a deployment,
         # epsilon spent under DP) go into the round's record before it is stored, so
         # they are part of the same durable line as the round itself.
@@ -128,6 +131,7 @@ class RoundEngine:
             "sampler": self.sampler.state(),
             "eval_rng": self.eval_rng.bit_generator.state,
             "sim_clock": self.sim_clock,
+            "counts": self._run_counts(),
             **self.scheduler.state(),
         }
 
@@ -141,6 +145,8 @@ class RoundEngine:
         self.sampler.restore(state["sampler"])
         self.eval_rng.bit_generator.state = state["eval_rng"]
         self.sim_clock = float(state.get("sim_clock", 0.0))
+        self.earlier_counts = dict(state.get("counts", {}))  # absent in older checkpoints
+        self.first_client_error = self.earlier_counts.get("first_client_error")
         if self.privacy is not None and self.privacy.last_round > self.round:
             # Crashed between the ledger entry and the checkpoint: that release was
             # made (and is charged); its update is lost. Never run the round twice.
@@ -360,15 +366,27 @@ class RoundEngine:
         if self.cfg.publishes_privately:
             # How many rounds applied and how many clients dropped reveal participation.
             return {}
-        errors: Counter[str] = Counter()
+        counts = self._run_counts()
+        return {
+            **counts,
+            "client_errors": dict(Counter(counts["client_errors"]).most_common()),
+            **robust_summary(self.cfg.server.aggregator, self.history),
+        }
+
+    def _run_counts(self) -> dict[str, Any]:
+        """Applied rounds, drops and drop reasons over the whole run: the checkpoint's
+        (earlier sessions) plus this session's rounds."""
+        earlier = self.earlier_counts
+        errors: Counter[str] = Counter(earlier.get("client_errors", {}))
         for r in self.history:
             errors.update(r.extra.get("drops_by_reason", {}))
         return {
-            "rounds_applied": sum(r.applied for r in self.history),
-            "dropped_total": sum(r.dropped for r in self.history),
-            "client_errors": dict(errors.most_common()),
+            "rounds_applied": int(earlier.get("rounds_applied", 0))
+            + sum(r.applied for r in self.history),
+            "dropped_total": int(earlier.get("dropped_total", 0))
+            + sum(r.dropped for r in self.history),
+            "client_errors": dict(errors),
             "first_client_error": self.first_client_error,
-            **robust_summary(self.cfg.server.aggregator, self.history),
         }
 
     def _privacy_summary(self) -> dict[str, Any]:

@@ -105,6 +105,7 @@ def test_ctrl_c_then_the_documented_resume_gives_the_uninterrupted_model(tmp_pat
     assert (out / "config.toml").read_bytes() == recorded  # never overwritten
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds"] == ROUNDS and summary["task"] == "digits/mlp"
+    assert summary["rounds_applied"] == ROUNDS  # the whole run's, not the resumed part's
     rounds = [json.loads(line)["round"] for line in (out / "metrics.jsonl").open()]
     assert rounds == list(range(1, ROUNDS + 1))
     a, b = load_file(straight / "model.safetensors"), load_file(out / "model.safetensors")
@@ -167,3 +168,12 @@ def test_resuming_a_finished_run_changes_nothing_and_says_how_to_go_further(tmp_
     assert f"{out} already finished its 1 rounds (summary.json); nothing to resume" in err
     assert "--rounds N with N > 1" in err and "--init-model" in err
     assert {name: (out / name).read_bytes() for name in before} == before
+
+
+def test_a_resumed_runs_summary_counts_the_rounds_before_the_resume(tmp_path, capsys):
+    # It counted only the rounds since the resume: "rounds": 4, "rounds_applied": 2.
+    out = tmp_path / "run"
+    assert _simulate(*DIGITS, "--rounds", "2", "--out", str(out)) == 0
+    assert _simulate("--resume", "--out", str(out), "--rounds", "4") == 0, capsys.readouterr()
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["rounds"], summary["rounds_applied"], summary["dropped_total"]) == (4, 4, 0)
