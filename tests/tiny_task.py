@@ -82,3 +82,15 @@ def make_unlearnable(cfg: RunConfig) -> Task:
         test_data=noise(5000),
         client_sizes=np.array([40] * n),
     )
+
+
+def make_interrupted(cfg: RunConfig) -> Task:
+    """The tiny task whose clients' data raise KeyboardInterrupt, as Ctrl-C before the
+    first round completes does: nothing is kept to resume."""
+    task = make(cfg)
+
+    def interrupted(cid: int) -> ClientData:
+        raise KeyboardInterrupt
+
+    task.client_data = interrupted
+    return task

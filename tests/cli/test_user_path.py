@@ -96,3 +96,13 @@ def test_a_typo_in_a_config_key_names_the_key_it_resembles(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "unknown key server.rouds in [server]; did you mean server.rounds?" in err, err
     assert not (tmp_path / "r").exists()
+
+
+def test_ctrl_c_before_the_first_round_says_there_is_nothing_to_resume(capsys, tmp_path):
+    # It printed "fedveil: interrupted" alone: no word on what was kept or what to do.
+    argv = ["simulate", "--task", "tiny_task:make_interrupted", "--rounds", "3", "--quiet"]
+    code = main([*argv, "--out", str(tmp_path / "run"), "--set", "simulation.workers=1"])
+    err = capsys.readouterr().err
+    assert code == 130, err
+    assert "stopped before its first round completed: nothing to resume" in err, err
+    assert "--resume" not in err and "Traceback" not in err
