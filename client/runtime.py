@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from fedveil.client.plan_pin import PinnedPlan
     from fedveil.config import RunConfig
     from fedveil.privacy.dp.distributed_plan import DistributedDpPlan
+    from fedveil.privacy.secagg.session_floor import SessionFloor
 
 TRAIN_FIELDS = F.HYPERPARAMETERS
 
@@ -126,6 +127,7 @@ class ClientRuntime:
         self.on_ledger_head = on_ledger_head
         self._dp_plan: DistributedDpPlan | None = None
         self._pin: PinnedPlan | None = None
+        self._floor: SessionFloor | None = None
         # Under distributed DP: each client's own-share-only epsilon, capped (client/own_share.py).
         self.max_own_share_epsilon = max_own_share_epsilon
         self.own_share: OwnShareAccount | None = None
@@ -183,13 +185,21 @@ class ClientRuntime:
                 run_id=self.run_id,
                 min_survivors=0 if plan is None else plan.min_survivors,
                 expected_skellam=None if plan is None else plan.params,
+                floor=self.session_floor(),
             )
         raise MessageError(f"unknown message kind {msg.kind!r}")
 
     def _enforce_plan(self, client_id: int, msg: Envelope) -> None:
         """Under distributed DP, refuse what is not the plan this client holds, whatever the
         request says (client/plan_pin.py), and a masked input past its own-share cap.
-        Under DP-FTRL, refuse training beyond the schema (client/ftrl_participation.py)."""
+        Under DP-FTRL, refuse training beyond the schema (client/ftrl_participation.py).
+        Under secure aggregation, refuse a plain train (its update in the clear)."""
+        cfg = self.run_config
+        if cfg is not None and cfg.secagg.enabled and cfg.dp.mechanism != "distributed":
+            # (distributed DP refuses it below, naming its noise share)
+            from fedveil.client.plan_pin import refuse_unmasked_training
+
+            refuse_unmasked_training(msg)
         if self.run_config is not None and self.run_config.dp.mechanism == "ftrl":
             if trains(msg.kind, msg.config):
                 if self.participation is None:
@@ -208,6 +218,24 @@ class ClientRuntime:
             assert pin is not None and self.own_share is not None
             pin.check_masked_input(msg)
             self.own_share.admit(client_id)
+
+    def session_floor(self) -> SessionFloor | None:
+        """The threat model of this client's own run config, which every secure-aggregation
+        session must meet (privacy/secagg/session_floor.py; None: it was given no config)."""
+        cfg = self.run_config
+        if cfg is None:
+            return None
+        if self._floor is None:
+            from fedveil.privacy.secagg import ThreatModel
+            from fedveil.privacy.secagg.session_floor import SessionFloor
+
+            s = cfg.secagg
+            try:
+                threat = ThreatModel(s.adversarial_rate, s.dropout_rate, s.threat)
+            except ValueError as exc:
+                raise MessageError(f"this client's secagg threat model: {exc}") from None
+            self._floor = SessionFloor(threat, self.task.num_clients)
+        return self._floor
 
     def pinned_plan(self) -> PinnedPlan | None:
         """The distributed-DP plan this client holds and checks every request against
