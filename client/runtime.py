@@ -87,6 +87,17 @@ def parse_training(msg: Envelope) -> LocalTraining:
 IdentitySource = Callable[[int], ClientIdentity]
 
 
+def participation_limit(cfg: RunConfig) -> tuple[int, str]:
+    """The most masked inputs a client's run config allows it under distributed DP, and the
+    setting that says so: one per round of a synchronous run, the cap of an asynchronous
+    one (which the config requires under DP: fedveil/config/async_dp.py)."""
+    from fedveil.config.async_dp import is_async, participation_cap
+
+    if is_async(cfg):
+        return participation_cap(cfg), f"server.max_participations = {participation_cap(cfg)}"
+    return cfg.server.rounds, f"server.rounds = {cfg.server.rounds}"
+
+
 class ClientRuntime:
     """Trains and evaluates for any client of `task`, reusing one model instance.
 
@@ -249,7 +260,10 @@ class ClientRuntime:
 
             assert self.run_config is not None
             self.own_share = OwnShareAccount(
-                plan, self.run_config.dp.delta, self.max_own_share_epsilon
+                plan,
+                self.run_config.dp.delta,
+                self.max_own_share_epsilon,
+                participation_limit(self.run_config),
             )
             self._pin = PinnedPlan(plan, float(self.run_config.dp.clip_norm))
         return self._pin
@@ -287,6 +301,10 @@ class ClientRuntime:
         global_vector = self._global(msg)
         data = self.task.client_data(client_id)
         where = f"{msg.kind} message"
+        if self.run_config is not None:  # its DP-SGD, whatever the request says
+            from fedveil.client.dpsgd_pin import check_dp_sgd_request
+
+            check_dp_sgd_request(self.run_config, msg, hp, len(data))
         # A NaN must not switch DP-SGD off: the noise is a finite number >= 0 or refused.
         dp_noise = request_number(
             msg.config, F.DP_SGD_NOISE, at_least=0.0, default=0.0, where=where
