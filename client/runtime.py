@@ -228,7 +228,6 @@ class ClientRuntime:
             pin = self.pinned_plan()
             assert pin is not None and self.own_share is not None
             pin.check_masked_input(msg)
-            self.own_share.admit(client_id)
 
     def session_floor(self) -> SessionFloor | None:
         """The threat model of this client's own run config, which every secure-aggregation
@@ -389,6 +388,11 @@ class ClientRuntime:
         for an evaluation (fields.INPUT), the client's bounded evaluation of its model."""
         if F.is_evaluation_input(msg.config):
             return self._evaluation_input(client_id, msg)
+        if self.own_share is not None:
+            # Counted here, once the session has accepted this request (a stale, replayed
+            # or foreign one is refused before) and before any training: the run's
+            # participation limit and the own-share cap (client/own_share.py).
+            self.own_share.admit(client_id)
         return self._train_update(client_id, msg)
 
     def _evaluation_input(
