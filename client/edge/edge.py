@@ -58,6 +58,32 @@ class TaskPullAbandoned(RuntimeError):
     """The message of a claimed task cannot be pulled (stalled, or the device is stopping)."""
 
 
+def write_runtime_secret(path: Path) -> bytes:
+    """A fresh SuperExec auth secret (OS CSPRNG) at `path`, readable by this user only.
+
+    Whoever reads it can claim the device's tasks from its SuperNode on loopback (the
+    global model, the run config) and answer as the device, so the file is always a new
+    one: an old file of another mode (a state directory restored or copied), or a file or
+    link another user planted in a shared state directory, is unlinked first, and the new
+    one is created exclusively with mode 0600 without following a link. A file this user
+    cannot unlink fails the start, naming the path."""
+    try:
+        path.unlink(missing_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise OSError(
+            f"{path}: cannot write the SuperNode's auth secret as a new file of mode 0600 "
+            f"({exc.strerror}); give the device a state directory only it can write "
+            "(--state-dir)"
+        ) from None
+    secret = secrets.token_bytes(32)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)  # whatever the umask
+        f.write(secret)
+    return secret
+
+
 @dataclass
 class EdgeOptions:
     server: str  # the coordinator's Fleet API, host:port
@@ -158,11 +184,8 @@ class EdgeNode:
             # Flower's plaintext channel would only retry "Connection attempt failed" forever.
             raise ValueError(insecure_against_tls_error(o.server))
         o.state_dir.mkdir(parents=True, exist_ok=True)
-        self._secret = secrets.token_bytes(32)
         secret_file = o.state_dir / "runtime.secret"
-        fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(self._secret)
+        self._secret = write_runtime_secret(secret_file)
         if self._log_file is None:
             self._log_file = (o.state_dir / "supernode.log").open("ab")
         env = child_env({"FLWR_HOME": str(o.state_dir / "flwr")})
