@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import faulthandler
 import logging
-import os
 import secrets
 import signal
 import threading
@@ -40,6 +39,7 @@ from fedveil.client.edge.ledger_guard import LedgerGuard
 from fedveil.client.edge.tls_probe import insecure_against_tls_error, server_speaks_tls
 from fedveil.client.edge.witness import WitnessStore
 from fedveil.client.ftrl_participation import ParticipationGuard
+from fedveil.ops.private_file import write_private_file
 from fedveil.ops.procs import child_env, flwr_command, free_port, spawn, stop_group, wait_port
 
 log = logging.getLogger("fedveil.edge")
@@ -63,24 +63,12 @@ def write_runtime_secret(path: Path) -> bytes:
 
     Whoever reads it can claim the device's tasks from its SuperNode on loopback (the
     global model, the run config) and answer as the device, so the file is always a new
-    one: an old file of another mode (a state directory restored or copied), or a file or
-    link another user planted in a shared state directory, is unlinked first, and the new
-    one is created exclusively with mode 0600 without following a link. A file this user
-    cannot unlink fails the start, naming the path."""
-    try:
-        path.unlink(missing_ok=True)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-        fd = os.open(path, flags, 0o600)
-    except OSError as exc:
-        raise OSError(
-            f"{path}: cannot write the SuperNode's auth secret as a new file of mode 0600 "
-            f"({exc.strerror}); give the device a state directory only it can write "
-            "(--state-dir)"
-        ) from None
+    one of mode 0600 (fedveil/ops/private_file.py): an old file of another mode (a state
+    directory restored or copied), or a link another user planted in a shared state
+    directory, is replaced, never written through. A path that cannot be replaced fails
+    the start, naming it."""
     secret = secrets.token_bytes(32)
-    with os.fdopen(fd, "wb") as f:
-        os.fchmod(f.fileno(), 0o600)  # whatever the umask
-        f.write(secret)
+    write_private_file(path, secret)
     return secret
 
 
