@@ -11,7 +11,10 @@ therefore trains only when the request is at least as private as its own config:
 
 - `dp_sgd_noise` >= client.dp_sgd_noise and `dp_sgd_clip` in (0, client.dp_sgd_clip];
 - the sampling rate and the noised steps the request implies on this client's own data
-  (client/training.py's `dp_sgd_plan`) at most those its run config implies.
+  (client/training.py's `dp_sgd_plan`) spend no more epsilon in the round, at the run
+  config's noise, than the batch size and epochs of its run config (at most both: no
+  accounting needed; else the two rounds' epsilons are compared, with the accountant a
+  device charges its DP-SGD with: client/dpsgd_budget.py).
 
 A device's own flags (`--min-dp-noise`, `--max-dp-epsilon`) still apply on top. Each
 check is written so that a NaN, an infinity, a string or a missing field fails it
@@ -24,7 +27,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fedveil.client.training import LocalTraining, dp_sgd_plan
+from fedveil.privacy.dp.accounting import compute_epsilon
+from fedveil.privacy.dp.events import PrivacyEvent
 from fedveil.protocol import fields as F
+from fedveil.protocol.dp_rules import ADD_REMOVE, DP_SGD, POISSON, default_accountant
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.numbers import request_number
 
@@ -59,16 +65,25 @@ def check_dp_sgd_request(
     )
     rate, steps = dp_sgd_plan(hp, num_examples)
     own_rate, own_steps = dp_sgd_plan(planned, num_examples)
-    if not (rate <= own_rate):
+    if rate <= own_rate and steps <= own_steps:
+        return  # no more than the run config on either count (the honest request)
+    # A smaller batch with more steps (or the reverse) may still spend no more: compare
+    # the round's epsilon with the one the run config states, at its noise.
+    delta = cfg.dp.delta
+    asked = _round_epsilon(c.dp_sgd_noise, rate, steps, delta)
+    allowed = _round_epsilon(c.dp_sgd_noise, own_rate, own_steps, delta)
+    if not (asked <= allowed):
         raise DpSgdRefusal(
-            f"{where}: field {F.BATCH_SIZE!r} = {hp.batch_size} gives a DP-SGD sampling rate "
-            f"of {rate:.4g} on this client's data; its run config's client.batch_size = "
-            f"{c.batch_size} gives {own_rate:.4g}, the most it spends per step"
+            f"{where}: fields {F.BATCH_SIZE!r} = {hp.batch_size}, {F.LOCAL_EPOCHS!r} = "
+            f"{hp.local_epochs} and {F.LOCAL_STEPS!r} = {hp.local_steps} give {steps} DP-SGD "
+            f"steps at sampling rate {rate:.4g} on this client's data, epsilon {asked:.4g} "
+            f"per round at delta {delta:g}; its run config (client.batch_size = "
+            f"{c.batch_size}, client.local_epochs = {c.local_epochs}, client.local_steps = "
+            f"{c.local_steps}) gives {allowed:.4g}, the most it spends per round"
         )
-    if not (steps <= own_steps):
-        raise DpSgdRefusal(
-            f"{where}: fields {F.LOCAL_EPOCHS!r} = {hp.local_epochs} and {F.LOCAL_STEPS!r} = "
-            f"{hp.local_steps} give {steps} DP-SGD steps on this client's data; its run "
-            f"config (client.local_epochs = {c.local_epochs}, client.local_steps = "
-            f"{c.local_steps}) gives {own_steps}, the most it trains per round"
-        )
+
+
+def _round_epsilon(noise: float, rate: float, steps: int, delta: float) -> float:
+    """One round's example-level DP-SGD epsilon, with the accountant a device charges."""
+    event = PrivacyEvent(noise, rate, steps)
+    return compute_epsilon([event], delta, default_accountant(DP_SGD, POISSON, ADD_REMOVE))

@@ -290,7 +290,12 @@ DP_SGD_TAMPERS: dict[str, tuple[dict, tuple[str, ...]]] = {
     "nan": ({F.DP_SGD_NOISE: math.nan}, ("'dp_sgd_noise' = nan", ">= 1")),
     "larger-clip": ({F.DP_SGD_CLIP: 100.0}, ("'dp_sgd_clip' = 100.0", "<= 1")),
     "nan-clip": ({F.DP_SGD_CLIP: math.nan}, ("'dp_sgd_clip' = nan", "<= 1")),
-    "larger-batch": ({F.BATCH_SIZE: 48}, ("'batch_size' = 48", "client.batch_size = 16")),
+    # A batch as large as the data for 3 epochs: epsilon 8.39 a round against 4.51 (a
+    # batch of 48 for one epoch, 4.35, spends less and is answered).
+    "larger-batch": (
+        {F.BATCH_SIZE: 49, F.LOCAL_EPOCHS: 3},
+        ("'batch_size' = 49", "'local_epochs' = 3", "client.batch_size = 16"),
+    ),
     "more-epochs": ({F.LOCAL_EPOCHS: 9}, ("'local_epochs' = 9", "client.local_epochs = 1")),
 }
 
