@@ -10,6 +10,13 @@ accountant, unamplified (`individual_epsilon`: the coordinator knows the cohorts
 refuses a masked input that would take the client past its cap. It is the epsilon that
 holds whoever else is in the cohort; the stated one holds under the enrolment
 assumption.
+
+Both figures, and the epsilon the run states against the coordinator, count at most the
+participations the client's own run config allows: `server.rounds` masked inputs in a
+synchronous run (one per round), `server.max_participations` in an asynchronous one. A
+coordinator that asks for more (rounds past the run's end, a second session in a round)
+would compose the client's releases past every stated figure: the account refuses the
+masked input past that limit, whatever the cap.
 """
 
 from __future__ import annotations
@@ -34,12 +41,20 @@ class OwnShareRefusal(MessageError):
 class OwnShareAccount:
     """Participations per client of one run, and the epsilons they compose to.
 
-    `cap`: the most own-share-only epsilon a client accepts (None: no cap)."""
+    `cap`: the most own-share-only epsilon a client accepts (None: no cap).
+    `limit`: the most masked inputs the run config allows a client, and the setting that
+    says so (None: no limit)."""
 
-    def __init__(self, plan: DistributedDpPlan, delta: float, cap: float | None) -> None:
+    def __init__(
+        self,
+        plan: DistributedDpPlan,
+        delta: float,
+        cap: float | None,
+        limit: tuple[int, str] | None = None,
+    ) -> None:
         if cap is not None and not (math.isfinite(cap) and cap > 0):
             raise ValueError(f"own-share-only epsilon cap = {cap!r}: must be a finite number > 0")
-        self.plan, self.delta, self.cap = plan, delta, cap
+        self.plan, self.delta, self.cap, self.limit = plan, delta, cap, limit
         self.own_z = _z_or_zero(lambda: plan.params.noise_multiplier_for(1, plan.neighbouring))
         self.participations: dict[int, int] = {}
 
@@ -74,6 +89,14 @@ class OwnShareAccount:
         """Count one more masked input of `client_id` and return its own-share-only epsilon
         after it; refused (and not counted) above the cap."""
         after = self.participations.get(client_id, 0) + 1
+        if self.limit is not None and not (after <= self.limit[0]):
+            most, setting = self.limit
+            raise OwnShareRefusal(
+                f"this masked input would be client {client_id}'s participation {after} in "
+                f"this run; its run config allows at most {most} ({setting}), the most the "
+                "epsilon stated against the coordinator covers: more would compose its "
+                "noise shares past that figure, so it is refused"
+            )
         eps = self.epsilon(after)
         if self.cap is not None and not (eps <= self.cap):
             raise OwnShareRefusal(

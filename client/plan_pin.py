@@ -15,6 +15,11 @@ Skellam noise share with the plan's parameters, so a client holding a plan:
   mechanism under distributed DP (the drift evaluations of privacy/dp/evaluation.py are
   accounted for central-DP and DP-SGD versions only).
 
+Under secure aggregation alone (`secagg.enabled`, any or no DP mechanism) a client
+trains only as a masked input too: a plain `train` would hand the coordinator its update
+in the clear, which is what the run's secure aggregation exists to prevent
+(`refuse_unmasked_training`).
+
 Whatever passes leaves as the Skellam encoding's vector alone: that encoding carries no
 loss, weight or example count (privacy/encodings.py), so nothing computed from this
 client's data leaves outside the noised vector. Each refusal is a MessageError naming
@@ -40,6 +45,16 @@ _MISSING = "(missing)"
 
 class PlanRefusal(MessageError):
     """A request that is not the distributed-DP plan this client holds."""
+
+
+def refuse_unmasked_training(msg: Envelope) -> None:
+    """Under `secagg.enabled` in the client's own run config: refuse a plain `train`."""
+    if msg.kind == Kind.TRAIN:
+        raise PlanRefusal(
+            "this client's run has secagg.enabled = true (in the run config it accepted): "
+            "a plain train request would hand the coordinator its update in the clear; it "
+            "trains only as a secure-aggregation masked input, so it is refused"
+        )
 
 
 def refuse_in_the_clear(msg: Envelope) -> None:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from fedveil.client.plan_pin import PinnedPlan
     from fedveil.config import RunConfig
     from fedveil.privacy.dp.distributed_plan import DistributedDpPlan
+    from fedveil.privacy.secagg.session_floor import SessionFloor
 
 TRAIN_FIELDS = F.HYPERPARAMETERS
 
@@ -86,6 +87,17 @@ def parse_training(msg: Envelope) -> LocalTraining:
 IdentitySource = Callable[[int], ClientIdentity]
 
 
+def participation_limit(cfg: RunConfig) -> tuple[int, str]:
+    """The most masked inputs a client's run config allows it under distributed DP, and the
+    setting that says so: one per round of a synchronous run, the cap of an asynchronous
+    one (which the config requires under DP: fedveil/config/async_dp.py)."""
+    from fedveil.config.async_dp import is_async, participation_cap
+
+    if is_async(cfg):
+        return participation_cap(cfg), f"server.max_participations = {participation_cap(cfg)}"
+    return cfg.server.rounds, f"server.rounds = {cfg.server.rounds}"
+
+
 class ClientRuntime:
     """Trains and evaluates for any client of `task`, reusing one model instance.
 
@@ -126,6 +138,7 @@ class ClientRuntime:
         self.on_ledger_head = on_ledger_head
         self._dp_plan: DistributedDpPlan | None = None
         self._pin: PinnedPlan | None = None
+        self._floor: SessionFloor | None = None
         # Under distributed DP: each client's own-share-only epsilon, capped (client/own_share.py).
         self.max_own_share_epsilon = max_own_share_epsilon
         self.own_share: OwnShareAccount | None = None
@@ -183,13 +196,21 @@ class ClientRuntime:
                 run_id=self.run_id,
                 min_survivors=0 if plan is None else plan.min_survivors,
                 expected_skellam=None if plan is None else plan.params,
+                floor=self.session_floor(),
             )
         raise MessageError(f"unknown message kind {msg.kind!r}")
 
     def _enforce_plan(self, client_id: int, msg: Envelope) -> None:
         """Under distributed DP, refuse what is not the plan this client holds, whatever the
         request says (client/plan_pin.py), and a masked input past its own-share cap.
-        Under DP-FTRL, refuse training beyond the schema (client/ftrl_participation.py)."""
+        Under DP-FTRL, refuse training beyond the schema (client/ftrl_participation.py).
+        Under secure aggregation, refuse a plain train (its update in the clear)."""
+        cfg = self.run_config
+        if cfg is not None and cfg.secagg.enabled and cfg.dp.mechanism != "distributed":
+            # (distributed DP refuses it below, naming its noise share)
+            from fedveil.client.plan_pin import refuse_unmasked_training
+
+            refuse_unmasked_training(msg)
         if self.run_config is not None and self.run_config.dp.mechanism == "ftrl":
             if trains(msg.kind, msg.config):
                 if self.participation is None:
@@ -207,7 +228,24 @@ class ClientRuntime:
             pin = self.pinned_plan()
             assert pin is not None and self.own_share is not None
             pin.check_masked_input(msg)
-            self.own_share.admit(client_id)
+
+    def session_floor(self) -> SessionFloor | None:
+        """The threat model of this client's own run config, which every secure-aggregation
+        session must meet (privacy/secagg/session_floor.py; None: it was given no config)."""
+        cfg = self.run_config
+        if cfg is None:
+            return None
+        if self._floor is None:
+            from fedveil.privacy.secagg import ThreatModel
+            from fedveil.privacy.secagg.session_floor import SessionFloor
+
+            s = cfg.secagg
+            try:
+                threat = ThreatModel(s.adversarial_rate, s.dropout_rate, s.threat)
+            except ValueError as exc:
+                raise MessageError(f"this client's secagg threat model: {exc}") from None
+            self._floor = SessionFloor(threat, self.task.num_clients)
+        return self._floor
 
     def pinned_plan(self) -> PinnedPlan | None:
         """The distributed-DP plan this client holds and checks every request against
@@ -221,7 +259,10 @@ class ClientRuntime:
 
             assert self.run_config is not None
             self.own_share = OwnShareAccount(
-                plan, self.run_config.dp.delta, self.max_own_share_epsilon
+                plan,
+                self.run_config.dp.delta,
+                self.max_own_share_epsilon,
+                participation_limit(self.run_config),
             )
             self._pin = PinnedPlan(plan, float(self.run_config.dp.clip_norm))
         return self._pin
@@ -259,6 +300,10 @@ class ClientRuntime:
         global_vector = self._global(msg)
         data = self.task.client_data(client_id)
         where = f"{msg.kind} message"
+        if self.run_config is not None:  # its DP-SGD, whatever the request says
+            from fedveil.client.dpsgd_pin import check_dp_sgd_request
+
+            check_dp_sgd_request(self.run_config, msg, hp, len(data))
         # A NaN must not switch DP-SGD off: the noise is a finite number >= 0 or refused.
         dp_noise = request_number(
             msg.config, F.DP_SGD_NOISE, at_least=0.0, default=0.0, where=where
@@ -343,6 +388,11 @@ class ClientRuntime:
         for an evaluation (fields.INPUT), the client's bounded evaluation of its model."""
         if F.is_evaluation_input(msg.config):
             return self._evaluation_input(client_id, msg)
+        if self.own_share is not None:
+            # Counted here, once the session has accepted this request (a stale, replayed
+            # or foreign one is refused before) and before any training: the run's
+            # participation limit and the own-share cap (client/own_share.py).
+            self.own_share.admit(client_id)
         return self._train_update(client_id, msg)
 
     def _evaluation_input(

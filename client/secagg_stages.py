@@ -38,6 +38,7 @@ from fedveil.privacy.secagg import (
     decode_message,
 )
 from fedveil.privacy.secagg.identity_keys import ClientIdentity
+from fedveil.privacy.secagg.session_floor import SessionFloor
 from fedveil.privacy.secagg.view import SessionView, session_from_bytes
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import CLIP_NORM
@@ -144,11 +145,13 @@ def handle_secagg(
     run_id: bytes = SIMULATION_RUN_ID,
     min_survivors: int = 0,
     expected_skellam: SkellamParams | None = None,
+    floor: SessionFloor | None = None,
 ) -> Envelope:
     """The reply to one stage's request. `run_id`: the run this client serves, from its own
     context; a session of another run, or of a round other than `msg.round`, is refused.
     `min_survivors`: the client's own floor on the survivor set it unmasks for;
-    `expected_skellam`: the distributed-DP parameters it holds for the run (both from its
+    `expected_skellam`: the distributed-DP parameters it holds for the run; `floor`: its
+    threat model, which the session's mode, degree and threshold must meet (all from its
     own run config, see ClientRuntime)."""
     stage = stage_of(msg.kind)
     config, arrays = protocol_part(msg)
@@ -158,6 +161,8 @@ def handle_secagg(
         if stage is Stage.ADVERTISE:
             sessions.open(msg.round)
             request.session.check_binding(run_id, msg.round, "advertise_request.session")
+            if floor is not None:  # before any key is made
+                floor.check(request.session, "advertise_request.session")
             keys = identity_for(request.session, client_id, identity)
             client = SecAggClient(client_id, request.session, min_survivors=min_survivors, **keys)
         else:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import faulthandler
 import logging
-import os
 import secrets
 import signal
 import threading
@@ -40,6 +39,7 @@ from fedveil.client.edge.ledger_guard import LedgerGuard
 from fedveil.client.edge.tls_probe import insecure_against_tls_error, server_speaks_tls
 from fedveil.client.edge.witness import WitnessStore
 from fedveil.client.ftrl_participation import ParticipationGuard
+from fedveil.ops.private_file import write_private_file
 from fedveil.ops.procs import child_env, flwr_command, free_port, spawn, stop_group, wait_port
 
 log = logging.getLogger("fedveil.edge")
@@ -56,6 +56,20 @@ APP_REFUSED = 4003  # a run of an app this device's policy does not allow (--all
 
 class TaskPullAbandoned(RuntimeError):
     """The message of a claimed task cannot be pulled (stalled, or the device is stopping)."""
+
+
+def write_runtime_secret(path: Path) -> bytes:
+    """A fresh SuperExec auth secret (OS CSPRNG) at `path`, readable by this user only.
+
+    Whoever reads it can claim the device's tasks from its SuperNode on loopback (the
+    global model, the run config) and answer as the device, so the file is always a new
+    one of mode 0600 (fedveil/ops/private_file.py): an old file of another mode (a state
+    directory restored or copied), or a link another user planted in a shared state
+    directory, is replaced, never written through. A path that cannot be replaced fails
+    the start, naming it."""
+    secret = secrets.token_bytes(32)
+    write_private_file(path, secret)
+    return secret
 
 
 @dataclass
@@ -158,11 +172,8 @@ class EdgeNode:
             # Flower's plaintext channel would only retry "Connection attempt failed" forever.
             raise ValueError(insecure_against_tls_error(o.server))
         o.state_dir.mkdir(parents=True, exist_ok=True)
-        self._secret = secrets.token_bytes(32)
         secret_file = o.state_dir / "runtime.secret"
-        fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(self._secret)
+        self._secret = write_runtime_secret(secret_file)
         if self._log_file is None:
             self._log_file = (o.state_dir / "supernode.log").open("ab")
         env = child_env({"FLWR_HOME": str(o.state_dir / "flwr")})

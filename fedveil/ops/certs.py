@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,8 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from fedveil.ops.private_file import write_private_file
 
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
 # SuperNode authentication keys: P-256 (ECDSA with SHA-256). Every Fleet request is
@@ -56,11 +57,12 @@ def _write_private(path: Path, data: bytes, force: bool) -> None:
     if path.exists() and not force:
         raise CertError(f"{path} exists; pass --force to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Create with 0600 from the start: no window in which the key is world-readable.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(path, 0o600)
+    # A new 0600 file (never an old one's mode, never through a link): no window in which
+    # the key is readable by others.
+    try:
+        write_private_file(path, data)
+    except OSError as exc:
+        raise CertError(str(exc)) from None
 
 
 def _write_public(path: Path, data: bytes, force: bool) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from fedveil.ops.private_file import write_private_file
 from fedveil.privacy.secagg.identity_keys import (
     ClientIdentity,
     Roster,
@@ -49,11 +50,12 @@ def write_identity_key(out: Path, name: str, *, force: bool = False) -> tuple[Pa
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    # 0600 from creation: no moment in which the key is readable by others.
-    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-    os.chmod(key_path, 0o600)
+    # A new 0600 file (never an old one's mode, never through a link): no moment in which
+    # the key is readable by others.
+    try:
+        write_private_file(key_path, pem)
+    except OSError as exc:
+        raise RosterError(str(exc)) from None
     pub_path.write_text(encode_public(public_bytes(key)) + "\n")
     return key_path, pub_path
 

@@ -40,6 +40,7 @@ is outside this model.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from enum import Enum
@@ -189,6 +190,25 @@ def validate_degree(n: int, k: int) -> None:
             f"neighbors must be n-1={n - 1} (complete graph) or an even number in "
             f"[2, {n - 2}] (Harary graph), got {k}"
         )
+
+
+@functools.lru_cache(maxsize=256)
+def min_safe_threshold(n: int, k: int, threat: ThreatModel) -> int | None:
+    """The lowest Shamir threshold that keeps a session of `n` clients and degree `k` secure
+    under `threat` (bounds 1 and 2 of the module doc; None: no threshold does, the graph
+    itself may disconnect the honest survivors). Correctness (bound 3) is left out: a
+    threshold too high for the dropouts aborts rounds, it reveals nothing. A client checks
+    the session a server sends against this, with its own threat model (its run config)."""
+    validate_degree(n, k)
+    corrupt, dropped, _ = _counts(n, threat)
+    if k == n - 1:
+        return _threshold_for(threat.mode, k, min(corrupt, k))
+    if _may_disconnect(n, k, corrupt + dropped, threat.security_bits):
+        return None
+    t1 = _upper_quantile(
+        _hypergeom_weights(n, corrupt, k), math.comb(n, k), n * 2 ** (threat.security_bits + 1)
+    )
+    return _threshold_for(threat.mode, k, t1)
 
 
 def find_parameters(

@@ -52,6 +52,10 @@ def run_config() -> dict[str, str]:
         "server.per_round": N,
         "client.dp_sgd_noise": 1.0,
         "client.dp_sgd_clip": 1.0,
+        # A run that allows up to 20 epochs of batches of 16: what these tests ask for is
+        # within the run config (client/dpsgd_pin.py), so the device's own cap decides.
+        "client.batch_size": 16,
+        "client.local_epochs": 20,
     }
     return {CONFIG_KEY: device_toml(load_config(None, overrides))}
 

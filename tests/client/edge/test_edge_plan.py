@@ -21,6 +21,7 @@ from test_edge_client import DISTRIBUTED, SETUP, N, request_message, run_config,
 from fedveil.client.edge.device_app import BAD_MESSAGE, EdgeClient, TaskSource, answer
 from fedveil.client.edge.edge_policy import LocalPolicy
 from fedveil.client.own_share import OwnShareAccount
+from fedveil.client.runtime import ClientRuntime
 from fedveil.config import load_config
 from fedveil.privacy.dp.distributed_plan import DistributedDpPlan
 from fedveil.privacy.secagg import (
@@ -31,7 +32,7 @@ from fedveil.privacy.secagg import (
     flower_run_id,
 )
 from fedveil.protocol import fields as F
-from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.flower_codec import from_content, to_content
 from fedveil.protocol.secagg_frame import protocol_part, wrap
 from fedveil.server.engine.dp_from_config import plan_distributed_dp
@@ -44,7 +45,7 @@ def task_identity():
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 77, 0, 1
 
 
-def device_plan() -> DistributedDpPlan:
+def device_plan(**extra) -> DistributedDpPlan:
     """The plan every device computes from the run config it accepted (and the server)."""
     cfg = load_config(
         None,
@@ -54,6 +55,7 @@ def device_plan() -> DistributedDpPlan:
             "data.num_clients": N,
             "server.per_round": N,
             **DISTRIBUTED,
+            **extra,
         },
     )
     size = sum(p.numel() for p in deploy_task.make(cfg).model_fn().parameters())
@@ -66,9 +68,9 @@ def send(edge: EdgeClient, msg: Envelope, config: dict) -> Message:
     return answer(edge, request_message(to_content(msg), msg.kind), RUN, config)
 
 
-def honest_masked_input(request, plan: DistributedDpPlan) -> Envelope:
+def honest_masked_input(request, plan: DistributedDpPlan, round_num: int = 1) -> Envelope:
     """The masked-input request of an honest distributed-DP round."""
-    msg = wrap("secagg.masked_input", 1, request)
+    msg = wrap("secagg.masked_input", round_num, request)
     msg.config.update(train_request().config)
     msg.config.update(
         {
@@ -83,25 +85,29 @@ def honest_masked_input(request, plan: DistributedDpPlan) -> Envelope:
     return msg
 
 
-def to_masked_input(edges: dict[int, EdgeClient], config: dict) -> tuple[SecAggServer, dict]:
-    """A session of every device through its key stages; the server's masked-input requests."""
-    plan = device_plan()
+def to_masked_input(
+    edges: dict[int, EdgeClient], config: dict, round_num: int = 1, **extra
+) -> tuple[SecAggServer, dict]:
+    """A session of every device through its key stages (round `round_num`, the plan of
+    DISTRIBUTED and `extra`); the server's masked-input requests."""
+    plan = device_plan(**extra)
+    name = b"round-%04d" % round_num
     session = SessionConfig(
-        session_id=b"round-0001",
+        session_id=name,
         client_ids=tuple(range(N)),
         modulus_bits=plan.params.bits,
         dimension=plan.params.padded_dim,
         neighbors=N - 1,
         threshold=plan.min_survivors,
         threat_mode=ThreatMode.SEMI_HONEST,
-        graph_seed=hashlib.sha256(b"round-0001").digest(),
+        graph_seed=hashlib.sha256(name).digest(),
         run_id=flower_run_id(RUN),
-        round=1,
+        round=round_num,
     )
     server = SecAggServer(session)
     for _ in ("advertise", "share_keys"):
         for cid, request in server.next_requests().items():  # type: ignore[union-attr]
-            msg = wrap(f"secagg.{request.STAGE.value}", 1, request)
+            msg = wrap(f"secagg.{request.STAGE.value}", round_num, request)
             msg.config.update(SETUP)
             reply = send(edges[cid], msg, config)
             assert not reply.has_error(), reply.error.reason
@@ -167,6 +173,25 @@ def test_a_device_refuses_a_masked_input_that_is_not_its_plan(name):
         # Only the masked Skellam vector leaves: no loss, example count or weight beside it.
         sent = from_content(honest.content)
         assert all(key.startswith(F.SA) for key in [*sent.config, *sent.arrays]), sent.config
+
+
+def test_a_device_refuses_masked_inputs_past_the_runs_rounds():
+    """The run config says one round: a coordinator that runs a second secure round (past
+    the run's end, or a second session in the same round) gets no second masked input,
+    whose noise share would compose past the epsilon stated against the coordinator."""
+    one_round = {"server.rounds": 1}
+    config = run_config(**DISTRIBUTED, **one_round)
+    edges = devices()
+    plan = device_plan(**one_round)
+    _, requests = to_masked_input(edges, config, 1, **one_round)
+    for cid, request in requests.items():
+        reply = send(edges[cid], honest_masked_input(request, plan), config)
+        assert not reply.has_error(), reply.error.reason
+    for round_num in (2, 1):  # past the run's end; a second session in round 1
+        _, requests = to_masked_input(edges, config, round_num, **one_round)
+        for cid, request in requests.items():
+            reply = send(edges[cid], honest_masked_input(request, plan, round_num), config)
+            assert_refused(reply, f"client {cid}'s participation 2", "server.rounds = 1")
 
 
 def test_a_device_refuses_a_plain_train_under_distributed_dp():
@@ -247,3 +272,72 @@ def test_a_non_number_never_passes_the_dp_sgd_noise_floor(noise):
     # The floor itself is met by a real number at or above it.
     request.config[F.DP_SGD_NOISE] = 1.0
     assert not send(edge, request, run_config()).has_error()
+
+
+# A DP-SGD run (the run config every device accepted): noise 1.0, clip 1.0, batch 16, one
+# epoch, as the honest request of train_request() asks.
+DP_SGD = {
+    "client.dp_sgd_noise": 1.0,
+    "client.dp_sgd_clip": 1.0,
+    "client.batch_size": 16,
+    "client.local_epochs": 1,
+    "dp.epsilon": 8.0,
+}
+DP_SGD_TAMPERS: dict[str, tuple[dict, tuple[str, ...]]] = {
+    "off": ({F.DP_SGD_NOISE: 0.0}, ("'dp_sgd_noise' = 0.0", ">= 1")),
+    "missing": ({F.DP_SGD_NOISE: None}, ("'dp_sgd_noise' is missing", ">= 1")),
+    "lower": ({F.DP_SGD_NOISE: 0.5}, ("'dp_sgd_noise' = 0.5", ">= 1")),
+    "nan": ({F.DP_SGD_NOISE: math.nan}, ("'dp_sgd_noise' = nan", ">= 1")),
+    "larger-clip": ({F.DP_SGD_CLIP: 100.0}, ("'dp_sgd_clip' = 100.0", "<= 1")),
+    "nan-clip": ({F.DP_SGD_CLIP: math.nan}, ("'dp_sgd_clip' = nan", "<= 1")),
+    # A batch as large as the data for 3 epochs: epsilon 8.39 a round against 4.51 (a
+    # batch of 48 for one epoch, 4.35, spends less and is answered).
+    "larger-batch": (
+        {F.BATCH_SIZE: 49, F.LOCAL_EPOCHS: 3},
+        ("'batch_size' = 49", "'local_epochs' = 3", "client.batch_size = 16"),
+    ),
+    "more-epochs": ({F.LOCAL_EPOCHS: 9}, ("'local_epochs' = 9", "client.local_epochs = 1")),
+}
+
+
+def _dp_sgd_request(change: dict) -> Envelope:
+    request = train_request(dp_sgd_noise=1.0, dp_sgd_clip=1.0, weighting=F.WEIGHT_UNIFORM)
+    for key, value in change.items():
+        if value is None:
+            request.config.pop(key)
+        else:
+            request.config[key] = value
+    return request
+
+
+@pytest.mark.parametrize("name", list(DP_SGD_TAMPERS))
+@pytest.mark.parametrize("path", ["device", "in-process"])
+def test_a_client_trains_with_no_less_dp_sgd_than_its_run_config(name, path):
+    """A DP-SGD run: a coordinator that switches DP-SGD off, lowers the noise, raises the
+    clip, the batch (the sampling rate) or the epochs is refused by a device with no
+    local flags and by the simulation's client runtime, naming the field, the value and
+    the run config's limit; the honest request trains."""
+    change, named = DP_SGD_TAMPERS[name]
+    config = run_config(**DP_SGD)
+    if path == "device":
+        reply = send(EdgeClient(TaskSource("deploy_task:make"), 0), _dp_sgd_request(change), config)
+        assert_refused(reply, *named)
+        honest = send(EdgeClient(TaskSource("deploy_task:make"), 0), _dp_sgd_request({}), config)
+        assert not honest.has_error(), honest.error.reason
+        return
+    cfg = load_config(
+        None,
+        {
+            "model.name": "mlp",
+            "model.task": "deploy_task:make",
+            "data.num_clients": N,
+            "server.per_round": N,
+            **DP_SGD,
+        },
+    )
+    runtime = ClientRuntime(deploy_task.make(cfg), "cpu", run_config=cfg)
+    with pytest.raises(MessageError) as refused:
+        runtime.handle(0, _dp_sgd_request(change), {})
+    for text in named:
+        assert text in str(refused.value), str(refused.value)
+    assert runtime.handle(0, _dp_sgd_request({}), {}).config[F.NUM_EXAMPLES] == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fedveil.privacy.secagg import ThreatMode, ThreatModel, find_parameters
-from fedveil.privacy.secagg.params import _harary_range
+from fedveil.privacy.secagg.params import _harary_range, min_safe_threshold
 
 
 @pytest.mark.parametrize(
@@ -84,3 +84,26 @@ def test_larger_degree_never_needed_for_zero_adversaries_and_dropouts() -> None:
     params = find_parameters(500, ThreatModel(0.0, 0.0))
     assert params.threshold == 2
     assert _harary_range(500, params.neighbors, ThreatModel(0.0, 0.0)) is not None
+
+
+@pytest.mark.parametrize(
+    "threat",
+    [
+        ThreatModel(0.05, 0.1),
+        ThreatModel(0.3, 0.1),
+        ThreatModel(0.05, 0.3),
+        ThreatModel(0.05, 0.1, ThreatMode.MALICIOUS),
+        ThreatModel(0.2, 0.3, ThreatMode.MALICIOUS),
+    ],
+)
+def test_the_clients_floor_never_refuses_what_the_finder_picks(threat: ThreatModel) -> None:
+    """A client checks each session against min_safe_threshold (session_floor.py): every
+    degree and threshold the server's finder picks meets it, and the finder's own lower
+    bound is that floor (so one below it is refused by both)."""
+    for n in (3, 5, 10, 33, 64, 200, 1000):
+        try:
+            params = find_parameters(n, threat)
+        except ValueError:
+            continue
+        floor = min_safe_threshold(n, params.neighbors, threat)
+        assert floor == params.min_threshold <= params.threshold, (n, params)
