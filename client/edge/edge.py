@@ -46,12 +46,18 @@ from fedveil.client.edge.runtime_port import (
     FLAG,
     PORT_TRIES,
     RuntimePortUnavailable,
-    await_port,
 )
 from fedveil.client.edge.tls_probe import insecure_against_tls_error, server_speaks_tls
 from fedveil.client.edge.witness import WitnessStore
 from fedveil.client.ftrl_participation import ParticipationGuard
-from fedveil.ops.procs import child_env, flwr_command, free_port, spawn, stop_group
+from fedveil.ops.procs import (
+    await_reported_port,
+    child_env,
+    flwr_command,
+    free_port,
+    spawn,
+    stop_group,
+)
 
 log = logging.getLogger("fedveil.edge")
 
@@ -184,7 +190,7 @@ class EdgeNode:
             self._start_supernode(port)
             meanwhile()
             meanwhile = lambda: None  # noqa: E731
-            reported = await_port(self._port_file, self.proc, 120.0, lambda: self.stopping)
+            reported = await_reported_port(self._port_file, self.proc, 120.0, lambda: self.stopping)
             if reported is not None:
                 self.port = reported
                 return

@@ -8,21 +8,21 @@ process can take the port in between. The contract that closes that race:
   Runtime API server is bound to into PATH once that server is listening, read from the
   server's own socket; if the server cannot listen, the child exits with
   EXIT_RUNTIME_UNBOUND before writing anything;
-- the worker (edge.py) talks to the port the file names and nothing else, so a process
-  that took the picked port is never mistaken for its SuperNode; after
-  EXIT_RUNTIME_UNBOUND it starts the SuperNode again on a fresh port, at most PORT_TRIES
-  times, then gives up with RuntimePortUnavailable (naming the ports tried).
+- the worker (edge.py, with fedveil.ops.procs.await_reported_port) talks to the port
+  the file names and nothing else, so a process that took the picked port is never
+  mistaken for its SuperNode; after EXIT_RUNTIME_UNBOUND it starts the SuperNode again
+  on a fresh port, at most PORT_TRIES times, then gives up with RuntimePortUnavailable
+  (naming the ports tried).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from fedveil.ops.procs import report_port
 
 FLAG = "--runtime-port-file"
 EXIT_RUNTIME_UNBOUND = 98  # EADDRINUSE's number on Linux: the usual cause
@@ -55,13 +55,6 @@ def take_flag(argv: list[str]) -> Path | None:
     return path
 
 
-def write_port(path: Path, port: int) -> None:
-    """Write `port` so that a reader sees the whole number or no file (rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(f"{port}\n")
-    os.replace(tmp, path)
-
-
 def reporting(start: Callable[..., tuple[Any, Any]], path: Path) -> Callable[..., tuple[Any, Any]]:
     """Flower's `_start_supernode_http_api`, reporting the bound port to `path`, or
     exiting with EXIT_RUNTIME_UNBOUND when the server does not start listening."""
@@ -76,29 +69,7 @@ def reporting(start: Callable[..., tuple[Any, Any]], path: Path) -> Callable[...
                 flush=True,
             )
             raise SystemExit(EXIT_RUNTIME_UNBOUND) from exc
-        write_port(path, int(server.servers[0].sockets[0].getsockname()[1]))
+        report_port(path, int(server.servers[0].sockets[0].getsockname()[1]))
         return server, thread
 
     return start_and_report
-
-
-# -- the worker's side -----------------------------------------------------------------
-def await_port(
-    path: Path, proc: subprocess.Popen[bytes], timeout: float, stopping: Callable[[], bool]
-) -> int | None:
-    """The port the SuperNode `proc` reported in `path`; None if it exited first, did not
-    report within `timeout` seconds, or `stopping()` became true."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not stopping():
-        try:
-            return int(path.read_text())
-        except (FileNotFoundError, ValueError):
-            pass
-        if proc.poll() is not None:
-            # It may have written the file just before exiting: one last look.
-            try:
-                return int(path.read_text())
-            except (FileNotFoundError, ValueError):
-                return None
-        time.sleep(0.05)
-    return None
