@@ -47,7 +47,6 @@ import dataclasses
 import json
 import os
 import pickle
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,6 +60,7 @@ from typing import Any
 from fedveil.benchmarks.bench_gossip import add_gossip_arguments, print_table
 from fedveil.benchmarks.bench_gossip import run as run_gossip
 from fedveil.benchmarks.harness import command_main
+from fedveil.ops.procs import await_reported_port, report_port
 
 # ----------------------------------------------------------------------------------------
 # Secure all-reduce vs plain all-reduce vs the coordinator-based secure round
@@ -70,12 +70,6 @@ CONTENDERS = ("plain", "secure", "secure_pipelined", "coordinator")
 LEVELS = 2**16
 CLIP_RANGE = 1.0
 TIMEOUT_S = 120.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cpu() -> float:
@@ -218,7 +212,7 @@ def _silo(rank: int, silos: int, port: int, dim: int, repeats: int, secret: byte
     return out
 
 
-def _coordinator(silos: int, port: int, dim: int, repeats: int) -> dict:
+def _coordinator(silos: int, port_file: Path, dim: int, repeats: int) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -226,10 +220,12 @@ def _coordinator(silos: int, port: int, dim: int, repeats: int) -> dict:
     from fedveil.privacy.secagg.messages import CLIENT_MESSAGES, Stage
 
     torch.set_num_threads(1)
+    # The store on a port the kernel gives it, told to the parent, which starts the silos.
     store = dist.TCPStore(
-        "127.0.0.1", port, silos + 1, True, timeout=timedelta(seconds=TIMEOUT_S),
+        "127.0.0.1", 0, silos + 1, True, timeout=timedelta(seconds=TIMEOUT_S),
         wait_for_workers=False,
     )  # fmt: skip
+    report_port(port_file, store.port)
     timeout = timedelta(seconds=TIMEOUT_S)
     group = dist.ProcessGroupGloo(dist.PrefixStore("all/", store), silos, silos + 1, timeout)
     q = Quantizer(CLIP_RANGE, LEVELS, silos, 1)
@@ -309,23 +305,31 @@ def _summarise(silos: list[dict], coordinator: dict, repeats: int) -> dict[str, 
 
 def run_secure_allreduce(silos: int, dim: int, repeats: int) -> dict[str, Any]:
     """The three contenders in one run; returns the figures and the ratios."""
-    port, secret = _free_port(), os.urandom(32).hex()
+    secret = os.urandom(32).hex()
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": root}
     with tempfile.TemporaryDirectory() as tmp:
-        procs = []
-        for rank in [silos, *range(silos)]:  # the coordinator hosts the store
-            argv = [
-                sys.executable,
-                "-m",
-                "fedveil.benchmarks.bench_decentral",
-                "--worker",
-                str(rank),
-            ]
-            argv += ["--silos", str(silos), "--dim", str(dim), "--repeats", str(repeats)]
-            argv += ["--port", str(port), "--secret", secret, "--worker-out", f"{tmp}/{rank}.json"]
+        procs: list[subprocess.Popen[bytes]] = []
+
+        def start(rank: int, *args: str) -> subprocess.Popen[bytes]:
+            argv = [sys.executable, "-m", "fedveil.benchmarks.bench_decentral"]
+            argv += ["--worker", str(rank), "--silos", str(silos), "--dim", str(dim)]
+            argv += ["--repeats", str(repeats), "--worker-out", f"{tmp}/{rank}.json", *args]
             procs.append(subprocess.Popen(argv, env=env, cwd=root))
+            return procs[-1]
+
         try:
+            # The coordinator hosts the store, on a port it binds itself and reports.
+            port_file = Path(tmp) / "store.port"
+            coordinator = start(silos, "--port-file", str(port_file))
+            port = await_reported_port(port_file, coordinator, TIMEOUT_S)
+            if port is None:
+                raise RuntimeError(
+                    f"the bench coordinator did not report its store's port "
+                    f"(exit {coordinator.poll()})"
+                )
+            for rank in range(silos):
+                start(rank, "--port", str(port), "--secret", secret)
             for p in procs:
                 if p.wait(timeout=1800) != 0:
                     raise RuntimeError(f"a bench worker exited with {p.returncode}")
@@ -452,6 +456,7 @@ def _add_all_arguments(p: argparse.ArgumentParser) -> None:
     # the coordinator): hidden, not for users.
     p.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--port-file", help=argparse.SUPPRESS)
     p.add_argument("--secret", help=argparse.SUPPRESS)
     p.add_argument("--worker-out", help=argparse.SUPPRESS)
 
@@ -460,7 +465,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.worker is None:
         return cmd_bench_decentral(args)
     if args.worker == args.silos:
-        result = _coordinator(args.silos, args.port, args.dim, args.repeats)
+        result = _coordinator(args.silos, Path(args.port_file), args.dim, args.repeats)
     else:
         secret = bytes.fromhex(args.secret)
         result = _silo(args.worker, args.silos, args.port, args.dim, args.repeats, secret)

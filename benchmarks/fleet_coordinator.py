@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -22,8 +23,13 @@ import httpx
 
 from fedveil.benchmarks.procstats import TreeSample, sample_tree
 from fedveil.ops.certs import create_test_deployment
-from fedveil.ops.procs import free_port
 from fedveil.server.coordinator.fleet_listener import PROFILE_ENV
+
+# The line `fedveil server` logs once it listens (server/coordinator/launch.py), with the
+# ports it bound.
+READY_LINE = re.compile(
+    r"API and dashboard on https?://\S+:(?P<api>\d+), Fleet API on \S+:(?P<fleet>\d+),"
+)
 
 
 class Coordinator:
@@ -33,20 +39,20 @@ class Coordinator:
         self.root = root
         self.certs = root / "certs"
         create_test_deployment(self.certs, ["127.0.0.1", "localhost"], 0)
-        self.api_port, self.fleet_port, self.link_port = free_port(), free_port(), free_port()
+        # Port 0: the coordinator binds free ports itself and names them in its ready line
+        # (start() reads them): no port picked here that another process could take first.
+        self.api_port = self.fleet_port = 0
         self.token = secrets.token_hex(16)
         token_file = root / "admin.token"
         token_file.write_text(self.token + "\n")
         token_file.chmod(0o600)
         self.config = root / "server.toml"
         self.config.write_text(
-            f"""state_dir = "state"
+            """state_dir = "state"
 [api]
-port = {self.api_port}
+port = 0
 [fleet]
-port = {self.fleet_port}
-[superlink]
-port = {self.link_port}
+port = 0
 [tls]
 cert = "certs/server.pem"
 key = "certs/server.key"
@@ -60,8 +66,7 @@ max_per_peer = 512
         )
         self.profile = profile
         self.proc: subprocess.Popen[bytes] | None = None
-        self.http = httpx.Client(
-            base_url=f"https://127.0.0.1:{self.api_port}",
+        self.http = httpx.Client(  # its base_url set once the coordinator names its port
             verify=str(self.certs / "ca.pem"),
             headers={"Authorization": f"Bearer {self.token}"},
             timeout=60,
@@ -91,11 +96,13 @@ max_per_peer = 512
         env.pop("FEDVEIL_ADMIN_TOKEN", None)
         if self.profile is not None:  # and its SuperLink child, which serves the Fleet port
             env[PROFILE_ENV] = str(self.superlink_profile)
+        log = self.root / "server.log"
+        seen = log.stat().st_size if log.exists() else 0  # a restart: only its own lines
         self.proc = subprocess.Popen(
             cmd,
             cwd=self.root,
             env=env,
-            stdout=(self.root / "server.log").open("ab"),
+            stdout=log.open("ab"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -105,9 +112,17 @@ max_per_peer = 512
                 raise RuntimeError(
                     f"fedveil server exited with {self.proc.returncode}; see {self.root}/server.log"
                 )
-            with contextlib.suppress(httpx.HTTPError):
-                if self.http.get("/readyz").status_code == 200:
-                    return
+            if not self.api_port:
+                with log.open("rb") as f:
+                    f.seek(seen)
+                    ready = READY_LINE.search(f.read().decode(errors="replace"))
+                if ready is not None:
+                    self.api_port, self.fleet_port = int(ready["api"]), int(ready["fleet"])
+                    self.http.base_url = httpx.URL(f"https://127.0.0.1:{self.api_port}")
+            if self.api_port:
+                with contextlib.suppress(httpx.HTTPError):
+                    if self.http.get("/readyz").status_code == 200:
+                        return
             time.sleep(0.5)
         raise RuntimeError(f"fedveil server not ready within {timeout:.0f} s")
 

@@ -33,6 +33,9 @@ from fedveil.ops.procs import free_port
 PEER_NAME = f"flower-superlink {flwr.__version__}"
 
 
+PORT_TRIES = 5
+
+
 class StockSuperLink:
     """`flower-superlink` in `root`, with its own CA and server certificate.
 
@@ -96,27 +99,33 @@ class StockSuperLink:
         env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_HOME=str(self.root / "flwr"))
         # The SuperLink starts `flower-superexec` from PATH: the one next to it.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        self.proc = subprocess.Popen(
-            self.argv(),
-            cwd=self.root,
-            env=env,
-            stdout=(self.root / "superlink.log").open("ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"flower-superlink exited with {self.proc.returncode}; "
-                    f"see {self.root}/superlink.log"
-                )
-            try:
-                self._client().ListNodes(ListNodesRequest())
-                return
-            except Exception:  # not listening yet: any transport error
-                time.sleep(0.5)
-        raise RuntimeError(f"flower-superlink not ready within {timeout:.0f} s")
+        # Flower's SuperLink takes its port on the command line (no port 0): one that
+        # another process took after its pick makes it exit at once; then a fresh one.
+        tried: list[int] = []
+        for _ in range(PORT_TRIES):
+            self.proc = subprocess.Popen(
+                self.argv(),
+                cwd=self.root,
+                env=env,
+                stdout=(self.root / "superlink.log").open("ab"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                try:  # over TLS with this CA: only this SuperLink answers
+                    self._client().ListNodes(ListNodesRequest())
+                    return
+                except Exception:  # not listening yet: any transport error
+                    time.sleep(0.5)
+            if self.proc.poll() is None:
+                raise RuntimeError(f"flower-superlink not ready within {timeout:.0f} s")
+            tried.append(self.port)
+            self.port, self._control = free_port(), None
+        raise RuntimeError(
+            f"flower-superlink exited before it was ready on ports {tried} (last exit "
+            f"{self.proc.returncode}); see {self.root}/superlink.log"
+        )
 
     def enroll(self, client_id: int, openssh_public_key: str) -> None:
         from flwr.proto.control_pb2 import RegisterNodeRequest

@@ -16,6 +16,10 @@ with exponential backoff (Flower's, up to 20 s between tries). If the
 SuperNode exits — the key was revoked, TLS failed, it crashed — this process
 restarts it with its own backoff (1 s doubling to max_backoff_s). A request
 it cannot use is answered with an error and logged; the worker goes on.
+
+The Runtime API's port: the SuperNode reports the port it listens on, and the
+worker talks to that port only; a port taken between its pick and the
+SuperNode's bind costs a restart on a fresh port, not the device (runtime_port.py).
 """
 
 from __future__ import annotations
@@ -36,11 +40,24 @@ import httpx
 from fedveil.client.dpsgd_budget import DpSgdLedger
 from fedveil.client.edge.device_app import DP_SGD_DIR, PARTICIPATION_DIR, EdgeClient, answer
 from fedveil.client.edge.ledger_guard import LedgerGuard
+from fedveil.client.edge.runtime_port import (
+    EXIT_RUNTIME_UNBOUND,
+    FLAG,
+    PORT_TRIES,
+    RuntimePortUnavailable,
+)
 from fedveil.client.edge.tls_probe import insecure_against_tls_error, server_speaks_tls
 from fedveil.client.edge.witness import WitnessStore
 from fedveil.client.ftrl_participation import ParticipationGuard
 from fedveil.ops.private_file import write_private_file
-from fedveil.ops.procs import child_env, flwr_command, free_port, spawn, stop_group, wait_port
+from fedveil.ops.procs import (
+    await_reported_port,
+    child_env,
+    flwr_command,
+    free_port,
+    spawn,
+    stop_group,
+)
 
 log = logging.getLogger("fedveil.edge")
 
@@ -80,7 +97,7 @@ class EdgeOptions:
     ca: Path | None = None
     key: Path | None = None
     insecure: bool = False
-    runtime_port: int = 0  # 0: any free loopback port
+    runtime_port: int = 0  # 0: any free loopback port (a fresh one if it is taken)
     max_backoff_s: float = 60.0
     poll_s: float = 0.25
 
@@ -113,7 +130,10 @@ def warm_up() -> None:
 
 
 class EdgeNode:
-    def __init__(self, opts: EdgeOptions, edge: EdgeClient) -> None:
+    def __init__(
+        self, opts: EdgeOptions, edge: EdgeClient, pick_port: Callable[[], int] = free_port
+    ) -> None:
+        """`pick_port`: where a port to try comes from when opts.runtime_port is 0."""
         opts.check()
         self.opts, self.edge = opts, edge
         if edge.ledger_guard.store is None:
@@ -135,13 +155,14 @@ class EdgeNode:
         # lock (threading.Event.set) can deadlock against the main thread holding it.
         self.stopping = False
         self.proc: Any = None
-        self.port = opts.runtime_port or free_port()
+        self.port = 0  # the Runtime API's port, as the running SuperNode reported it
+        self.pick_port = pick_port
         self._secret = b""
         self._log_file: Any = None
         self.tasks_done = 0
 
     # -- the SuperNode -------------------------------------------------------
-    def _supernode_argv(self, secret_file: Path) -> list[str]:
+    def _supernode_argv(self, secret_file: Path, port: int) -> list[str]:
         o = self.opts
         args = [
             "--superlink",
@@ -151,7 +172,9 @@ class EdgeNode:
             "--host",
             "127.0.0.1",
             "--port",
-            str(self.port),
+            str(port),
+            FLAG,
+            str(self._port_file),
             "--node-config",
             f"client-id={o.client_id}",
             "--superexec-auth-secret-file",
@@ -165,10 +188,38 @@ class EdgeNode:
             args += ["--auth-supernode-private-key", str(o.key)]
         return flwr_command("flower-supernode", args)
 
-    def _start_supernode(self) -> None:
+    @property
+    def _port_file(self) -> Path:
+        return self.opts.state_dir / "runtime.port"
+
+    def start_runtime(self, meanwhile: Callable[[], None] = lambda: None) -> None:
+        """Start the SuperNode and learn its Runtime API's port from it (runtime_port.py):
+        on a port taken meanwhile, again on a fresh one, up to PORT_TRIES times. A
+        SuperNode that exits for another reason is left to the restart loop. `meanwhile`
+        runs once while the first SuperNode starts."""
+        tried: list[int] = []
+        for _ in range(1 if self.opts.runtime_port else PORT_TRIES):
+            port = self.opts.runtime_port or self.pick_port()
+            tried.append(port)
+            self._start_supernode(port)
+            meanwhile()
+            meanwhile = lambda: None  # noqa: E731
+            reported = await_reported_port(self._port_file, self.proc, 120.0, lambda: self.stopping)
+            if reported is not None:
+                self.port = reported
+                return
+            if self.proc.poll() != EXIT_RUNTIME_UNBOUND:
+                if self.proc.poll() is None and not self.stopping:
+                    log.warning("SuperNode did not open its Runtime API in 120 s; restarting")
+                    stop_group(self.proc, timeout=2)
+                return
+            log.warning("the Runtime API could not listen on port %d; trying another", port)
+        raise RuntimePortUnavailable(tried, self.opts.state_dir / "supernode.log")
+
+    def _start_supernode(self, port: int) -> None:
         o = self.opts
-        host, _, port = o.server.rpartition(":")
-        if o.insecure and server_speaks_tls(host, int(port)):
+        host, _, fleet_port = o.server.rpartition(":")
+        if o.insecure and server_speaks_tls(host, int(fleet_port)):
             # Flower's plaintext channel would only retry "Connection attempt failed" forever.
             raise ValueError(insecure_against_tls_error(o.server))
         o.state_dir.mkdir(parents=True, exist_ok=True)
@@ -177,7 +228,8 @@ class EdgeNode:
         if self._log_file is None:
             self._log_file = (o.state_dir / "supernode.log").open("ab")
         env = child_env({"FLWR_HOME": str(o.state_dir / "flwr")})
-        self.proc = spawn(self._supernode_argv(secret_file), env=env, log=self._log_file)
+        self._port_file.unlink(missing_ok=True)  # a previous SuperNode's report
+        self.proc = spawn(self._supernode_argv(secret_file, port), env=env, log=self._log_file)
         log.info(
             "client %d: SuperNode started (pid %d) for %s%s",
             o.client_id,
@@ -315,14 +367,11 @@ class EdgeNode:
                         stop_group(self.proc, timeout=2)
                         if self._sleep(backoff):
                             break
-                    self._start_supernode()
+                    self.start_runtime(warm_up if self.tasks_done == 0 else lambda: None)
                     started = time.monotonic()
-                    if self.tasks_done == 0 and self.proc is not None:
-                        warm_up()
                     if acquire_client is not None:
                         acquire_client.close()
-                    acquire_client = self._runtime_client(None)
-                    wait_port("127.0.0.1", self.port, 30.0, self.proc)
+                    acquire_client = self._runtime_client(None)  # on the reported port
                     continue
                 try:
                     got = self._acquire(acquire_client)

@@ -14,11 +14,13 @@ waits forever (seen in CI: a run resumed after a coordinator crash never finishe
 - after pulling a message it waits for the reply to *that* message (still one
   message at a time), and sends it with any other reply that is waiting;
 - when nothing was pulled but a reply is waiting, it sends the reply at once.
-Everything else (connection, authentication, retries, the Runtime API) is Flower's.
+Everything else (connection, authentication, retries, the Runtime API) is Flower's,
+except that the Runtime API's port is reported to the worker (runtime_port.py).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -119,7 +121,18 @@ def install() -> bool:
 
 
 def main() -> int:
-    """`flower-supernode` (same arguments), with the reply-driven push step."""
+    """`flower-supernode` (same arguments), with the reply-driven push step; with
+    `--runtime-port-file PATH`, the Runtime API's bound port reported there
+    (runtime_port.py)."""
+    from fedveil.client.edge import runtime_port
+
+    port_file = runtime_port.take_flag(sys.argv)
+    if port_file is not None:
+        # The module (the package exports a function of the same name).
+        cli = importlib.import_module("flwr.supernode.cli.flower_supernode")
+        cli._start_supernode_http_api = runtime_port.reporting(  # type: ignore[attr-defined]
+            cli._start_supernode_http_api, port_file
+        )
     if not install():
         import flwr
 

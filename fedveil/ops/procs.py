@@ -9,7 +9,10 @@ Shared by both entry points, stdlib only:
   the SuperExec shim, and the ServerApps it starts), so SIGKILL travels down the
   whole tree at once;
 - Flower's own helpers (flower-superexec, flwr-serverapp) are found on PATH by
-  the SuperLink, so this interpreter's bin directory goes first on it.
+  the SuperLink, so this interpreter's bin directory goes first on it;
+- a child that binds a port tells its parent which one through a file
+  (report_port / await_reported_port): the parent never talks to a port it only
+  picked, which another process may have taken before the child bound it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -158,3 +161,31 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def report_port(path: Path, port: int) -> None:
+    """In a child: write the port it listens on, so that a reader sees the whole number
+    or no file (written aside, then renamed)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(f"{port}\n")
+    os.replace(tmp, path)
+
+
+def await_reported_port(
+    path: Path,
+    proc: subprocess.Popen[bytes],
+    timeout: float,
+    stopping: Callable[[], bool] = lambda: False,
+) -> int | None:
+    """In the parent: the port the child `proc` reported in `path` (report_port); None
+    if it exited first, did not report within `timeout` seconds, or `stopping()`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not stopping():
+        exited = proc.poll() is not None  # before the look: a report written just before
+        try:  # the exit still counts
+            return int(path.read_text())
+        except (FileNotFoundError, ValueError):
+            if exited:
+                return None
+        time.sleep(0.05)
+    return None

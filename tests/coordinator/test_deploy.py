@@ -300,17 +300,43 @@ def test_dashboard_in_headless_chromium(deployment, tmp_path):
     shutil.copy(shot, dep.root / "dashboard.png")
 
 
-BUSY: dict[str, str] = {}  # the run the next two tests share
+class BusyRun:
+    """A 4-round run that a test acts on while it runs, submitted as an operator would
+    (`fedveil run submit busy.toml`). `running()` gives the run submitted last while it
+    is still running short of its last round, else submits a new one and waits for its
+    first round: the tests below share one run in file order, and each stands alone (in
+    any order, or run by itself with -k)."""
+
+    ROUNDS = 4
+
+    def __init__(self, dep: Deployment) -> None:
+        self.dep = dep
+        self.toml = run_toml(
+            rounds=self.ROUNDS, clients=CLIENTS, per_round=CLIENTS, seed=11, name="busy"
+        )
+        (dep.root / "busy.toml").write_text(self.toml)
+        self.id: str | None = None
+
+    def running(self) -> str:
+        if self.id is not None:
+            run = self.dep.run(self.id)
+            if run["status"] == "running" and run["rounds_completed"] < self.ROUNDS:
+                return self.id
+        submitted = self.dep.cli("run", "submit", "busy.toml", "--json")
+        assert submitted.returncode == 0, submitted.stderr
+        self.id = json.loads(submitted.stdout)["id"]
+        self.dep.wait_rounds(self.id, 1, timeout=90)
+        return self.id
 
 
-def test_bad_requests_leave_a_running_run_alone(deployment):
+@pytest.fixture(scope="module")
+def busy(deployment) -> BusyRun:
+    return BusyRun(deployment)
+
+
+def test_bad_requests_leave_a_running_run_alone(deployment, busy):
     dep = deployment
-    busy_toml = run_toml(rounds=4, clients=CLIENTS, per_round=CLIENTS, seed=11, name="busy")
-    (dep.root / "busy.toml").write_text(busy_toml)
-    submitted = dep.cli("run", "submit", "busy.toml", "--json")  # as an operator would
-    assert submitted.returncode == 0, submitted.stderr
-    rid = json.loads(submitted.stdout)["id"]
-    dep.wait_rounds(rid, 1, timeout=90)
+    rid = busy.running()
     good = run_toml(rounds=2, clients=CLIENTS, per_round=3, seed=1, name="x")
     toml = {"Content-Type": "application/toml"}
 
@@ -376,16 +402,16 @@ def test_bad_requests_leave_a_running_run_alone(deployment):
     metrics = dep.http.get("/metrics").text
     assert 'fedveil_api_requests_rejected_total{reason="unauthorized"}' in metrics
     assert 'fedveil_fleet_requests_rejected_total{reason="not_fleet"}' in metrics
-    BUSY.update(id=rid, toml=busy_toml)  # the next test kills the coordinator under this run
 
 
-def test_coordinator_killed_mid_run_resumes_and_finishes(deployment, tmp_path):
+def test_coordinator_killed_mid_run_resumes_and_finishes(deployment, busy, tmp_path):
     dep = deployment
-    if "id" not in BUSY:
-        pytest.skip("needs the run of the test above")
-    rid, toml = BUSY["id"], BUSY["toml"]
+    rid, toml = busy.running(), busy.toml  # the run the test above left running, or its own
     assert dep.run(rid)["rounds_completed"] < 4, "the run ended before it could be interrupted"
     kill_and_restart_coordinator(dep)
+    # The uninterrupted run's model, computed while the devices reconnect (a wait on the
+    # processes, mostly: up to a minute for a device whose download the kill cut short).
+    uninterrupted = simulated_model(toml, tmp_path / "sim")
     run = dep.wait_status(rid, "completed", timeout=240)
     rounds = dep.rounds(rid)
     assert [r["round"] for r in rounds] == [1, 2, 3, 4]  # none lost, none twice
@@ -393,7 +419,7 @@ def test_coordinator_killed_mid_run_resumes_and_finishes(deployment, tmp_path):
     assert [a.get("outcome") for a in run["attempts"]] == ["interrupted", "completed"]
     assert run["summary"]["rounds_applied"] == 4
     # Neither the abuse nor the crash changed a thing: the uninterrupted run's model.
-    assert_same_model(downloaded_model(dep, rid), simulated_model(toml, tmp_path / "sim"))
+    assert_same_model(downloaded_model(dep, rid), uninterrupted)
     listing = dep.cli("run", "list")
     assert listing.returncode == 0 and f"{rid}  completed 4/4 rounds" in listing.stdout
     (dep.root / "wrong.token").write_text("not-the-admin-token-at-all\n")
@@ -418,25 +444,28 @@ def kill_and_restart_coordinator(dep: Deployment) -> None:
 def test_coordinator_killed_under_central_dp_releases_every_round_once(deployment):
     dep = deployment
     dp = '[dp]\nmechanism = "central"\nepsilon = 50.0\nclip = 1.0\n'
-    toml = run_toml(rounds=4, clients=CLIENTS, per_round=CLIENTS, seed=13, name="dp", tables=dp)
+    rounds = 3  # killed after round 1: two rounds resumed, each released once
+    toml = run_toml(
+        rounds=rounds, clients=CLIENTS, per_round=CLIENTS, seed=13, name="dp", tables=dp
+    )
     rid = dep.submit(toml)
     dep.wait_rounds(rid, 1, timeout=120)
-    assert dep.run(rid)["rounds_completed"] < 4, "the run ended before it could be interrupted"
+    assert dep.run(rid)["rounds_completed"] < rounds, "the run ended before it could be interrupted"
     kill_and_restart_coordinator(dep)
     run = dep.wait_status(rid, "completed", timeout=240)
     assert [a.get("outcome") for a in run["attempts"]] == ["interrupted", "completed"]
-    assert [r["round"] for r in dep.rounds(rid)] == [1, 2, 3, 4]
+    assert [r["round"] for r in dep.rounds(rid)] == list(range(1, rounds + 1))
     run_dir = dep.state / "runs" / rid
     ledger = [
         json.loads(line) for line in (run_dir / "privacy" / "ledger.jsonl").read_text().splitlines()
     ]
     releases = [e["round"] for e in ledger if e.get("kind", "release") == "release"]
-    assert releases == [1, 2, 3, 4]  # none lost or twice
+    assert releases == list(range(1, rounds + 1))  # none lost or twice
     assert ledger[-1]["kind"] == "final"
     verified = dep.cli("privacy", "verify", str(run_dir))
     assert verified.returncode == 0, verified.stdout + verified.stderr
     report = dep.http.get(f"/runs/{rid}/privacy").json()
-    assert report["verification"]["ok"] and report["rounds"] == 4
+    assert report["verification"]["ok"] and report["rounds"] == rounds
     assert report["epsilon"] <= 50
 
 
