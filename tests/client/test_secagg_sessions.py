@@ -113,7 +113,10 @@ GOOD = pack_session({"stage": "advertised", "seed": b"s" * 32, "version": 1})
         ({"stage": "advertised"}, "magic"),  # the flat layout of before: not guessed at
         (GOOD + GOOD[5:], "repeated"),
         (GOOD.replace(b"seed\x01", b"seed\x07"), "type tag 7"),
-        (GOOD.replace(b"version\x00\x00\x00\x00\x08", b"version\x00\x00\x00\x00\x04")[:-4], "int of 4"),
+        (
+            GOOD.replace(b"version\x00\x00\x00\x00\x08", b"version\x00\x00\x00\x00\x04")[:-4],
+            "int of 4",
+        ),
     ],
 )
 def test_a_malformed_saved_session_is_refused_by_name(stored: object, named: str) -> None:
