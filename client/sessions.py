@@ -6,8 +6,11 @@ once, its session for round r (still to unmask) and the one for round r+1.
 A session therefore lives into the next round and no further: PIPELINE_DEPTH.
 
 `SecAggSessions` keeps one client's sessions in its flat state store (a dict of
-plain values, which a Flower node can persist between messages) under
-`sa.state.<round>.`; `RoundClock` is how a holder of client state (the
+plain values, which a Flower node can persist between messages), each session as one
+bytes value under `sa.state.<round>` (`pack_session` / `unpack_session`: Flower's
+simulation pickles the node's state with every message both ways and type-checks
+each entry whenever it is written, so a session is one entry, not one per field);
+`RoundClock` is how a holder of client state (the
 in-process lane and workers, a device) tells a new round, or a new run, from
 the messages it gets; `outlives` is the retention rule both apply.
 
@@ -20,13 +23,78 @@ session ends when it unmasks or opens its next.
 from __future__ import annotations
 
 import enum
+import struct
+from collections.abc import Mapping
 from typing import Any
 
+from fedveil.protocol.envelope import MessageError
 from fedveil.protocol.fields import SA
 
 # Rounds a session outlives its own: the next round's key stages ride on this round's.
 PIPELINE_DEPTH = 1
-STATE = SA + "state."  # + "<round>." + the SecAggClient's state keys
+STATE = SA + "state."  # + "<round>": one session's packed SecAggClient state
+
+# A packed session: magic, then per entry: name length (u8), name (ASCII), type tag (u8),
+# value length (u32), value (int: signed 64-bit big-endian; bytes; str: UTF-8).
+_PACK_MAGIC = b"fvss1"
+_INT, _BYTES, _STR = 0, 1, 2
+_ENTRY = struct.Struct(">B")
+_VALUE = struct.Struct(">BI")
+_INT64 = struct.Struct(">q")
+
+
+def pack_session(state: Mapping[str, Any]) -> bytes:
+    """One session's protocol state (a SecAggClient's `to_state()`: str keys, int, bytes or
+    str values) as one bytes value."""
+    parts = [_PACK_MAGIC]
+    for name, value in state.items():
+        key = name.encode("ascii")
+        if type(value) is int:
+            tag, raw = _INT, _INT64.pack(value)
+        elif type(value) is bytes:
+            tag, raw = _BYTES, value
+        elif type(value) is str:
+            tag, raw = _STR, value.encode("utf-8")
+        else:
+            raise TypeError(f"session state {name!r}: {type(value).__name__} is not int/bytes/str")
+        parts += [_ENTRY.pack(len(key)), key, _VALUE.pack(tag, len(raw)), raw]
+    return b"".join(parts)
+
+
+def unpack_session(raw: Any) -> dict[str, Any]:
+    """`pack_session`'s inverse; a MessageError naming the fault for anything else (a
+    truncated or altered value, a repeated entry): a saved session is never guessed at."""
+    try:
+        if type(raw) is not bytes or not raw.startswith(_PACK_MAGIC):
+            raise ValueError("not a packed session (magic missing)")
+        state: dict[str, Any] = {}
+        offset, end = len(_PACK_MAGIC), len(raw)
+        while offset < end:
+            (key_len,) = _ENTRY.unpack_from(raw, offset)
+            offset += _ENTRY.size
+            name = raw[offset : offset + key_len].decode("ascii")
+            offset += key_len
+            tag, size = _VALUE.unpack_from(raw, offset)
+            offset += _VALUE.size
+            value = raw[offset : offset + size]
+            if len(name) != key_len or len(value) != size:
+                raise ValueError("truncated")
+            offset += size
+            if name in state:
+                raise ValueError(f"entry {name!r} repeated")
+            if tag == _INT:
+                if size != _INT64.size:
+                    raise ValueError(f"entry {name!r}: an int of {size} bytes")
+                state[name] = _INT64.unpack(value)[0]
+            elif tag == _BYTES:
+                state[name] = value
+            elif tag == _STR:
+                state[name] = value.decode("utf-8")
+            else:
+                raise ValueError(f"entry {name!r}: unknown type tag {tag}")
+        return state
+    except (ValueError, struct.error) as exc:  # UnicodeDecodeError is a ValueError
+        raise MessageError(f"secure aggregation: saved session unreadable: {exc}") from None
 
 
 def outlives(state_round: int, current_round: int) -> bool:
@@ -59,11 +127,11 @@ class RoundClock:
 
 
 def _slot(round_num: int) -> str:
-    return f"{STATE}{round_num}."
+    return f"{STATE}{round_num}"
 
 
 def _slot_round(key: str) -> int:
-    head = key[len(STATE) :].split(".", 1)[0]
+    head = key[len(STATE) :]
     return int(head) if head.lstrip("-").isdigit() else -1
 
 
@@ -82,26 +150,22 @@ class SecAggSessions:
         """Make room for round `round_num`'s new session: only the previous round's (which
         may still unmask) survives; any other secure-aggregation state goes."""
         previous = _slot(round_num - 1)
-        for key in [k for k in self.store if k.startswith(SA) and not k.startswith(previous)]:
+        for key in [k for k in self.store if k.startswith(SA) and k != previous]:
             del self.store[key]
 
     def restore(self, round_num: int) -> dict[str, Any]:
-        """The saved protocol state of round `round_num`'s session; empty when none is held."""
-        slot = _slot(round_num)
-        return {k[len(slot) :]: v for k, v in self.store.items() if k.startswith(slot)}
+        """The saved protocol state of round `round_num`'s session; empty when none is held,
+        a MessageError when what is held is not a packed session."""
+        raw = self.store.get(_slot(round_num))
+        return {} if raw is None else unpack_session(raw)
 
     def save(self, round_num: int, state: dict[str, Any]) -> None:
         """Keep `state` (a SecAggClient's to_state()) as round `round_num`'s session."""
-        self.end(round_num)
-        slot = _slot(round_num)
-        for key, value in state.items():
-            self.store[slot + key] = value
+        self.store[_slot(round_num)] = pack_session(state)
 
     def end(self, round_num: int) -> None:
         """Drop round `round_num`'s session (after its unmask stage nothing is kept)."""
-        slot = _slot(round_num)
-        for key in [k for k in self.store if k.startswith(slot)]:
-            del self.store[key]
+        self.store.pop(_slot(round_num), None)
 
     def retire(self, current_round: int) -> None:
         """Drop sessions that do not outlive the start of `current_round`."""

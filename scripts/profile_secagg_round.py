@@ -12,6 +12,16 @@ which under Flower is spread over the Ray workers (clients) and the driver (serv
     .venv/bin/python scripts/profile_secagg_round.py flower --out /tmp/prof  # over Flower:
         # cProfile of the Ray workers' message thread and of the ServerApp's thread, plain
         # and secure runs; prints each side's top functions per round
+    .venv/bin/python scripts/profile_secagg_round.py glue --reps 200  # one client's
+        # messages of a steady round through the Flower ClientApp, as Ray carries them
+
+`glue` replays one client's requests of a steady round (plain: the train request; secure:
+masked input with the next round's advertise rider, then unmask with its share-keys
+rider), captured from an in-process run, through the ClientApp handler the way Flower's
+simulation delivers them: (app, message, context) pickled by cloudpickle and unpickled,
+the reply and context pickled back. It prints the CPU of one client-round, plain and
+secure, and their difference: the client's share of the secure round's overhead, Ray's
+serialization of the app and the node state included (its transport costs are not).
 
 `stages` sums the cumulative CPU of the handler's and the channel's parts over the steady
 rounds (round 1 and the last excluded, as the benchmark does) per round.
@@ -20,14 +30,20 @@ rounds (round 1 and the last excluded, as the benchmark does) per round.
 from __future__ import annotations
 
 import argparse
+import copy
 import cProfile
 import json
 import os
+import pickle
 import pstats
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
+
+from flwr.app import Context, Message, Metadata, RecordDict
+from ray import cloudpickle
 
 from fedveil.benchmarks import bench_secagg_round
 from fedveil.benchmarks.bench_secagg_round import (
@@ -39,6 +55,10 @@ from fedveil.benchmarks.bench_secagg_round import (
     steady_cpu,
 )
 from fedveil.benchmarks.secagg_round_workload import Workload, graph_parameters
+from fedveil.client import runtime as client_runtime
+from fedveil.client.flower_client_app import make_client_app, save_state
+from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.flower_codec import message_type, to_content
 
 # (label, file suffix, function name): the parts of a secure round whose cumulative CPU
 # `stages` reports. Client side first, then the server's.
@@ -174,9 +194,84 @@ def flower(args: argparse.Namespace) -> None:
             pstats.Stats(*files).sort_stats(args.sort).print_stats(args.top)
 
 
+def _captured(w: Workload, secagg: bool, k: int, t: int, client: int) -> tuple[dict, list]:
+    """`client`'s state before round 2 and its round-2 requests, from an in-process run."""
+    cls = client_runtime.ClientRuntime
+    original = cls.handle
+    start: dict[str, Any] = {}
+    requests: list[Envelope] = []
+
+    def handle(self: Any, client_id: int, msg: Envelope, state: dict[str, Any]) -> Envelope:
+        if client_id == client and msg.round == 2:
+            if not requests:
+                start.update(copy.deepcopy(state))
+            requests.append(msg)
+        return original(self, client_id, msg, state)
+
+    cls.handle = handle  # type: ignore[method-assign]  # a profiling script's probe
+    try:
+        run_ours(w, secagg, k, t, 3, "inprocess")
+    finally:
+        cls.handle = original  # type: ignore[method-assign]
+    return start, requests
+
+
+def _delivered(env: Envelope, node_id: int) -> Message:
+    return Message(
+        content=to_content(env),
+        metadata=Metadata(
+            run_id=1,
+            message_id=f"m{env.kind}",
+            src_node_id=0,
+            dst_node_id=node_id,
+            reply_to_message_id="",
+            group_id="",
+            created_at=time.time(),
+            ttl=600.0,
+            message_type=message_type(env.kind),
+        ),
+    )
+
+
+def glue(args: argparse.Namespace) -> dict[str, Any]:
+    """CPU of one client's steady round through the ClientApp, as Ray carries it."""
+    w, k, t = workload(args)
+    client = min(set(range(w.clients)) - w.dropped)
+    app = make_client_app(DroppingRuntimeFactory(w, True))
+
+    def load_app() -> Any:  # a closure, as Flower's own `_load_app`
+        return app
+
+    out: dict[str, Any] = {}
+    for secagg in (False, True):
+        state, requests = _captured(w, secagg, k, t, client)
+        messages = [_delivered(env, 7) for env in requests]
+        samples = []
+        for _ in range(args.reps):
+            context = Context(1, 7, {"partition-id": client}, RecordDict(), {})
+            save_state(context, copy.deepcopy(state))
+            started = time.process_time()
+            for message in messages:
+                fn, msg, cid, ctx = pickle.loads(
+                    cloudpickle.dumps((load_app, message, str(client), context))
+                )
+                reply = fn()(msg, ctx)
+                if reply.has_error():
+                    raise RuntimeError(f"{msg.metadata.message_type}: {reply.error}")
+                cid, reply, context = pickle.loads(cloudpickle.dumps((cid, reply, ctx)))
+            samples.append(time.process_time() - started)
+        out["secure" if secagg else "plain"] = {
+            "messages": len(messages),
+            "median_ms": round(statistics.median(samples) * 1000, 3),
+            "min_ms": round(min(samples) * 1000, 3),
+        }
+    out["overhead_median_ms"] = round(out["secure"]["median_ms"] - out["plain"]["median_ms"], 3)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=["cpu", "stages", "cprofile", "flower"])
+    p.add_argument("what", choices=["cpu", "stages", "cprofile", "flower", "glue"])
     p.add_argument("--out", default="/tmp/secagg-profile")
     p.add_argument("--clients", type=int, default=100)
     p.add_argument("--dim", type=int, default=100_000)
@@ -185,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--sort", default="tottime")
+    p.add_argument("--reps", type=int, default=200, help="glue: replays of the round")
     args = p.parse_args(argv)
     with _torch_threads(1):
         if args.what == "cpu":
@@ -195,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {label:40s} {ms:8.1f}")
         elif args.what == "flower":
             flower(args)
+        elif args.what == "glue":
+            print(json.dumps(glue(args), indent=1))
         else:
             _profile(args).sort_stats(args.sort).print_stats(args.top)
     return 0

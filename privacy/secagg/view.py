@@ -14,6 +14,7 @@ and co-sign the survivor set, which the consistency round shows them.
 from __future__ import annotations
 
 import itertools
+import operator
 import struct
 from dataclasses import dataclass
 from functools import cached_property
@@ -93,7 +94,8 @@ class SessionView:
             raise ValueError(f"{len(ids)} neighbourhood ids but {len(xs)} x-coordinates")
         if not 2 <= len(ids) <= self.neighbors + 1:
             raise ValueError(f"neighbourhood of {len(ids)}: must be 2..neighbors + 1")
-        if any(a >= b for a, b in itertools.pairwise(ids)) or ids[0] < 0:
+        # map/all in C: a view is built for every request and every restore of a session
+        if not all(map(operator.lt, ids, itertools.islice(ids, 1, None))) or ids[0] < 0:
             raise ValueError("neighbourhood ids must be sorted, unique and >= 0")
         if ids[-1] >= 2**64 or self.holder not in ids:
             raise ValueError("the holder must be in its neighbourhood, ids < 2^64")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from fedveil.client.sessions import (
     PIPELINE_DEPTH,
     Advance,
@@ -9,7 +11,11 @@ from fedveil.client.sessions import (
     RoundClock,
     SecAggSessions,
     outlives,
+    pack_session,
 )
+from fedveil.privacy.secagg import SecAggClient, SessionConfig
+from fedveil.privacy.secagg.view import SessionView
+from fedveil.protocol.envelope import MessageError
 
 
 def test_a_session_lives_into_the_next_round_and_no_further() -> None:
@@ -71,3 +77,48 @@ def test_client_states_drop_clients_and_sessions_the_pipeline_no_longer_reaches(
     assert SecAggSessions(states.stores[1]).rounds() == [2]
     states.advance(1)  # a new run
     assert states.stores == {}
+
+
+def test_a_session_is_one_packed_entry_of_the_store() -> None:
+    # Flower pickles a node's state with every message and type-checks each entry it
+    # writes: a session is one bytes value, whatever its fields.
+    store: dict[str, object] = {"ledger": "kept"}
+    state = {"version": 1, "client_id": 7, "stage": "shared", "seed": bytes(range(32)), "n": -5}
+    SecAggSessions(store).save(4, state)
+    assert sorted(store) == ["ledger", "sa.state.4"] and isinstance(store["sa.state.4"], bytes)
+    assert SecAggSessions(store).restore(4) == state
+
+
+def test_a_real_client_resumes_from_its_packed_state() -> None:
+    session = SessionConfig.create(
+        range(10), dimension=4, modulus_bits=16, run_id=b"r", round=3, neighbors=9, threshold=5
+    )
+    client = SecAggClient(2, SessionView.of(session, 2, session.neighbours_of(2)))
+    client.advertise()
+    sessions = SecAggSessions({})
+    sessions.save(3, client.to_state())
+    assert SecAggClient.from_state(sessions.restore(3)).to_state() == client.to_state()
+
+
+GOOD = pack_session({"stage": "advertised", "seed": b"s" * 32, "version": 1})
+
+
+@pytest.mark.parametrize(
+    ("stored", "named"),
+    [
+        (GOOD[:-1], "truncated"),  # a value cut short
+        (GOOD[:7], "truncated|unpack"),  # cut inside an entry's header
+        (b"fvss9" + GOOD[5:], "magic"),
+        ("a string", "magic"),
+        ({"stage": "advertised"}, "magic"),  # the flat layout of before: not guessed at
+        (GOOD + GOOD[5:], "repeated"),
+        (GOOD.replace(b"seed\x01", b"seed\x07"), "type tag 7"),
+        (
+            GOOD.replace(b"version\x00\x00\x00\x00\x08", b"version\x00\x00\x00\x00\x04")[:-4],
+            "int of 4",
+        ),
+    ],
+)
+def test_a_malformed_saved_session_is_refused_by_name(stored: object, named: str) -> None:
+    with pytest.raises(MessageError, match=f"saved session unreadable: .*({named})"):
+        SecAggSessions({"sa.state.4": stored}).restore(4)

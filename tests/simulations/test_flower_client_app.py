@@ -62,3 +62,14 @@ def test_the_runtime_is_built_once_per_process_though_the_app_is_pickled_per_mes
     other = cloudpickle.loads(cloudpickle.dumps(make_client_app(counting_factory)))
     other(delivered("hello", 99), Context(1, 99, {"partition-id": 0}, RecordDict(), {}))
     assert len(BUILT) == 2
+
+
+def test_the_app_ships_no_function_code_with_each_message():
+    # Flower's simulation pickles the ClientApp with every message: its handlers travel by
+    # reference (instances of a module-level class), not as closures whose code cloudpickle
+    # rebuilds by value at both ends of every message.
+    raw = cloudpickle.dumps(make_client_app(counting_factory))
+    assert b"_make_function" not in raw  # cloudpickle's rebuilder of a by-value function
+    shipped = cloudpickle.loads(raw)
+    context = Context(1, 12, {"partition-id": 2}, RecordDict(), {})
+    assert from_content(shipped(delivered("hello", 12), context).content).config["client_id"] == 2
