@@ -241,15 +241,9 @@ class ClientRuntime:
         if cfg is None:
             return None
         if self._floor is None:
-            from fedveil.privacy.secagg import ThreatModel
-            from fedveil.privacy.secagg.session_floor import SessionFloor
+            from fedveil.client.secagg_floors import session_floor_of
 
-            s = cfg.secagg
-            try:
-                threat = ThreatModel(s.adversarial_rate, s.dropout_rate, s.threat)
-            except ValueError as exc:
-                raise MessageError(f"this client's secagg threat model: {exc}") from None
-            self._floor = SessionFloor(threat, self.task.num_clients)
+            self._floor = session_floor_of(cfg, self.task.num_clients)
         return self._floor
 
     def pinned_plan(self) -> PinnedPlan | None:
