@@ -410,8 +410,10 @@ def edge_from_node_config(node_config: Mapping[str, Any]) -> EdgeClient:
         if state is None
         else DpSgdLedger(Path(str(state)) / DP_SGD_DIR, policy.max_dp_epsilon, policy.dp_delta)
     )
+    # The masked inputs sent per run survive a restart of the app's process too.
+    counts = None if state is None else MaskedInputCounts(Path(str(state)) / MASKED_INPUTS_DIR)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    return EdgeClient(source, cid, policy, device, dp_sgd_ledger=ledger)
+    return EdgeClient(source, cid, policy, device, dp_sgd_ledger=ledger, masked_inputs=counts)
 
 
 app = ClientApp()

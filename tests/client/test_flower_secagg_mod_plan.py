@@ -18,8 +18,13 @@ from flwr.common import Metadata
 
 from fedveil.client.flower_secagg_mod import fedveil_secagg_mod
 from fedveil.privacy.encodings import QuantizedEncoding
-from fedveil.privacy.secagg import SecAggServer, SessionConfig, ThreatModel, flower_run_id
-from fedveil.privacy.secagg import decode_message
+from fedveil.privacy.secagg import (
+    SecAggServer,
+    SessionConfig,
+    ThreatModel,
+    decode_message,
+    flower_run_id,
+)
 from fedveil.protocol import flower_secagg_codec as codec
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import ErrorCode

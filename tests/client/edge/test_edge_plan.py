@@ -24,6 +24,7 @@ from fedveil.client.edge.device_app import (
     EdgeClient,
     TaskSource,
     answer,
+    edge_from_node_config,
 )
 from fedveil.client.edge.edge import EdgeNode, EdgeOptions
 from fedveil.client.edge.edge_policy import LocalPolicy
@@ -201,23 +202,33 @@ def test_a_device_refuses_masked_inputs_past_the_runs_rounds():
             assert_refused(reply, f"client {cid}'s participation 2", "server.rounds = 1")
 
 
-def devices_with_state(state) -> dict[int, EdgeClient]:
-    """Devices whose edge node keeps its state in `state/<client>`: a new call is each
-    device restarted (a new process reads only what its state directory kept)."""
+def devices_with_state(state, how: str = "edge-node") -> dict[int, EdgeClient]:
+    """Devices keeping their state in `state/<client>`, as `fedveil client --state-dir`
+    builds them (its edge node) or as Flower's process isolation does (node config
+    `state-dir`): a new call is each device restarted (a new process reads only what its
+    state directory kept)."""
+    if how == "node-config":
+        return {
+            cid: edge_from_node_config(
+                {"client-id": cid, "task": "deploy_task:make", "state-dir": str(state / str(cid))}
+            )
+            for cid in range(N)
+        }
     edges = devices()
     for cid, edge in edges.items():
         EdgeNode(EdgeOptions("127.0.0.1:9092", cid, state / str(cid), insecure=True), edge)
     return edges
 
 
-def test_a_restarted_device_still_refuses_masked_inputs_past_the_runs_rounds(tmp_path):
+@pytest.mark.parametrize("how", ["edge-node", "node-config"])
+def test_a_restarted_device_still_refuses_masked_inputs_past_the_runs_rounds(tmp_path, how):
     """A device restarted in the middle of a one-round run has kept the count of masked
     inputs it sent: the coordinator gets no second one by restarting it (or waiting for a
     restart), whose noise share would compose past the stated epsilon."""
     one_round = {"server.rounds": 1}
     config = run_config(**DISTRIBUTED, **one_round)
     plan = device_plan(**one_round)
-    edges = devices_with_state(tmp_path)
+    edges = devices_with_state(tmp_path, how)
     _, requests = to_masked_input(edges, config, 1, **one_round)
     for cid, request in requests.items():
         reply = send(edges[cid], honest_masked_input(request, plan), config)
@@ -225,7 +236,7 @@ def test_a_restarted_device_still_refuses_masked_inputs_past_the_runs_rounds(tmp
     kept = tmp_path / "0" / MASKED_INPUTS_DIR / f"{RUN}-0.json"
     assert oct(kept.stat().st_mode & 0o777) == "0o600"
     assert json.loads(kept.read_text())["masked_inputs"] == 1
-    restarted = devices_with_state(tmp_path)
+    restarted = devices_with_state(tmp_path, how)
     _, requests = to_masked_input(restarted, config, 2, **one_round)
     for cid, request in requests.items():
         reply = send(restarted[cid], honest_masked_input(request, plan, 2), config)
