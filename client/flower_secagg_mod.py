@@ -13,7 +13,10 @@ sends them quantized and masked in the same reply: the plain update never leaves
 client. Federated evaluation runs the same way over the app's @app.evaluate() metrics.
 
 A plain train or evaluate message (a server without secure aggregation) is refused:
-this client shows its update and metrics only to the protocol.
+this client shows its update and metrics only to the protocol. Every session is held to
+the client's own plan, read from the app's run config (client/flower_secagg_plan.py): a
+session below its threat model's floor is refused before any key, and a survivor set
+below its survivor floor gets no unmasking share.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord
 from flwr.clientapp.typing import ClientAppCallable
 
+from fedveil.client.flower_secagg_plan import mod_plan
 from fedveil.client.secagg_stages import handle_secagg
 from fedveil.privacy.dp.clipping import clip_update
 from fedveil.privacy.secagg import flower_run_id
@@ -68,9 +72,18 @@ def fedveil_secagg_mod(msg: Message, context: Context, call_next: ClientAppCalla
         return local_contribution(msg, context, call_next, stage)
 
     def answer(request: Envelope) -> Envelope:
-        return handle_secagg(cid, request, state, local, run_id=flower_run_id(context.run_id))
+        return handle_secagg(
+            cid,
+            request,
+            state,
+            local,
+            run_id=flower_run_id(context.run_id),
+            min_survivors=plan.min_survivors,
+            floor=plan.floor,
+        )
 
     try:
+        plan = mod_plan(context.run_config)  # the client's own, never the message's
         request, rider = detach(codec.unpack(msg.content))
         if rider is None:
             reply = answer(request)

@@ -16,7 +16,10 @@ participations the client's own run config allows: `server.rounds` masked inputs
 synchronous run (one per round), `server.max_participations` in an asynchronous one. A
 coordinator that asks for more (rounds past the run's end, a second session in a round)
 would compose the client's releases past every stated figure: the account refuses the
-masked input past that limit, whatever the cap.
+masked input past that limit, whatever the cap. The count is the client's
+`RunMaskedInputs` (client/masked_input_counts.py): on a device it is kept in the state
+directory and recorded before the masked input is computed, so a restart does not reset
+it; a count file it cannot trust is a refusal, never a count of zero.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from fedveil.protocol.dp_rules import POISSON
 from fedveil.protocol.envelope import MessageError
 
 if TYPE_CHECKING:
+    from fedveil.client.masked_input_counts import RunMaskedInputs
     from fedveil.privacy.dp.distributed_plan import DistributedDpPlan
 
 
@@ -43,7 +47,8 @@ class OwnShareAccount:
 
     `cap`: the most own-share-only epsilon a client accepts (None: no cap).
     `limit`: the most masked inputs the run config allows a client, and the setting that
-    says so (None: no limit)."""
+    says so (None: no limit). `counts`: where the client's masked inputs of this run are
+    counted (a device's state directory; None: in memory)."""
 
     def __init__(
         self,
@@ -51,12 +56,17 @@ class OwnShareAccount:
         delta: float,
         cap: float | None,
         limit: tuple[int, str] | None = None,
+        counts: RunMaskedInputs | None = None,
     ) -> None:
         if cap is not None and not (math.isfinite(cap) and cap > 0):
             raise ValueError(f"own-share-only epsilon cap = {cap!r}: must be a finite number > 0")
         self.plan, self.delta, self.cap, self.limit = plan, delta, cap, limit
         self.own_z = _z_or_zero(lambda: plan.params.noise_multiplier_for(1, plan.neighbouring))
-        self.participations: dict[int, int] = {}
+        if counts is None:
+            from fedveil.client.masked_input_counts import MaskedInputCounts
+
+            counts = MaskedInputCounts().for_run("memory")
+        self.counts = counts
 
     def _event(self, z: float) -> PrivacyEvent:
         return PrivacyEvent(
@@ -86,9 +96,10 @@ class OwnShareAccount:
             return math.inf
 
     def admit(self, client_id: int) -> float:
-        """Count one more masked input of `client_id` and return its own-share-only epsilon
-        after it; refused (and not counted) above the cap."""
-        after = self.participations.get(client_id, 0) + 1
+        """Count one more masked input of `client_id` (recorded before it is computed) and
+        return its own-share-only epsilon after it; refused (and not counted) past the run's
+        limit or the cap, or when the count cannot be read."""
+        after = self.participations(client_id) + 1
         if self.limit is not None and not (after <= self.limit[0]):
             most, setting = self.limit
             raise OwnShareRefusal(
@@ -106,8 +117,12 @@ class OwnShareAccount:
                 f"cohort member is the coordinator's), above its cap {self.cap:g} "
                 "(--max-own-share-epsilon)"
             )
-        self.participations[client_id] = after
+        self.counts.record(client_id, after)
         return eps
+
+    def participations(self, client_id: int) -> int:
+        """The masked inputs `client_id` sent in this run so far."""
+        return self.counts.get(client_id)
 
 
 def _z_or_zero(z: Callable[[], float]) -> float:

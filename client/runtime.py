@@ -39,6 +39,7 @@ from fedveil.tasks import Task
 
 if TYPE_CHECKING:
     from fedveil.client.ftrl_participation import ParticipationGuard
+    from fedveil.client.masked_input_counts import RunMaskedInputs
     from fedveil.client.own_share import OwnShareAccount
     from fedveil.client.plan_pin import PinnedPlan
     from fedveil.config import RunConfig
@@ -114,7 +115,9 @@ class ClientRuntime:
     this (client/own_share.py; None: no cap). `trainer` runs local training
     (the in-process engine passes one that hands back results it computed for several
     clients at once: same signature, same arithmetic). `dp_sgd_budget`: a device's own
-    DP-SGD accounting (client/dpsgd_budget.py), charged before each DP-SGD round."""
+    DP-SGD accounting (client/dpsgd_budget.py), charged before each DP-SGD round.
+    `masked_inputs`: where this run's masked inputs are counted under distributed DP (a
+    device's state directory, client/masked_input_counts.py; None: in memory)."""
 
     def __init__(
         self,
@@ -129,6 +132,7 @@ class ClientRuntime:
         dp_sgd_budget: DpSgdBudget | None = None,
         max_own_share_epsilon: float | None = None,
         participation: ParticipationGuard | None = None,
+        masked_inputs: RunMaskedInputs | None = None,
     ) -> None:
         self.task = task
         self.identities = identities
@@ -142,6 +146,7 @@ class ClientRuntime:
         # Under distributed DP: each client's own-share-only epsilon, capped (client/own_share.py).
         self.max_own_share_epsilon = max_own_share_epsilon
         self.own_share: OwnShareAccount | None = None
+        self.masked_inputs = masked_inputs
         self.model = FlatModel(task.model_fn(), device)
         self.trainer = trainer
         self.dp_sgd_budget = dp_sgd_budget
@@ -236,15 +241,9 @@ class ClientRuntime:
         if cfg is None:
             return None
         if self._floor is None:
-            from fedveil.privacy.secagg import ThreatModel
-            from fedveil.privacy.secagg.session_floor import SessionFloor
+            from fedveil.client.secagg_floors import session_floor_of
 
-            s = cfg.secagg
-            try:
-                threat = ThreatModel(s.adversarial_rate, s.dropout_rate, s.threat)
-            except ValueError as exc:
-                raise MessageError(f"this client's secagg threat model: {exc}") from None
-            self._floor = SessionFloor(threat, self.task.num_clients)
+            self._floor = session_floor_of(cfg, self.task.num_clients)
         return self._floor
 
     def pinned_plan(self) -> PinnedPlan | None:
@@ -263,6 +262,7 @@ class ClientRuntime:
                 self.run_config.dp.delta,
                 self.max_own_share_epsilon,
                 participation_limit(self.run_config),
+                self.masked_inputs,
             )
             self._pin = PinnedPlan(plan, float(self.run_config.dp.clip_norm))
         return self._pin

@@ -19,11 +19,9 @@ each with a message saying why.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +35,8 @@ from flwr.serverapp import ServerApp
 from fedveil.client.flower_client_app import make_client_app
 from fedveil.client.flower_secagg_mod import fedveil_secagg_mod
 from fedveil.client.runtime import ClientRuntime
-from fedveil.config import SECTIONS, ConfigError, RunConfig, config_from_dict, load_config, to_toml
+from fedveil.config import ConfigError, RunConfig, config_from_dict, load_config, to_toml
+from fedveil.config.flower_run_config import run_config_of
 from fedveil.protocol.flower_codec import KINDS, STOCK_EVALUATE, STOCK_TRAIN, message_type
 from fedveil.server.engine.flower_secagg import (
     BudgetExhausted,
@@ -74,30 +73,9 @@ __all__ = [
 
 ConfigSource = RunConfig | str | os.PathLike[str]
 
-CONFIG_PATH_KEY = "fedveil-config"  # [tool.flwr.app.config]: the fedveil run config's path
-KEY_PREFIX = "fedveil."  # optional namespace of fedveil keys among the app's own
-_TOP_KEYS = {f.name for f in dataclasses.fields(RunConfig)} - set(SECTIONS)
-
 
 class RunFailed(RuntimeError):
     """No client's update was aggregated in any round; the message gives the first cause."""
-
-
-# -- the run config ---------------------------------------------------------------------
-def run_config_of(values: Mapping[str, Any]) -> RunConfig:
-    """A fedveil RunConfig from a Flower app's run config ([tool.flwr.app.config], which
-    Flower flattens to dotted keys): `fedveil-config` names a TOML file, fedveil's own
-    keys (`server.rounds`, `seed`, ...) override it, other keys are the app's and ignored."""
-    path = values.get(CONFIG_PATH_KEY)
-    if path is not None and not isinstance(path, str):
-        raise ConfigError(f"{CONFIG_PATH_KEY} = {path!r}: must be a path (a string)")
-    overrides: dict[str, Any] = {}
-    for key, value in values.items():
-        name = key[len(KEY_PREFIX) :] if key.startswith(KEY_PREFIX) else key
-        head, dot, _ = name.partition(".")
-        if (dot and head in SECTIONS) or (not dot and name in _TOP_KEYS):
-            overrides[name] = value
-    return load_config(path, overrides)
 
 
 def _resolve(config: ConfigSource) -> RunConfig:

@@ -34,6 +34,7 @@ from fedveil.client.edge.edge_policy import LocalPolicy, planned_steps
 from fedveil.client.edge.ledger_guard import LedgerGuard
 from fedveil.client.flower_stock_server import is_stock_type
 from fedveil.client.ftrl_participation import ParticipationGuard
+from fedveil.client.masked_input_counts import MaskedInputCounts
 from fedveil.client.runtime import ClientRuntime
 from fedveil.client.sessions import Advance, RoundClock, SecAggSessions
 from fedveil.config import ConfigError, RunConfig, config_from_dict
@@ -59,6 +60,7 @@ log = logging.getLogger("fedveil.edge")
 BAD_MESSAGE = ErrorCode.BAD_MESSAGE.value
 DP_SGD_DIR = "dp_sgd"  # <state-dir>/dp_sgd/<run>.jsonl: the device's DP-SGD rounds
 PARTICIPATION_DIR = "ftrl-participation"  # DP-FTRL: the device's own participations
+MASKED_INPUTS_DIR = "masked-inputs"  # distributed DP: the masked inputs sent per run
 CLIENT_FAILURE = ErrorCode.CLIENT_FAILURE.value
 
 
@@ -88,6 +90,7 @@ class EdgeClient:
         ledger_guard: LedgerGuard | None = None,
         dp_sgd_ledger: DpSgdLedger | None = None,
         participation: ParticipationGuard | None = None,
+        masked_inputs: MaskedInputCounts | None = None,
     ) -> None:
         """`identity`: this device's secure-aggregation identity key and the operator's
         roster; with one, the device takes part only in malicious-server sessions.
@@ -95,7 +98,10 @@ class EdgeClient:
         training (ledger_guard.py; default: one that keeps its pins in memory; the edge
         node gives it the state dir's store). `dp_sgd_ledger`: the device's own DP-SGD
         accounting across runs and restarts (the edge node keeps it in its state
-        directory); required by a policy with max_dp_epsilon."""
+        directory); required by a policy with max_dp_epsilon. `masked_inputs`: the masked
+        inputs this device sent per run under distributed DP (the edge node keeps them in
+        its state directory, so a restart does not reset the run's participation limit;
+        default: in memory)."""
         if client_id < 0:
             raise ValueError(f"client id {client_id}: must be >= 0")
         if identity is not None and identity.client_id != client_id:
@@ -116,6 +122,7 @@ class EdgeClient:
         # DP-FTRL: this device's own participations per run (the edge node keeps them in
         # its state directory, so they survive a restart; client/ftrl_participation.py).
         self.participation = participation if participation is not None else ParticipationGuard()
+        self.masked_inputs = masked_inputs if masked_inputs is not None else MaskedInputCounts()
         self._run_id: int | None = None
         self._run_cfg: RunConfig | None = None
         self._runtime: ClientRuntime | None = None
@@ -217,6 +224,7 @@ class EdgeClient:
                 else self.dp_sgd_ledger.for_run(str(run_id)),
                 max_own_share_epsilon=self.policy.max_own_share_epsilon or None,
                 participation=self.participation,
+                masked_inputs=self.masked_inputs.for_run(str(run_id)),
             )
             self._num_examples = len(task.client_data(self.client_id))
         except MessageError:
@@ -276,7 +284,7 @@ class EdgeClient:
         elif training:
             if request.kind == Kind.SECAGG_MASKED_INPUT and runtime.own_share is not None:
                 account = runtime.own_share
-                done = account.participations.get(self.client_id, 0)
+                done = account.participations(self.client_id)
                 log.info(
                     "run %d round %d: own-share-only epsilon against the coordinator after "
                     "%d participations: %.4g (stated, at the plan's %d honest shares: %.4g)",
@@ -402,8 +410,10 @@ def edge_from_node_config(node_config: Mapping[str, Any]) -> EdgeClient:
         if state is None
         else DpSgdLedger(Path(str(state)) / DP_SGD_DIR, policy.max_dp_epsilon, policy.dp_delta)
     )
+    # The masked inputs sent per run survive a restart of the app's process too.
+    counts = None if state is None else MaskedInputCounts(Path(str(state)) / MASKED_INPUTS_DIR)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    return EdgeClient(source, cid, policy, device, dp_sgd_ledger=ledger)
+    return EdgeClient(source, cid, policy, device, dp_sgd_ledger=ledger, masked_inputs=counts)
 
 
 app = ClientApp()

@@ -38,7 +38,13 @@ from typing import Any
 import httpx
 
 from fedveil.client.dpsgd_budget import DpSgdLedger
-from fedveil.client.edge.device_app import DP_SGD_DIR, PARTICIPATION_DIR, EdgeClient, answer
+from fedveil.client.edge.device_app import (
+    DP_SGD_DIR,
+    MASKED_INPUTS_DIR,
+    PARTICIPATION_DIR,
+    EdgeClient,
+    answer,
+)
 from fedveil.client.edge.ledger_guard import LedgerGuard
 from fedveil.client.edge.runtime_port import (
     EXIT_RUNTIME_UNBOUND,
@@ -49,6 +55,7 @@ from fedveil.client.edge.runtime_port import (
 from fedveil.client.edge.tls_probe import insecure_against_tls_error, server_speaks_tls
 from fedveil.client.edge.witness import WitnessStore
 from fedveil.client.ftrl_participation import ParticipationGuard
+from fedveil.client.masked_input_counts import MaskedInputCounts
 from fedveil.ops.private_file import write_private_file
 from fedveil.ops.procs import (
     await_reported_port,
@@ -144,6 +151,10 @@ class EdgeNode:
         if edge.participation.directory is None:
             # DP-FTRL: the participations this device counted survive a restart.
             edge.participation = ParticipationGuard(opts.state_dir / PARTICIPATION_DIR)
+        if edge.masked_inputs.directory is None:
+            # Distributed DP: the masked inputs sent per run survive a restart, so the
+            # run's participation limit does too (client/masked_input_counts.py).
+            edge.masked_inputs = MaskedInputCounts(opts.state_dir / MASKED_INPUTS_DIR)
         if edge.dp_sgd_ledger is None:
             # Every DP-SGD round this device trains is accounted on disk, across runs and
             # restarts, and checked against --max-dp-epsilon (client/dpsgd_budget.py).

@@ -18,7 +18,15 @@ from flwr.supercore.task_identity import TaskIdentity
 from ledger_heads import with_ledger_head
 from test_edge_client import DISTRIBUTED, SETUP, N, request_message, run_config, train_request
 
-from fedveil.client.edge.device_app import BAD_MESSAGE, EdgeClient, TaskSource, answer
+from fedveil.client.edge.device_app import (
+    BAD_MESSAGE,
+    MASKED_INPUTS_DIR,
+    EdgeClient,
+    TaskSource,
+    answer,
+    edge_from_node_config,
+)
+from fedveil.client.edge.edge import EdgeNode, EdgeOptions
 from fedveil.client.edge.edge_policy import LocalPolicy
 from fedveil.client.own_share import OwnShareAccount
 from fedveil.client.runtime import ClientRuntime
@@ -192,6 +200,76 @@ def test_a_device_refuses_masked_inputs_past_the_runs_rounds():
         for cid, request in requests.items():
             reply = send(edges[cid], honest_masked_input(request, plan, round_num), config)
             assert_refused(reply, f"client {cid}'s participation 2", "server.rounds = 1")
+
+
+def devices_with_state(state, how: str = "edge-node") -> dict[int, EdgeClient]:
+    """Devices keeping their state in `state/<client>`, as `fedveil client --state-dir`
+    builds them (its edge node) or as Flower's process isolation does (node config
+    `state-dir`): a new call is each device restarted (a new process reads only what its
+    state directory kept)."""
+    if how == "node-config":
+        return {
+            cid: edge_from_node_config(
+                {"client-id": cid, "task": "deploy_task:make", "state-dir": str(state / str(cid))}
+            )
+            for cid in range(N)
+        }
+    edges = devices()
+    for cid, edge in edges.items():
+        EdgeNode(EdgeOptions("127.0.0.1:9092", cid, state / str(cid), insecure=True), edge)
+    return edges
+
+
+@pytest.mark.parametrize("how", ["edge-node", "node-config"])
+def test_a_restarted_device_still_refuses_masked_inputs_past_the_runs_rounds(tmp_path, how):
+    """A device restarted in the middle of a one-round run has kept the count of masked
+    inputs it sent: the coordinator gets no second one by restarting it (or waiting for a
+    restart), whose noise share would compose past the stated epsilon."""
+    one_round = {"server.rounds": 1}
+    config = run_config(**DISTRIBUTED, **one_round)
+    plan = device_plan(**one_round)
+    edges = devices_with_state(tmp_path, how)
+    _, requests = to_masked_input(edges, config, 1, **one_round)
+    for cid, request in requests.items():
+        reply = send(edges[cid], honest_masked_input(request, plan), config)
+        assert not reply.has_error(), reply.error.reason
+    kept = tmp_path / "0" / MASKED_INPUTS_DIR / f"{RUN}-0.json"
+    assert oct(kept.stat().st_mode & 0o777) == "0o600"
+    assert json.loads(kept.read_text())["masked_inputs"] == 1
+    restarted = devices_with_state(tmp_path, how)
+    _, requests = to_masked_input(restarted, config, 2, **one_round)
+    for cid, request in requests.items():
+        reply = send(restarted[cid], honest_masked_input(request, plan, 2), config)
+        assert_refused(reply, f"client {cid}'s participation 2", "server.rounds = 1")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b'{"client_id": 0, "masked_inputs": "one", "run": "1"}',
+        b'{"client_id": 0, "masked_inputs": -1, "run": "1"}',
+        b'{"client_id": 0, "run": "1"}',
+        b'{"client_id": 0, "masked_inputs": 0, "run": "2"}',
+    ],
+    ids=["not-json", "string", "negative", "missing", "another-run"],
+)
+def test_a_count_file_it_cannot_trust_is_a_refusal_naming_it(tmp_path, content):
+    """A corrupt, non-numeric or missing count is not a count of zero: the masked input
+    is refused, naming the file; the other devices, whose files are sound, answer."""
+    config = run_config(**DISTRIBUTED)
+    plan = device_plan()
+    edges = devices_with_state(tmp_path)
+    bad = tmp_path / "0" / MASKED_INPUTS_DIR / f"{RUN}-0.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(content)
+    _, requests = to_masked_input(edges, config, 1)
+    for cid, request in requests.items():
+        reply = send(edges[cid], honest_masked_input(request, plan), config)
+        if cid == 0:
+            assert_refused(reply, str(bad), "rather than count from zero")
+        else:
+            assert not reply.has_error(), reply.error.reason
 
 
 def test_a_device_refuses_a_plain_train_under_distributed_dp():
