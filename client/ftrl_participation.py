@@ -25,11 +25,11 @@ runtime counts in memory the clients it serves, through this same code.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from pathlib import Path
 
 from fedveil.config import RunConfig
+from fedveil.ops.private_file import replace_private_file
 from fedveil.privacy.dp.ftrl.ftrl_plan import ftrl_schema
 from fedveil.privacy.dp.ledger import WITNESS_CONFIG_KEY
 from fedveil.privacy.dp.ledger_head import parse_head_message
@@ -109,9 +109,8 @@ class ParticipationGuard:
         key = (run_id, client_id)
         if key not in self._memory and self.directory is not None:
             path = self._path(run_id, client_id)
-            if path.exists():
-                data = json.loads(path.read_text())
-                self._memory[key] = [int(i) for i in data["releases"]]
+            if path.exists() or path.is_symlink():
+                self._memory[key] = _read_history(path, run_id, client_id)
         return list(self._memory.get(key, []))
 
     def _store(self, run_id: str, client_id: int, history: list[int]) -> None:
@@ -119,12 +118,34 @@ class ParticipationGuard:
         if self.directory is None:
             return
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path = self._path(run_id, client_id)
-        tmp = path.with_name(path.name + ".tmp")
         data = json.dumps({"run_id": run_id, "client_id": client_id, "releases": history})
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        replace_private_file(self._path(run_id, client_id), data.encode())
+
+
+def _read_history(path: Path, run_id: str, client_id: int) -> list[int]:
+    """The release indices recorded at `path`; a file that cannot be trusted (unreadable,
+    not JSON, another run or client, anything but distinct whole numbers >= 1) is a
+    refusal naming it, never an empty history: that would reopen the schema."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ParticipationRefusal(
+            f"{path}: DP-FTRL participation record unreadable ({exc}); this client does "
+            "not train for the run until it is restored or the run is over"
+        ) from None
+    releases = data.get("releases") if isinstance(data, dict) else None
+    ok = (
+        isinstance(data, dict)
+        and data.get("run_id") == run_id
+        and data.get("client_id") == client_id
+        and isinstance(releases, list)
+        and all(type(i) is int and i >= 1 for i in releases)
+        and len(set(releases)) == len(releases)
+    )
+    if not ok:
+        raise ParticipationRefusal(
+            f"{path}: not a DP-FTRL participation record of run {run_id!r}, client "
+            f"{client_id} (releases must be distinct whole numbers >= 1); this client does "
+            "not train for the run until it is restored or the run is over"
+        )
+    return list(releases)

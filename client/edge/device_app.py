@@ -412,8 +412,18 @@ def edge_from_node_config(node_config: Mapping[str, Any]) -> EdgeClient:
     )
     # The masked inputs sent per run survive a restart of the app's process too.
     counts = None if state is None else MaskedInputCounts(Path(str(state)) / MASKED_INPUTS_DIR)
+    # So do its DP-FTRL participations (the edge node's own path does the same).
+    guard = None if state is None else ParticipationGuard(Path(str(state)) / PARTICIPATION_DIR)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    return EdgeClient(source, cid, policy, device, dp_sgd_ledger=ledger, masked_inputs=counts)
+    return EdgeClient(
+        source,
+        cid,
+        policy,
+        device,
+        dp_sgd_ledger=ledger,
+        participation=guard,
+        masked_inputs=counts,
+    )
 
 
 app = ClientApp()

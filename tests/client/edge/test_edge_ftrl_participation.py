@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from signed_requests import (
     SignedCoordinator,
     assert_refused,
@@ -20,6 +21,7 @@ from signed_requests import (
 )
 from signed_requests import send as send_to
 
+from fedveil.client.edge.device_app import edge_from_node_config
 from fedveil.config import load_config
 from fedveil.privacy.dp.ledger import WITNESS_CONFIG_KEY, entry_hash, signed_message
 from fedveil.privacy.dp.signing import LedgerSigner
@@ -84,6 +86,54 @@ def test_at_most_k_participations_also_after_a_restart(tmp_path):
     assert_refused(send(restarted, cfg, coordinator.request(5)), "2 participations already")
     kept = json.loads(next((state / "ftrl-participation").glob("*.json")).read_text())
     assert kept["releases"] == [1, 3]
+
+
+def isolated_device(state):
+    """The device as Flower's process isolation builds it (node config `state-dir`): a
+    new call is the app's process restarted."""
+    return edge_from_node_config(
+        {"client-id": 0, "task": "deploy_task:make", "state-dir": str(state)}
+    )
+
+
+def test_a_device_under_process_isolation_keeps_its_participations_over_a_restart(tmp_path):
+    coordinator = ftrl_coordinator(tmp_path)
+    cfg, state = coordinator.cfg, tmp_path / "state"
+    assert_trained(send(isolated_device(state), cfg, coordinator.request(1)))
+    coordinator.release(1)
+    coordinator.release(2)
+    assert_trained(send(isolated_device(state), cfg, coordinator.request(3)))
+    coordinator.release(3)
+    coordinator.release(4)
+    kept = state / "ftrl-participation" / "ftrl-run-0.json"
+    assert oct(kept.stat().st_mode & 0o777) == "0o600"
+    assert json.loads(kept.read_text())["releases"] == [1, 3]
+    assert_refused(
+        send(isolated_device(state), cfg, coordinator.request(5)), "2 participations already"
+    )
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b'{"run_id": "ftrl-run", "client_id": 0, "releases": ["1"]}',
+        b'{"run_id": "ftrl-run", "client_id": 0, "releases": [0]}',
+        b'{"run_id": "ftrl-run", "client_id": 0}',
+        b'{"run_id": "another-run", "client_id": 0, "releases": []}',
+        b'{"run_id": "ftrl-run", "client_id": 1, "releases": []}',
+    ],
+    ids=["not-json", "string", "zero", "missing", "another-run", "another-client"],
+)
+def test_a_participation_record_it_cannot_trust_is_a_refusal_naming_it(tmp_path, content):
+    """A corrupt or foreign record is not an empty history (which would reopen the
+    schema): the request is refused, naming the file."""
+    coordinator = ftrl_coordinator(tmp_path)
+    state = tmp_path / "state"
+    bad = state / "ftrl-participation" / "ftrl-run-0.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(content)
+    assert_refused(send(device(state), coordinator.cfg, coordinator.request(1)), str(bad))
 
 
 def test_min_separation_is_clocked_by_the_signed_ledger(tmp_path):
