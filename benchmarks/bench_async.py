@@ -16,7 +16,8 @@ job's training time per client), sigma 1.0 per draw and 0.5 per client.
   masks removed by dropout recovery; each protocol stage has sync_deadline's deadline
   (--group-deadline p90), a member past it is dropped as well; a group goes out once
   S = R slots are free, its other members starting to train as slots come free
-  (--dispatch-at, server.group_dispatch_at; 0: once G are, the design before);
+  (--dispatch-at, server.group_dispatch_at; 0: once G are, the design before); with
+  --unmask threshold its unmask stage ends at the first t replies (server.group_unmask);
 - async_secagg_whole: the previous design, side by side: groups of G = K that wait for
   every member (or the deadline).
 
@@ -149,6 +150,13 @@ def add_async_arguments(p: argparse.ArgumentParser) -> None:
         "the slots as they come free (server.group_start_order) [client_id]",
     )
     p.add_argument(
+        "--unmask",
+        choices=("survivors", "threshold"),
+        default="survivors",
+        help="async_secagg: when a group's unmask stage ends (server.group_unmask): once "
+        "every survivor has sent its shares, or at the first t replies [survivors]",
+    )
+    p.add_argument(
         "--group-deadline",
         choices=("p90", "none"),
         default="p90",
@@ -202,6 +210,7 @@ class Setup:
     dispatch_at: int  # async_secagg: server.group_dispatch_at S (0: G, at once)
     member_model: str  # async_secagg: server.group_member_model (rolling dispatch)
     start_order: str  # async_secagg: server.group_start_order (rolling dispatch)
+    unmask: str  # async_secagg: server.group_unmask (survivors | threshold)
     group_deadline: bool  # async_secagg: round_timeout at the p90 latency, as sync_deadline
     latency_median: float
     message_latency_share: float  # async_secagg's key and unmask stages, of latency_median
@@ -237,6 +246,7 @@ def resolve(args: argparse.Namespace) -> Setup:
         dispatch_at=dispatch_at,
         member_model=getattr(args, "member_model", "dispatch"),
         start_order=getattr(args, "start_order", "client_id"),
+        unmask=getattr(args, "unmask", "survivors"),
         group_deadline=getattr(args, "group_deadline", "p90") == "p90",
         latency_median=args.latency_median,
         message_latency_share=args.message_latency_share,
@@ -299,6 +309,8 @@ def contender_values(name: str, s: Setup, seed: int, out: Path) -> dict[str, Any
                 values["server.group_member_model"] = s.member_model
             if s.start_order != "client_id":
                 values["server.group_start_order"] = s.start_order
+        if s.unmask != "survivors" and not whole:
+            values["server.group_unmask"] = s.unmask
         if s.group_deadline:  # stragglers past it are dropped; the sum comes by recovery
             values["server.round_timeout"] = deadline(s, seed)
     return values
@@ -412,6 +424,7 @@ def bench(s: Setup, seeds: list[int], names: list[str], out: Path) -> dict[str, 
         dispatch_at=s.dispatch_at,
         member_model=s.member_model,
         start_order=s.start_order,
+        unmask=s.unmask,
         latency_median_s=s.latency_median,
         latency_sigma=1.0,
         latency_client_sigma=0.5,

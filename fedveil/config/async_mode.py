@@ -67,6 +67,12 @@ def check_async_fields(cfg: RunConfig) -> None:
                 "'sync': it is a rolling asynchronous group's; set it to 'dispatch', or use "
                 "server.mode = 'async' | 'ssp'"
             )
+        if s.group_unmask != "survivors":
+            raise ConfigError(
+                f"server.group_unmask = {s.group_unmask!r} with server.mode = 'sync': it "
+                "ends an asynchronous group's unmask stage; set it to 'survivors', or use "
+                "server.mode = 'async' | 'ssp'"
+            )
         if s.group_release_at:
             raise ConfigError(
                 f"server.group_release_at = {s.group_release_at} with server.mode = 'sync': "
@@ -109,6 +115,7 @@ def check_async_fields(cfg: RunConfig) -> None:
             f"server.group_size = {g}] (the free slots a group goes out with), or 0 (G)"
         )
     check_member_model(cfg)
+    check_group_unmask(cfg)
     if s.group_start_order != "client_id" and not 0 < s.group_dispatch_at < g:
         raise ConfigError(
             f"server.group_start_order = {s.group_start_order!r}: needs rolling dispatch, "
@@ -185,6 +192,28 @@ def check_group_release(cfg: RunConfig) -> None:
             f"design, more than the threat model's {budget:g} dropouts; set "
             f"secagg.dropout_rate >= {left_out / g:.4g} or raise server.group_release_at"
         )
+
+
+def check_group_unmask(cfg: RunConfig) -> None:
+    """server.group_unmask = 'threshold': a group's unmask stage ends at its first t
+    replies. Enough only where every reply carries a share of every secret to
+    reconstruct (a complete neighbour graph: checked when the scheduler starts, with the
+    simulated clock), and only in the semi-honest protocol: t shares reconstruct a secret
+    but cannot correct a wrong one, which the malicious-server session must be able to."""
+    s = cfg.server
+    if s.group_unmask == "survivors":
+        return
+    why = ""
+    if not cfg.secagg.enabled:
+        why = "needs secagg.enabled = true (in the clear there is no unmask stage)"
+    elif cfg.secagg.threat != "semi_honest":
+        why = (
+            f"refused with secagg.threat = {cfg.secagg.threat!r}: t shares reconstruct a "
+            "secret but cannot correct a wrong share, which the malicious-server session's "
+            "unmask relies on more replies for"
+        )
+    if why:
+        raise ConfigError(f"server.group_unmask = {s.group_unmask!r}: {why}; set it to 'survivors'")
 
 
 def check_member_model(cfg: RunConfig) -> None:

@@ -199,6 +199,15 @@ class ServerConfig:
         "every time); random: drawn per dispatch from the run seed (under DP from the "
         "secret cohort key)",
     )
+    group_unmask: str = spec(
+        "survivors",
+        choices=("survivors", "threshold"),
+        help="async/ssp with secagg (semi-honest) on the simulated clock: when a group's "
+        "unmask stage ends. survivors: once every survivor has sent its shares (or the "
+        "deadline); threshold: at the first t replies, enough to reconstruct every secret "
+        "when each member holds shares of every other (the neighbour graph is complete); "
+        "the later replies are not waited for. The same sum, members, R and t either way",
+    )
     max_participations: int = spec(
         0, lo=0, hi=1_000_000, help="async/ssp: most dispatches per client in a run; 0: no cap"
     )

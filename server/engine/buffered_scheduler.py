@@ -198,6 +198,30 @@ class BufferedScheduler:
                 "(simulation.latency_median > 0), whose group keys are agreed ahead; set it "
                 "to 'dispatch'"
             )
+        self._check_unmask_at_threshold(engine)
+
+    def _check_unmask_at_threshold(self, engine: EngineView) -> None:
+        """server.group_unmask = 'threshold' ends a group's unmask stage at its first t
+        replies: enough only when each member holds a share of every other's secrets (the
+        session's neighbour graph is complete, k = G - 1), and run only on the simulated
+        clock (on devices it is not yet measured); anything else refused, naming the field."""
+        if self.cfg.server.group_unmask != "threshold":
+            return
+        if not isinstance(self.clock, SimulatedClock):
+            raise ValueError(
+                "server.group_unmask = 'threshold' runs on the simulated clock only (not on "
+                "devices yet); set it to 'survivors'"
+            )
+        channel = engine.channel
+        assert isinstance(channel, SecAggChannel)
+        session = channel.session(list(range(self.group)), engine.model.size, 0)
+        if session.neighbors < self.group - 1:
+            raise ValueError(
+                f"server.group_unmask = 'threshold': a group of server.group_size = "
+                f"{self.group} has {session.neighbors} neighbours per member, not all "
+                f"{self.group - 1} others, so t replies may not hold t shares of every "
+                "secret; set it to 'survivors' (or secagg.neighbors = 0, the threat model's)"
+            )
 
     def _runner(self, engine: EngineView) -> DispatchRunner:
         return DispatchRunner(

@@ -207,31 +207,39 @@ class StagedAvailability:
         """The stage's exchange; with `quorum` R > 0 (FirstReplies) it ends at the R-th
         reply in simulated time (without a latency model every reply comes at once: the R
         lowest client ids): later members are left out by design (lost from then on, free
-        at the release) and never reach the clients' transport."""
+        at the release) and never reach the clients' transport. At the unmask stage
+        (server.group_unmask = 'threshold', quorum t) the members left out are survivors
+        whose shares are not waited for: they stopped training at their masked input."""
         out: dict[int, Envelope | ClientFailure] = {}
         live = {c: m for c, m in requests.items() if c not in self.gone}
         for cid in requests.keys() - live.keys():
             out[cid] = ClientFailure(cid, f"gone since an earlier stage: {self.gone[cid]}")
+        training = bool(live) and next(iter(live.values())).kind in TRAINING_KINDS
+        field = "server.group_release_at" if training else "server.group_unmask"
         if self.availability is not None and live:
             first = next(iter(live.values()))
             verdict = self.availability.judge(first.round, first.kind, sorted(live), timeout_s)
             wait = verdict.simulated_time(timeout_s)
-            if first.kind in TRAINING_KINDS and (self.ready or self.delays):
+            if training and (self.ready or self.delays):
                 wait = self._start_late(verdict, timeout_s)
+            not_waited: set[int] = set()
             if 0 < quorum <= len(verdict.latency):
-                wait = self._release_at(verdict.latency, quorum, verdict.failed)
+                failed_before = set(verdict.failed)
+                wait = self._release_at(verdict.latency, quorum, verdict.failed, field)
+                not_waited = set(verdict.failed) - failed_before
             for cid, reason in verdict.failed.items():
                 self.gone[cid] = reason
                 out[cid] = ClientFailure(cid, reason)
                 del live[cid]
-                self.trained[cid] = self.elapsed + wait
-            if first.kind in TRAINING_KINDS:
+                if training or cid not in not_waited:
+                    self.trained[cid] = self.elapsed + wait
+            if training:
                 for cid, latency in verdict.latency.items():
                     self.trained[cid] = self.elapsed + latency
             self.elapsed += wait
         elif 0 < quorum < len(live):  # no latency model: every reply at once, ties by id
             for cid in sorted(live)[quorum:]:
-                reason = f"{LEFT_OUT}: after the group's first {quorum} (server.group_release_at)"
+                reason = f"{LEFT_OUT}: after the group's first {quorum} ({field})"
                 self.gone[cid] = reason
                 out[cid] = ClientFailure(cid, reason)
                 del live[cid]
@@ -252,15 +260,18 @@ class StagedAvailability:
         return max([*verdict.latency.values(), *noticed], default=0.0)
 
     @staticmethod
-    def _release_at(latency: dict[int, float], quorum: int, failed: dict[int, str]) -> float:
+    def _release_at(
+        latency: dict[int, float], quorum: int, failed: dict[int, str], field: str
+    ) -> float:
         """Ends the stage at the `quorum`-th reply (ties: the lower client id): moves every
-        later member from `latency` to `failed`, left out by design; the stage's wait."""
+        later member from `latency` to `failed`, left out by design (`field`: the setting
+        that says so); the stage's wait."""
         order = sorted(latency, key=lambda c: (latency[c], c))
         release = latency[order[quorum - 1]]
         for cid in order[quorum:]:
             failed[cid] = (
                 f"{LEFT_OUT}: its reply would come at {latency.pop(cid):.2f} s, after the "
-                f"group's first {quorum} at {release:.2f} s (server.group_release_at)"
+                f"group's first {quorum} at {release:.2f} s ({field})"
             )
         return release
 
@@ -385,10 +396,11 @@ class DispatchRunner:
         except (SecAggError, ValueError):
             return None
         live = tuple(members)
+        unmask_at = threshold if self.channel.unmask_at_threshold else 0
         for stage in stages:
             kind = Kind.secagg(stage)
             asked = {c: Envelope(kind, seq, {}, {}) for c in live}
-            at = quorum if stage is TRAINING_STAGE else 0
+            at = quorum if stage is TRAINING_STAGE else unmask_at if stage is Stage.UNMASK else 0
             staged.exchange_first(asked, self.timeout, at)
             live = tuple(c for c in live if c not in staged.gone)
             if len(live) < threshold:

@@ -132,6 +132,7 @@ def make_privacy_pipeline(
             quiet_counts=True,
             graph_seeds=_committed_graph_seeds(privacy),
             release_at=cfg.server.group_release_at,
+            unmask_at_threshold=cfg.server.group_unmask == "threshold",
         )
         return privacy, channel
     privacy = (
@@ -148,6 +149,7 @@ def make_privacy_pipeline(
         quiet_counts=privacy is not None,
         graph_seeds=_committed_graph_seeds(privacy),
         release_at=cfg.server.group_release_at,
+        unmask_at_threshold=cfg.server.group_unmask == "threshold",
     )
 
 

@@ -20,7 +20,10 @@ An asynchronous group released at R of G (server.group_release_at) ends its
 masked-input stage at the first R replies (a transport's FirstReplies): the
 other members are dropped by design, exactly as clients that timed out, so the
 unmask stage removes their pairwise masks from Shamir shares of their keys and
-their masked input, sent later, is never taken (the stage is closed).
+their masked input, sent later, is never taken (the stage is closed). With
+server.group_unmask = 'threshold' its unmask stage ends at the first t replies as
+well: each holds a share of every secret to reconstruct (complete neighbour graph),
+so t of them give the same sum, and the later ones are not waited for.
 """
 
 from __future__ import annotations
@@ -53,7 +56,13 @@ from fedveil.protocol.secagg_frame import protocol_part, wrap
 from fedveil.server.engine.aggregation import Aggregate
 from fedveil.server.engine.requests import encoding_config
 from fedveil.server.engine.sum_checks import check_quantized_sum
-from fedveil.server.engine.transport import ClientFailure, FirstReplies, ReplySink, Transport
+from fedveil.server.engine.transport import (
+    LEFT_OUT,
+    ClientFailure,
+    FirstReplies,
+    ReplySink,
+    Transport,
+)
 from fedveil.server.engine.unmask_gate import Aborted, UnmaskGate
 
 log = logging.getLogger("fedveil.secagg")
@@ -136,12 +145,17 @@ class SecAggChannel:
         quiet_counts: bool = False,
         graph_seeds: Callable[[int], bytes] | None = None,
         release_at: int = 0,
+        unmask_at_threshold: bool = False,
     ) -> None:
         """`run_id`: the run every session names (and clients check against the run they
         serve): Flower's run id in deployment (`flower_run_id`), else the simulation's.
         `release_at` R > 0 (server.group_release_at, asynchronous groups): the masked-input
         stage ends at its first R replies when the transport can end an exchange early
-        (FirstReplies); the members left out are dropped and their masks recovered."""
+        (FirstReplies); the members left out are dropped and their masks recovered.
+        `unmask_at_threshold` (server.group_unmask = 'threshold'): the unmask stage ends at
+        its first t replies in the same way; enough when every member holds a share of
+        every secret (a complete neighbour graph, which the async scheduler checks), and
+        a survivor whose shares were not waited for is not a dropped client."""
         if settings.threat == "malicious" and roster is None:
             raise ValueError(
                 "secagg.threat = 'malicious' needs the clients' identity roster "
@@ -163,6 +177,7 @@ class SecAggChannel:
         self.pipelining = settings.pipeline
         self.run_id = run_id
         self.release_at = release_at
+        self.unmask_at_threshold = unmask_at_threshold
 
     def session(self, cohort: list[int], model_size: int, round_num: int) -> SessionConfig:
         """A fresh session of round `round_num` of this run (both inside its digest)."""
@@ -283,6 +298,10 @@ class SecAggChannel:
             return self._aborted(started, exc)
         for cid in result.dropped:
             dropped.setdefault(cid, "dropped during secure aggregation")
+        if self.unmask_at_threshold:  # a survivor whose shares were not waited for is in the sum
+            for cid in result.survivors:
+                if dropped.get(cid, "").startswith(LEFT_OUT):
+                    del dropped[cid]
         loss = decoded.loss if decoded.loss is not None else math.nan
         return Aggregate(
             decoded.total, decoded.weight, sorted(result.survivors), loss, dropped, decoded.extras
@@ -361,6 +380,8 @@ class SecAggChannel:
             # masks the unmask stage removes, and the session never takes their masked
             # input afterwards (its stage is closed).
             quorum = self.release_at if _is_training(stage_requests) else 0
+            if self.unmask_at_threshold and _is_unmask(stage_requests):
+                quorum = run.server.session.threshold  # t shares of each secret suffice
             exchange_each(
                 transport,
                 sent,

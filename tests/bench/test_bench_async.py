@@ -97,3 +97,22 @@ def test_the_late_member_flags_reach_the_rolling_secure_contender_only(tmp_path)
     assert secure["server.group_start_order"] == "random"
     whole = bench_async.contender_values("async_secagg_whole", late, 0, tmp_path)
     assert "server.group_member_model" not in whole and "server.group_start_order" not in whole
+
+
+def test_the_unmask_flag_reaches_the_secure_contender_only(tmp_path):
+    """--unmask threshold (server.group_unmask) ends async_secagg's unmask stages at t
+    replies; the default leaves every config as before."""
+    import argparse
+
+    from fedveil.benchmarks import bench_async
+
+    parser = argparse.ArgumentParser()
+    bench_async.add_async_arguments(parser)
+    plain = bench_async.resolve(parser.parse_args(["--quick"]))
+    fast = bench_async.resolve(parser.parse_args(["--quick", "--unmask", "threshold"]))
+    for name in ("async_secagg", "async_secagg_whole", "async"):
+        assert "server.group_unmask" not in bench_async.contender_values(name, plain, 0, tmp_path)
+    secure = bench_async.contender_values("async_secagg", fast, 0, tmp_path)
+    assert secure["server.group_unmask"] == "threshold"
+    for name in ("async_secagg_whole", "async"):
+        assert "server.group_unmask" not in bench_async.contender_values(name, fast, 0, tmp_path)
