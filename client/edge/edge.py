@@ -70,10 +70,12 @@ log = logging.getLogger("fedveil.edge")
 
 ACQUIRE = "/flwr.proto.Runtime/AcquireTask"
 HEARTBEAT_S = 10.0  # a claimed task's heartbeat (Flower expires tasks silent for much longer)
-# The SuperNode offers a task while it is still downloading the message's objects, and it
-# never completes one whose run stopped meanwhile. Flower's own pull waits up to two hours
-# for them, during which the device serves nobody and cannot stop; ours gives up when no
-# object has arrived for this long (a slow link still makes progress) or on a stop request.
+# The SuperNode offers a task while it is still downloading the message's objects. Flower's
+# own pull waits up to two hours for them, during which the device serves nobody and cannot
+# stop. Ours gives up as soon as the SuperNode drops the message (its download failed, or
+# the coordinator said the run stopped: supernode.forget_given_up), on a stop request, or,
+# the fallback for a link that went silent, when no object has arrived for this long (a
+# slow link still makes progress).
 TASK_PULL_STALL_S = 60.0
 APP_REFUSED = 4003  # a run of an app this device's policy does not allow (--allow-app)
 
@@ -430,7 +432,10 @@ def pull_message(
         make_confirm_message_received_fn_protobuf,
         make_pull_object_fn_protobuf,
     )
-    from flwr.supercore.inflatable.inflatable_utils import pull_and_inflate_object_from_tree
+    from flwr.supercore.inflatable.inflatable_utils import (
+        ObjectPullError,
+        pull_and_inflate_object_from_tree,
+    )
 
     pulled = client.PullMessages(PullAppMessagesRequest())
     if not pulled.messages_list:
@@ -446,7 +451,15 @@ def pull_message(
             raise TaskPullAbandoned("the device is stopping")
         if time.monotonic() - last_arrival[0] > stall_s:
             raise TaskPullAbandoned(f"no part of the message arrived for {stall_s:.0f} s")
-        content = pull_object(object_id)
+        try:
+            content = pull_object(object_id)
+        except ObjectPullError as exc:
+            # The SuperNode dropped the message: its own pull failed, or the coordinator
+            # said the run is no longer running (supernode.forget_given_up).
+            raise TaskPullAbandoned(
+                f"the SuperNode gave the message up ({exc}); its run stopped or its "
+                "download from the coordinator failed"
+            ) from exc
         last_arrival[0] = time.monotonic()
         return content
 

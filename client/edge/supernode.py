@@ -13,7 +13,9 @@ waits forever (seen in CI: a run resumed after a coordinator crash never finishe
 `main` runs Flower's SuperNode with two changes to that loop:
 - after pulling a message it waits for the reply to *that* message (still one
   message at a time), and sends it with any other reply that is waiting;
-- when nothing was pulled but a reply is waiting, it sends the reply at once.
+- when nothing was pulled but a reply is waiting, it sends the reply at once;
+- a message whose run stopped while it was being pulled is removed from its
+  state, so the worker offered it gives it up at once (forget_given_up).
 Everything else (connection, authentication, retries, the Runtime API) is Flower's,
 except that the Runtime API's port is reported to the worker (runtime_port.py).
 """
@@ -89,6 +91,8 @@ def reply_driven(
         # A message the pull gave up on is not waited for; if the worker answers it
         # anyway, the reply leaves with the next push step (the SuperLink drops it).
         outbox.awaited = received[0] if run_id is not None and received else None
+        if run_id is None and received:
+            forget_given_up(state, kwargs["object_store"], received[0])
         if run_id is None:
             outbox.collect(state)
             if outbox.replies:
@@ -104,6 +108,22 @@ def reply_driven(
         flower_push(state=StateWithOutbox(state, outbox), **kwargs)
 
     return pull, push
+
+
+def forget_given_up(state: Any, object_store: Any, message_id: str) -> None:
+    """Remove a message the pull gave up on, with its objects, as Flower's own failed
+    pull does.
+
+    When the SuperLink answers mid-download that the message's run is no longer
+    running (the coordinator was restarted), Flower's loop logs "not in RUNNING status"
+    and leaves the message in the state with its objects registered but never filled.
+    The worker, offered that message, would wait for them until its stall limit
+    (edge.TASK_PULL_STALL_S); with the message gone, its next object pull is answered
+    "not found" and it gives the task up at once. (Idempotent: a pull that failed
+    otherwise has already removed both.)
+    """
+    state.delete_messages(message_ids=[message_id])
+    object_store.delete(message_id)
 
 
 def install() -> bool:

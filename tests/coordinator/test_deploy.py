@@ -410,7 +410,8 @@ def test_coordinator_killed_mid_run_resumes_and_finishes(deployment, busy, tmp_p
     assert dep.run(rid)["rounds_completed"] < 4, "the run ended before it could be interrupted"
     kill_and_restart_coordinator(dep)
     # The uninterrupted run's model, computed while the devices reconnect (a wait on the
-    # processes, mostly: up to a minute for a device whose download the kill cut short).
+    # processes, mostly; a device whose download the kill cut short gives it up when the
+    # restarted SuperLink says the old run is not running).
     uninterrupted = simulated_model(toml, tmp_path / "sim")
     run = dep.wait_status(rid, "completed", timeout=240)
     rounds = dep.rounds(rid)
