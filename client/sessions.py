@@ -40,7 +40,12 @@ _PACK_MAGIC = b"fvss1"
 _INT, _BYTES, _STR = 0, 1, 2
 _ENTRY = struct.Struct(">B")
 _VALUE = struct.Struct(">BI")
-_INT64 = struct.Struct(">q")
+_INT_MAX_BYTES = 16  # Flower's run and node ids are unsigned 64-bit: 9 bytes signed
+
+
+def _int_bytes(value: int) -> bytes:
+    """The shortest big-endian two's complement of `value` (an unsigned 64-bit id too)."""
+    return value.to_bytes(value.bit_length() // 8 + 1, "big", signed=True)
 
 
 def pack_session(state: Mapping[str, Any]) -> bytes:
@@ -50,7 +55,9 @@ def pack_session(state: Mapping[str, Any]) -> bytes:
     for name, value in state.items():
         key = name.encode("ascii")
         if type(value) is int:
-            tag, raw = _INT, _INT64.pack(value)
+            tag, raw = _INT, _int_bytes(value)
+            if len(raw) > _INT_MAX_BYTES:
+                raise ValueError(f"session state {name!r}: an int of {len(raw)} bytes")
         elif type(value) is bytes:
             tag, raw = _BYTES, value
         elif type(value) is str:
@@ -83,9 +90,10 @@ def unpack_session(raw: Any) -> dict[str, Any]:
             if name in state:
                 raise ValueError(f"entry {name!r} repeated")
             if tag == _INT:
-                if size != _INT64.size:
-                    raise ValueError(f"entry {name!r}: an int of {size} bytes")
-                state[name] = _INT64.unpack(value)[0]
+                number = int.from_bytes(value, "big", signed=True)
+                if not (1 <= size <= _INT_MAX_BYTES) or _int_bytes(number) != value:
+                    raise ValueError(f"entry {name!r}: an int of {size} bytes, not canonical")
+                state[name] = number
             elif tag == _BYTES:
                 state[name] = value
             elif tag == _STR:
