@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 
 from fedveil.config import RunConfig
-from fedveil.ops.private_file import replace_private_file
+from fedveil.ops.private_file import read_private_record, replace_private_file
 from fedveil.privacy.dp.ftrl.ftrl_plan import ftrl_schema
 from fedveil.privacy.dp.ledger import WITNESS_CONFIG_KEY
 from fedveil.privacy.dp.ledger_head import parse_head_message
@@ -108,9 +108,9 @@ class ParticipationGuard:
     def _load(self, run_id: str, client_id: int) -> list[int]:
         key = (run_id, client_id)
         if key not in self._memory and self.directory is not None:
-            path = self._path(run_id, client_id)
-            if path.exists() or path.is_symlink():
-                self._memory[key] = _read_history(path, run_id, client_id)
+            history = _read_history(self._path(run_id, client_id), run_id, client_id)
+            if history is not None:
+                self._memory[key] = history
         return list(self._memory.get(key, []))
 
     def _store(self, run_id: str, client_id: int, history: list[int]) -> None:
@@ -122,21 +122,23 @@ class ParticipationGuard:
         replace_private_file(self._path(run_id, client_id), data.encode())
 
 
-def _read_history(path: Path, run_id: str, client_id: int) -> list[int]:
-    """The release indices recorded at `path`; a file that cannot be trusted (unreadable,
-    not JSON, another run or client, anything but distinct whole numbers >= 1) is a
-    refusal naming it, never an empty history: that would reopen the schema."""
+def _read_history(path: Path, run_id: str, client_id: int) -> list[int] | None:
+    """The release indices recorded at `path` (None: no record); a file that cannot be
+    trusted (unreadable, a link, not JSON, another run or client, anything but distinct
+    whole numbers >= 1) is a refusal naming it, never an empty history: that would reopen
+    the schema."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        data = read_private_record(path)
+    except ValueError as exc:
         raise ParticipationRefusal(
-            f"{path}: DP-FTRL participation record unreadable ({exc}); this client does "
-            "not train for the run until it is restored or the run is over"
+            f"{path}: DP-FTRL participation record {exc}; this client does not train for "
+            "the run until it is restored or the run is over"
         ) from None
-    releases = data.get("releases") if isinstance(data, dict) else None
+    if data is None:
+        return None
+    releases = data.get("releases")
     ok = (
-        isinstance(data, dict)
-        and data.get("run_id") == run_id
+        data.get("run_id") == run_id
         and data.get("client_id") == client_id
         and isinstance(releases, list)
         and all(type(i) is int and i >= 1 for i in releases)

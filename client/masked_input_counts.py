@@ -27,7 +27,7 @@ import re
 import threading
 from pathlib import Path
 
-from fedveil.ops.private_file import replace_private_file
+from fedveil.ops.private_file import read_private_record, replace_private_file
 from fedveil.protocol.envelope import MessageError
 
 COUNT_FIELD = "masked_inputs"
@@ -75,18 +75,11 @@ class MaskedInputCounts:
     def _read(self, run: str, client_id: int) -> int:
         path = self.path(run, client_id)
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        except FileNotFoundError:
+            data = read_private_record(path)
+        except ValueError as exc:
+            raise self._refusal(path, str(exc)) from None
+        if data is None:
             return 0
-        except OSError as exc:
-            raise self._refusal(path, f"cannot be read ({exc.strerror})") from None
-        try:
-            with os.fdopen(fd, "rb") as f:
-                data = json.loads(f.read().decode("utf-8"))
-        except (OSError, ValueError) as exc:
-            raise self._refusal(path, f"is not a count ({type(exc).__name__})") from None
-        if not isinstance(data, dict):
-            raise self._refusal(path, f"is not a count ({type(data).__name__})")
         count = data.get(COUNT_FIELD, "(missing)")
         if data.get("run") != run or data.get("client_id") != client_id:
             raise self._refusal(

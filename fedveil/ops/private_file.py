@@ -7,13 +7,16 @@ sends the secret into a file of the planter's choosing. `write_private_file` unl
 whatever is at the path first and creates the file exclusively, mode 0600, without
 following a link; a path it cannot replace raises OSError naming the path, before any
 byte of the secret is written. `replace_private_file` does the same through a rename, so
-that the old content is never lost before the new one is on disk.
+that the old content is never lost before the new one is on disk. `read_private_record`
+reads such a file back as a JSON object, without following a link.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 PRIVATE_FILE_MODE = 0o600
 
@@ -52,3 +55,23 @@ def replace_private_file(path: Path, data: bytes) -> None:
             os.close(folder)
     except OSError as exc:
         raise OSError(f"{path}: cannot replace it ({exc.strerror})") from None
+
+
+def read_private_record(path: Path) -> dict[str, Any] | None:
+    """The JSON object a `replace_private_file` record holds; None if there is no file.
+    ValueError saying what is wrong for anything else (unreadable, a link, not JSON, not
+    an object): a caller that relies on the record refuses rather than start afresh."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ValueError(f"cannot be read ({exc.strerror})") from None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            data = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError, JSONDecodeError: ValueError
+        raise ValueError(f"is not JSON ({type(exc).__name__})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"is not a JSON object ({type(data).__name__})")
+    return data

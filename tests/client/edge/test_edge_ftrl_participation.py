@@ -158,3 +158,16 @@ def test_min_separation_is_clocked_by_the_signed_ledger(tmp_path):
     assert_refused(send(edge, cfg, env), "signature does not verify")
     coordinator.release(2)
     assert_trained(send(edge, cfg, coordinator.request(3)))  # release 3: 2 after 1
+
+
+def test_a_link_in_place_of_the_participation_record_is_refused(tmp_path):
+    """A record is read without following a link: a link to a record of the planter's
+    choosing (here an empty history) is refused, naming the file."""
+    coordinator = ftrl_coordinator(tmp_path)
+    state = tmp_path / "state"
+    elsewhere = tmp_path / "planted.json"
+    elsewhere.write_text('{"run_id": "ftrl-run", "client_id": 0, "releases": []}')
+    link = state / "ftrl-participation" / "ftrl-run-0.json"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(elsewhere)
+    assert_refused(send(device(state), coordinator.cfg, coordinator.request(1)), str(link))
