@@ -13,6 +13,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedveil.builtin_models import build_model
 from fedveil.client.edge.device_app import (
     BAD_MESSAGE,
+    CLIENT_FAILURE,
     CONFIG_KEY,
     DataSource,
     EdgeClient,
@@ -273,3 +274,26 @@ def test_a_request_cannot_make_the_device_build_a_huge_model(tmp_path):
         small.handle(1, run_config(), train_request())
     reply = edge.handle(1, run_config(), train_request())
     assert reply.kind == "train" and reply.arrays
+
+
+# -- a device whose training diverges ----------------------------------------------
+@pytest.mark.parametrize("clip", [0.0, 1.0], ids=["plain", "clipped"])
+def test_a_diverged_update_is_refused_by_name_never_sent(caplog, clip):
+    # Before: the plain reply carried the NaN update and loss to the coordinator, and a
+    # clipped one failed in the clipper with a traceback in the device's log.
+    import tiny_task
+
+    edge = EdgeClient(TaskSource("tiny_task:make_nan"), 0)  # features all NaN
+    config = run_config(**{"model.task": "tiny_task:make_nan"})
+    request = train_request(clip_norm=clip)
+    tiny = tiny_task.make(load_config(None, {"data.num_clients": N, "server.per_round": N}))
+    request.arrays["model"] = FlatModel(tiny.model_fn()).get()
+    with caplog.at_level("INFO", logger="fedveil.edge"):
+        reply = answer(edge, request_message(to_content(request)), 1, config)
+    assert reply.has_error() and reply.error.code == CLIENT_FAILURE, reply
+    assert "'delta' NaN or infinite: update refused, not sent" in reply.error.reason
+    assert "round 1: local training gave 195 of 195 values" in reply.error.reason
+    failed = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(failed) == 1 and failed[0].exc_info is None  # one line, no traceback
+    assert "train request failed" in failed[0].getMessage()
+    assert "'delta' NaN or infinite" in failed[0].getMessage()
