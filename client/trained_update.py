@@ -25,14 +25,16 @@ class NonFiniteUpdate(ValueError):
 def check_trained(round_num: int, delta: torch.Tensor, loss: float | None) -> None:
     """Raise NonFiniteUpdate unless every value of `delta` and the `loss` (None: a reply
     without one, e.g. DP-SGD's) are finite numbers."""
+    # Worded as the coordinator's own checks word them, so its drop counts name the
+    # same check ("NaN or Inf in the update", "loss") whichever side refused.
     if not all_finite(delta):
         bad = int((~torch.isfinite(delta)).sum())
         raise NonFiniteUpdate(
-            f"round {round_num}: local training gave {bad} of {delta.numel()} values of "
-            f"{F.DELTA!r} NaN or infinite: update refused, not sent"
+            f"array {F.DELTA!r} contains NaN or Inf ({bad} of {delta.numel()} values) after "
+            f"local training in round {round_num}: update refused, not sent"
         )
     if loss is not None and not math.isfinite(loss):
         raise NonFiniteUpdate(
-            f"round {round_num}: local training gave {F.LOSS!r} = {loss!r}: update refused, "
+            f"{F.LOSS} = {loss!r} after local training in round {round_num}: update refused, "
             "not sent"
         )
