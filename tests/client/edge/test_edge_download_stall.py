@@ -32,7 +32,7 @@ def test_a_stall_limit_out_of_range_is_refused_naming_it(tmp_path, capsys, value
 @pytest.mark.parametrize("value", [math.nan, 0.0, True])
 def test_edge_options_refuse_a_bad_stall_limit_whoever_builds_them(tmp_path, value):
     opts = EdgeOptions("127.0.0.1:9092", 0, tmp_path, insecure=True, task_pull_stall_s=value)
-    with pytest.raises(ValueError, match="^--download-stall-seconds "):
+    with pytest.raises(ValueError, match=r"^--download-stall-seconds "):
         opts.check()
 
 
