@@ -16,9 +16,9 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
-from tiny_task import EVAL_GATE_FILE, EVAL_GATE_ROUND
 
 from fedveil.cli.main import main
+from tiny_task import EVAL_GATE_FILE, EVAL_GATE_ROUND
 
 TESTS = Path(__file__).parents[1]
 ROUNDS = 30
