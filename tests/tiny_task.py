@@ -107,7 +107,8 @@ EVAL_GATE_FILE, EVAL_GATE_ROUND = "TINY_EVAL_GATE_FILE", "TINY_EVAL_GATE_ROUND"
 
 class _GatedEval(nn.Module):
     """The tiny model, whose test-set evaluation (eval mode, a batch of 100 rows or more:
-    the test set's first batch; no client holds that many rows) counts rounds and waits at the gate's."""
+    the test set's first batch; no client holds that many rows) counts rounds and waits
+    at the gate's."""
 
     evaluations = 0  # this process's central evaluations
 
