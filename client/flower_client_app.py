@@ -22,6 +22,7 @@ from flwr.clientapp import ClientApp
 
 from fedveil.client.flower_stock_server import STOCK_TYPES, StockRefused, answer_stock
 from fedveil.client.runtime import ClientRuntime
+from fedveil.client.trained_update import NonFiniteUpdate
 from fedveil.protocol.envelope import MessageError
 from fedveil.protocol.flower_codec import KINDS, from_content, message_type, to_content
 from fedveil.protocol.kinds import ErrorCode
@@ -114,6 +115,8 @@ class _Handler:
         except MessageError as exc:
             log.warning("client %d: bad message from server dropped: %s", cid, exc)
             return Message(Error(BAD_MESSAGE, str(exc)), reply_to=msg)
+        except NonFiniteUpdate as exc:  # its data or model diverged: no traceback
+            return _diverged(cid, msg, exc)
         except Exception as exc:
             log.exception("client %d: failed to handle %s", cid, msg.metadata.message_type)
             return Message(Error(CLIENT_FAILURE, f"{type(exc).__name__}: {exc}"), reply_to=msg)
@@ -135,10 +138,18 @@ class _StockHandler(_Handler):
         except MessageError as exc:
             log.warning("client %d: bad stock %s message dropped: %s", cid, mtype, exc)
             return Message(Error(BAD_MESSAGE, str(exc)), reply_to=msg)
+        except NonFiniteUpdate as exc:
+            return _diverged(cid, msg, exc)
         except Exception as exc:
             log.exception("client %d: failed to handle stock %s", cid, mtype)
             return Message(Error(CLIENT_FAILURE, f"{type(exc).__name__}: {exc}"), reply_to=msg)
         return Message(content, reply_to=msg)
+
+
+def _diverged(cid: int, msg: Message, exc: NonFiniteUpdate) -> Message:
+    """A client failure named in one log line: the update was refused, never sent."""
+    log.warning("client %d: %s request failed: %s", cid, msg.metadata.message_type, exc)
+    return Message(Error(CLIENT_FAILURE, str(exc)), reply_to=msg)
 
 
 def make_client_app(runtime_factory: Callable[[], ClientRuntime]) -> ClientApp:

@@ -15,6 +15,7 @@ import torch
 
 from fedveil.client.dpsgd_budget import DpSgdBudget
 from fedveil.client.dpsgd_reply import dp_sgd_reply
+from fedveil.client.trained_update import check_trained
 from fedveil.client.training import (
     DpSgdResult,
     LocalTraining,
@@ -339,6 +340,8 @@ class ClientRuntime:
             )
         delta = result.delta
         dp_sgd = isinstance(result, DpSgdResult)
+        # Before the clip and any encoding: a diverged update is refused, never sent.
+        check_trained(msg.round, delta, None if dp_sgd else float(result.loss))
         if dp_sgd:
             # Only what the example-level guarantee covers leaves: no n, loss or steps.
             delta = delta.to(delta_device)

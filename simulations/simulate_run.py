@@ -243,21 +243,22 @@ class Attempt:
         return summary
 
     def write_interrupted(self, wall: float) -> None:
-        """The last completed round's model and a summary marked interrupted (the DP
-        ledger was already closed as interrupted by the engine)."""
+        """The last kept round's model and a summary marked interrupted (the DP ledger was
+        already closed as interrupted by the engine). The round in flight (its model
+        stepped, its evaluation perhaps under way) is not counted: the summary, the model,
+        metrics.jsonl and the checkpoint a resume starts from all end at the kept round."""
         if self.engine is None:
             return
         summary = self.summary(wall)
         summary.update(status="interrupted", interrupted=True)
         try:
-            self.run.finish(self.engine, summary, model_metadata={"task": self.task.name})
+            kept = self.run.finish_interrupted(
+                self.engine, summary, model_metadata={"task": self.task.name}
+            )
         except Exception as exc:  # the interruption is what the caller must hear about
             log.warning("interrupted: could not write the model and summary: %s", exc)
             return
-        # The round in flight may have bumped engine.round before its record was kept:
-        # name the last round on disk (metrics.jsonl, the checkpoint), where a resume starts.
-        kept = self.engine.history[-1].round if self.engine.history else None
-        if kept is None:
+        if not kept:
             log.warning("interrupted before a round completed in this session")
         else:
             log.warning("interrupted after round %d: model and summary written", kept)

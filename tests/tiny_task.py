@@ -3,6 +3,10 @@ and keeps engine tests fast."""
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 import numpy as np
 import torch
 from torch import nn
@@ -93,4 +97,40 @@ def make_interrupted(cfg: RunConfig) -> Task:
         raise KeyboardInterrupt
 
     task.client_data = interrupted
+    return task
+
+
+# make_gated_eval: the environment names a file and a round; that round's central
+# evaluation creates the file and waits, so a test can signal the run exactly there.
+EVAL_GATE_FILE, EVAL_GATE_ROUND = "TINY_EVAL_GATE_FILE", "TINY_EVAL_GATE_ROUND"
+
+
+class _GatedEval(nn.Module):
+    """The tiny model, whose test-set evaluation (eval mode, a batch of 100 rows or more:
+    the test set's first batch; no client holds that many rows) counts rounds and waits
+    at the gate's."""
+
+    evaluations = 0  # this process's central evaluations
+
+    def __init__(self, gate: Path, at_round: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(FEATURES, 16), nn.ReLU(), nn.Linear(16, CLASSES))
+        self.gate, self.at_round = gate, at_round
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training and x.shape[0] >= 100:
+            _GatedEval.evaluations += 1
+            if _GatedEval.evaluations == self.at_round:
+                self.gate.write_text(str(self.at_round))
+                time.sleep(300)  # the test's signal lands here
+        return self.net(x)
+
+
+def make_gated_eval(cfg: RunConfig) -> Task:
+    """The tiny task whose round-`TINY_EVAL_GATE_ROUND` evaluation creates the file
+    `TINY_EVAL_GATE_FILE` and waits (a signal at a known moment: after the round's model
+    was stepped, before its record and checkpoint are stored)."""
+    task = make(cfg)
+    gate, at_round = Path(os.environ[EVAL_GATE_FILE]), int(os.environ[EVAL_GATE_ROUND])
+    task.model_fn = lambda: _GatedEval(gate, at_round)
     return task

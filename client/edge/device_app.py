@@ -37,6 +37,7 @@ from fedveil.client.ftrl_participation import ParticipationGuard
 from fedveil.client.masked_input_counts import MaskedInputCounts
 from fedveil.client.runtime import ClientRuntime
 from fedveil.client.sessions import Advance, RoundClock, SecAggSessions
+from fedveil.client.trained_update import NonFiniteUpdate
 from fedveil.config import ConfigError, RunConfig, config_from_dict
 from fedveil.privacy.secagg import flower_run_id
 from fedveil.privacy.secagg.identity_keys import ClientIdentity
@@ -368,6 +369,9 @@ def answer(
             exc,
         )
         return Message(Error(BAD_MESSAGE, str(exc)), reply_to=msg)
+    except NonFiniteUpdate as exc:  # the device's data or model diverged: no traceback
+        log.warning("run %d: %s request failed: %s", context_run_id, request.kind, exc)
+        return Message(Error(CLIENT_FAILURE, str(exc)), reply_to=msg)
     except Exception as exc:
         log.exception("run %d round %d: %s failed", context_run_id, request.round, request.kind)
         return Message(Error(CLIENT_FAILURE, f"{type(exc).__name__}: {exc}"), reply_to=msg)

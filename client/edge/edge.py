@@ -74,9 +74,11 @@ HEARTBEAT_S = 10.0  # a claimed task's heartbeat (Flower expires tasks silent fo
 # own pull waits up to two hours for them, during which the device serves nobody and cannot
 # stop. Ours gives up as soon as the SuperNode drops the message (its download failed, or
 # the coordinator said the run stopped: supernode.forget_given_up), on a stop request, or,
-# the fallback for a link that went silent, when no object has arrived for this long (a
-# slow link still makes progress).
+# the fallback for a link that went silent, when no object has arrived for
+# EdgeOptions.task_pull_stall_s (`--download-stall-seconds`; a slow link still makes
+# progress), at most Flower's own two hours.
 TASK_PULL_STALL_S = 60.0
+MAX_TASK_PULL_STALL_S = 7200.0
 APP_REFUSED = 4003  # a run of an app this device's policy does not allow (--allow-app)
 
 
@@ -109,8 +111,19 @@ class EdgeOptions:
     runtime_port: int = 0  # 0: any free loopback port (a fresh one if it is taken)
     max_backoff_s: float = 60.0
     poll_s: float = 0.25
+    # A message download with nothing arriving for this long is given up (see above).
+    task_pull_stall_s: float = TASK_PULL_STALL_S
 
     def check(self) -> None:
+        stall = self.task_pull_stall_s
+        # Written so that NaN fails it (a NaN limit would never end a stalled download).
+        if isinstance(stall, bool) or not (
+            isinstance(stall, (int, float)) and 0 < stall <= MAX_TASK_PULL_STALL_S
+        ):
+            raise ValueError(
+                f"--download-stall-seconds {stall!r}: must be a number in "
+                f"(0, {MAX_TASK_PULL_STALL_S:g}]"
+            )
         host, sep, port = self.server.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"--server {self.server!r}: expected HOST:PORT")
@@ -324,7 +337,9 @@ class EdgeNode:
             # So a task answers every message of its run that is waiting.
             answered = 0
             while not self.stopping:
-                message = pull_message(client, context, TASK_PULL_STALL_S, lambda: self.stopping)
+                message = pull_message(
+                    client, context, self.opts.task_pull_stall_s, lambda: self.stopping
+                )
                 if message is None:
                     break
                 if refusal is None:
@@ -450,7 +465,7 @@ def pull_message(
         if stopping():
             raise TaskPullAbandoned("the device is stopping")
         if time.monotonic() - last_arrival[0] > stall_s:
-            raise TaskPullAbandoned(f"no part of the message arrived for {stall_s:.0f} s")
+            raise TaskPullAbandoned(f"no part of the message arrived for {stall_s:g} s")
         try:
             content = pull_object(object_id)
         except ObjectPullError as exc:

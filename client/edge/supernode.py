@@ -118,7 +118,7 @@ def forget_given_up(state: Any, object_store: Any, message_id: str) -> None:
     running (the coordinator was restarted), Flower's loop logs "not in RUNNING status"
     and leaves the message in the state with its objects registered but never filled.
     The worker, offered that message, would wait for them until its stall limit
-    (edge.TASK_PULL_STALL_S); with the message gone, its next object pull is answered
+    (EdgeOptions.task_pull_stall_s); with the message gone, its next object pull is answered
     "not found" and it gives the task up at once. (Idempotent: a pull that failed
     otherwise has already removed both.)
     """

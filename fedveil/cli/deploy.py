@@ -130,6 +130,15 @@ def add_client(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--state-dir", default=None, help="where the client keeps its files [~/.fedveil/client]"
     )
+    p.add_argument(
+        "--download-stall-seconds",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="give a message up when nothing of its download from the coordinator has "
+        "arrived for S seconds (a slow link that still makes progress is waited for); the "
+        "device then serves the next one. In (0, 7200] [60]",
+    )
     _add_policy_args(p.add_argument_group("local policy (the server cannot override it)"))
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to train")
     p.set_defaults(func=cmd_client)
@@ -223,6 +232,17 @@ def cmd_client(args: argparse.Namespace) -> int:
 
     if args.client_id < 0:
         raise ValueError(f"--client-id {args.client_id}: must be >= 0")
+    state = Path(args.state_dir or Path.home() / ".fedveil" / "client").expanduser()
+    opts = EdgeOptions(
+        server=args.server,
+        client_id=args.client_id,
+        state_dir=state,
+        ca=Path(args.ca) if args.ca else None,
+        key=Path(args.key) if args.key else None,
+        insecure=args.insecure,
+        task_pull_stall_s=args.download_stall_seconds,
+    )
+    opts.check()  # before any data or key is loaded
     identity, fingerprint = None, ""
     if bool(args.identity_key) != bool(args.roster):
         raise ValueError("--identity-key and --roster go together: give both or neither")
@@ -261,19 +281,10 @@ def cmd_client(args: argparse.Namespace) -> int:
         max_model_parameters=args.max_model_parameters,
         max_own_share_epsilon=args.max_own_share_epsilon,
     )
-    state = Path(args.state_dir or Path.home() / ".fedveil" / "client").expanduser()
     _service_logging(None, "client")
     log = logging.getLogger("fedveil.edge")
     if args.insecure:
         log.warning("--insecure: no TLS to the coordinator; for trusted test networks only")
-    opts = EdgeOptions(
-        server=args.server,
-        client_id=args.client_id,
-        state_dir=state,
-        ca=Path(args.ca) if args.ca else None,
-        key=Path(args.key) if args.key else None,
-        insecure=args.insecure,
-    )
     ledger = DpSgdLedger(state / DP_SGD_DIR, policy.max_dp_epsilon, policy.dp_delta)
     edge = EdgeClient(source, args.client_id, policy, args.device, identity, dp_sgd_ledger=ledger)
     n = len(source.data) if isinstance(source, DataSource) else "task"

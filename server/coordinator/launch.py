@@ -20,11 +20,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 from pathlib import Path
 from typing import Any
 
-from fedveil.config import ConfigError
+from fedveil.ops.listening import listening_socket
 from fedveil.server.coordinator.api import create_api
 from fedveil.server.coordinator.fleet_counters import FILE_NAME as FLEET_COUNTERS_FILE
 from fedveil.server.coordinator.fleet_counters import FleetCounterFile
@@ -70,20 +69,6 @@ class PortDispatch:
                 return
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.listen(512)
-    sock.set_inheritable(True)
-    return sock
-
-
 def serve(settings: ServerSettings) -> int:
     """Run the coordinator until SIGTERM/SIGINT; returns the exit code."""
     import uvicorn
@@ -108,7 +93,7 @@ def serve(settings: ServerSettings) -> int:
         )
     service = Service(s)
     log.info("admin token from %s", service.token.source)
-    fleet_sock = _bind(s.fleet.host, s.fleet.port)
+    fleet_sock = listening_socket(s.fleet.host, s.fleet.port)
     fleet_port = fleet_sock.getsockname()[1]
     counters_path = s.state_dir / FLEET_COUNTERS_FILE
     service.counters.fleet_file = FleetCounterFile(counters_path, create=True)
@@ -123,7 +108,7 @@ def serve(settings: ServerSettings) -> int:
         counters_path=str(counters_path),
         profile_path=os.environ.get(PROFILE_ENV) or None,
     )
-    sockets = [_bind(s.api.host, s.api.port)]
+    sockets = [listening_socket(s.api.host, s.api.port)]
     api_port = sockets[0].getsockname()[1]
     dispatch = PortDispatch({api_port: create_api(service)}, service)
     from fedveil.server.coordinator.api import BodyLimit
@@ -135,7 +120,7 @@ def serve(settings: ServerSettings) -> int:
         from fedveil.server.coordinator.model_versions import REGISTRY_DIR
         from fedveil.server.serving.promoted import promoted_app
 
-        sockets.append(_bind(s.serving.host, s.serving.port))
+        sockets.append(listening_socket(s.serving.host, s.serving.port))
         port = sockets[-1].getsockname()[1]
         base = s.source.parent if s.source is not None else Path.cwd()
         # A promoted custom-task version loads only a task the operator allowed to run.

@@ -83,6 +83,9 @@ class RunLifecycle:
         # function of the seed alone, so the same model as the engine would build.
         self._model: FlatModel | None = FlatModel(initial_model(task, cfg.seed), self.device)
         self.model_size = self._model.size
+        # The round the engine's checkpoint left off at (0: a fresh run), kept before
+        # this session's rounds (finish_interrupted).
+        self.restored_round = 0
         # [tracking]: publishes what metrics.jsonl publishes (public_json under DP).
         self.tracking = RunTracking.open(cfg, store.path, dp=cfg.publishes_privately)
         if self.tracking is not None:  # a crash never reaches finish(): marked failed
@@ -149,6 +152,7 @@ class RunLifecycle:
         if state is None:
             return False
         engine.restore(state)
+        self.restored_round = engine.round
         self.store.truncate_metrics(engine.round)
         self.store.truncate_private(engine.round)
         log.info(
@@ -159,13 +163,39 @@ class RunLifecycle:
         )
         return True
 
+    def finish_interrupted(
+        self, engine: RoundEngine, summary: dict[str, Any], *, model_metadata: Mapping[str, str]
+    ) -> int:
+        """An interrupted run's closing files, as of its last kept round; returns it.
+
+        A round is kept once its metrics line and the checkpoint are stored, and a resume
+        starts after it. The round in flight may already have stepped the model (and be
+        evaluating it): neither that model nor its number is published, so the summary,
+        model.safetensors and a resume agree. With no round kept, no model is written.
+        """
+        kept = engine.history[-1].round if engine.history else self.restored_round
+        if kept == engine.round:
+            self.finish(engine, {**summary, "rounds": kept}, model_metadata=model_metadata)
+            return kept
+        state = self.store.load_checkpoint()  # the kept round's model
+        if state is not None and int(state["round"]) <= kept:
+            self.write_model(engine.model, state["weights"], kept, model_metadata)
+        self._close({**summary, "rounds": kept})
+        return kept
+
     def save_model(self, engine: RoundEngine, metadata: Mapping[str, str]) -> Path:
         """The global model as safetensors, written atomically (a reader never sees half)."""
+        return self.write_model(engine.model, engine.weights, engine.round, metadata)
+
+    def write_model(
+        self, model: FlatModel, weights: torch.Tensor, round_num: int, metadata: Mapping[str, str]
+    ) -> Path:
+        """`weights` (round `round_num`'s) as model.safetensors, written atomically."""
         from safetensors.torch import save
 
         path = self.store.path / MODEL_FILE
-        tensors = engine.model.named_tensors(engine.weights.detach().cpu())
-        meta = {**model_metadata(self.cfg, self.task, engine.round), **metadata}
+        tensors = model.named_tensors(weights.detach().cpu())
+        meta = {**model_metadata(self.cfg, self.task, round_num), **metadata}
         atomic_write_bytes(path, save(tensors, metadata=meta))
         return path
 
@@ -174,6 +204,10 @@ class RunLifecycle:
     ) -> dict[str, Any]:
         """The run's closing files: the model, the privacy report under DP, the summary."""
         self.save_model(engine, model_metadata)
+        return self._close(summary)
+
+    def _close(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """The privacy report under DP, the summary, the tracking run's end."""
         if self.privacy is not None:
             write_privacy_report(self.store.path, self.privacy.config)
         self.store.write_summary(public_summary(summary, dp=self.privacy is not None))

@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedveil.config import ConfigError
 from fedveil.ops.bearer import BearerToken, is_loopback, read_token_file
+from fedveil.ops.listening import listening_socket
 from fedveil.server.serving.app import ServeLimits, create_app
 from fedveil.server.serving.connections import ConnectionLimits, guarded_http
 from fedveil.server.serving.prediction_metrics import ServingMetrics
@@ -121,7 +121,7 @@ def serve(settings: ServeSettings) -> int:
     if settings.insecure:
         log.warning("--insecure: plain HTTP on loopback; tokens and predictions are not encrypted")
     app = create_app([split], token=token, limits=settings.limits, metrics=ServingMetrics())
-    sock = _bind(settings.host, settings.port)
+    sock = listening_socket(settings.host, settings.port)
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         app,
@@ -160,17 +160,3 @@ def serve(settings: ServeSettings) -> int:
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.listen(512)
-    sock.set_inheritable(True)
-    return sock

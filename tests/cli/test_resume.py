@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from fedveil.cli.main import main
+from tiny_task import EVAL_GATE_FILE, EVAL_GATE_ROUND
 
 TESTS = Path(__file__).parents[1]
 ROUNDS = 30
@@ -177,3 +179,50 @@ def test_a_resumed_runs_summary_counts_the_rounds_before_the_resume(tmp_path, ca
     assert _simulate("--resume", "--out", str(out), "--rounds", "4") == 0, capsys.readouterr()
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["rounds"], summary["rounds_applied"], summary["dropped_total"]) == (4, 4, 0)
+
+
+@pytest.mark.procs
+def test_ctrl_c_during_a_rounds_evaluation_keeps_the_round_before_everywhere(tmp_path):
+    # Ctrl-C while round 3 was evaluated: summary.json said 3 rounds and model.safetensors
+    # held round 3's stepped model, while metrics.jsonl and the checkpoint (where a resume
+    # starts) ended at round 2. The gated task's round-3 evaluation says when it is there.
+    out, gate = tmp_path / "run", tmp_path / "evaluating"
+    env = {**_env(), EVAL_GATE_FILE: str(gate), EVAL_GATE_ROUND: "3"}
+    tiny = ["--task", "tiny_task:make_gated_eval", "--clients", "6", "--per-round", "3"]
+    tiny += ["--set", "simulation.workers=1", "--set", "simulation.plots=false"]
+    argv = [sys.executable, "-m", "fedveil.cli.main", "simulate", "--quiet", *tiny]
+    proc = subprocess.Popen(
+        [*argv, "--rounds", "5", "--out", str(out)],
+        env=env,
+        preexec_fn=_sigint_default,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 180
+    while not gate.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+
+    rounds = [json.loads(line)["round"] for line in (out / "metrics.jsonl").open()]
+    checkpoint = torch.load(out / "checkpoint" / "state.pt", weights_only=False)
+    summary = json.loads((out / "summary.json").read_text())
+    assert rounds == [1, 2] and checkpoint["round"] == 2
+    assert summary["status"] == "interrupted" and summary["rounds"] == 2
+    assert "interrupted after round 2: model and summary written" in err, err
+    with safe_open(out / "model.safetensors", "pt") as model:  # the checkpoint's model
+        assert model.metadata()["round"] == "2"
+        names = ("net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias")
+        weights = torch.cat([model.get_tensor(n).flatten() for n in names])
+    assert torch.equal(weights, checkpoint["weights"])
+
+    env[EVAL_GATE_ROUND] = "0"  # no gate
+    cmd = [*argv, "--resume", "--out", str(out)]
+    resumed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    rounds = [json.loads(line)["round"] for line in (out / "metrics.jsonl").open()]
+    assert rounds == [1, 2, 3, 4, 5]
+    assert json.loads((out / "summary.json").read_text())["rounds"] == 5

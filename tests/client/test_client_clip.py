@@ -170,3 +170,16 @@ def test_an_update_within_c_is_sent_unchanged() -> None:
     reply = runtime_returning(delta).handle(0, request(clip_norm=10.0, clip_indicator=True), {})
     assert torch.equal(reply.arrays["delta"], delta)
     assert reply.config["unclipped"] == 1
+
+
+@pytest.mark.parametrize("loss", [float("nan"), float("inf")])
+def test_a_finite_update_with_a_non_finite_loss_is_refused_naming_the_loss(loss) -> None:
+    # The loss travelled with the update to the coordinator (its own check dropped it).
+    from fedveil.client.trained_update import NonFiniteUpdate
+
+    runtime = ClientRuntime(
+        tiny_task.make(RunConfig()),
+        trainer=lambda m, g, x, y, hp, lf, gen: LocalResult(torch.zeros(195), 10, 1, loss),
+    )
+    with pytest.raises(NonFiniteUpdate, match=rf"^loss = {loss!r} after local training in round"):
+        runtime.handle(0, request(), {})

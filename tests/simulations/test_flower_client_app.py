@@ -73,3 +73,28 @@ def test_the_app_ships_no_function_code_with_each_message():
     shipped = cloudpickle.loads(raw)
     context = Context(1, 12, {"partition-id": 2}, RecordDict(), {})
     assert from_content(shipped(delivered("hello", 12), context).content).config["client_id"] == 2
+
+
+def nan_factory() -> ClientRuntime:
+    """Clients whose features are all NaN: local training diverges."""
+    return ClientRuntime(tiny_task.make_nan(load_config(None, {"model.task": "tiny_task:make"})))
+
+
+def test_a_diverged_update_is_a_named_client_failure_without_a_traceback(caplog):
+    # It was sent to the server as trained (NaN update and loss); with a clip, a traceback.
+    from fedveil.flat_model import FlatModel
+    from fedveil.protocol.kinds import ErrorCode
+
+    cfg = load_config(None, {"model.task": "tiny_task:make"})
+    model = FlatModel(tiny_task.make(cfg).model_fn()).get()
+    hp = {"seed": 1, "local_epochs": 1, "local_steps": 0, "batch_size": 16, "lr": 0.1}
+    hp |= {"momentum": 0.0, "weight_decay": 0.0, "prox_mu": 0.0}
+    request = delivered("train", 10)
+    request.content = to_content(Envelope("train", 1, hp, {"model": model}))
+    context = Context(1, 10, {"partition-id": 0}, RecordDict(), {})
+    with caplog.at_level("WARNING", logger="fedveil.client"):
+        reply = make_client_app(nan_factory)(request, context)
+    assert reply.has_error() and reply.error.code == ErrorCode.CLIENT_FAILURE.value
+    assert reply.error.reason.startswith("array 'delta' contains NaN or Inf")
+    [record] = [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+    assert record.exc_info is None and "train request failed" in record.getMessage()

@@ -13,6 +13,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedveil.builtin_models import build_model
 from fedveil.client.edge.device_app import (
     BAD_MESSAGE,
+    CLIENT_FAILURE,
     CONFIG_KEY,
     DataSource,
     EdgeClient,
@@ -26,6 +27,7 @@ from fedveil.flat_model import FlatModel
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.flower_codec import from_content, message_type, to_content
 from fedveil.protocol.piggyback import attach
+from fedveil.server.engine.drops import drop_check
 
 pytestmark = pytest.mark.procs  # starts processes: not in make test-fast
 
@@ -273,3 +275,27 @@ def test_a_request_cannot_make_the_device_build_a_huge_model(tmp_path):
         small.handle(1, run_config(), train_request())
     reply = edge.handle(1, run_config(), train_request())
     assert reply.kind == "train" and reply.arrays
+
+
+# -- a device whose training diverges ----------------------------------------------
+@pytest.mark.parametrize("clip", [0.0, 1.0], ids=["plain", "clipped"])
+def test_a_diverged_update_is_refused_by_name_never_sent(caplog, clip):
+    # Before: the plain reply carried the NaN update and loss to the coordinator, and a
+    # clipped one failed in the clipper with a traceback in the device's log.
+    import tiny_task
+
+    edge = EdgeClient(TaskSource("tiny_task:make_nan"), 0)  # features all NaN
+    config = run_config(**{"model.task": "tiny_task:make_nan"})
+    request = train_request(clip_norm=clip)
+    tiny = tiny_task.make(load_config(None, {"data.num_clients": N, "server.per_round": N}))
+    request.arrays["model"] = FlatModel(tiny.model_fn()).get()
+    with caplog.at_level("INFO", logger="fedveil.edge"):
+        reply = answer(edge, request_message(to_content(request)), 1, config)
+    assert reply.has_error() and reply.error.code == CLIENT_FAILURE, reply
+    reason = reply.error.reason
+    assert reason.startswith("array 'delta' contains NaN or Inf (195 of 195 values) after")
+    assert reason.endswith("in round 1: update refused, not sent")
+    assert drop_check(reason) == "NaN or Inf in the update"  # the coordinator's count
+    failed = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(failed) == 1 and failed[0].exc_info is None  # one line, no traceback
+    assert failed[0].getMessage() == f"run 1: train request failed: {reason}"

@@ -64,11 +64,43 @@ def a_message(monkeypatch: pytest.MonkeyPatch) -> tuple[Message, Any]:
     return message, get_object_tree(message)
 
 
-def test_the_worker_gives_up_a_message_whose_run_stopped_mid_download(monkeypatch):
+def downloading_supernode(
+    monkeypatch: pytest.MonkeyPatch, pull_object: Any
+) -> tuple[Any, threading.Thread]:
+    """A node state with the run, and Flower's SuperNode loop step (wrapped as
+    `fedveil client` runs it) downloading a coordinator's message through `pull_object`,
+    in a thread: (state, thread)."""
     state = NodeStateFactory(ObjectStoreFactory()).state()
     state.set_node_id(NODE_ID)
     state.store_run(Run.create_empty(RUN_ID))
     message, tree = a_message(monkeypatch)
+    pull, _ = reply_driven(loop._pull_and_store_message, loop._push_messages, Outbox())
+    kwargs = {
+        "state": state,
+        "object_store": state.object_store,
+        "node_config": {},
+        "receive": lambda: (message, tree),
+        "get_run": lambda run_id: pytest.fail("the run is known"),
+        "get_fab": lambda fab_hash, run_id: pytest.fail("the run is known"),
+        "pull_object": pull_object,
+        "confirm_message_received": lambda run_id, object_id: None,
+        "trusted_entities": None,
+    }
+    supernode = threading.Thread(target=pull, kwargs=kwargs, daemon=True)
+    supernode.start()
+    return state, supernode
+
+
+def claimed_task(state: Any) -> Any:
+    """The task the SuperNode made for the message, claimed as the worker claims it."""
+    claimed = runtime_handlers.acquire_task(
+        AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]), state
+    )
+    assert claimed.token, "the SuperNode offered no task"
+    return claimed.task
+
+
+def test_the_worker_gives_up_a_message_whose_run_stopped_mid_download(monkeypatch):
     downloading, superlink_answers = threading.Event(), threading.Event()
 
     def pull_object(run_id: int, object_id: str) -> bytes:
@@ -76,30 +108,11 @@ def test_the_worker_gives_up_a_message_whose_run_stopped_mid_download(monkeypatc
         superlink_answers.wait(30)
         raise RunNotRunningException  # the restarted SuperLink: the run is not running
 
-    pull, _ = reply_driven(loop._pull_and_store_message, loop._push_messages, Outbox())
-    supernode = threading.Thread(
-        target=pull,
-        kwargs={
-            "state": state,
-            "object_store": state.object_store,
-            "node_config": {},
-            "receive": lambda: (message, tree),
-            "get_run": lambda run_id: pytest.fail("the run is known"),
-            "get_fab": lambda fab_hash, run_id: pytest.fail("the run is known"),
-            "pull_object": pull_object,
-            "confirm_message_received": lambda run_id, object_id: None,
-            "trusted_entities": None,
-        },
-        daemon=True,
-    )
-    supernode.start()
+    state, supernode = downloading_supernode(monkeypatch, pull_object)
     assert downloading.wait(30), "the SuperNode never started the download"
 
     # The worker claims the task the SuperNode made and waits for the message's objects.
-    claimed = runtime_handlers.acquire_task(
-        AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]), state
-    )
-    assert claimed.token, "the SuperNode offered no task"
+    task = claimed_task(state)
     context = Context(RUN_ID, NODE_ID, {}, RecordDict(), {})
     outcome: dict[str, Any] = {}
     deadline = time.monotonic() + 20  # the old worker stops here, not after STALL_S
@@ -107,7 +120,7 @@ def test_the_worker_gives_up_a_message_whose_run_stopped_mid_download(monkeypatc
     def worker() -> None:
         try:
             outcome["message"] = pull_message(
-                RuntimeApi(state, claimed.task),
+                RuntimeApi(state, task),
                 context,
                 STALL_S,
                 lambda: time.monotonic() > deadline,
@@ -132,3 +145,28 @@ def test_the_worker_gives_up_a_message_whose_run_stopped_mid_download(monkeypatc
     assert at - answered < 6.0, f"gave up {at - answered:.1f} s after the SuperLink's answer"
     # And the message is gone: a later task of the run finds nothing to answer.
     assert not state.get_messages_legacy(run_ids=[RUN_ID], is_reply=False)
+
+
+def test_a_download_that_goes_silent_is_given_up_after_the_devices_stall_limit(monkeypatch):
+    # The limit is the device's option (EdgeOptions.task_pull_stall_s,
+    # --download-stall-seconds); here 1 s, against a coordinator that never answers.
+    downloading, released = threading.Event(), threading.Event()
+
+    def silent(run_id: int, object_id: str) -> bytes:
+        downloading.set()
+        released.wait(60)  # the link went silent
+        raise RunNotRunningException
+
+    state, supernode = downloading_supernode(monkeypatch, silent)
+    try:
+        assert downloading.wait(30), "the SuperNode never started the download"
+        task = claimed_task(state)
+        context = Context(RUN_ID, NODE_ID, {}, RecordDict(), {})
+        start = time.monotonic()
+        with pytest.raises(TaskPullAbandoned, match=r"^no part of the message arrived for 1 s$"):
+            pull_message(RuntimeApi(state, task), context, 1.0, lambda: False)
+        took = time.monotonic() - start
+        assert 1.0 <= took < 20.0, f"gave up after {took:.1f} s"
+    finally:
+        released.set()
+        supernode.join(10)
