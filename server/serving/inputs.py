@@ -212,6 +212,23 @@ def check(array: np.ndarray, input_shape: tuple[int, ...], max_rows: int) -> np.
     return out
 
 
+def check_outputs(outputs: np.ndarray) -> np.ndarray:
+    """The model's outputs if all are finite; else InputError naming the first example.
+
+    Finite inputs can still overflow float32 inside the model (values near 3.4e38 with
+    alternating signs give inf - inf = NaN): such an answer is not a prediction, and
+    JSON cannot carry it (it was a 500)."""
+    finite = np.isfinite(outputs)
+    if finite.all():
+        return outputs
+    rows = int(outputs.shape[0])
+    first = int(np.flatnonzero(~finite.reshape(rows, -1).all(axis=1))[0])
+    raise InputError(
+        f"outputs: the model's outputs for example {first} are NaN or infinite (its inputs "
+        "overflow float32 inside the model); every output must be finite"
+    )
+
+
 def encode(outputs: np.ndarray, npz: bool, extra: dict[str, Any]) -> tuple[bytes, str]:
     """The reply body and its Content-Type."""
     if npz:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from serve_harness import predict_npz, request, serving
+from serve_harness import metric, predict_json, predict_npz, request, serving
 
 from fedveil.builtin_models import build_model
 from fedveil.flat_model import FlatModel
@@ -173,3 +173,26 @@ def test_json_checks_stay_linear_on_escapes() -> None:
     hidden = b'{"x": "' + b"]" * 5000 + b'\\n", "inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}"
     with pytest.raises(InputError, match="JSON nested too deep"):
         decode(hidden, "application/json", (8,), 4)
+
+
+@pytest.mark.procs
+def test_finite_inputs_whose_outputs_overflow_are_422_not_500(
+    cnn_file: Path, tmp_path: Path
+) -> None:
+    # Every value is finite (the input check passes), but rows of +-3e38 overflow the
+    # first convolution: inf - inf = NaN. JSON cannot carry NaN: it was a 500.
+    x = np.full((3, *SHAPE), 3e38, np.float32)
+    x[1, :, ::2, :] *= -1
+    honest = np.zeros((2, *SHAPE), np.float32)
+    with serving(["--model", str(cnn_file), "--public"], tmp_path) as served:
+        for status, _, body in (
+            predict_json(served.url, "cnn", x.tolist()),
+            predict_npz(served.url, "cnn", x),
+        ):
+            detail = (body if isinstance(body, dict) else json.loads(body))["detail"]
+            assert status == 422, detail
+            assert "outputs for example 1 are NaN or infinite" in detail
+        assert predict_npz(served.url, "cnn", honest)[0] == 200  # still serving
+        text = request(f"{served.url}/metrics")[2].decode()
+        labels = {"model": "cnn", "version": "cnn"}
+        assert metric(text, "fedveil_serve_requests_total", **labels, code="422") == 2
