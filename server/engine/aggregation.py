@@ -33,6 +33,9 @@ log = logging.getLogger("fedveil.aggregation")
 
 # A client may not claim more examples than this: its weight in the average.
 MAX_EXAMPLES = 10_000_000
+# The largest float32: a round's sum of n weighted updates stays finite when each
+# weighted value is at most this / n.
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 @dataclass
@@ -246,7 +249,33 @@ class _InOrder:
         if clip is not None:
             r, changed = enforce_clip(r, clip)
             self.clipped_by_server = (self.clipped_by_server or 0) + int(changed)
+        overflow = sum_overflow(r, len(self.order))
+        if overflow is not None:
+            self.dropped[cid] = overflow
+            return
         self.acc.add(cid, r)
+
+
+def sum_overflow(reply: TrainReply, cohort: int) -> str | None:
+    """Why `reply` could overflow the round's float32 sum, or None.
+
+    Each value is finite (Envelope.tensor), but a finite update times its weight, or the
+    sum of a few such, can still reach infinity, and an infinite sum makes the model NaN
+    for the rest of the run. Each weighted value must be at most FLOAT32_MAX / cohort:
+    then the cohort's sum is finite, whoever replies."""
+    limit = FLOAT32_MAX / cohort
+    if not reply.delta.numel():
+        return None
+    low, high = torch.aminmax(reply.delta)  # one pass, no |delta| copy
+    largest = max(-float(low), float(high))
+    scaled = largest * reply.weight
+    if not (scaled <= limit):
+        return (
+            f"delta: largest |value| {largest:.4g} x weight {reply.weight:g} = {scaled:.4g} "
+            f"is over {limit:.4g} (float32's largest / {cohort} clients): the round's sum "
+            "would overflow"
+        )
+    return None
 
 
 @dataclass
