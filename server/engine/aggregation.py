@@ -23,7 +23,15 @@ import torch
 
 from fedveil.privacy.dp.clipping import clip_l2, l2_norm
 from fedveil.protocol.envelope import Envelope, MessageError
-from fedveil.protocol.fields import CLIP_NORM, DELTA, LOSS, NUM_EXAMPLES, UNCLIPPED, WEIGHT
+from fedveil.protocol.fields import (
+    ACCURACY,
+    CLIP_NORM,
+    DELTA,
+    LOSS,
+    NUM_EXAMPLES,
+    UNCLIPPED,
+    WEIGHT,
+)
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.robust import RobustAggregator
 from fedveil.server.engine.transport import ClientFailure, Transport
@@ -114,6 +122,35 @@ def check_train_reply(reply: Envelope, round_num: int, model_size: int) -> Train
             counters[key] = value
     delta = reply.tensor(DELTA, numel=model_size)
     return TrainReply(delta, weight, loss, counters)
+
+
+def check_evaluation_answer(config: Mapping[str, Any]) -> tuple[int, float, float]:
+    """(count, accuracy, loss) of one client's evaluation reply; MessageError naming the
+    field, its value and the range, for anything out of range, NaN or missing. Federated
+    evaluation (rounds.py) and drift evaluation (server/coordinator/drift_run.py) check
+    replies with it."""
+    n = config.get(NUM_EXAMPLES)
+    if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_EXAMPLES):
+        raise MessageError(f"{NUM_EXAMPLES} = {n!r}: must be an integer in [1, {MAX_EXAMPLES}]")
+    try:
+        accuracy, loss = float(config[ACCURACY]), float(config[LOSS])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise MessageError(f"accuracy/loss missing or not numbers ({exc!r})") from None
+    if not 0.0 <= accuracy <= 1.0:  # NaN fails too
+        raise MessageError(f"{ACCURACY} = {accuracy!r}: must be in [0, 1]")
+    if not 0.0 <= loss < math.inf:
+        raise MessageError(f"{LOSS} = {loss!r}: must be finite and >= 0")
+    return n, accuracy, loss
+
+
+def check_evaluate_reply(reply: Envelope, round_num: int) -> tuple[int, float, float]:
+    """(count, accuracy, loss) of a federated evaluation reply for `round_num`, or
+    MessageError naming the check."""
+    if reply.kind != Kind.EVALUATE:
+        raise MessageError(f"expected an evaluate reply, got {reply.kind!r}")
+    if reply.round != round_num:
+        raise MessageError(f"reply is for round {reply.round}, this is round {round_num}")
+    return check_evaluation_answer(reply.config)
 
 
 def request_clip_norm(request: Envelope) -> float | None:

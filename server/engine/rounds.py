@@ -26,9 +26,9 @@ from fedveil.config import RunConfig
 from fedveil.flat_model import FlatModel
 from fedveil.model_evaluation import evaluate
 from fedveil.protocol import fields as F
-from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.kinds import Kind
-from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel
+from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel, check_evaluate_reply
 from fedveil.server.engine.barrier_scheduler import BarrierScheduler
 from fedveil.server.engine.ledger_opening import DpSgdLedger
 from fedveil.server.engine.optimizers import ServerOptimizer, make_optimizer
@@ -286,15 +286,25 @@ class RoundEngine:
         req = Envelope(Kind.EVALUATE, record.round, {}, {F.MODEL: self.weights})
         replies = self.transport.exchange({c: req for c in chosen}, None)
         n_total, loss_sum, correct = 0, 0.0, 0.0
+        refused: list[str] = []
         for cid in chosen:
             r = replies.get(cid)
             if r is None or isinstance(r, ClientFailure):
                 continue
-            n = int(r.config.get(F.NUM_EXAMPLES, 0))
-            if n > 0:
-                n_total += n
-                loss_sum += float(r.config[F.LOSS]) * n
-                correct += float(r.config["accuracy"]) * n
+            try:  # a client's claims: checked, never trusted into the record (or a crash)
+                n, accuracy, loss = check_evaluate_reply(r, record.round)
+            except MessageError as exc:
+                refused.append(str(exc))
+                continue
+            n_total += n
+            loss_sum += loss * n
+            correct += accuracy * n
+        if refused:  # the checks only: no client ids (DP runs publish no participation)
+            log.warning(
+                "round %d: federated evaluation refused replies: %s",
+                record.round,
+                "; ".join(sorted(set(refused)))[:500],
+            )
         if n_total:
             record.federated_loss = loss_sum / n_total
             record.federated_accuracy = correct / n_total
