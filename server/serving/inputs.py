@@ -109,13 +109,40 @@ def _decode_json(body: bytes, input_shape: tuple[int, ...], max_rows: int) -> np
     if not isinstance(inputs, list):
         raise InputError(f"inputs: expected a list of examples, got {type(inputs).__name__}")
     try:
-        return np.asarray(inputs, dtype=np.float32)
+        try:
+            array = np.asarray(inputs)
+        except OverflowError:  # an integer past float's range beside floats
+            array = np.asarray(inputs, dtype=object)
+        if array.dtype.kind == "O" and all(
+            type(v) in (int, float) for v in array.reshape(-1).tolist()
+        ):
+            # Integers past int64 (JSON has no limit): their float value, or infinity.
+            array = np.array([_as_float(v) for v in array.reshape(-1).tolist()]).reshape(
+                array.shape
+            )
     except (ValueError, TypeError) as exc:
-        # Ragged lists, strings, nulls: numpy names which.
+        # Ragged lists: numpy names where.
         raise InputError(
             f"inputs: not a rectangular array of numbers ({exc}); every example must "
             "have the model's input shape"
         ) from None
+    if array.dtype.kind not in "fiu":
+        # Strings ("1" would parse), booleans, nulls: not numbers, whatever numpy makes of
+        # them (check() refuses NPZ inputs of these dtypes the same way).
+        raise InputError(
+            "inputs: not a rectangular array of numbers (strings, booleans or nulls among "
+            "the values); every value must be a JSON number"
+        )
+    return array.astype(np.float32)
+
+
+def _as_float(value: int | float) -> float:
+    """`value` as a float; an integer past float's range as infinity of its sign (then
+    refused by check() as not finite)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def _decode_npz(body: bytes, input_shape: tuple[int, ...], max_rows: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from serve_harness import metric, predict_json, predict_npz, request, serving
 
 from fedveil.builtin_models import build_model
 from fedveil.flat_model import FlatModel
-from fedveil.server.serving.inputs import InputError, decode
+from fedveil.server.serving.inputs import InputError, check, decode
 
 SHAPE = (1, 28, 28)
 META = {
@@ -196,3 +196,25 @@ def test_finite_inputs_whose_outputs_overflow_are_422_not_500(
         text = request(f"{served.url}/metrics")[2].decode()
         labels = {"model": "cnn", "version": "cnn"}
         assert metric(text, "fedveil_serve_requests_total", **labels, code="422") == 2
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (b"9" * 400, "NaN or infinite"),  # an int past float's range: OverflowError, a 500
+        (b"-" + b"9" * 4000, "NaN or infinite"),
+        (b'"1"', "strings, booleans or nulls"),  # was parsed as 1.0
+        (b"true", "strings, booleans or nulls"),
+        (b"null", "strings, booleans or nulls"),
+    ],
+)
+def test_json_values_that_are_not_float_numbers_are_refused(value: bytes, says: str) -> None:
+    shape = (1, 2, 2)
+    row = b"[[[" + value + b", " + value + b"], [" + value + b", " + value + b"]]]"
+    with pytest.raises(InputError, match=says):
+        check(decode(b'{"inputs": [' + row + b"]}", "application/json", shape, 8)[0], shape, 8)
+    # An integer past int64 but within float32's range is the number it says.
+    big = decode(
+        b'{"inputs": [[[[' + b"1" + b"0" * 30 + b", 2], [3, 4]]]]}", "application/json", shape, 8
+    )
+    assert check(big[0], shape, 8).ravel().tolist() == np.float32([1e30, 2, 3, 4]).tolist()
