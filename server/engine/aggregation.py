@@ -191,9 +191,16 @@ class PlainChannel:
         self,
         on_drop: Callable[[int, str], None] | None = None,
         aggregator: RobustAggregator | None = None,
+        summed_with: int = 1,
     ) -> None:
+        """`summed_with`: how many of this channel's sums are added up again after it
+        (asynchronous training's buffer of K): each reply's bound against overflow
+        (`sum_overflow`) then divides by the cohort times that."""
+        if summed_with < 1:
+            raise ValueError(f"summed_with = {summed_with}: must be >= 1")
         self.on_drop = on_drop
         self.aggregator = aggregator
+        self.summed_with = summed_with
         self._reports: dict[int, dict[str, Any]] = {}
 
     def round_report(self, round_num: int) -> Mapping[str, Any]:
@@ -210,7 +217,7 @@ class PlainChannel:
     ) -> Aggregate | NoUpdates:
         round_num = next(iter(requests.values())).round
         acc = _WeightedSum() if self.aggregator is None else _HeldUpdates(self.aggregator)
-        fold = _InOrder(requests, round_num, model_size, acc)
+        fold = _InOrder(requests, round_num, model_size, acc, self.summed_with)
         # Replies are checked and summed as they arrive, in client-id order (one that
         # comes early waits for those before it): the same sum, bit for bit, as after the
         # exchange, but most of it done while the remaining clients still train.
@@ -247,8 +254,10 @@ class _InOrder:
         round_num: int,
         model_size: int,
         acc: _WeightedSum | _HeldUpdates,
+        summed_with: int = 1,
     ) -> None:
         self.requests, self.round_num = requests, round_num
+        self.summed_with = summed_with
         self.model_size, self.acc = model_size, acc
         self.order = sorted(requests)
         self.next = 0
@@ -286,21 +295,21 @@ class _InOrder:
         if clip is not None:
             r, changed = enforce_clip(r, clip)
             self.clipped_by_server = (self.clipped_by_server or 0) + int(changed)
-        overflow = sum_overflow(r, len(self.order))
+        overflow = sum_overflow(r, len(self.order) * self.summed_with)
         if overflow is not None:
             self.dropped[cid] = overflow
             return
         self.acc.add(cid, r)
 
 
-def sum_overflow(reply: TrainReply, cohort: int) -> str | None:
-    """Why `reply` could overflow the round's float32 sum, or None.
+def sum_overflow(reply: TrainReply, terms: int) -> str | None:
+    """Why `reply` could overflow the float32 sum it joins, of `terms` updates, or None.
 
     Each value is finite (Envelope.tensor), but a finite update times its weight, or the
     sum of a few such, can still reach infinity, and an infinite sum makes the model NaN
-    for the rest of the run. Each weighted value must be at most FLOAT32_MAX / cohort:
-    then the cohort's sum is finite, whoever replies."""
-    limit = FLOAT32_MAX / cohort
+    for the rest of the run. Each weighted value must be at most FLOAT32_MAX / terms:
+    then the sum is finite, whoever replies."""
+    limit = FLOAT32_MAX / terms
     if not reply.delta.numel():
         return None
     low, high = torch.aminmax(reply.delta)  # one pass, no |delta| copy
@@ -309,7 +318,7 @@ def sum_overflow(reply: TrainReply, cohort: int) -> str | None:
     if not (scaled <= limit):
         return (
             f"delta: largest |value| {largest:.4g} x weight {reply.weight:g} = {scaled:.4g} "
-            f"is over {limit:.4g} (float32's largest / {cohort} clients): the round's sum "
+            f"is over {limit:.4g} (float32's largest / {terms} updates summed): the sum "
             "would overflow"
         )
     return None

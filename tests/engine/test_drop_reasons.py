@@ -28,7 +28,7 @@ REASONS = [
     ("train message: array 'delta' has dtype torch.float64, not float32", "wrong dtype"),
     (
         "delta: largest |value| 3e+38 x weight 2 = 6e+38 is over 1.134e+38 (float32's "
-        "largest / 3 clients): the round's sum would overflow",
+        "largest / 3 updates summed): the sum would overflow",
         "update overflows the sum",
     ),
     ("no reply before the deadline", "timeout"),
