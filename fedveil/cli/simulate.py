@@ -262,7 +262,7 @@ def _init_model(given: str | None, registry: str | None) -> tuple[Path | None, s
     from fedveil.cli.models import open_registry
 
     version = open_registry(registry).resolve(given)
-    return version.model_path, version.ref
+    return version.checked_model_path(), version.ref
 
 
 def _check_privacy_plan(cfg: RunConfig) -> None:

@@ -384,7 +384,7 @@ def load_config(
             values = tomllib.loads(p.read_text())
         except FileNotFoundError:
             raise ConfigError(f"--config {p}: no such file") from None
-        except tomllib.TOMLDecodeError as exc:
+        except ValueError as exc:  # TOML errors, non-UTF-8 bytes, an int of 4,300+ digits
             raise ConfigError(f"--config {p}: not valid TOML ({exc})") from None
     for key, value in (overrides or {}).items():
         set_dotted(values, key, value)

@@ -79,7 +79,9 @@ async def invalid_request(request: Request, exc: Exception) -> JSONResponse:
     errors = exc.errors()
     first = errors[0] if errors else {}
     loc = [str(p) for p in first.get("loc", []) if p not in ("body", "query", "path")]
-    field = ".".join(loc) or "body"
+    # A body that is not JSON is located at ("body", <character offset>): the field is
+    # the body, not a number.
+    field = "body" if first.get("type") == "json_invalid" else ".".join(loc) or "body"
     return JSONResponse(
         {"detail": f"{field}: {first.get('msg', 'invalid')}", "field": field}, status_code=422
     )

@@ -218,7 +218,9 @@ class DriftMonitor:
         values.pop("out", None)
         if trained_with_dp(values):
             _refuse_against_coordinator(version.ref, values)
-            return self._submit_dp_evaluation(state, version.ref, str(version.model_path), values)
+            return self._submit_dp_evaluation(
+                state, version.ref, str(version.checked_model_path()), values
+            )
         # No training: one exchange in which devices evaluate the version on held-out data
         # (the version's own holdout share, else drift.holdout). Nothing is aggregated, so
         # no secure aggregation; the run's other settings are the version's.
@@ -233,7 +235,7 @@ class DriftMonitor:
             "name": f"drift evaluation of {version.ref}",
             "wait_for_clients": min(self.cfg.clients, num_clients),
         }
-        view = self._submit(state, values, EVALUATE, version.ref, str(version.model_path))
+        view = self._submit(state, values, EVALUATE, version.ref, str(version.checked_model_path()))
         log.info("drift: evaluating %s as run %s", version.ref, view["id"])
         return {"kind": EVALUATE, "run_id": view["id"], "version": version.ref}
 
@@ -573,7 +575,9 @@ class DriftMonitor:
         deploy = read_json(version.run_dir / "deploy.json") or {} if version.run_dir else {}
         deploy["name"] = f"retraining of {ref} (drift)"
         values["deploy"] = deploy
-        view = self._submit(state, values, RETRAIN, ref, str(version.model_path), files=files)
+        view = self._submit(
+            state, values, RETRAIN, ref, str(version.checked_model_path()), files=files
+        )
         log.warning(
             "drift: %s fell below %.3f; retraining as run %s", ref, self.cfg.threshold, view["id"]
         )

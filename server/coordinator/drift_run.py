@@ -21,13 +21,13 @@
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedveil.server.coordinator.rundir import RunDir, read_json
+from fedveil.server.engine.aggregation import check_evaluation_answer
 
 if TYPE_CHECKING:  # the coordinator process imports the constants here without torch
     import torch
@@ -88,26 +88,6 @@ def evaluate_on_devices(
     return {**summary, "clients_asked": k}
 
 
-def checked_answer(config: Mapping[str, Any]) -> tuple[int, float, float]:
-    """(count, accuracy, loss) of one device's evaluation reply; ValueError naming the
-    field, its value and the range, for anything out of range, NaN or missing."""
-    from fedveil.protocol import fields as F
-    from fedveil.server.engine.aggregation import MAX_EXAMPLES
-
-    n = config.get(F.NUM_EXAMPLES)
-    if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_EXAMPLES):
-        raise ValueError(f"{F.NUM_EXAMPLES} = {n!r}: must be an integer in [1, {MAX_EXAMPLES}]")
-    try:
-        accuracy, loss = float(config[F.ACCURACY]), float(config[F.LOSS])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"accuracy/loss missing or not numbers ({exc!r})") from None
-    if not 0.0 <= accuracy <= 1.0:  # NaN fails too
-        raise ValueError(f"{F.ACCURACY} = {accuracy!r}: must be in [0, 1]")
-    if not 0.0 <= loss < math.inf:
-        raise ValueError(f"{F.LOSS} = {loss!r}: must be finite and >= 0")
-    return n, accuracy, loss
-
-
 def robust_summary(answers: list[tuple[int, Mapping[str, Any]]]) -> dict[str, Any] | None:
     """Accuracy and loss over the valid answers, each device's weight min(its count, the
     median count of the valid answers); None when no answer is valid."""
@@ -115,7 +95,7 @@ def robust_summary(answers: list[tuple[int, Mapping[str, Any]]]) -> dict[str, An
     refused = 0
     for cid, config in answers:
         try:
-            valid.append(checked_answer(config))
+            valid.append(check_evaluation_answer(config))
         except ValueError as exc:
             refused += 1
             log.warning("drift evaluation: client %d's reply refused: %s", cid, exc)

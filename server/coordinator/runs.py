@@ -188,6 +188,18 @@ def parse_submission(
     return cfg, deploy, text
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all distinct (json.loads keeps the last of a repeated
+    key silently: a reviewer reading the first would approve another run; TOML refuses
+    them itself)."""
+    values: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in values:
+            raise ValueError(f"key {key!r} appears twice in one object")
+        values[key] = value
+    return values
+
+
 def _parsed_body(body: bytes, content_type: str) -> tuple[dict[str, Any], str]:
     """The submitted text and its table: UTF-8, nesting bounded before parsing, TOML or JSON."""
     if not body.strip():
@@ -204,15 +216,17 @@ def _parsed_body(body: bytes, content_type: str) -> tuple[dict[str, Any], str]:
             f"the run config nests arrays/tables {depth} deep; at most {MAX_CONFIG_DEPTH} "
             "levels are allowed",
         )
+    # ValueError, not only the decoders' own errors: an integer of more than 4,300 digits
+    # is refused by int() inside both parsers (Python's limit on int from text).
     if is_json:
         try:
-            values = json.loads(text)
-        except json.JSONDecodeError as exc:
+            values = json.loads(text, object_pairs_hook=_unique_keys)
+        except ValueError as exc:
             raise SubmissionError("body", f"not valid JSON ({exc})") from None
     else:
         try:
             values = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
+        except ValueError as exc:
             raise SubmissionError("body", f"not valid TOML ({exc})") from None
     if not isinstance(values, dict):
         raise SubmissionError("body", "the run config must be a table (TOML) or an object (JSON)")

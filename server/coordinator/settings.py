@@ -159,7 +159,7 @@ def load_settings(
         raw = tomllib.loads(p.read_text())
     except FileNotFoundError:
         raise ConfigError(f"--config {p}: no such file") from None
-    except tomllib.TOMLDecodeError as exc:
+    except ValueError as exc:  # TOML errors, non-UTF-8 bytes, an int of 4,300+ digits
         raise ConfigError(f"--config {p}: not valid TOML ({exc})") from None
     settings = settings_from_dict(raw, p.resolve().parent, insecure=insecure)
     settings.source = p.resolve()

@@ -23,7 +23,15 @@ import torch
 
 from fedveil.privacy.dp.clipping import clip_l2, l2_norm
 from fedveil.protocol.envelope import Envelope, MessageError
-from fedveil.protocol.fields import CLIP_NORM, DELTA, LOSS, NUM_EXAMPLES, UNCLIPPED, WEIGHT
+from fedveil.protocol.fields import (
+    ACCURACY,
+    CLIP_NORM,
+    DELTA,
+    LOSS,
+    NUM_EXAMPLES,
+    UNCLIPPED,
+    WEIGHT,
+)
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.robust import RobustAggregator
 from fedveil.server.engine.transport import ClientFailure, Transport
@@ -33,6 +41,9 @@ log = logging.getLogger("fedveil.aggregation")
 
 # A client may not claim more examples than this: its weight in the average.
 MAX_EXAMPLES = 10_000_000
+# The largest float32: a round's sum of n weighted updates stays finite when each
+# weighted value is at most this / n.
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 @dataclass
@@ -113,6 +124,35 @@ def check_train_reply(reply: Envelope, round_num: int, model_size: int) -> Train
     return TrainReply(delta, weight, loss, counters)
 
 
+def check_evaluation_answer(config: Mapping[str, Any]) -> tuple[int, float, float]:
+    """(count, accuracy, loss) of one client's evaluation reply; MessageError naming the
+    field, its value and the range, for anything out of range, NaN or missing. Federated
+    evaluation (rounds.py) and drift evaluation (server/coordinator/drift_run.py) check
+    replies with it."""
+    n = config.get(NUM_EXAMPLES)
+    if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_EXAMPLES):
+        raise MessageError(f"{NUM_EXAMPLES} = {n!r}: must be an integer in [1, {MAX_EXAMPLES}]")
+    try:
+        accuracy, loss = float(config[ACCURACY]), float(config[LOSS])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise MessageError(f"accuracy/loss missing or not numbers ({exc!r})") from None
+    if not 0.0 <= accuracy <= 1.0:  # NaN fails too
+        raise MessageError(f"{ACCURACY} = {accuracy!r}: must be in [0, 1]")
+    if not 0.0 <= loss < math.inf:
+        raise MessageError(f"{LOSS} = {loss!r}: must be finite and >= 0")
+    return n, accuracy, loss
+
+
+def check_evaluate_reply(reply: Envelope, round_num: int) -> tuple[int, float, float]:
+    """(count, accuracy, loss) of a federated evaluation reply for `round_num`, or
+    MessageError naming the check."""
+    if reply.kind != Kind.EVALUATE:
+        raise MessageError(f"expected an evaluate reply, got {reply.kind!r}")
+    if reply.round != round_num:
+        raise MessageError(f"reply is for round {reply.round}, this is round {round_num}")
+    return check_evaluation_answer(reply.config)
+
+
 def request_clip_norm(request: Envelope) -> float | None:
     """The clip norm C a training request asks for (central DP), or None without one."""
     clip = float(request.config.get(CLIP_NORM, 0.0) or 0.0)
@@ -151,9 +191,16 @@ class PlainChannel:
         self,
         on_drop: Callable[[int, str], None] | None = None,
         aggregator: RobustAggregator | None = None,
+        summed_with: int = 1,
     ) -> None:
+        """`summed_with`: how many of this channel's sums are added up again after it
+        (asynchronous training's buffer of K): each reply's bound against overflow
+        (`sum_overflow`) then divides by the cohort times that."""
+        if summed_with < 1:
+            raise ValueError(f"summed_with = {summed_with}: must be >= 1")
         self.on_drop = on_drop
         self.aggregator = aggregator
+        self.summed_with = summed_with
         self._reports: dict[int, dict[str, Any]] = {}
 
     def round_report(self, round_num: int) -> Mapping[str, Any]:
@@ -170,7 +217,7 @@ class PlainChannel:
     ) -> Aggregate | NoUpdates:
         round_num = next(iter(requests.values())).round
         acc = _WeightedSum() if self.aggregator is None else _HeldUpdates(self.aggregator)
-        fold = _InOrder(requests, round_num, model_size, acc)
+        fold = _InOrder(requests, round_num, model_size, acc, self.summed_with)
         # Replies are checked and summed as they arrive, in client-id order (one that
         # comes early waits for those before it): the same sum, bit for bit, as after the
         # exchange, but most of it done while the remaining clients still train.
@@ -207,8 +254,10 @@ class _InOrder:
         round_num: int,
         model_size: int,
         acc: _WeightedSum | _HeldUpdates,
+        summed_with: int = 1,
     ) -> None:
         self.requests, self.round_num = requests, round_num
+        self.summed_with = summed_with
         self.model_size, self.acc = model_size, acc
         self.order = sorted(requests)
         self.next = 0
@@ -246,7 +295,39 @@ class _InOrder:
         if clip is not None:
             r, changed = enforce_clip(r, clip)
             self.clipped_by_server = (self.clipped_by_server or 0) + int(changed)
+        overflow = sum_overflow(r, len(self.order) * self.summed_with)
+        if overflow is not None:
+            self.dropped[cid] = overflow
+            return
         self.acc.add(cid, r)
+
+
+def sum_overflow(reply: TrainReply, terms: int) -> str | None:
+    """Why `reply` could overflow the float32 sum it joins, of `terms` updates, or None.
+
+    Each value is finite (Envelope.tensor), but a finite update times its weight, or the
+    sum of a few such, can still reach infinity, and an infinite sum makes the model NaN
+    for the rest of the run. Each weighted value must be at most FLOAT32_MAX / terms:
+    then the sum is finite, whoever replies."""
+    limit = FLOAT32_MAX / terms
+    delta = reply.delta
+    if not delta.numel():
+        return None
+    # max |value| <= the L2 norm: one dot product (half an aminmax's time) clears every
+    # honest update, with 1% to spare for the float32 sum's rounding; only an update
+    # near the bound (or whose squares overflow: the norm reads inf) is measured exactly.
+    if 1.01 * reply.weight * math.sqrt(float(torch.dot(delta, delta))) <= limit:
+        return None
+    low, high = torch.aminmax(delta)  # one pass, no |delta| copy
+    largest = max(-float(low), float(high))
+    scaled = largest * reply.weight
+    if not (scaled <= limit):
+        return (
+            f"delta: largest |value| {largest:.4g} x weight {reply.weight:g} = {scaled:.4g} "
+            f"is over {limit:.4g} (float32's largest / {terms} updates summed): the sum "
+            "would overflow"
+        )
+    return None
 
 
 @dataclass

@@ -31,6 +31,7 @@ _KNOWN: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("NaN or Inf in the update", r"contains NaN or Inf"),
         ("wrong shape", r"has \d+ values, expected \d+"),
         ("wrong dtype", r"has dtype \S+, not float32"),
+        ("update overflows the sum", r"updates summed\): the sum would overflow$"),
         ("timeout", r"^no reply before the deadline|^simulated straggler"),
         ("no reply", r"^no reply$"),
         ("simulated dropout", r"^simulated dropout"),

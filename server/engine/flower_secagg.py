@@ -53,6 +53,7 @@ from flwr.server import Grid
 from flwr.supercore.run import Run
 
 from fedveil.config import RunConfig, SecAggSection, load_config, to_toml
+from fedveil.config.validator import build
 from fedveil.privacy.dp.accounting import compute_epsilon
 from fedveil.privacy.dp.central import add_gaussian_noise
 from fedveil.privacy.dp.events import PrivacyEvent
@@ -203,6 +204,28 @@ class SecureSettings:
             raise ValueError(
                 f"node_wait_s = {wait!r}: must be a number of seconds in [0, {MAX_NODE_WAIT_S:g}]"
             )
+        # The protocol's parameters, by the run config's own validator and limits
+        # ([secagg]): refused here, by name, not in the first round on the nodes.
+        build(
+            SecAggSection,
+            {
+                "enabled": True,
+                "clip_range": self.clip_range,
+                "levels": self.levels,
+                "max_weight": self.max_weight,
+                "dropout_rate": self.dropout_rate,
+                "adversarial_rate": self.adversarial_rate,
+                "neighbors": self.neighbors,
+                "threshold": self.threshold,
+            },
+            prefix="SecureSettings.",
+        )
+        if not (isinstance(self.metric_range, (int, float)) and 0 < self.metric_range < math.inf):
+            raise ValueError(
+                f"SecureSettings.metric_range = {self.metric_range!r}: must be finite and > 0"
+            )
+        if isinstance(self.seed, bool) or not (isinstance(self.seed, int) and self.seed >= 0):
+            raise ValueError(f"SecureSettings.seed = {self.seed!r}: must be an integer >= 0")
 
     def section(self, dp: bool, pipeline: bool = False) -> SecAggSection:
         return SecAggSection(

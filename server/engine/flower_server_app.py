@@ -164,6 +164,8 @@ class FlowerTransport:
             return from_content(reply.content)
         except MessageError as exc:
             return ClientFailure(cid, str(exc))
+        except Exception as exc:  # a reply we cannot read is the client's fault, never fatal
+            return ClientFailure(cid, f"bad reply: {type(exc).__name__}: {exc}"[:300])
 
     def close(self) -> None:
         return None

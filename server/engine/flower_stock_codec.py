@@ -24,6 +24,7 @@ import math
 import re
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
@@ -130,6 +131,8 @@ class StockCodec:
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.layout = FlatModel(module, "cpu")
+        self._float_names = {e.name for e in self.layout.entries}
+        self._state_names = set(self.layout.module.state_dict())
         self._sent: tuple[int, torch.Tensor, ArrayRecord] | None = None
         self._warned_loss = False
 
@@ -171,7 +174,16 @@ class StockCodec:
                 },
             )
         arrays = _record(content, STOCK_ARRAYS, ArrayRecord)
-        tensors = {k: torch.from_numpy(numpy_of(k, a)) for k, a in arrays.items()}
+        extra = sorted(set(arrays) - self._state_names)
+        if extra:
+            raise MessageError(
+                f"reply's ArrayRecord {STOCK_ARRAYS!r}: array {extra[0][:60]!r} is not in the model"
+            )
+        # The float weights only: the state_dict's other entries (BatchNorm's step count)
+        # are sent and may come back, but are no part of the update.
+        tensors = {
+            k: _weights(k, numpy_of(k, a)) for k, a in arrays.items() if k in self._float_names
+        }
         try:
             trained = self.layout.vector_from(tensors)
         except ValueError as exc:
@@ -196,6 +208,18 @@ class StockCodec:
                 "/".join(TRAIN_LOSS_KEYS),
             )
         return 0.0
+
+
+def _weights(key: str, array: np.ndarray) -> torch.Tensor:
+    """A stock client's returned weights as float32; MessageError for a dtype that is not
+    a real float (strings, complex, integers, booleans: nothing a model's weights are)."""
+    if array.dtype.kind != "f":
+        raise MessageError(
+            f"reply's array {key[:60]!r} has dtype {array.dtype}: a model's weights are "
+            "real floating-point numbers"
+        )
+    # astype: any byte order and float width to native float32 (torch takes neither).
+    return torch.from_numpy(array.astype(np.float32, copy=False))
 
 
 def _vector(env: Envelope) -> torch.Tensor:

@@ -115,7 +115,7 @@ def make_privacy_pipeline(
             if mechanism == "central"
             else None
         )
-        return privacy, PlainChannel(aggregator=robust_aggregator(cfg, task))
+        return privacy, plain_channel(cfg, task)
     if mechanism == "distributed":
         # Async: one plan for every group, its bound over the cap refused (ConfigError).
         check_async_dp(cfg)
@@ -153,6 +153,13 @@ def make_privacy_pipeline(
     )
 
 
+def plain_channel(cfg: RunConfig, task: Task) -> PlainChannel:
+    """Updates in the clear, by the run's robust rule; under async or ssp training each
+    dispatch's sum is summed again with the buffer's K - 1 others."""
+    buffered = cfg.server.buffer if is_async(cfg) else 1
+    return PlainChannel(aggregator=robust_aggregator(cfg, task), summed_with=buffered)
+
+
 def _ftrl_pipeline(
     cfg: RunConfig,
     task: Task,
@@ -173,7 +180,7 @@ def _ftrl_pipeline(
         **privacy_args,
     )
     if not cfg.secagg.enabled:
-        return privacy, PlainChannel(aggregator=robust_aggregator(cfg, task))
+        return privacy, plain_channel(cfg, task)
     return privacy, SecAggChannel(
         cfg.secagg,
         QuantizedEncoding(cfg.secagg.clip_range, cfg.secagg.levels, 1),

@@ -26,9 +26,9 @@ from fedveil.config import RunConfig
 from fedveil.flat_model import FlatModel
 from fedveil.model_evaluation import evaluate
 from fedveil.protocol import fields as F
-from fedveil.protocol.envelope import Envelope
+from fedveil.protocol.envelope import Envelope, MessageError, all_finite
 from fedveil.protocol.kinds import Kind
-from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel
+from fedveil.server.engine.aggregation import PlainChannel, UpdateChannel, check_evaluate_reply
 from fedveil.server.engine.barrier_scheduler import BarrierScheduler
 from fedveil.server.engine.ledger_opening import DpSgdLedger
 from fedveil.server.engine.optimizers import ServerOptimizer, make_optimizer
@@ -209,9 +209,12 @@ class RoundEngine:
     def _apply(self, record: RoundRecord, got: Collected, release: Release | None) -> None:
         """The server optimizer's step on the released update, and the round's status."""
         agg = got.agg
+        stepped = None
         if release is not None:
             record.extra.update(release.metrics)
-            self.weights = self.optimizer.step(self.weights, release.update.to(self.weights.device))
+            stepped = self._stepped(record.round, release.update.to(self.weights.device))
+        if release is not None and stepped is not None:
+            self.weights = stepped
             record.applied = True
             if self.privacy is None:
                 assert agg is not None
@@ -222,7 +225,12 @@ class RoundEngine:
                     record.extra["noise_only"] = True  # private: it reveals participation
             if self.cfg.client.dp_sgd_noise > 0:
                 record.train_loss = None  # DP-SGD replies carry no loss (dpsgd_reply.py)
-        elif record.cohort_planned and got.aborted is None and self.privacy is None:
+        elif (
+            release is None
+            and record.cohort_planned
+            and got.aborted is None
+            and self.privacy is None
+        ):
             log.warning(
                 "round %d: %d of %d clients aggregated, fewer than min_clients=%d; "
                 "global model unchanged",
@@ -234,6 +242,27 @@ class RoundEngine:
         record.extra.setdefault("status", "applied" if record.applied else "skipped")
         if self.privacy is not None and "epsilon" not in record.extra:
             record.extra["epsilon"] = self.privacy.epsilon()
+
+    def _stepped(self, round_num: int, update: torch.Tensor) -> torch.Tensor | None:
+        """The server optimizer's step on `update`, or None, with the optimizer's state as
+        it was, when the update, the new weights or that state are not finite. Each
+        reply is bounded (aggregation.sum_overflow), but a server learning rate or
+        momentum can still carry a bounded update past float32: a NaN model would be
+        every later round's."""
+        saved = {k: v.clone() for k, v in self.optimizer.state_dict().items()}
+        new = self.optimizer.step(self.weights, update) if all_finite(update) else None
+        if new is not None and all(
+            all_finite(t) for t in (new, *self.optimizer.state_dict().values())
+        ):
+            return new
+        self.optimizer.load_state_dict(saved)
+        log.error(
+            "round %d: the server update is not finite (NaN or infinite) after the %s "
+            "step; not applied: the model and the optimizer's state are kept",
+            round_num,
+            self.optimizer.name,
+        )
+        return None
 
     def _report(self, record: RoundRecord, start: float) -> None:
         """Facts about the round that only the parts around the engine know."""
@@ -286,15 +315,25 @@ class RoundEngine:
         req = Envelope(Kind.EVALUATE, record.round, {}, {F.MODEL: self.weights})
         replies = self.transport.exchange({c: req for c in chosen}, None)
         n_total, loss_sum, correct = 0, 0.0, 0.0
+        refused: list[str] = []
         for cid in chosen:
             r = replies.get(cid)
             if r is None or isinstance(r, ClientFailure):
                 continue
-            n = int(r.config.get(F.NUM_EXAMPLES, 0))
-            if n > 0:
-                n_total += n
-                loss_sum += float(r.config[F.LOSS]) * n
-                correct += float(r.config["accuracy"]) * n
+            try:  # a client's claims: checked, never trusted into the record (or a crash)
+                n, accuracy, loss = check_evaluate_reply(r, record.round)
+            except MessageError as exc:
+                refused.append(str(exc))
+                continue
+            n_total += n
+            loss_sum += loss * n
+            correct += accuracy * n
+        if refused:  # the checks only: no client ids (DP runs publish no participation)
+            log.warning(
+                "round %d: federated evaluation refused replies: %s",
+                record.round,
+                "; ".join(sorted(set(refused)))[:500],
+            )
         if n_total:
             record.federated_loss = loss_sum / n_total
             record.federated_accuracy = correct / n_total

@@ -17,6 +17,7 @@ lock, so two registrations never take the same version number nor lose one anoth
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -86,6 +87,24 @@ class ModelVersion:
     @property
     def ref(self) -> str:
         return f"{self.name}@{self.version}"
+
+    def checked_model_path(self) -> Path:
+        """The version's model file, once it hashes to its card's `source.model_sha256`;
+        RegistryError otherwise. The card binds the ledger's guarantee to these bytes: a
+        file changed after registration is not served under it."""
+        stated = (self.card.get("source") or {}).get("model_sha256")
+        if not (isinstance(stated, str) and re.fullmatch(r"[0-9a-f]{64}", stated)):
+            raise RegistryError(f"{self.ref}: its card states no source.model_sha256")
+        digest = hashlib.sha256()
+        with open(self.model_path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        if digest.hexdigest() != stated:
+            raise RegistryError(
+                f"{self.ref}: {self.model_path} hashes to {digest.hexdigest()}, its card's "
+                f"source.model_sha256 is {stated}: the file changed after registration"
+            )
+        return self.model_path
 
 
 def _private_dir(path: Path) -> None:

@@ -9,7 +9,8 @@
 
 Prediction needs the bearer token unless the server is public. Bad input is answered
 with 422 naming the problem and the limit, and counted against the version it was
-routed to; the server goes on serving.
+routed to; the server goes on serving. So is finite input whose outputs are not finite
+(it overflowed float32 inside the model): NaN is never answered as a prediction.
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ from starlette.concurrency import run_in_threadpool
 
 from fedveil.ops.bearer import BearerToken
 from fedveil.server.serving.batching import DynamicBatcher
-from fedveil.server.serving.inputs import InputError, check, decode, encode, human_bytes
+from fedveil.server.serving.inputs import (
+    InputError,
+    check,
+    check_outputs,
+    decode,
+    encode,
+    human_bytes,
+)
 from fedveil.server.serving.prediction_metrics import ServingMetrics
 from fedveil.server.serving.versions import ServedVersion, Split
 
@@ -177,6 +185,11 @@ def create_app(
             metrics.request(*key, 422, 0, time.perf_counter() - start)
             return JSONResponse({"detail": str(exc)}, status_code=422, headers=headers)
         out = await batcher(version).predict(x)
+        try:
+            check_outputs(out)
+        except InputError as exc:
+            metrics.request(*key, 422, 0, time.perf_counter() - start)
+            return JSONResponse({"detail": str(exc)}, status_code=422, headers=headers)
         content, media = encode(out, npz, {"model": name, "version": version.version})
         metrics.request(*key, 200, len(x), time.perf_counter() - start)
         return Response(content, media_type=media, headers=headers)

@@ -14,7 +14,12 @@ between requests. `guarded_http(limits)` is an httptools protocol class for
 - a deadline of `request_timeout_s` from a connection's start (after the TLS handshake,
   which asyncio bounds at 60 s) or a request's first byte to its last byte: a client
   that sends headers or a body too slowly is disconnected. The time the app takes to
-  answer is not bounded here.
+  answer is not bounded here;
+- at most `MAX_HEAD_BYTES` of a request's line and headers: past that it is answered 431
+  and the connection closed. uvicorn (and httptools under it) buffers headers without
+  limit until they end, so before this one connection could make the process hold
+  gigabytes (1,000 MiB of headers in 4 s on loopback: +1 GiB of memory) within the
+  deadline.
 """
 
 from __future__ import annotations
@@ -31,6 +36,15 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 log = logging.getLogger("fedveil.connections")
 
 FD_RESERVE = 256  # descriptors never given to connections
+# A request's line and headers, at most (a bearer token or Flower's signed headers are
+# a few KiB; nginx's default is 32 KiB, h11's 16 KiB).
+MAX_HEAD_BYTES = 64 * 1024
+HEAD_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"content-type: text/plain; charset=utf-8\r\n"
+    b"connection: close\r\n"
+    b"content-length: %d\r\n\r\n%s"
+)
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,7 @@ class ConnectionCounts:
         self.per_peer: Counter[tuple[int, str]] = Counter()
         self.refused = 0
         self.timed_out = 0
+        self.head_too_large = 0
 
 
 def guarded_http(
@@ -85,6 +100,8 @@ def guarded_http(
             super().__init__(*args, **kwargs)
             self._key: tuple[int, str] | None = None
             self._deadline: asyncio.TimerHandle | None = None
+            self._in_head = True  # the request line and headers are arriving
+            self._head_bytes = 0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -132,10 +149,30 @@ def guarded_http(
                 shared.timed_out += 1
                 self.transport.abort()
 
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if not self._in_head:
+                return
+            # The headers have not ended: every byte of this chunk was head (the parser
+            # holds at most this one chunk past the limit before it is refused).
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+                shared.head_too_large += 1
+                message = (
+                    f"request line and headers over the {MAX_HEAD_BYTES}-byte limit"
+                ).encode()
+                self.transport.write(HEAD_TOO_LARGE % (len(message), message))
+                self.transport.close()
+
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self._in_head, self._head_bytes = True, 0
             if self._deadline is None:  # the next request on a kept-alive connection
                 self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            super().on_headers_complete()
 
         def on_message_complete(self) -> None:
             super().on_message_complete()

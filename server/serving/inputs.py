@@ -109,13 +109,40 @@ def _decode_json(body: bytes, input_shape: tuple[int, ...], max_rows: int) -> np
     if not isinstance(inputs, list):
         raise InputError(f"inputs: expected a list of examples, got {type(inputs).__name__}")
     try:
-        return np.asarray(inputs, dtype=np.float32)
+        try:
+            array = np.asarray(inputs)
+        except OverflowError:  # an integer past float's range beside floats
+            array = np.asarray(inputs, dtype=object)
+        if array.dtype.kind == "O" and all(
+            type(v) in (int, float) for v in array.reshape(-1).tolist()
+        ):
+            # Integers past int64 (JSON has no limit): their float value, or infinity.
+            array = np.array([_as_float(v) for v in array.reshape(-1).tolist()]).reshape(
+                array.shape
+            )
     except (ValueError, TypeError) as exc:
-        # Ragged lists, strings, nulls: numpy names which.
+        # Ragged lists: numpy names where.
         raise InputError(
             f"inputs: not a rectangular array of numbers ({exc}); every example must "
             "have the model's input shape"
         ) from None
+    if array.dtype.kind not in "fiu":
+        # Strings ("1" would parse), booleans, nulls: not numbers, whatever numpy makes of
+        # them (check() refuses NPZ inputs of these dtypes the same way).
+        raise InputError(
+            "inputs: not a rectangular array of numbers (strings, booleans or nulls among "
+            "the values); every value must be a JSON number"
+        )
+    return array.astype(np.float32)
+
+
+def _as_float(value: int | float) -> float:
+    """`value` as a float; an integer past float's range as infinity of its sign (then
+    refused by check() as not finite)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def _decode_npz(body: bytes, input_shape: tuple[int, ...], max_rows: int) -> np.ndarray:
@@ -210,6 +237,23 @@ def check(array: np.ndarray, input_shape: tuple[int, ...], max_rows: int) -> np.
             "every value must be finite"
         )
     return out
+
+
+def check_outputs(outputs: np.ndarray) -> np.ndarray:
+    """The model's outputs if all are finite; else InputError naming the first example.
+
+    Finite inputs can still overflow float32 inside the model (values near 3.4e38 with
+    alternating signs give inf - inf = NaN): such an answer is not a prediction, and
+    JSON cannot carry it (it was a 500)."""
+    finite = np.isfinite(outputs)
+    if finite.all():
+        return outputs
+    rows = int(outputs.shape[0])
+    first = int(np.flatnonzero(~finite.reshape(rows, -1).all(axis=1))[0])
+    raise InputError(
+        f"outputs: the model's outputs for example {first} are NaN or infinite (its inputs "
+        "overflow float32 inside the model); every output must be finite"
+    )
 
 
 def encode(outputs: np.ndarray, npz: bool, extra: dict[str, Any]) -> tuple[bytes, str]:

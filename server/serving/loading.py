@@ -224,6 +224,9 @@ def load_weights(module: nn.Module, path: Path) -> int:
                 f"{path}: tensor {name!r} has shape {tuple(tensors[name].shape)}, "
                 f"the model's is {tuple(t.shape)}"
             )
+        if not bool(torch.isfinite(tensors[name]).all()):
+            # Every answer would be NaN (refused per request, 422): refused once, at load.
+            raise ConfigError(f"{path}: tensor {name!r} holds NaN or infinite values")
     extra = sorted(set(tensors) - set(expected))
     if extra:
         raise ConfigError(f"{path}: tensor {extra[0]!r} is not in the model (wrong --task?)")

@@ -95,7 +95,8 @@ def _registry_version(
     config = None
     if mv.run_dir is not None and (Path(mv.run_dir) / "config.toml").is_file():
         config = Path(mv.run_dir) / "config.toml"  # a custom task's function needs it
-    model, info = load_model_file(Path(mv.model_path), config=config, allowed_tasks=allowed_tasks)
+    model_path = mv.checked_model_path()  # the bytes the card (and its guarantee) names
+    model, info = load_model_file(model_path, config=config, allowed_tasks=allowed_tasks)
     return ServedVersion(
         name or mv.name,
         str(mv.version),

@@ -59,6 +59,24 @@ def test_missing_and_broken_files(tmp_path):
         load_config(bad)
 
 
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"[server]\nrounds = " + b"9" * 5000 + b"\n", "4300 digits"),
+        (b"[server]\nrounds = 3\n# \xff\n", "utf-8"),
+    ],
+)
+def test_a_config_past_the_parsers_limits_is_a_config_error(tmp_path, content, says):
+    # Both were a ValueError from inside the parser: the file was not named.
+    from fedveil.server.coordinator.settings import load_settings
+
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(content)
+    for load in (load_config, load_settings):
+        with pytest.raises(ConfigError, match=f"--config {bad}: not valid TOML .*{says}"):
+            load(bad)
+
+
 def test_poisson_rate_defaults_to_expected_cohort():
     cfg = load_config(None, {"server.sampling": "poisson"})
     assert isinstance(cfg, RunConfig)

@@ -80,6 +80,34 @@ def test_bad_replies_drop_the_client_and_keep_the_rest(bad, reason):
     assert torch.equal(agg.mean, torch.tensor([2.0, 2.0]))
 
 
+@pytest.mark.parametrize("robust", [False, True])
+def test_finite_updates_that_would_overflow_the_sum_drop_their_client(robust):
+    # Every value is finite, so the finiteness check passes; but 3e38 x 2 examples (and
+    # two clients of 2e38) reach infinity in float32, and an infinite sum makes the model
+    # NaN for the rest of the run. Each weighted value must stay under max / cohort.
+    from fedveil.server.engine.robust import RobustAggregator
+
+    big = float(torch.finfo(torch.float32).max) / 4
+    clients = ScriptedClients(
+        {
+            0: reply([1.0, 1.0], 2),
+            1: reply([3e38, 1.0], 2),
+            2: reply([big, -big], 1),  # within max / 3: kept
+            3: reply([3.0, 3.0], 2),
+        }
+    )
+    req = Envelope("train", 1)
+    requests = {0: req, 1: req, 2: req, 3: req}
+    # trimmed_mean trimming nothing: the held updates' plain mean, a float32 sum too.
+    aggregator = RobustAggregator("trimmed_mean") if robust else None
+    agg = PlainChannel(aggregator=aggregator).collect(clients, requests, 2, None)
+    assert agg.contributors == [0, 2, 3]
+    assert "the sum would overflow" in agg.dropped[1]
+    assert "largest |value| 3e+38 x weight 2" in agg.dropped[1]
+    assert "over 8.507e+37 (float32's largest / 4 updates summed)" in agg.dropped[1]
+    assert bool(torch.isfinite(agg.mean).all())
+
+
 def test_no_usable_reply_gives_no_update_and_says_why():
     clients = ScriptedClients({0: ClientFailure(0, "gone")})
     got = PlainChannel().collect(clients, {0: Envelope("train", 1)}, 2, None)

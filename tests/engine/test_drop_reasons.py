@@ -26,6 +26,11 @@ REASONS = [
     ("train message: array 'delta' contains NaN or Inf", "NaN or Inf in the update"),
     ("train message: array 'delta' has 3 values, expected 10", "wrong shape"),
     ("train message: array 'delta' has dtype torch.float64, not float32", "wrong dtype"),
+    (
+        "delta: largest |value| 3e+38 x weight 2 = 6e+38 is over 1.134e+38 (float32's "
+        "largest / 3 updates summed): the sum would overflow",
+        "update overflows the sum",
+    ),
     ("no reply before the deadline", "timeout"),
     ("simulated straggler: reply after 2.31 s, deadline 1 s", "timeout"),
     ("no reply", "no reply"),

@@ -116,3 +116,25 @@ def test_the_wait_for_nodes_is_a_bounded_number_of_seconds(bad: Any) -> None:
         ValueError, match=r"node_wait_s = .*must be a number of seconds in \[0, 3600\]"
     ):
         SecureSettings(node_wait_s=bad)
+
+
+@pytest.mark.parametrize(
+    ("field", "bad", "limit"),
+    [
+        ("clip_range", float("nan"), "must be a finite number"),
+        ("clip_range", -1.0, "must be > 0.0"),
+        ("levels", 1, "must be >= 2"),
+        ("levels", 2**80, "must be <= 1099511627776"),
+        ("max_weight", -1, "must be >= 0"),
+        ("dropout_rate", 5.0, "must be <= 0.8"),
+        ("metric_range", float("inf"), "must be finite and > 0"),
+        ("seed", -1, "must be an integer >= 0"),
+    ],
+)
+def test_the_protocols_parameters_are_refused_by_name_at_construction(
+    field: str, bad: Any, limit: str
+) -> None:
+    # The run config's limits ([secagg]); before, each was taken as given, to reach the
+    # quantizer and the nodes only once the strategy's first round ran.
+    with pytest.raises(ValueError, match=rf"SecureSettings\.{field} = .*{limit}"):
+        SecureSettings(**{field: bad})

@@ -57,3 +57,43 @@ def test_a_registered_model_is_as_private_as_the_run(tmp_path: Path, plain_run: 
     for path in (tmp_path / "reg", version.parent, version):
         assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
     assert model is not None
+
+
+def _tamper(model_file: Path) -> None:
+    """Change the weights and keep a valid safetensors file with the same metadata."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(str(model_file), "pt") as f:
+        meta = f.metadata()
+    tensors = load_file(str(model_file))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1.0
+    save_file(tensors, str(model_file), metadata=meta)
+
+
+def test_a_version_whose_model_file_changed_is_not_served(
+    tmp_path: Path, plain_run: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The card binds the run's ledger (its guarantee) to the model's SHA-256; before, a
+    model file replaced after registration was served, and promoted, under that card."""
+    from fedveil.server.serving.versions import PromotedVersion, _registry_version
+
+    reg = Registry(tmp_path / "reg")
+    reg.register(plain_run, name="fashion")
+    reg.promote("fashion", 1)
+    tasks = ("tiny_task:make",)  # the run's custom task, named as the operator would
+    served = PromotedVersion(tmp_path / "reg", "fashion", recheck_s=3600, allowed_tasks=tasks)
+    assert served.pick() is not None and served.pick().version == "1"
+    assert _registry_version("fashion@1", None, tmp_path / "reg", allowed_tasks=tasks)
+
+    v2 = reg.register(plain_run, name="fashion")
+    _tamper(v2.model_path)
+    with pytest.raises(RegistryError, match=r"fashion@2: .* hashes to [0-9a-f]{64}, its card"):
+        _registry_version("fashion@2", None, tmp_path / "reg", allowed_tasks=tasks)
+    # Promoted, the changed version is not loaded: the coordinator's [serving] keeps v1.
+    reg.promote("fashion", 2)
+    served.refresh()
+    assert served.pick().version == "1"
+    assert "cannot load fashion@2" in caplog.text and "changed after registration" in caplog.text
+    served.close()

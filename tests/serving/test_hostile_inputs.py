@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from serve_harness import predict_npz, request, serving
+from serve_harness import metric, predict_json, predict_npz, request, serving
 
 from fedveil.builtin_models import build_model
 from fedveil.flat_model import FlatModel
-from fedveil.server.serving.inputs import InputError, decode
+from fedveil.server.serving.inputs import InputError, check, decode
 
 SHAPE = (1, 28, 28)
 META = {
@@ -173,3 +173,48 @@ def test_json_checks_stay_linear_on_escapes() -> None:
     hidden = b'{"x": "' + b"]" * 5000 + b'\\n", "inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}"
     with pytest.raises(InputError, match="JSON nested too deep"):
         decode(hidden, "application/json", (8,), 4)
+
+
+@pytest.mark.procs
+def test_finite_inputs_whose_outputs_overflow_are_422_not_500(
+    cnn_file: Path, tmp_path: Path
+) -> None:
+    # Every value is finite (the input check passes), but rows of +-3e38 overflow the
+    # first convolution: inf - inf = NaN. JSON cannot carry NaN: it was a 500.
+    x = np.full((3, *SHAPE), 3e38, np.float32)
+    x[1, :, ::2, :] *= -1
+    honest = np.zeros((2, *SHAPE), np.float32)
+    with serving(["--model", str(cnn_file), "--public"], tmp_path) as served:
+        for status, _, body in (
+            predict_json(served.url, "cnn", x.tolist()),
+            predict_npz(served.url, "cnn", x),
+        ):
+            detail = (body if isinstance(body, dict) else json.loads(body))["detail"]
+            assert status == 422, detail
+            assert "outputs for example 1 are NaN or infinite" in detail
+        assert predict_npz(served.url, "cnn", honest)[0] == 200  # still serving
+        text = request(f"{served.url}/metrics")[2].decode()
+        labels = {"model": "cnn", "version": "cnn"}
+        assert metric(text, "fedveil_serve_requests_total", **labels, code="422") == 2
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (b"9" * 400, "NaN or infinite"),  # an int past float's range: OverflowError, a 500
+        (b"-" + b"9" * 4000, "NaN or infinite"),
+        (b'"1"', "strings, booleans or nulls"),  # was parsed as 1.0
+        (b"true", "strings, booleans or nulls"),
+        (b"null", "strings, booleans or nulls"),
+    ],
+)
+def test_json_values_that_are_not_float_numbers_are_refused(value: bytes, says: str) -> None:
+    shape = (1, 2, 2)
+    row = b"[[[" + value + b", " + value + b"], [" + value + b", " + value + b"]]]"
+    with pytest.raises(InputError, match=says):
+        check(decode(b'{"inputs": [' + row + b"]}", "application/json", shape, 8)[0], shape, 8)
+    # An integer past int64 but within float32's range is the number it says.
+    big = decode(
+        b'{"inputs": [[[[' + b"1" + b"0" * 30 + b", 2], [3, 4]]]]}", "application/json", shape, 8
+    )
+    assert check(big[0], shape, 8).ravel().tolist() == np.float32([1e30, 2, 3, 4]).tolist()

@@ -93,6 +93,17 @@ def test_file_without_metadata_needs_task(tmp_path: Path) -> None:
         load_model_file(tmp_path / "m.safetensors", "mlp")
 
 
+def test_a_model_file_with_nan_weights_is_refused_at_load(tmp_path: Path) -> None:
+    # A diverged run's model (or a changed file): every answer would be NaN.
+    flat = FlatModel(build_model("mlp", (1, 8, 8), 10))
+    weights = flat.get().clone()
+    weights[17] = float("nan")
+    meta = {"input_shape": "[1, 8, 8]", "num_classes": "10"}
+    flat.save(weights, str(tmp_path / "nan.safetensors"), metadata=meta)
+    with pytest.raises(ValueError, match=r"nan.safetensors: tensor '.+' holds NaN or infinite"):
+        load_model_file(tmp_path / "nan.safetensors", "mlp")
+
+
 def test_dp_run_states_its_guarantee_and_public_serving_does_not_warn(tmp_path: Path) -> None:
     overrides = {
         "data.dataset": "digits",

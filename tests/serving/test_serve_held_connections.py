@@ -81,3 +81,35 @@ def test_held_connections_are_bounded_and_timed_out(mlp_file: Path, tmp_path: Pa
         assert "connection from 127.0.0.2" in served.output()
         status, _, _ = predict_json(served.url, "mlp", [[0.0] * 8], token)
         assert status == 200
+
+
+def test_headers_past_the_limit_are_answered_431_and_cut(mlp_file: Path, tmp_path: Path) -> None:
+    # uvicorn and httptools hold a request's headers until they end: a peer sending
+    # headers without end made the process grow by what it sent (1,000 MiB in 4 s:
+    # +1 GiB), for as long as the request deadline (here 60 s) allowed.
+    args = ["--model", str(mlp_file), "--public", "--request-timeout", "60"]
+    with serving(args, tmp_path) as served:
+        host, port = served.url.removeprefix("http://").rsplit(":", 1)
+        s = socket.create_connection((host, int(port)))
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        line = b"X-Filler: " + b"a" * 1000 + b"\r\n"
+        sent = 0
+        try:
+            while sent < 1 << 20:  # 1 MiB of headers, never ended
+                s.sendall(line * 64)
+                sent += len(line) * 64
+        except (ConnectionResetError, BrokenPipeError):
+            pass  # cut while sending: the answer is still in the socket's buffer
+        s.settimeout(10)
+        answer = b""
+        try:
+            while chunk := s.recv(4096):
+                answer += chunk
+        except (ConnectionResetError, TimeoutError):
+            pass
+        s.close()
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        assert b"over the 65536-byte limit" in answer
+        # Headers of an honest size (a 16 KiB one among them) are served as before.
+        status, _, reply = predict_json(served.url, "mlp", [[0.0] * 8], "x" * 16384)
+        assert status == 200 and len(reply["outputs"]) == 1
