@@ -13,7 +13,8 @@ naming the file, the field, the value shown and the ledger's; empty when they al
 - privacy/report.html: must be the page report.json renders to (an edited page shows
   numbers the JSON does not hold). A page without its report.json is a discrepancy.
 - summary.json: its `epsilon` (and `epsilon_coordinator_bound`, `delta` where the ledger
-  records them) must be the ledger's closing record's.
+  records them) must be the ledger's closing record's, where the ledger holds a release
+  (a DP-SGD-only run's summary states its clients' figures, which the ledger does not).
 
 A missing report.json/html or summary.json is not a discrepancy (an auditor may be sent
 the ledger alone); a present one that claims anything else is. Numbers are compared
@@ -78,6 +79,10 @@ def _summary_discrepancies(path: Path, entries: list[dict[str, Any]]) -> list[st
         return [error]
     if not isinstance(summary, dict):
         return [f"{path}: not a JSON object"]
+    if not any(entry.get("kind") == "release" for entry in entries):
+        # DP-SGD alone, or stopped before its first release: the closing record's epsilon
+        # is 0 and the summary states the clients' DP-SGD figures, not a release's.
+        return []
     closing = entries[-1]
     proved = {name: closing[name] for name in _SUMMARY_FIELDS if name in closing}
     if "delta" not in proved and _ledger_delta(entries) is not None:
