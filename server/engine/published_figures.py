@@ -12,6 +12,8 @@ naming the file, the field, the value shown and the ledger's; empty when they al
   another run). Its `verification` must state the prefix's status.
 - privacy/report.html: must be the page report.json renders to (an edited page shows
   numbers the JSON does not hold). A page without its report.json is a discrepancy.
+- metrics.jsonl (and epsilon.png, drawn from it): no round past the ledger's closing
+  record, and no round's `epsilon` below the largest a release up to that round recorded.
 - summary.json: its `epsilon` (and `epsilon_coordinator_bound`, `delta` where the ledger
   records them) must be the ledger's closing record's, where the ledger holds a release
   (a DP-SGD-only run's summary states its clients' figures, which the ledger does not).
@@ -58,6 +60,7 @@ def published_discrepancies(
     the report and says whether render_html lays it out; `render(report, laid_out)` is
     its page; `verify_prefix` verifies a prefix the report is anchored at."""
     problems = _summary_discrepancies(Path(run_dir) / "summary.json", entries)
+    problems += _metrics_discrepancies(Path(run_dir) / "metrics.jsonl", entries)
     problems += _report_discrepancies(
         Path(run_dir) / "privacy", entries, verification, build, render, verify_prefix
     )
@@ -97,6 +100,57 @@ def _summary_discrepancies(path: Path, entries: list[dict[str, Any]]) -> list[st
                 f"{closing.get('seq')}) has {value!r}"
             )
     return problems
+
+
+def _metrics_discrepancies(path: Path, entries: list[dict[str, Any]]) -> list[str]:
+    """metrics.jsonl (and the epsilon plot drawn from it): no round past the ledger's
+    closing record, and no round's epsilon below what the releases up to it spent."""
+    releases = [entry for entry in entries if entry.get("kind") == "release"]
+    if not releases or not path.exists():
+        return []
+    closing = entries[-1].get("training_round")
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, ValueError) as error:
+        return [f"{path}: unreadable ({error})"]
+    problems = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            problems.append(f"{path} line {number}: not JSON")
+            continue
+        if not isinstance(row, dict) or "epsilon" not in row:
+            continue  # a row without a privacy figure states nothing to hold
+        at = row.get("round")
+        if not (isinstance(at, int) and not isinstance(at, bool)):
+            problems.append(f"{path} line {number}: round = {at!r} is not an integer")
+            continue
+        if isinstance(closing, int) and at > closing:
+            problems.append(
+                f"{path} line {number}: round {at}, but the ledger closes at training round "
+                f"{closing} (rolled back, or rounds released without a charge)"
+            )
+            continue
+        spent = [e["epsilon"] for e in releases if _at_or_before(e.get("training_round"), at)]
+        proved = max(spent, default=0.0)
+        shown = row["epsilon"]
+        if not (_is_number(shown) and shown >= proved):
+            problems.append(
+                f"{path} line {number}: round {at} epsilon = {shown!r}, below the "
+                f"{proved!r} the ledger's releases up to round {at} spent"
+            )
+    return problems
+
+
+def _at_or_before(training_round: Any, at: int) -> bool:
+    return isinstance(training_round, int) and training_round <= at
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _ledger_delta(entries: list[dict[str, Any]]) -> Any:

@@ -157,3 +157,24 @@ def test_an_empty_witness_file_fails_rather_than_checking_nothing(runs, tmp_path
     code = main(["privacy", "verify", str(run), "--witness", str(witness)])
     said = capsys.readouterr().err
     assert code == 1 and f"witness file {witness}: holds no ledger head" in said
+
+
+def test_a_lowered_epsilon_in_metrics_jsonl_fails_naming_the_round(runs, tmp_path, capsys):
+    # epsilon.png is drawn from these rows: the plot an auditor looks at first.
+    run = _copy(runs[0], tmp_path)
+    path = run / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[1]["epsilon"] = rows[0]["epsilon"] / 2
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    code, said = _verify(run, capsys)
+    assert code == 1 and "metrics.jsonl line 2: round 2 epsilon = " in said, said
+
+
+def test_a_metrics_round_past_the_ledgers_closing_record_fails(runs, tmp_path, capsys):
+    # A ledger rolled back to an older signed record beside the rounds trained after it.
+    run = _copy(runs[0], tmp_path)
+    path = run / "metrics.jsonl"
+    last = json.loads(path.read_text().splitlines()[-1])
+    path.write_text(path.read_text() + json.dumps(last | {"round": last["round"] + 1}) + "\n")
+    code, said = _verify(run, capsys)
+    assert code == 1 and "but the ledger closes at training round 3" in said, said
