@@ -7,9 +7,10 @@ naming the file, the field, the value shown and the ledger's; empty when they al
 
 - privacy/report.json: rebuilt from the ledger up to its `ledger_head_hash` (the report
   of a run that later resumed is anchored at an older head, and is checked against that
-  prefix) through the same function that wrote it; every field but `verification` and
-  `attacks` must be equal (a lowered epsilon, a shortened series, a spliced-in report of
-  another run). Its `verification` must state the prefix's status.
+  prefix) through the same function that wrote it; every field but `verification`,
+  `attacks` and `audit` must be equal, nested fields named by path (a lowered epsilon, a
+  shortened series, a spliced-in report of another run). Its `verification` must state
+  the prefix's status.
 - privacy/report.html: must be the page report.json renders to (an edited page shows
   numbers the JSON does not hold). A page without its report.json is a discrepancy.
 - metrics.jsonl (and epsilon.png, drawn from it): no round past the ledger's closing
@@ -26,6 +27,8 @@ NaN or a string in place of a number fails too.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -113,6 +116,7 @@ def _metrics_discrepancies(path: Path, entries: list[dict[str, Any]]) -> list[st
         lines = path.read_text().splitlines()
     except (OSError, ValueError) as error:
         return [f"{path}: unreadable ({error})"]
+    spent_by = _spent_by(releases)
     problems = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -134,8 +138,7 @@ def _metrics_discrepancies(path: Path, entries: list[dict[str, Any]]) -> list[st
                 f"{closing} (rolled back, or rounds released without a charge)"
             )
             continue
-        spent = [e["epsilon"] for e in releases if _at_or_before(e.get("training_round"), at)]
-        proved = max(spent, default=0.0)
+        proved = spent_by(at)
         shown = row["epsilon"]
         if not (_is_number(shown) and shown >= proved):
             problems.append(
@@ -145,8 +148,22 @@ def _metrics_discrepancies(path: Path, entries: list[dict[str, Any]]) -> list[st
     return problems
 
 
-def _at_or_before(training_round: Any, at: int) -> bool:
-    return isinstance(training_round, int) and training_round <= at
+def _spent_by(releases: list[dict[str, Any]]) -> Callable[[int], float]:
+    """round -> the largest epsilon a release up to that training round recorded (0 before
+    the first): one sort, then a bisection per metrics row."""
+    points = sorted(
+        (int(e["training_round"]), float(e["epsilon"]))
+        for e in releases
+        if isinstance(e.get("training_round"), int) and _is_number(e.get("epsilon"))
+    )
+    rounds = [r for r, _ in points]
+    running = list(itertools.accumulate((eps for _, eps in points), max))
+
+    def spent(at: int) -> float:
+        index = bisect.bisect_right(rounds, at)
+        return running[index - 1] if index else 0.0
+
+    return spent
 
 
 def _is_number(value: Any) -> bool:
