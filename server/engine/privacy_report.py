@@ -363,7 +363,6 @@ def verify_run(
     problems = published_discrepancies(
         run_dir,
         entries,
-        result,
         build=lambda prefix, verified: public_report(run_dir, prefix, verified),
         render=lambda report, laid_out: (report_page if laid_out else plain_page)(
             report, path.parent

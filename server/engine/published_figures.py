@@ -7,10 +7,10 @@ naming the file, the field, the value shown and the ledger's; empty when they al
 
 - privacy/report.json: rebuilt from the ledger up to its `ledger_head_hash` (the report
   of a run that later resumed is anchored at an older head, and is checked against that
-  prefix) through the same function that wrote it; every field but `verification`,
-  `attacks` and `audit` must be equal, nested fields named by path (a lowered epsilon, a
-  shortened series, a spliced-in report of another run). Its `verification` must state
-  the prefix's status.
+  prefix) through the same function that wrote it, with the prefix verified again as its
+  writer verified it; every field but `attacks` and `audit` must be equal, nested fields
+  named by path (a lowered epsilon, a shortened series, a spliced-in report of another
+  run, a verifier's message that states another epsilon).
 - privacy/report.html: must be the page report.json renders to (an edited page shows
   numbers the JSON does not hold). A page without its report.json is a discrepancy.
 - metrics.jsonl (and epsilon.png, drawn from it): no round past the ledger's closing
@@ -37,10 +37,10 @@ from typing import Any
 
 from fedveil.privacy.dp import VerifyResult
 
-# report.json fields not rebuilt from the ledger: the verifier's own words at write time
-# (checked by status below), the attack results (`fedveil privacy attack`) and the canary
-# audit (`fedveil privacy audit`); the page check covers how they are shown.
-_NOT_REBUILT = ("verification", "attacks", "audit")
+# report.json fields not rebuilt from the ledger: the attack results (`fedveil privacy
+# attack`) and the canary audit (`fedveil privacy audit`); the page check covers how
+# they are shown.
+_NOT_REBUILT = ("attacks", "audit")
 # summary.json fields that restate the ledger's closing record.
 _SUMMARY_FIELDS = ("epsilon", "epsilon_coordinator_bound", "delta")
 
@@ -52,20 +52,19 @@ PrefixVerifier = Callable[[list[dict[str, Any]]], VerifyResult]
 def published_discrepancies(
     run_dir: Path,
     entries: list[dict[str, Any]],
-    verification: VerifyResult,
     *,
     build: ReportBuilder,
     render: PageRenderer,
     verify_prefix: PrefixVerifier,
 ) -> list[str]:
-    """What summary.json and privacy/report.json/html show that the verified `entries`
-    (with their `verification`) do not prove. `build(prefix, its verification)` rebuilds
-    the report and says whether render_html lays it out; `render(report, laid_out)` is
-    its page; `verify_prefix` verifies a prefix the report is anchored at."""
+    """What metrics.jsonl, summary.json and privacy/report.json/html show that the verified
+    `entries` do not prove. `build(prefix, its verification)` rebuilds the report and says
+    whether render_html lays it out; `render(report, laid_out)` is its page;
+    `verify_prefix` verifies the prefix the report is anchored at as its writer did."""
     problems = _summary_discrepancies(Path(run_dir) / "summary.json", entries)
     problems += _metrics_discrepancies(Path(run_dir) / "metrics.jsonl", entries)
     problems += _report_discrepancies(
-        Path(run_dir) / "privacy", entries, verification, build, render, verify_prefix
+        Path(run_dir) / "privacy", entries, build, render, verify_prefix
     )
     return problems
 
@@ -192,7 +191,6 @@ def _same(shown: Any, proved: Any) -> bool:
 def _report_discrepancies(
     privacy_dir: Path,
     entries: list[dict[str, Any]],
-    verification: VerifyResult,
     build: ReportBuilder,
     render: PageRenderer,
     verify_prefix: PrefixVerifier,
@@ -218,16 +216,10 @@ def _report_discrepancies(
         # Stopped before its first release: the report states the run's config (nothing
         # was spent, so no figure can understate the ledger); nothing to rebuild it from.
         return []
-    prefix_verification = verification if at + 1 == len(entries) else verify_prefix(prefix)
-    rebuilt, laid_out = build(prefix, prefix_verification)
+    # Verified again as the report's writer did (no witnesses, no anchors): its words are
+    # on the page ("Verified: ... epsilon ..."), so they are held to the ledger too.
+    rebuilt, laid_out = build(prefix, verify_prefix(prefix))
     problems = _field_discrepancies(report_path, stored, rebuilt, at + 1)
-    stated = stored.get("verification")
-    stated_status = stated.get("status") if isinstance(stated, dict) else None
-    if stated_status != prefix_verification.status:
-        problems.append(
-            f"{report_path}: verification.status = {stated_status!r}, but the ledger up to "
-            f"its head (seq {at + 1}) verifies as {prefix_verification.status!r}"
-        )
     if page_path.exists() and not problems:
         try:
             page = page_path.read_text()
@@ -246,11 +238,17 @@ def _field_discrepancies(
 ) -> list[str]:
     shown = {k: v for k, v in stored.items() if k not in _NOT_REBUILT}
     proved = json.loads(json.dumps({k: v for k, v in rebuilt.items() if k not in _NOT_REBUILT}))
-    return [
+    found = [
         f"{path}: {where} = {_short(a)}, but the ledger up to its head (seq {seq}) gives "
         f"{_short(b)}"
         for where, a, b in _differences(shown, proved, "")
     ]
+    if found:  # an honest cause too: written where the key was missing, or by another version
+        found[-1] += (
+            " (a report written where the run's public key was not in the key store, or by "
+            "another fedveil version, is rewritten from the ledger by `fedveil privacy report`)"
+        )
+    return found
 
 
 _ABSENT = "(absent)"

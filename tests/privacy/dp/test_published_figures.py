@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fedveil.cli.main import main
+from fedveil.server.engine.privacy_report import report_page
 
 RUN = ["--dataset", "digits", "--clients", "10", "--per-round", "4", "--rounds", "3"]
 DP = ["--dp", "central", "--epsilon", "8", "--set", "simulation.workers=1"]
@@ -137,7 +138,27 @@ def test_an_edited_verification_status_in_report_json_fails(runs, tmp_path, caps
         run / "privacy" / "report.json", lambda r: r["verification"].update(status="interrupted")
     )
     code, said = _verify(run, capsys)
-    assert code == 1 and "verification.status = 'interrupted'" in said
+    assert code == 1 and 'verification.status = "interrupted"' in said
+
+
+def test_a_verifiers_message_edited_and_the_page_rendered_from_it_fails(runs, tmp_path, capsys):
+    # The page shows the message ("Verified: ... epsilon 7.99 <= budget 8"): rewriting it
+    # and rendering the page from the edited JSON keeps page and JSON in step.
+    run = _copy(runs[0], tmp_path)
+    privacy = run / "privacy"
+    shown = f"epsilon {_ledger_epsilon(run):.6g}"
+
+    def claim_less(report: dict) -> None:
+        assert shown in report["verification"]["message"]
+        report["verification"]["message"] = report["verification"]["message"].replace(
+            shown, "epsilon 1"
+        )
+
+    _edit_json(privacy / "report.json", claim_less)
+    report = json.loads((privacy / "report.json").read_text())
+    (privacy / "report.html").write_text(report_page(report, privacy))
+    code, said = _verify(run, capsys)
+    assert code == 1 and "report.json: verification.message = " in said, said
 
 
 def test_another_runs_ledger_and_report_fail(runs, tmp_path, capsys):
