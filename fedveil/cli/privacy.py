@@ -41,9 +41,14 @@ def _add_verify(psub: argparse._SubParsersAction) -> None:
         "re-check Skellam releases' z from their recorded parameters; check that the\n"
         "opening record (ledger schema 3) carries the signing key and that every entry\n"
         "names it; and check that report.json's head and every witnessed head are in the\n"
-        "chain. A secure all-reduce run (RUN_DIR/silos/): check every silo's ledger so,\n"
-        "against that silo's key only (--silo-keys, else RUN_DIR/silos/roster.json), and\n"
-        "that the silos agree round by round (members, sum commitment, noise, epsilon).",
+        "chain. Then hold what the run directory shows beside the ledger to it:\n"
+        "metrics.jsonl may hold no round past the closing record and no epsilon below\n"
+        "the releases' so far; summary.json's epsilon and delta must be the closing\n"
+        "record's; report.json must be the report of the ledger up to its head (rebuilt\n"
+        "and compared field by field), and report.html the page report.json renders to.\n"
+        "A secure all-reduce run (RUN_DIR/silos/): check every silo's ledger so, against\n"
+        "that silo's key only (--silo-keys, else RUN_DIR/silos/roster.json), and that the\n"
+        "silos agree round by round (members, sum commitment, noise, epsilon).",
         epilog="exit codes:\n"
         "  0  final: the run finished; every entry is signed and consistent\n"
         "  3  interrupted at training round N: signed and consistent, resumable, not "
@@ -52,9 +57,10 @@ def _add_verify(psub: argparse._SubParsersAction) -> None:
         "cannot\n"
         "     be found, a ledger without a final or interruption record at its end "
         "(truncated),\n"
-        "     a witnessed head the chain lacks (rewritten, re-signed or rolled back), or "
-        "any\n"
-        "     other discrepancy\n"
+        "     a witnessed head the chain lacks (rewritten, re-signed or rolled back), a\n"
+        "     witness file with no head, metrics.jsonl, summary.json or report.json/html\n"
+        "     stating what the ledger does not prove (each named with the ledger's value),\n"
+        "     or any other discrepancy\n"
         "\n"
         "The public key is found by key id in the local key store ($FEDVEIL_KEY_DIR, else\n"
         "~/.local/share/fedveil/keys) on the machine that made the run; elsewhere pass it\n"
@@ -80,7 +86,8 @@ def _add_verify(psub: argparse._SubParsersAction) -> None:
         metavar="FILE",
         action="append",
         default=[],
-        help="a device's witness file (<state-dir>/witness/<run_id>.jsonl); repeatable",
+        help="a device's witness file (<state-dir>/witness/<run_id>.jsonl); repeatable; "
+        "one with no head fails",
     )
     ver.add_argument(
         "--second-accountant",

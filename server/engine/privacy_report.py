@@ -6,11 +6,12 @@ import html
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from fedveil.privacy.dp import DpConfig, VerifyResult, build_report, render_html, verify_ledger
-from fedveil.privacy.dp.html_report import join_attacks
+from fedveil.privacy.dp.html_report import audit_html, join_attacks
 from fedveil.privacy.dp.report import (
     ATTACKS_DIR,
     attacks_section,
@@ -19,15 +20,20 @@ from fedveil.privacy.dp.report import (
     silo_run_report,
 )
 from fedveil.privacy.dp.silo_verify import verify_silo_ledgers
-from fedveil.privacy.dp.verify import read_witness_file
+from fedveil.privacy.dp.verify import STATUS_FAILED, read_witness_file
 from fedveil.privacy.secagg.identity_files import load_roster
 from fedveil.privacy.secagg.identity_keys import RosterError
+from fedveil.server.engine.published_figures import published_discrepancies
 from fedveil.server.engine.runstore import atomic_write_bytes
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+
+# Where joined sections (attacks, the canary audit) go: before the page's end.
+PAGE_END = "</body></html>"
 
 
 def ledger_path(run_dir: Path) -> Path:
@@ -105,12 +111,37 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
         # Every entry: build_report composes the releases and reads the closing record.
         entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     path.parent.mkdir(parents=True, exist_ok=True)
+    report, laid_out = public_report(run_dir, entries, verification, config)
+    if not laid_out:  # a DP-SGD-only run: its ledger opens and closes, no release
+        return _write_public(path.parent, report, attacks)
+    if attacks is not None:
+        report["attacks"] = attacks
+    # Public files, like the ledger: readable by an auditor (atomic writes default to 600).
+    data = (json.dumps(report, indent=2) + "\n").encode()
+    atomic_write_bytes(path.parent / "report.json", data, mode=0o644)
+    atomic_write_bytes(
+        path.parent / "report.html", report_page(report, path.parent).encode(), mode=0o644
+    )
+    annex = private_annex(run_dir)
+    if annex is not None:
+        write_operator_report(run_dir, report, entries, annex)
+    return report
+
+
+def public_report(
+    run_dir: Path,
+    entries: list[dict[str, Any]],
+    verification: VerifyResult | None,
+    config: DpConfig | None = None,
+) -> tuple[dict[str, Any], bool]:
+    """The public report of `entries` (the run's ledger, or a prefix of it) without its
+    attacks, and whether render_html lays it out (False: a DP-SGD-only run's ledger,
+    shown as plain JSON). `verify_run` rebuilds it to check report.json against."""
     if config is None:
         only = ledger_only_report(entries, verification)
-        if only is not None:  # a DP-SGD-only run: its ledger opens and closes, no release
-            return _write_public(path.parent, only, attacks)
+        if only is not None:
+            return only, False
     run_config = _run_config(run_dir)
-    annex = private_annex(run_dir)
     dp_section = run_config.get("dp", {}) if isinstance(run_config.get("dp"), dict) else {}
     report = build_report(
         entries,
@@ -120,18 +151,29 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
         cohort_source=cohort_source(run_dir, dp_section),
         budget_against=dp_section.get("budget_against"),
     )
-    # Public files, like the ledger: readable by an auditor (atomic writes default to 600).
-    data = (json.dumps(report, indent=2) + "\n").encode()
+    return report, True
+
+
+def report_page(report: dict[str, Any], privacy_dir: Path) -> str:
+    """report.html of a report render_html lays out, with its attacks' part and its
+    canary audit's (`fedveil privacy audit` joins it after the attacks) when it has them."""
     page = render_html(report)
-    if attacks is not None:
-        report["attacks"] = attacks
-        data = (json.dumps(report, indent=2) + "\n").encode()
-        page = join_attacks(page, attacks, path.parent)
-    atomic_write_bytes(path.parent / "report.json", data, mode=0o644)
-    atomic_write_bytes(path.parent / "report.html", page.encode(), mode=0o644)
-    if annex is not None:
-        write_operator_report(run_dir, report, entries, annex)
-    return report
+    attacks = report.get("attacks")
+    if isinstance(attacks, dict):
+        page = join_attacks(page, attacks, privacy_dir)
+    audit = report.get("audit")
+    if isinstance(audit, dict):
+        page = page.replace(PAGE_END, audit_html(audit) + "\n" + PAGE_END, 1)
+    return page
+
+
+def plain_page(report: dict[str, Any], privacy_dir: Path) -> str:
+    """report.html of a report render_html does not lay out: its JSON, and its attacks."""
+    body = f"<h1>Privacy report</h1><pre>{html.escape(json.dumps(report, indent=2))}</pre>"
+    attacks = report.get("attacks")
+    if isinstance(attacks, dict):
+        body = join_attacks(body, attacks, privacy_dir)
+    return body
 
 
 def write_silo_report(run_dir: Path, attacks: dict[str, Any] | None) -> dict[str, Any]:
@@ -166,10 +208,9 @@ def _write_public(
         report["attacks"] = attacks
     data = (json.dumps(report, indent=2) + "\n").encode()
     atomic_write_bytes(privacy_dir / "report.json", data, mode=0o644)
-    body = f"<h1>Privacy report</h1><pre>{html.escape(json.dumps(report, indent=2))}</pre>"
-    if attacks is not None:
-        body = join_attacks(body, attacks, privacy_dir)
-    atomic_write_bytes(privacy_dir / "report.html", body.encode(), mode=0o644)
+    atomic_write_bytes(
+        privacy_dir / "report.html", plain_page(report, privacy_dir).encode(), mode=0o644
+    )
     return report
 
 
@@ -289,9 +330,16 @@ def verify_run(
     heads: list[dict[str, Any]] = []
     for witness in witnesses:
         try:
-            heads.extend(read_witness_file(witness))
+            seen = read_witness_file(witness)
         except (OSError, ValueError) as error:
             return VerifyResult(ok=False, message=f"witness file {witness}: {error}")
+        if not seen:  # asked to check against it: an OK that checked nothing would mislead
+            return VerifyResult(
+                ok=False,
+                message=f"witness file {witness}: holds no ledger head (nothing to check the "
+                "chain against)",
+            )
+        heads.extend(seen)
     anchors: list[str] = []
     anchor = path.parent / "report.json"
     if anchor.exists():
@@ -301,10 +349,33 @@ def verify_run(
             return VerifyResult(ok=False, message=f"{anchor}: unreadable ({error})")
         if isinstance(head, str):
             anchors.append(head)
-    return verify_ledger(
+    result = verify_ledger(
         path,
         accountant=tuple(second_accountants) or None,
         anchors=anchors,
         public_key=public_key,
         witnesses=heads,
+    )
+    if result.status == STATUS_FAILED:
+        return result
+    # The ledger holds; now what the run directory shows beside it must be what it proves.
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    problems = published_discrepancies(
+        run_dir,
+        entries,
+        build=lambda prefix, verified: public_report(run_dir, prefix, verified),
+        render=lambda report, laid_out: (report_page if laid_out else plain_page)(
+            report, path.parent
+        ),
+        verify_prefix=lambda prefix: verify_ledger(prefix, public_key=public_key),
+    )
+    if not problems:
+        return result
+    return replace(
+        result,
+        ok=False,
+        status=STATUS_FAILED,
+        message="the run directory shows figures its ledger does not prove: "
+        + "; ".join(problems)
+        + f" (the ledger itself verifies: {result.message})",
     )

@@ -113,14 +113,18 @@ def test_a_card_claiming_less_than_the_ledger_fails_verify(
 
 
 def test_a_stale_report_cannot_lower_a_new_card(tmp_path: Path, dp_run: Path) -> None:
-    """Figures on a card come from the verified ledger, not from report.json."""
+    """Figures on a card come from the verified ledger, not from report.json; a report.json
+    that states less than its ledger proves is refused by verification (it used to register
+    with the ledger's figures, the edited report left beside it)."""
     run = Path(shutil.copytree(dp_run, tmp_path / "run"))
+    card = Registry(tmp_path / "honest").register(run).card
+    assert card["privacy"]["adversaries"]["observers"]["epsilon"] == _ledger(run)[-2]["epsilon"]
     report_path = run / "privacy" / "report.json"
     report = json.loads(report_path.read_text())
     report["adversaries"]["observers"]["epsilon"] = 0.01
     report_path.write_text(json.dumps(report))
-    card = Registry(tmp_path / "reg").register(run).card
-    assert card["privacy"]["adversaries"]["observers"]["epsilon"] == _ledger(run)[-2]["epsilon"]
+    with pytest.raises(RegistryError, match=r"report.json: adversaries.observers.epsilon = 0.01"):
+        Registry(tmp_path / "reg").register(run)
 
 
 def test_a_run_whose_ledger_fails_verification_is_not_registered(

@@ -259,7 +259,9 @@ def test_resigning_with_a_fresh_key_fails_unless_given_and_then_fails_on_a_witne
     path = ledger_file(run_dir)
     forger = LedgerSigner.generate()
     write_chain(path, double_z_and_recompute(read_entries(path)), forger)
+    # The report too: its page without it would fail verify on its own.
     (run_dir / "privacy" / "report.json").unlink()
+    (run_dir / "privacy" / "report.html").unlink()
     code, out = verify_cli(capsys, run_dir)
     assert code == 1 and "no public key" in out, out
     honest = tmp_path / "honest.pub"
@@ -278,7 +280,9 @@ def test_resigning_with_the_operators_own_key_fails_on_a_witness(finished_run, c
     run_dir, _, witness_file = finished_run
     path = ledger_file(run_dir)
     write_chain(path, double_z_and_recompute(read_entries(path)), load_or_create_signer())
+    # The report too: its page without it would fail verify on its own.
     (run_dir / "privacy" / "report.json").unlink()
+    (run_dir / "privacy" / "report.html").unlink()
     assert verify_cli(capsys, run_dir)[0] == 0  # the key alone cannot stop its owner
     code, out = verify_cli(capsys, run_dir, "--witness", witness_file)
     assert code == 1 and "rewritten or re-signed" in out, out
@@ -292,7 +296,9 @@ def test_rolling_back_to_a_signed_prefix_fails_on_a_witness(finished_run, capsys
     ledger = Ledger(path, run_id=RUN_ID, signer=load_or_create_signer())
     budget = PrivacyBudget.from_ledger(cfg, ledger)
     ledger.close("final", {"training_round": 3, "epsilon": budget.spent()})  # validly signed
+    # The report too: its page without it would fail verify on its own.
     (run_dir / "privacy" / "report.json").unlink()
+    (run_dir / "privacy" / "report.html").unlink()
     assert verify_cli(capsys, run_dir)[0] == 0
     code, out = verify_cli(capsys, run_dir, "--witness", witness_file)
     assert code == 1 and "rolled back" in out, out
