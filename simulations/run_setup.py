@@ -58,9 +58,22 @@ class TaskFactory:
 
 
 def resolve_workers(cfg: RunConfig, device: torch.device) -> int:
+    """The worker processes a run starts: the config's (0: auto), never more than its
+    clients, since a worker beyond the population would only start, idle and hold memory
+    (1,024 requested for 4 clients used to start 1,024 processes)."""
     from fedveil.simulations.inprocess import auto_workers
 
-    return cfg.simulation.workers or auto_workers(device)
+    wanted = cfg.simulation.workers or auto_workers(device)
+    if wanted > cfg.data.num_clients:
+        if cfg.simulation.workers:
+            log.info(
+                "simulation.workers = %d: %d started, one per client (data.num_clients = %d)",
+                wanted,
+                cfg.data.num_clients,
+                cfg.data.num_clients,
+            )
+        return cfg.data.num_clients
+    return wanted
 
 
 @dataclass

@@ -314,3 +314,21 @@ def test_arena_grows_and_readers_remap():
     finally:
         reader.close()
         writer.close()
+
+
+@pytest.mark.parametrize(
+    ("requested", "clients", "started"), [(1024, 4, 4), (0, 1, 1), (3, 12, 3), (12, 12, 12)]
+)
+def test_a_run_never_starts_more_workers_than_it_has_clients(requested, clients, started):
+    from fedveil.simulations.run_setup import resolve_workers
+
+    cfg = load_config(
+        None,
+        {
+            "model.task": "tiny_task:make",
+            "data.num_clients": clients,
+            "server.per_round": clients,
+            "simulation.workers": requested,
+        },
+    )
+    assert resolve_workers(cfg, torch.device("cpu")) == started
