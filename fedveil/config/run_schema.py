@@ -393,7 +393,11 @@ class SimulationConfig:
     """How the in-process engine runs clients, and how available simulated clients are."""
 
     workers: int = spec(
-        0, lo=0, hi=1024, help="worker processes; 0: one per CPU core (1 on a GPU); 1: in-process"
+        0,
+        lo=0,
+        hi=1024,
+        help="worker processes, at most data.num_clients; 0: one per CPU core (1 on a GPU); "
+        "1: in-process",
     )
     vmap_clients: int = spec(
         32,
