@@ -43,6 +43,35 @@ def _check(name: str, value: float, ok: bool, limit: str) -> None:
         raise ValueError(f"synthetic: {name}={value!r} must be {limit}")
 
 
+# Bytes held per feature value while generating: each client's float64 draw, then the
+# float32 concatenation (the lists are freed only after it).
+_BYTES_PER_VALUE = 12
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where there is none to read)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _check_fits(num_clients: int, samples: int, num_features: int, budget: int | None) -> None:
+    budget = available_memory() if budget is None else budget
+    need = samples * num_features * _BYTES_PER_VALUE
+    if budget is not None and need > budget:
+        raise ValueError(
+            f"synthetic: num_clients={num_clients} draws {samples:,} samples, about "
+            f"{need / 2**30:.1f} GiB to generate, more than the {budget / 2**30:.1f} GiB "
+            "available; use fewer clients (data.num_clients), or a custom task (model.task) "
+            "whose clients' data is generated when they train"
+        )
+
+
 def generate_synthetic(
     *,
     num_clients: int = 30,
@@ -57,8 +86,13 @@ def generate_synthetic(
     min_samples: int = 50,
     max_samples: int | None = None,
     test_fraction: float = 0.1,
+    memory_budget: int | None = None,
 ) -> SyntheticData:
-    """Generate the dataset; identical output for identical arguments."""
+    """Generate the dataset; identical output for identical arguments.
+
+    The whole dataset is held in memory (about 450 samples a client at the published
+    sizes). A population whose data would not fit in `memory_budget` bytes (None: the
+    memory available now) is refused before anything is generated."""
     _check("num_clients", num_clients, isinstance(num_clients, int) and num_clients >= 1, ">= 1")
     for name, value in (("alpha", alpha), ("beta", beta), ("size_sigma", size_sigma)):
         _check(name, value, math.isfinite(value) and value >= 0, "finite and >= 0")
@@ -74,6 +108,7 @@ def generate_synthetic(
     sizes = rng.lognormal(size_mean, size_sigma, num_clients).astype(np.int64) + min_samples
     if max_samples is not None:
         sizes = np.minimum(sizes, max_samples)  # the lognormal tail can reach 10^5 per client
+    _check_fits(num_clients, int(sizes.sum()), num_features, memory_budget)
     u = rng.normal(0.0, alpha, num_clients)
     big_b = rng.normal(0.0, beta, num_clients)
     std_x = np.arange(1, num_features + 1, dtype=np.float64) ** -0.6  # sqrt(j^-1.2)
