@@ -209,7 +209,7 @@ def _file_task(path: Path) -> str | None:
     try:
         with safe_open(str(path), "pt") as handle:
             return (handle.metadata() or {}).get("task")
-    except Exception:  # noqa: BLE001 - only decorates an error already being raised
+    except Exception:  # only decorates an error already being raised
         return None
 
 
