@@ -64,6 +64,11 @@ def cmd_roster(args: argparse.Namespace) -> int:
             raise RosterError(f"{entry!r}: expected ID=KEY, e.g. 3=client-3.identity.pub")
         if int(cid) in keys:
             raise RosterError(f"{entry!r}: client {int(cid)} is listed twice")
+        if source.endswith(".pub") and not Path(source).is_file():  # not base64 text either
+            raise RosterError(
+                f"{entry!r}: no such file {source}; give the NAME.identity.pub that "
+                "`fedveil identity keygen` wrote on the device, or the key's base64 text"
+            )
         keys[int(cid)] = read_public_key(source)
     roster = Roster(keys)
     out = Path(args.out)
