@@ -363,7 +363,7 @@ def outcome_lines(run: dict) -> list[str]:
     if run.get("rounds_aborted"):
         lines.append(
             f"{run['rounds_aborted']} of {run.get('rounds_completed', 0)} rounds aborted "
-            f"and released nothing: fedveil run status {run['id']} (the dashboard lists them)"
+            f"and released nothing (GET /runs/{run['id']}/rounds and the dashboard list them)"
         )
     summary = run.get("summary") or {}
     if isinstance(summary.get("test_accuracy"), (int, float)):
