@@ -192,7 +192,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             return 0
     else:
         cfg = resolve_config(args.config, overrides)
-    lock = lock_run_dir(Path(cfg.out))
+    _check_privacy_plan(cfg)
+    from fedveil.server.engine.tracking import check_tracking_available
+
+    check_tracking_available(cfg.tracking)  # a missing extra: exit 2 before any data loads
+    lock = lock_run_dir(Path(cfg.out))  # after the refusals, which write nothing
     try:
         return _simulate_locked(args, cfg, given)
     finally:
@@ -218,11 +222,6 @@ def lock_run_dir(out: Path) -> int:
 
 
 def _simulate_locked(args: argparse.Namespace, cfg: RunConfig, given: dict[str, str]) -> int:
-    _check_privacy_plan(cfg)
-    from fedveil.server.engine.tracking import check_tracking_available
-
-    check_tracking_available(cfg.tracking)  # a missing extra: exit 2 before any data loads
-
     from fedveil.cli.progress import RoundProgress
     from fedveil.simulations.failures import RunFailed
     from fedveil.simulations.simulate_run import simulate
