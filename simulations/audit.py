@@ -64,7 +64,7 @@ from fedveil.privacy.audit.fdp import CONFIDENCE
 from fedveil.privacy.dp.html_report import audit_html, render_audit_page
 from fedveil.privacy.dp.report import audit_section
 from fedveil.privacy.encodings import SkellamEncoding
-from fedveil.protocol.dp_rules import PLD, supported_accountants
+from fedveil.protocol.dp_rules import CENTRAL_GAUSSIAN, PLD, sound_accountants
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.central_release import CentralDP
@@ -607,7 +607,10 @@ def claim_of(run: RunLifecycle, cfg: RunConfig) -> tuple[list[Any], str]:
     budget = run.privacy.budget
     events = list(budget.history)
     sampling, neighbouring = events[0].sampling, events[0].neighbouring
-    if cfg.dp.mechanism == "central" and PLD in supported_accountants(sampling, neighbouring):
+    # Sound for the central Gaussian's sampled events: PLD composes Poisson events only
+    # (DP-FTRL's fixed-cohort rows name PLD too, but for one Gaussian, not a composition).
+    sound = sound_accountants(CENTRAL_GAUSSIAN, sampling, neighbouring)
+    if cfg.dp.mechanism == "central" and PLD in sound:
         return events, PLD
     return events, budget.accountant
 

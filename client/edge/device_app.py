@@ -372,7 +372,17 @@ def answer(
     except NonFiniteUpdate as exc:  # the device's data or model diverged: no traceback
         log.warning("run %d: %s request failed: %s", context_run_id, request.kind, exc)
         return Message(Error(CLIENT_FAILURE, str(exc)), reply_to=msg)
-    except Exception as exc:
+    except ValueError as exc:  # e.g. a diverged model's NaN update, refused: one line
+        log.warning(  # as the same failure under a rider logs it (EdgeClient.handle)
+            "run %d round %d: %s failed: %s: %s",
+            context_run_id,
+            request.round,
+            request.kind,
+            type(exc).__name__,
+            exc,
+        )
+        return Message(Error(CLIENT_FAILURE, f"{type(exc).__name__}: {exc}"), reply_to=msg)
+    except Exception as exc:  # a fault of this device's code: its traceback
         log.exception("run %d round %d: %s failed", context_run_id, request.round, request.kind)
         return Message(Error(CLIENT_FAILURE, f"{type(exc).__name__}: {exc}"), reply_to=msg)
     return Message(to_content(reply), reply_to=msg)

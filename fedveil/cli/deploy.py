@@ -358,11 +358,34 @@ def _api_call(fn):  # noqa: ANN001, ANN202 - decorator for CLI handlers
 
 def _line(run: dict) -> str:
     done, total = run.get("rounds_completed", 0), run.get("rounds", 0)
+    aborted = f", {run['rounds_aborted']} aborted" if run.get("rounds_aborted") else ""
     extra = f" ({run['phase']})" if run.get("phase") else ""
     err = f" error: {run['error']}" if run.get("error") else ""
     return (
-        f"{run['id']}  {run['status']:<9} {done}/{total} rounds{extra}  {run.get('name', '')}{err}"
+        f"{run['id']}  {run['status']:<9} {done}/{total} rounds{aborted}{extra}  "
+        f"{run.get('name', '')}{err}"
     )
+
+
+def outcome_lines(run: dict) -> list[str]:
+    """What an ended run came to, after its status line: aborted rounds, the server's
+    own evaluation, the registered model and any warning on it (what the dashboard shows)."""
+    lines = []
+    if run.get("rounds_aborted"):
+        lines.append(
+            f"{run['rounds_aborted']} of {run.get('rounds_completed', 0)} rounds aborted "
+            f"and released nothing (GET /runs/{run['id']}/rounds and the dashboard list them)"
+        )
+    summary = run.get("summary") or {}
+    if isinstance(summary.get("test_accuracy"), (int, float)):
+        lines.append(f"test accuracy {summary['test_accuracy']:.4f} (the server's own test set)")
+    if run.get("model_version"):
+        lines.append(f"model registered as {run['model_version']}")
+    if run.get("model_version_warning"):
+        lines.append(f"warning: {run.get('model_version')}: {run['model_version_warning']}")
+    if run.get("model_version_error"):
+        lines.append(f"warning: model not registered: {run['model_version_error']}")
+    return lines
 
 
 def _follow(api: ApiClient, run_id: str, as_json: bool) -> int:
@@ -376,6 +399,8 @@ def _follow(api: ApiClient, run_id: str, as_json: bool) -> int:
         if run["status"] in ("completed", "failed", "stopped"):
             if as_json:
                 print(json.dumps(run))
+            for outcome in [] if as_json else outcome_lines(run):
+                print(outcome, file=sys.stderr)
             return 0 if run["status"] == "completed" else 1
         time.sleep(2)
 

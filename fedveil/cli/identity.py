@@ -64,6 +64,11 @@ def cmd_roster(args: argparse.Namespace) -> int:
             raise RosterError(f"{entry!r}: expected ID=KEY, e.g. 3=client-3.identity.pub")
         if int(cid) in keys:
             raise RosterError(f"{entry!r}: client {int(cid)} is listed twice")
+        if source.endswith(".pub") and not Path(source).is_file():  # not base64 text either
+            raise RosterError(
+                f"{entry!r}: no such file {source}; give the NAME.identity.pub that "
+                "`fedveil identity keygen` wrote on the device, or the key's base64 text"
+            )
         keys[int(cid)] = read_public_key(source)
     roster = Roster(keys)
     out = Path(args.out)
@@ -75,9 +80,22 @@ def cmd_roster(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from fedveil.privacy.secagg.identity_files import load_roster
+    from fedveil.privacy.secagg.identity_files import load_roster, read_public_key
+    from fedveil.privacy.secagg.identity_keys import RosterError
 
-    roster = load_roster(Path(args.roster), "roster")
+    try:
+        roster = load_roster(Path(args.roster), "roster")
+    except RosterError:
+        try:  # a device's public key given for the roster: say so, not "not JSON"
+            is_key = Path(args.roster).is_file() and bool(read_public_key(args.roster))
+        except (RosterError, ValueError, OSError):
+            is_key = False
+        if not is_key:
+            raise
+        raise RosterError(
+            f"{args.roster} is a device's public key, not a roster: list it in one with "
+            f"`fedveil identity roster ID={args.roster} ... --out roster.json`, then show that"
+        ) from None
     ids = list(roster)
     span = f"ids {ids[0]}..{ids[-1]}" if ids else "empty"
     print(f"{args.roster}: {len(roster)} clients ({span}), fingerprint {roster.fingerprint()}")

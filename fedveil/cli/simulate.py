@@ -9,7 +9,9 @@ SIGTERM stops a run as Ctrl-C does, leaving its last round's model and summary.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
+import os
 import shlex
 import signal
 import sys
@@ -18,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fedveil.config import RunConfig, load_config
+from fedveil.config import ConfigError, RunConfig, load_config
 from fedveil.config.resume import resume_config
 from fedveil.config.run import parse_set
 from fedveil.dataset_defaults import per_key
@@ -194,7 +196,32 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from fedveil.server.engine.tracking import check_tracking_available
 
     check_tracking_available(cfg.tracking)  # a missing extra: exit 2 before any data loads
+    lock = lock_run_dir(Path(cfg.out))  # after the refusals, which write nothing
+    try:
+        return _simulate_locked(args, cfg, given)
+    finally:
+        os.close(lock)
 
+
+def lock_run_dir(out: Path) -> int:
+    """One `fedveil simulate` per run directory: a second one (a --resume typed while the
+    run still trains) would interleave its rounds with the first's in the same files.
+    The lock goes with the process, even on SIGKILL."""
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(
+            f"--out {out}: another fedveil simulate is writing this run directory; wait for "
+            "it to end or stop it (Ctrl-C keeps its last round: then --resume), or give "
+            "another --out"
+        ) from None
+    return fd
+
+
+def _simulate_locked(args: argparse.Namespace, cfg: RunConfig, given: dict[str, str]) -> int:
     from fedveil.cli.progress import RoundProgress
     from fedveil.simulations.failures import RunFailed
     from fedveil.simulations.simulate_run import simulate

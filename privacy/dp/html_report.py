@@ -392,6 +392,7 @@ def _histogram_chart(name: str, hist: Mapping[str, Any]) -> str:
             Series("held out", [float(v) for v in hist["held_out"]], "#1f6feb"),
         ],
         "canaries",
+        x_label="canary score",  # not rounds: each bin of the statistic
     )
 
 

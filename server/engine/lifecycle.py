@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from fedveil import __version__
-from fedveil.config import RunConfig
+from fedveil.config import ConfigError, RunConfig
 from fedveil.flat_model import FlatModel
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.server.engine.aggregation import UpdateChannel
@@ -96,7 +96,15 @@ class RunLifecycle:
         of the seed's initialisation; on a resume the checkpoint still wins. Before engine()."""
         if self._model is None:
             raise RuntimeError("start_from() must come before engine()")
-        self._model.set(self._model.load(str(path)))
+        try:
+            self._model.set(self._model.load(str(path)))
+        except ValueError as exc:  # another task's model: name both and the way out
+            trained = _file_task(path)
+            raise ConfigError(
+                f"init model {path}: {exc}: it holds a {trained or 'different'} model and "
+                f"this run trains {self.task.name}; start from a model of the same task, or "
+                "give this run the settings that trained it (--config RUN_DIR/config.toml)"
+            ) from None
 
     def engine(
         self,
@@ -226,6 +234,17 @@ def _tracked(
             on_round(record)
 
     return hook
+
+
+def _file_task(path: Path) -> str | None:
+    """The task a model file's metadata names (None: none, or not a safetensors file)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as handle:
+            return (handle.metadata() or {}).get("task")
+    except Exception:  # only decorates an error already being raised
+        return None
 
 
 def model_metadata(cfg: RunConfig, task: Task, round_num: int) -> dict[str, str]:

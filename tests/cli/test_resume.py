@@ -158,6 +158,18 @@ def test_flags_that_conflict_with_the_checkpoint_are_refused_naming_them(
     assert (out / "config.toml").read_bytes() == recorded
 
 
+def test_an_init_model_of_another_task_is_refused_naming_both_tasks(finished_run, tmp_path, capsys):
+    # Followed from the registry how-to with another run's model: "model file lacks
+    # tensor 'features.0.weight'", naming neither model nor what to do.
+    model = finished_run / "model.safetensors"
+    args = ["--dataset", "digits", "--model", "logreg", "--rounds", "1"]
+    assert _simulate(*args, "--init-model", str(model), "--out", str(tmp_path / "r")) == 2
+    err = capsys.readouterr().err
+    assert f"fedveil: error: init model {model}: " in err, err
+    assert "it holds a digits/mlp model and this run trains digits/logreg" in err
+    assert "--config RUN_DIR/config.toml" in err
+
+
 def test_resuming_a_finished_run_changes_nothing_and_says_how_to_go_further(tmp_path, capsys):
     # Used to "resume" with nothing to train and rewrite summary.json with test_accuracy
     # null and rounds_applied 0: a finished run's result lost to a stray --resume.

@@ -106,3 +106,27 @@ def test_ctrl_c_before_the_first_round_says_there_is_nothing_to_resume(capsys, t
     assert code == 130, err
     assert "stopped before its first round completed: nothing to resume" in err, err
     assert "--resume" not in err and "Traceback" not in err
+
+
+def test_a_second_simulate_on_a_run_directory_in_use_is_refused(capsys, tmp_path):
+    # A --resume typed while the run still trained (its Ctrl-C had not reached it) went
+    # ahead: two processes wrote the same metrics.jsonl and checkpoint, rounds interleaved.
+    import fcntl
+    import os
+
+    out = tmp_path / "run"
+    out.mkdir()
+    held = os.open(out / ".lock", os.O_RDWR | os.O_CREAT, 0o600)  # the first run's lock
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    argv = ["simulate", "--task", "tiny_task:make", "--rounds", "1", "--quiet"]
+    try:
+        code = main([*argv, "--out", str(out), "--set", "simulation.workers=1"])
+    finally:
+        os.close(held)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"--out {out}: another fedveil simulate is writing this run directory" in err
+    assert not (out / "metrics.jsonl").exists() and "Traceback" not in err
+    # Once it has ended, the directory is free again.
+    assert main([*argv, "--out", str(out), "--set", "simulation.workers=1"]) == 0
+    assert (out / "metrics.jsonl").exists()

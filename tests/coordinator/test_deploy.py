@@ -423,6 +423,13 @@ def test_coordinator_killed_mid_run_resumes_and_finishes(deployment, busy, tmp_p
     assert_same_model(downloaded_model(dep, rid), uninterrupted)
     listing = dep.cli("run", "list")
     assert listing.returncode == 0 and f"{rid}  completed 4/4 rounds" in listing.stdout
+    # `run status --wait` (as `run submit --wait` ends) says what the run came to: it
+    # ended on "completed 4/4 rounds" alone, without the accuracy or the model's version.
+    followed = dep.cli("run", "status", rid, "--wait")
+    assert followed.returncode == 0, followed.stderr
+    accuracy = run["summary"]["test_accuracy"]
+    assert f"test accuracy {accuracy:.4f} (the server's own test set)" in followed.stderr
+    assert f"model registered as {run['model_version']}" in followed.stderr, followed.stderr
     (dep.root / "wrong.token").write_text("not-the-admin-token-at-all\n")
     refused = dep.cli("run", "submit", "busy.toml", "--token-file", str(dep.root / "wrong.token"))
     assert refused.returncode == 1 and "HTTP 403" in refused.stderr

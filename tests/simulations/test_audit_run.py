@@ -75,6 +75,16 @@ def test_an_honest_run_is_not_refuted_and_its_dir_is_marked_an_audit(tmp_path):
     assert sum(hist["inserted"]) == inserted and sum(hist["held_out"]) == 300 - inserted
 
 
+def test_a_fixed_size_cohort_run_is_audited_against_its_own_accountant(tmp_path):
+    # The tutorials' runs draw fixed-size cohorts; auditing one stopped with "accountant=
+    # 'pld' does not model sampling='fixed' ...; allowed: (..., 'pld')": PLD was chosen
+    # from DP-FTRL's fixed-cohort rows, which do not make it compose sampled events.
+    fixed = {"server.sampling": "fixed", "server.per_round": 10, "dp.epsilon": 8.0}
+    result = run_audit(config(tmp_path, **fixed), canaries=300, out=tmp_path / "audit")
+    assert result["fdp"]["accountant"] == "dpa_rdp"  # the ledger's own (replace-one)
+    assert 0 < result["accounted_epsilon"] <= 8.0 and not result["refuted"]
+
+
 def test_without_dp_there_is_no_claim_but_still_estimate_and_bound(tmp_path):
     cfg = load_config(
         None,

@@ -197,6 +197,25 @@ def test_answer_never_raises(tmp_path):
     assert not again.has_error()
 
 
+def test_a_nan_update_is_refused_in_one_log_line_without_a_traceback(caplog):
+    # A DP run whose noised model overflowed: the device refuses to clip its NaN update.
+    # Without a rider this logged a 20-line traceback (with one, a line): a device's log
+    # read as if it had crashed on what is a refusal.
+    edge = EdgeClient(TaskSource("deploy_task:make"), 0)
+    overflowing = train_request(clip_norm=1.0)
+    overflowing.arrays["model"] = torch.full_like(overflowing.arrays["model"], 3e38)
+    with caplog.at_level("INFO", logger="fedveil.edge"):
+        reply = answer(edge, request_message(to_content(overflowing)), 1, run_config())
+    assert reply.has_error() and "NaN or infinite" in reply.error.reason
+    failed = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is None, caplog.text
+    assert failed[0].levelname == "WARNING"
+    assert failed[0].getMessage() == (
+        "run 1 round 1: train failed: ValueError: update contains NaN or infinite values; "
+        "refusing to clip or encode it"
+    )
+
+
 # -- plain evaluation: the coordinator that skips its own config checks ----------------
 DISTRIBUTED = {
     "secagg.enabled": True,

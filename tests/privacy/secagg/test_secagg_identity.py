@@ -124,6 +124,16 @@ def test_the_cli_makes_keys_and_a_roster_a_device_can_load(tmp_path, monkeypatch
         load_client_identity(0, tmp_path / "c1.identity.key", tmp_path / "r.json")
     twice = fedveil("identity", "roster", "0=c0.identity.pub", "1=c0.identity.pub", "--out", "x")
     assert twice.returncode == 2 and "the same key as client 0" in twice.stderr
+    # `show` of a public key said "roster c0.identity.pub: roster: not JSON (...)".
+    key = fedveil("identity", "show", "c0.identity.pub")
+    assert key.returncode == 2 and "c0.identity.pub is a device's public key, not a roster" in (
+        key.stderr
+    ), key.stderr
+    # A mistyped file name read as base64 text: "c9.identity.pub: not valid base64".
+    typo = fedveil("identity", "roster", "0=c0.identity.pub", "9=c9.identity.pub", "--out", "y")
+    assert typo.returncode == 2 and "'9=c9.identity.pub': no such file c9.identity.pub" in (
+        typo.stderr
+    ), typo.stderr
     lonely = fedveil(
         "client",
         "--server",
