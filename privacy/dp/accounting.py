@@ -95,7 +95,12 @@ def compute_epsilon(
     ((sampling, neighbouring),) = relations
     chosen = create_accountant(accountant)
     if not chosen.models(sampling, neighbouring):
-        allowed = supported_accountants(sampling, neighbouring)
+        # Only those that model it as a composition (the rule table also lists DP-FTRL's).
+        allowed = tuple(
+            name
+            for name in supported_accountants(sampling, neighbouring)
+            if create_accountant(name).models(sampling, neighbouring)
+        )
         raise ValueError(
             f"accountant={accountant!r} does not model sampling={sampling!r} with "
             f"neighbouring={neighbouring!r}; allowed: {allowed}"

@@ -118,8 +118,11 @@ def test_grouping_equals_event_by_event_and_is_order_free():
 def test_unsupported_combinations_are_rejected():
     with pytest.raises(ValueError, match="does not model"):
         compute_epsilon([PrivacyEvent(1.0, 0.01, 10, "poisson", "replace_one")], 1e-5, "rdp")
-    with pytest.raises(ValueError, match="does not model"):
+    with pytest.raises(ValueError, match="does not model") as refused:
         compute_epsilon([PrivacyEvent(1.0, 0.01, 10, "fixed", "replace_one", 1000)], 1e-5, "pld")
+    # What it offers instead models the pair: never the refused accountant itself.
+    offered = str(refused.value).split("allowed: ")[1]
+    assert "'pld'" not in offered and "'dpa_rdp'" in offered, offered
     with pytest.raises(ValueError, match="mix"):
         compute_epsilon(
             [PrivacyEvent(1.0, 0.01), PrivacyEvent(1.0, 0.01, 1, "poisson", "replace_one")],
