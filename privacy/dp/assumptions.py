@@ -94,6 +94,11 @@ _COHORT_MEMBERS = {
     "else's update entered the sum.",
 }
 
+_AMPLIFICATION = (
+    "Sampling amplification assumes the sampling really is as declared and that the "
+    "adversary does not learn who was sampled."
+)
+
 _NOT_PROTECTED = [
     "Cohort membership against the coordinator, which draws every cohort, and against "
     "cohort members, who learn part of their own cohorts: the observers' amplified "
@@ -104,9 +109,15 @@ _NOT_PROTECTED = [
     "deviates from the protocol where it is trusted (see above).",
     "Anything released outside this ledger and the statistics listed above: hyperparameter "
     "searches over repeated runs, or files the operator copies out of private/.",
-    "Sampling amplification assumes the sampling really is as declared and that the "
-    "adversary does not learn who was sampled.",
+    _AMPLIFICATION,
 ]
+
+_FTRL_COHORTS = (
+    "Cohort membership against the coordinator, which draws every cohort, and against "
+    "cohort members, who learn part of their own cohorts. DP-FTRL's epsilon claims no "
+    "amplification by sampling, so it does not rest on cohorts being secret; whether a "
+    "client took part is protected only as far as the neighbouring relation says."
+)
 
 
 def who_sees_what(mechanism: str, secure_aggregation: str | None) -> list[str]:
@@ -459,7 +470,7 @@ def assumptions_for(
         "costs no privacy).",
     ]
     trust = list(_TRUST.get(mechanism, []))
-    if mechanism == CENTRAL_GAUSSIAN and secure_aggregation == OFF:
+    if mechanism in (CENTRAL_GAUSSIAN, DP_FTRL) and secure_aggregation == OFF:
         # The server sees each update, so it enforces the clip itself.
         trust = [item for item in trust if not item.startswith("Clients are trusted to clip")]
         trust.append(sensitivity_statement(mechanism, secure_aggregation))
@@ -467,6 +478,13 @@ def assumptions_for(
     if secagg is not None:
         trust.append(secagg)
     not_protected = list(_NOT_PROTECTED)
+    if mechanism == DP_FTRL:
+        # Its epsilon claims no amplification by sampling: nothing here rests on one.
+        not_protected = [
+            _FTRL_COHORTS if item is _NOT_PROTECTED[0] else item
+            for item in not_protected
+            if item is not _AMPLIFICATION
+        ]
     if neighbouring != ADD_REMOVE:
         not_protected.insert(
             0,

@@ -137,3 +137,18 @@ def test_model_inversion_statement_gives_one_figure_when_every_class_rounds_the_
     assert "gave it 100% confidence in its class, for every class." in text
     spread = {"classes": [{"final_confidence": 0.5}, {"final_confidence": 0.97}]}
     assert "gave it 50% to 97% confidence in its class." in model_inversion_statement(spread)
+
+
+def test_a_dp_ftrl_report_claims_nothing_about_sampling_amplification():
+    from fedveil.privacy.dp.assumptions import assumptions_for
+
+    ftrl = assumptions_for("dp_ftrl", "user", "zero_out", "fixed", 9.9, 1e-5, "off")
+    central = assumptions_for("central_gaussian", "user", "replace_one", "fixed", 8, 1e-5, "off")
+    said = " ".join(ftrl["not_protected"] + ftrl["trust"])
+    # DP-FTRL's epsilon has no amplification in it: an auditor reading that it rests on
+    # secret sampling would misjudge what protects the clients.
+    assert "amplification assumes" not in said and "amplified" not in said
+    assert any("amplification assumes" in item for item in central["not_protected"])
+    # In the clear the server re-clips every update itself, as under central DP.
+    assert not any(item.startswith("Clients are trusted to clip") for item in ftrl["trust"])
+    assert any("re-clips every update" in item for item in ftrl["trust"])
