@@ -54,7 +54,11 @@ def lock_state_dir(state_dir: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise ConfigError(f"state_dir {state_dir}: another fedveil server is using it") from None
+        raise ConfigError(
+            f"state_dir {state_dir}: another fedveil server is using it; stop that server "
+            "first (SIGTERM; its runs resume on the next start), or give this one another "
+            "--state-dir"
+        ) from None
     return fd
 
 
