@@ -128,7 +128,7 @@ def add_async_arguments(p: argparse.ArgumentParser) -> None:
         "--group-size",
         type=int,
         help="async_secagg: members G dispatched per secagg group "
-        f"[K + ceil({OVER_PROVISION:g} K), at most C: 19 for K = 10]",
+        f"[K + ceil({OVER_PROVISION:g} K), at most C: 19 for K = 10; K with --release-at 0]",
     )
     p.add_argument(
         "--release-at",
