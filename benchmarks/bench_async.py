@@ -10,14 +10,18 @@ job's training time per client), sigma 1.0 per draw and 0.5 per client.
 - sync_deadline: FedAvg with server.round_timeout at the 90th percentile of the client
   latencies the run draws (stragglers past it are lost);
 - async: FedBuff, an update after every K arrivals, staleness weight 1/sqrt(1+tau);
-- async_secagg: async with secure aggregation in over-provisioned groups: G clients
-  dispatched, the group released at its first R masked inputs (server.group_release_at;
-  R = K, G = K + ceil(0.3 K) by default), the other G - R dropped by design and their
-  masks removed by dropout recovery; each protocol stage has sync_deadline's deadline
-  (--group-deadline p90), a member past it is dropped as well; a group goes out once
-  S = R slots are free, its other members starting to train as slots come free
-  (--dispatch-at, server.group_dispatch_at; 0: once G are, the design before); with
-  --unmask threshold its unmask stage ends at the first t replies (server.group_unmask);
+- async_secagg: async with secure aggregation in over-provisioned groups, by default the
+  best design measured (docs/explanation/performance.md, issue 36): G clients dispatched,
+  the group released at its first R masked inputs (server.group_release_at; R = K,
+  G = K + ceil(0.9 K) by default, at most C: 19 for K = 10), the other G - R dropped by
+  design and their masks removed by dropout recovery (the threat model's dropout rate
+  covers them, so t and k are derived for G); each protocol stage has sync_deadline's
+  deadline (--group-deadline p90), a member past it is dropped as well; a group goes out
+  once S = ceil(0.8 R) slots are free (8 for R = 10), its other members starting to train
+  as slots come free (--dispatch-at, server.group_dispatch_at; 0: once G are, the whole
+  group at once), each on the model current at its own start (--member-model,
+  server.group_member_model); its unmask stage ends at the first t replies
+  (--unmask, server.group_unmask; where the neighbour graph is complete);
 - async_secagg_whole: the previous design, side by side: groups of G = K that wait for
   every member (or the deadline).
 
@@ -53,6 +57,7 @@ from fedveil.benchmarks.harness import (
 )
 from fedveil.benchmarks.harness import run_contender as run_contender_process
 from fedveil.config import SecAggSection
+from fedveil.privacy.secagg.params import ThreatModel, find_parameters
 from fedveil.protocol.kinds import Kind
 from fedveil.simulations.async_plots import accuracy_over_time, staleness_values, time_to_target
 from fedveil.simulations.availability import AvailabilityModel
@@ -90,8 +95,12 @@ ASYNC_SUMMARY = (
 # The contenders, in the order they run (benchmarks/bench_async.py says what each is).
 ASYNC_CONTENDERS = ("sync", "sync_deadline", "async", "async_secagg", "async_secagg_whole")
 # async_secagg's default over-provisioning: G = K + ceil(OVER_PROVISION x K) members per
-# group, released at the first R = K.
-OVER_PROVISION = 0.3
+# group (at most C), released at the first R = K: 19 for K = 10, the best G measured
+# (docs/explanation/performance.md, "Over-provisioning swept").
+OVER_PROVISION = 0.9
+# async_secagg's default rolling dispatch: a group goes out once S = ceil(DISPATCH_AT x R)
+# slots are free (8 for R = 10, the best S measured with G = 19).
+DISPATCH_AT = 0.8
 # The default job's training time per client (fashion-mnist CNN, ~600 examples, one
 # epoch, batch 32): 0.27-0.73 s measured on one core of a shared 2-core machine.
 ASYNC_LATENCY_MEDIAN_S = 0.5
@@ -119,7 +128,7 @@ def add_async_arguments(p: argparse.ArgumentParser) -> None:
         "--group-size",
         type=int,
         help="async_secagg: members G dispatched per secagg group "
-        f"[K + ceil({OVER_PROVISION:g} K)]",
+        f"[K + ceil({OVER_PROVISION:g} K), at most C: 19 for K = 10; K with --release-at 0]",
     )
     p.add_argument(
         "--release-at",
@@ -131,16 +140,16 @@ def add_async_arguments(p: argparse.ArgumentParser) -> None:
         "--dispatch-at",
         type=int,
         help="async_secagg: a group goes out once S slots are free, its other members "
-        "starting to train as slots come free (server.group_dispatch_at) [R]; 0: once G "
-        "are free, the whole group at once",
+        "starting to train as slots come free (server.group_dispatch_at) "
+        f"[ceil({DISPATCH_AT:g} R): 8 for R = 10]; 0: once G are free, the whole group at "
+        "once",
     )
     p.add_argument(
         "--member-model",
         choices=("dispatch", "start"),
-        default="dispatch",
         help="async_secagg with rolling dispatch: the model a member trains on "
         "(server.group_member_model): the group's, or the one current at the member's own "
-        "start [dispatch]",
+        "start [start with rolling dispatch (0 < S < G), else dispatch]",
     )
     p.add_argument(
         "--start-order",
@@ -152,9 +161,10 @@ def add_async_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--unmask",
         choices=("survivors", "threshold"),
-        default="survivors",
         help="async_secagg: when a group's unmask stage ends (server.group_unmask): once "
-        "every survivor has sent its shares, or at the first t replies [survivors]",
+        "every survivor has sent its shares, or at the first t replies [threshold for a "
+        "group released at R whose neighbour graph is complete (every G up to 32), else "
+        "survivors]",
     )
     p.add_argument(
         "--group-deadline",
@@ -227,16 +237,23 @@ def resolve(args: argparse.Namespace) -> Setup:
     if not 1 <= k <= c:
         raise ValueError(f"--buffer = {k}: must be in [1, --concurrency = {c}]")
     r = k if args.release_at is None else args.release_at
-    g = args.group_size or (k + math.ceil(OVER_PROVISION * k) if r else k)
+    g = args.group_size or (min(c, k + math.ceil(OVER_PROVISION * k)) if r else k)
     if g < max(k, 3) or g > c:  # the secagg protocol needs 3 clients at least
         raise ValueError(
             f"--group-size = {g}: must be in [max(3, --buffer = {k}), --concurrency = {c}]"
         )
     if r and not 3 <= r <= g:
         raise ValueError(f"--release-at = {r}: must be 0 or in [3, --group-size = {g}]")
-    dispatch_at = r if getattr(args, "dispatch_at", None) is None else args.dispatch_at
+    # The defaults are the best design measured (a group released at R); with
+    # --release-at 0 the groups are whole and go out at once, as async_secagg_whole's.
+    dispatch_at = args.dispatch_at
+    if dispatch_at is None:
+        dispatch_at = min(g, math.ceil(DISPATCH_AT * r)) if r else 0
     if not 0 <= dispatch_at <= g:
         raise ValueError(f"--dispatch-at = {dispatch_at}: must be 0 or in [1, --group-size = {g}]")
+    rolling = 0 < dispatch_at < g
+    member_model = args.member_model or ("start" if rolling else "dispatch")
+    unmask = args.unmask or ("threshold" if r and complete_graph(g, r) else "survivors")
     return Setup(
         base=base,
         concurrency=c,
@@ -244,15 +261,28 @@ def resolve(args: argparse.Namespace) -> Setup:
         group_size=g,
         release_at=r,
         dispatch_at=dispatch_at,
-        member_model=getattr(args, "member_model", "dispatch"),
-        start_order=getattr(args, "start_order", "client_id"),
-        unmask=getattr(args, "unmask", "survivors"),
-        group_deadline=getattr(args, "group_deadline", "p90") == "p90",
+        member_model=member_model,
+        start_order=args.start_order,
+        unmask=unmask,
+        group_deadline=args.group_deadline == "p90",
         latency_median=args.latency_median,
         message_latency_share=args.message_latency_share,
         max_updates=args.max_updates or (8 * c if args.quick else 100 * c),
         target=args.target if args.target is not None else (0.5 if args.quick else 0.80),
     )
+
+
+def complete_graph(g: int, r: int) -> bool:
+    """Whether async_secagg's groups of G released at R get a complete neighbour graph
+    from the threat model the bench sets (release_values' dropout rate): where the unmask
+    at t (server.group_unmask = 'threshold') is admitted."""
+    section = SecAggSection()
+    dropout = release_values(g, r)["secagg.dropout_rate"]
+    try:
+        threat = ThreatModel(section.adversarial_rate, dropout, section.threat)
+        return find_parameters(g, threat).complete
+    except ValueError:  # no threshold at all: the run itself says why
+        return False
 
 
 def p90_latency(s: Setup, seed: int, rounds: int, clients: int) -> float:

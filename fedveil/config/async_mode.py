@@ -197,8 +197,8 @@ def check_group_release(cfg: RunConfig) -> None:
 def check_group_unmask(cfg: RunConfig) -> None:
     """server.group_unmask = 'threshold': a group's unmask stage ends at its first t
     replies. Enough only where every reply carries a share of every secret to
-    reconstruct (a complete neighbour graph: checked when the scheduler starts, with the
-    simulated clock), and only in the semi-honest protocol: t shares reconstruct a secret
+    reconstruct (a complete neighbour graph: checked when the scheduler starts, in
+    simulation and on devices), and only in the semi-honest protocol: t shares reconstruct a secret
     but cannot correct a wrong one, which the malicious-server session must be able to."""
     s = cfg.server
     if s.group_unmask == "survivors":

@@ -202,8 +202,8 @@ class ServerConfig:
     group_unmask: str = spec(
         "survivors",
         choices=("survivors", "threshold"),
-        help="async/ssp with secagg (semi-honest) on the simulated clock: when a group's "
-        "unmask stage ends. survivors: once every survivor has sent its shares (or the "
+        help="async/ssp with secagg (semi-honest), in simulation and on devices: when a "
+        "group's unmask stage ends. survivors: once every survivor has sent its shares (or the "
         "deadline); threshold: at the first t replies, enough to reconstruct every secret "
         "when each member holds shares of every other (the neighbour graph is complete); "
         "the later replies are not waited for. The same sum, members, R and t either way",

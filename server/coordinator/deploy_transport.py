@@ -14,9 +14,11 @@ the hello bookkeeping are under one lock, and each exchange pushes and pulls onl
 own message ids. A reply that comes after its exchange gave up on it (deadline, node
 offline, or the transport closed at the end of a run) is dropped and counted in
 `late_replies`, never handed to a later exchange. `exchange_first` (FirstReplies) ends
-an exchange at its first R replies: an asynchronous secure-aggregation group released
-at R of G (server.group_release_at); the replies of the members it left out are late
-replies too.
+an exchange at its first R usable replies (a reply the caller's sink refused does not
+count): an asynchronous secure-aggregation group released at R of G
+(server.group_release_at), or its unmask stage ended at t replies
+(server.group_unmask = 'threshold'); the replies it did not wait for, even those that
+came in the same pull as the R-th, are late replies too, never used.
 
 Every message carries a TTL bounded by its exchange's deadline (`message_ttl`), not
 Flower's 12-hour default: the SuperLink then forgets an unclaimed message minutes after
@@ -270,18 +272,25 @@ class DeployTransport:
                     out[target[0]] = ClientFailure(target[0], "message could not be sent")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         last_liveness = time.monotonic()
-        replied = 0  # usable replies, kept or handed to on_reply
+        replied = 0  # usable replies, kept or handed to on_reply (and not refused by it)
+        kind = next(iter(requests.values())).kind if requests else ""
+        left_out = f"{LEFT_OUT}: not among the first {quorum} usable replies to {kind}"
         while pending:
             for reply in self.grid.pull_messages(list(pending)):
                 target = pending.pop(reply.metadata.reply_to_message_id, None)
                 if target is None:
                     continue
+                if quorum and replied >= quorum:  # in the pull that reached the quorum
+                    self._count_late(target[0], reply)
+                    out[target[0]] = ClientFailure(target[0], left_out)
+                    continue
                 answer = self._reply(target, reply)
-                replied += isinstance(answer, Envelope)
+                kept = None
                 if on_reply is None:
                     out[target[0]] = answer
                 else:
-                    on_reply(target[0], answer)
+                    kept = on_reply(target[0], answer)
+                replied += isinstance(answer, Envelope) and kept is not False
             if not pending or (deadline is not None and time.monotonic() >= deadline):
                 break
             if quorum and replied >= quorum:
@@ -299,7 +308,7 @@ class DeployTransport:
             self._closed.wait(self.poll_s)
         why = "the run has ended" if self._closed.is_set() else "no reply before the deadline"
         if quorum and pending and not self._closed.is_set() and replied >= quorum:
-            why = f"{LEFT_OUT}: not among the first {quorum} replies (server.group_release_at)"
+            why = left_out
         for cid, _ in pending.values():
             out[cid] = ClientFailure(cid, why)
         self._abandon(pending)
@@ -326,11 +335,17 @@ class DeployTransport:
             return
         for reply in self.grid.pull_messages(list(self._abandoned)):
             cid = self._abandoned.pop(reply.metadata.reply_to_message_id, None)
-            # An error reply (the SuperLink's for an expired message or a lost node) ends
-            # the wait for it; only a device's own reply is a late one.
-            if cid is not None and not reply.has_error():
+            if cid is not None:
+                self._count_late(cid, reply)
+
+    def _count_late(self, cid: int, reply: Message) -> None:
+        """A reply after its exchange ended (or past its quorum): dropped, never used. An
+        error reply (the SuperLink's for an expired message or a lost node) ends the wait
+        for it; only a device's own reply is a late one."""
+        if not reply.has_error():
+            with self._lock:
                 self.late_replies += 1
-                log.info("client %d: a reply after its exchange ended; dropped", cid)
+            log.info("client %d: a reply after its exchange ended; dropped", cid)
 
     def _reply(self, target: tuple[int, int], reply: Message) -> Envelope | ClientFailure:
         cid, node = target

@@ -202,16 +202,12 @@ class BufferedScheduler:
 
     def _check_unmask_at_threshold(self, engine: EngineView) -> None:
         """server.group_unmask = 'threshold' ends a group's unmask stage at its first t
-        replies: enough only when each member holds a share of every other's secrets (the
-        session's neighbour graph is complete, k = G - 1), and run only on the simulated
-        clock (on devices it is not yet measured); anything else refused, naming the field."""
+        replies (on the simulated clock, and on devices where the transport can end an
+        exchange early: FirstReplies): enough only when each member holds a share of
+        every other's secrets (the session's neighbour graph is complete, k = G - 1);
+        anything else refused, naming the field."""
         if self.cfg.server.group_unmask != "threshold":
             return
-        if not isinstance(self.clock, SimulatedClock):
-            raise ValueError(
-                "server.group_unmask = 'threshold' runs on the simulated clock only (not on "
-                "devices yet); set it to 'survivors'"
-            )
         channel = engine.channel
         assert isinstance(channel, SecAggChannel)
         session = channel.session(list(range(self.group)), engine.model.size, 0)

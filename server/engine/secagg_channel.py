@@ -21,9 +21,10 @@ masked-input stage at the first R replies (a transport's FirstReplies): the
 other members are dropped by design, exactly as clients that timed out, so the
 unmask stage removes their pairwise masks from Shamir shares of their keys and
 their masked input, sent later, is never taken (the stage is closed). With
-server.group_unmask = 'threshold' its unmask stage ends at the first t replies as
-well: each holds a share of every secret to reconstruct (complete neighbour graph),
-so t of them give the same sum, and the later ones are not waited for.
+server.group_unmask = 'threshold' its unmask stage ends at the first t replies the
+protocol server accepted, on the simulated clock and on devices alike: each holds a
+share of every secret to reconstruct (complete neighbour graph), so t of them give the
+same sum, and the later ones are not waited for (nor taken: they are late replies).
 """
 
 from __future__ import annotations
@@ -398,10 +399,11 @@ class SecAggChannel:
         primary: Set[int],
         cid: int,
         reply: Envelope | ClientFailure,
-    ) -> None:
+    ) -> bool:
         """One reply to a stage's exchange (`primary`: the clients sent this round's
-        request; `riders`: the next round's key stage riding with it)."""
-        self._receive(run, cid, reply, riders.get(cid), cid in primary)
+        request; `riders`: the next round's key stage riding with it). False: the protocol
+        server refused it (it does not count towards a FirstReplies quorum)."""
+        return self._receive(run, cid, reply, riders.get(cid), cid in primary)
 
     def _receive(
         self,
@@ -410,8 +412,9 @@ class SecAggChannel:
         reply: Envelope | ClientFailure,
         rider: Envelope | None,
         primary: bool,
-    ) -> None:
-        """One client's reply: its answer to this round's stage, and to the rider."""
+    ) -> bool:
+        """One client's reply: its answer to this round's stage, and to the rider; whether
+        the protocol server accepted its answer to this round's stage."""
         mine, theirs = _split(reply, rider, primary)
         accepted = False
         if isinstance(mine, Envelope):
@@ -430,6 +433,7 @@ class SecAggChannel:
             # (garbage from a faulty one proves nothing).
             if accepted and isinstance(theirs, str) and theirs.startswith(IGNORED):
                 self._riders_ignored(cid)
+        return accepted
 
     def _aborted(self, run: _Round, exc: SecAggAborted) -> Aborted:
         where = (
@@ -492,13 +496,15 @@ def exchange_each(
     """`take(cid, reply)` once for every client in `sent`: as each reply arrives (the
     transport's `on_reply`), then the ones it returned instead, and "no reply" for the
     silent, in client order. With `quorum` R > 0 and a transport that can end an
-    exchange early (FirstReplies), the exchange ends at its first R replies."""
+    exchange early (FirstReplies), the exchange ends at its first R replies that `take`
+    did not refuse (return False)."""
     taken: set[int] = set()
 
-    def sink(cid: int, reply: Envelope | ClientFailure) -> None:
+    def sink(cid: int, reply: Envelope | ClientFailure) -> bool | None:
         if cid in sent and cid not in taken:  # each client's first reply, once
             taken.add(cid)
-            take(cid, reply)
+            return take(cid, reply)  # False: refused, not one of the quorum
+        return False
 
     if quorum and isinstance(transport, FirstReplies):
         rest = transport.exchange_first(sent, timeout_s, quorum, on_reply=sink)

@@ -19,7 +19,7 @@ Three optional capabilities, declared here and checked with `isinstance`:
 on the task's test set for the server), `RoundReporter` (a transport or
 update channel adds facts only it knows to the round's record) and `FirstReplies`
 (an exchange that ends at its first R usable replies: an asynchronous secure-
-aggregation group released at R of G).
+aggregation group released at R of G, or its unmask stage ended at t replies).
 """
 
 from __future__ import annotations
@@ -42,8 +42,11 @@ class ClientFailure(Exception):
         self.reason = reason
 
 
-# on_reply(client id, its reply or failure): called once per client, as each arrives.
-ReplySink = Callable[[int, "Envelope | ClientFailure"], None]
+# on_reply(client id, its reply or failure): called once per client, as each arrives. A
+# sink returns False for a reply it refused (the protocol server rejected it): that reply
+# is not usable and does not count towards a FirstReplies quorum; None or True: an
+# Envelope is usable.
+ReplySink = Callable[[int, "Envelope | ClientFailure"], "bool | None"]
 
 
 class Transport(Protocol):
@@ -109,7 +112,7 @@ class FirstReplies(Protocol):
         on_reply: ReplySink | None = None,
     ) -> dict[int, Envelope | ClientFailure]:
         """As `exchange` (`on_reply` included), but it returns at the first `quorum`
-        replies (or the deadline): every client not among them is a ClientFailure whose
-        reason starts with LEFT_OUT, and a reply it sends later is never returned by any
-        exchange."""
+        usable replies (or the deadline; a reply the sink refused does not count): every
+        client not among them is a ClientFailure whose reason starts with LEFT_OUT, and a
+        reply it sends later is never returned by any exchange, nor handed to the sink."""
         ...

@@ -87,3 +87,45 @@ def test_secure_aggregation_groups_run_at_once_on_devices(deployment):
     assert record["in_flight"] == 3  # the other group's session was under way
     summary = run["summary"]
     assert summary["group_size"] == 3 and summary["units_unused_at_end"] == 1
+
+
+def test_a_groups_unmask_ends_at_t_replies_without_its_slow_member_on_devices(deployment):
+    """server.group_unmask = 'threshold' on the wall clock: a group of all G = 7 devices,
+    one of which holds its unmask reply for SLOW_UNMASK_S (slow_unmask_client.py). The
+    unmask stage ends at the first t = 2 shares of every secret (complete graph), so the
+    group's sum is applied long before the slow device answers, with that device in it and
+    nobody counted dropped. Refused on devices before ("runs on the simulated clock
+    only"). Last in the module: the slow device is stopped at the end."""
+    from slow_unmask_client import HOLDING, SLOW_UNMASK_S
+
+    dep, slow = deployment, CLIENTS
+    dep.enroll(slow)
+    dep.start_client(slow, script=dep.device_script(slow, "slow_unmask_client.py"))
+    try:
+        g = CLIENTS + 1
+        toml = run_toml(
+            rounds=1,
+            clients=g,
+            per_round=g,
+            seed=7,
+            name="async-unmask-at-t",
+            extra=f'mode = "async"\nconcurrency = {g}\nbuffer = {g}\ngroup_size = {g}\n'
+            'group_unmask = "threshold"',
+            tables="[secagg]\nenabled = true\n",
+        )
+        rid = dep.submit(toml)
+        run = dep.wait_status(rid, "completed", timeout=150)
+        (record,) = dep.rounds(rid)
+        # The slow device was asked for its shares and held them ...
+        log = dep.root / f"client-{slow}.log"
+        wait_for(lambda: HOLDING in log.read_text(errors="replace"), 30, "the held reply")
+        # ... and the group did not wait for them: its masked sum of all 7 was applied
+        # sooner, the slow member in it and not counted as dropped.
+        assert record["clock"] == "wall" and record["sim_clock_s"] < SLOW_UNMASK_S
+        assert record["cohort_aggregated"] == g and record["aborted_groups"] == 0
+        assert record["dropped"] == 0 and record["drops_by_reason"] == {}
+        assert record["secagg_threshold"] == 2 and record["secagg_neighbors"] == g - 1
+        summary = run["summary"]
+        assert summary["group_size"] == g and summary["test_accuracy"] > 0.3
+    finally:
+        dep.kill_client(slow)

@@ -171,3 +171,47 @@ def test_an_exchange_ended_at_its_first_r_replies_leaves_the_rest_out_and_drops_
     # Never handed to a later exchange: the left-out members' replies are late, counted.
     assert all(isinstance(r, Envelope) and r.round == 8 for r in again.values())
     assert t.late_replies == 2
+
+
+def test_a_quorum_counts_only_replies_the_receiver_accepted():
+    # A group's unmask ended at t = 2 replies (server.group_unmask = 'threshold'): a reply
+    # the protocol server refused (here client 0's: its sink returns False) holds no
+    # share, so the exchange waits for two accepted replies, and never ends with fewer
+    # than t shares of a secret.
+    nodes = {101 + c: client(c) for c in range(4)}
+    grid = SlowGrid(nodes, {101: 0.0, 102: 0.0, 103: 0.3, 104: None})
+    t = transport(grid)
+    assert t.wait_for(4, timeout_s=PATIENCE_S) == 4
+    handed: dict[int, Envelope | ClientFailure] = {}
+
+    def sink(cid: int, reply: Envelope | ClientFailure) -> bool:
+        handed[cid] = reply
+        return cid != 0  # client 0's reply is refused
+
+    out = t.exchange_first(
+        {c: Envelope("secagg.unmask", 7, {}) for c in range(4)}, 2 * PATIENCE_S, 2, sink
+    )
+    assert {c for c, r in handed.items() if isinstance(r, Envelope)} == {0, 1, 2}
+    assert set(out) == {3} and out[3].reason.startswith(LEFT_OUT)
+    assert "first 2 usable replies to secagg.unmask" in out[3].reason
+
+
+def test_replies_past_the_quorum_in_the_same_pull_are_left_out_and_counted_late():
+    # Every device answers at once, so one pull brings all four replies: only the first
+    # two reach the receiver (no more shares, or masked inputs, than the quorum), the
+    # other two are left out and counted as late replies, never used.
+    nodes = {101 + c: client(c) for c in range(4)}
+    grid = SlowGrid(nodes, {101: 0.0, 102: 0.0, 103: 0.0, 104: 0.0})
+    t = transport(grid)
+    assert t.wait_for(4, timeout_s=PATIENCE_S) == 4
+    handed: list[int] = []
+    out = t.exchange_first(
+        {c: Envelope("secagg.unmask", 8, {}) for c in range(4)},
+        2 * PATIENCE_S,
+        2,
+        lambda cid, reply: handed.append(cid),
+    )
+    assert len(handed) == 2
+    assert set(out) == {0, 1, 2, 3} - set(handed)
+    assert all(r.reason.startswith(LEFT_OUT) for r in out.values())
+    assert t.late_replies == 2
