@@ -61,15 +61,13 @@ from fedveil.privacy.audit import (
 )
 from fedveil.privacy.audit.canaries import HELD_OUT, new_secret_seed
 from fedveil.privacy.audit.fdp import CONFIDENCE
-from fedveil.privacy.dp.html_report import audit_html, render_audit_page
-from fedveil.privacy.dp.report import audit_section
 from fedveil.privacy.encodings import SkellamEncoding
 from fedveil.protocol.dp_rules import CENTRAL_GAUSSIAN, PLD, sound_accountants
 from fedveil.protocol.envelope import Envelope
 from fedveil.protocol.kinds import Kind
 from fedveil.server.engine.central_release import CentralDP
 from fedveil.server.engine.lifecycle import RunLifecycle
-from fedveil.server.engine.privacy_report import write_privacy_report
+from fedveil.server.engine.privacy_report import AUDIT_FILE, write_privacy_report
 from fedveil.server.engine.release_mechanism import Release
 from fedveil.server.engine.rounds import RoundEngine, RoundRecord
 from fedveil.server.engine.runstore import RunStore
@@ -80,7 +78,6 @@ from fedveil.tasks import ClientData, Task
 
 log = logging.getLogger("fedveil.audit")
 
-AUDIT_FILE = Path("privacy") / "audit.json"
 MIN_CANARIES = 4  # one guess each way (fdp.guesses_for)
 
 
@@ -499,8 +496,6 @@ def run_audit(
         "analysis": round(end - t_analysis, 3),
     }
     summary.update(audit=True, wall_s=result["wall_s"], out=str(out))
-    if run.privacy is not None:
-        write_privacy_report(store.path, run.privacy.config)
     store.write_summary(summary)
     if run.privacy is not None:
         # Under DP how many users each cohort held is participation: the operator's
@@ -513,25 +508,10 @@ def run_audit(
     path = store.path / AUDIT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
-    write_audit_report(store.path / "privacy", result)
+    # The one report writer joins audit.json to what the ledger proves (a run without DP
+    # has no ledger: its report holds the audit alone), as `fedveil privacy report` does.
+    write_privacy_report(store.path, run.privacy.config if run.privacy is not None else None)
     return result
-
-
-def write_audit_report(privacy_dir: Path, result: Mapping[str, Any]) -> None:
-    """Join the audit to the audit run's report.json/html (a run without DP has none:
-    then they hold the audit alone)."""
-    section = audit_section(result)
-    json_path, html_path = privacy_dir / "report.json", privacy_dir / "report.html"
-    report = json.loads(json_path.read_text()) if json_path.exists() else {}
-    report["audit"] = section
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
-    page = html_path.read_text() if html_path.exists() else ""
-    end = "</body></html>"
-    if end in page:
-        page = page.replace(end, audit_html(section) + "\n" + end, 1)
-    else:
-        page = render_audit_page(section)
-    html_path.write_text(page)
 
 
 def _analyse(

@@ -396,6 +396,18 @@ def _histogram_chart(name: str, hist: Mapping[str, Any]) -> str:
     )
 
 
+def join_audit(page: str, section: Mapping[str, Any]) -> str:
+    """`page` with the canary audit's part added before its end (after any attacks' part),
+    after a fragment that has no end, or a page of its own when there is nothing to join
+    (a run without DP)."""
+    end = "</body></html>"
+    if end in page:
+        return page.replace(end, audit_html(section) + "\n" + end, 1)
+    if page:
+        return page + "\n" + audit_html(section)
+    return render_audit_page(section)
+
+
 def render_audit_page(section: Mapping[str, Any]) -> str:
     """A standalone page for an audit with no DP report to join (a run without DP)."""
     return "\n".join(

@@ -1,4 +1,11 @@
-"""Privacy reports of a run directory: report.json + report.html from the ledger."""
+"""Privacy reports of a run directory: report.json + report.html from the ledger.
+
+The one writer of privacy/report.json and report.html: beside what the ledger proves it
+joins the saved attacks (privacy/attacks/) and the canary audit (privacy/audit.json,
+which `fedveil privacy audit` writes and then calls this writer), so rewriting the report
+of an audited run keeps its audit. An audit.json that does not parse is refused, naming
+the file: a report that dropped the audit silently would mislead.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.privacy.dp import DpConfig, VerifyResult, build_report, render_html, verify_ledger
-from fedveil.privacy.dp.html_report import audit_html, join_attacks
+from fedveil.privacy.dp.html_report import join_attacks, join_audit
 from fedveil.privacy.dp.report import (
     ATTACKS_DIR,
     attacks_section,
+    audit_section,
     ledger_only_report,
     operator_report,
     silo_run_report,
@@ -32,12 +40,28 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-# Where joined sections (attacks, the canary audit) go: before the page's end.
-PAGE_END = "</body></html>"
+# The canary audit's results, in the audit's own run directory (`fedveil privacy audit`).
+AUDIT_FILE = Path("privacy") / "audit.json"
 
 
 def ledger_path(run_dir: Path) -> Path:
     return Path(run_dir) / "privacy" / "ledger.jsonl"
+
+
+def audit_of(run_dir: Path) -> dict[str, Any] | None:
+    """report.json's `audit` section from the run's privacy/audit.json (None without one).
+
+    Raises ValueError naming the file when it is unreadable or not a JSON object."""
+    path = Path(run_dir) / AUDIT_FILE
+    if not path.exists():
+        return None
+    try:
+        audit = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path}: unreadable ({error})") from error
+    if not isinstance(audit, dict):
+        raise ValueError(f"{path}: not a JSON object (a canary audit's results)")
+    return audit_section(audit)
 
 
 # A secure all-reduce run (no coordinator): one signed ledger per silo, and the silos'
@@ -85,8 +109,41 @@ def verify_silo_run(run_dir: Path, silo_keys: str | Path | None = None) -> Verif
     return verify_silo_ledgers(ledgers, dict(keys))
 
 
+def audit_discrepancies(run_dir: Path) -> list[str]:
+    """Where report.json's `audit` section is not the one privacy/audit.json gives (the
+    ledger proves neither: this holds the report to the audit it was written from)."""
+    report_path = Path(run_dir) / "privacy" / "report.json"
+    try:
+        report = json.loads(report_path.read_text())
+    except (OSError, ValueError):
+        return []  # absent or unreadable: published_discrepancies names it
+    try:
+        expected = audit_of(run_dir)
+    except ValueError as error:
+        return [str(error)]
+    shown = report.get("audit") if isinstance(report, dict) else None
+    audit_path = Path(run_dir) / AUDIT_FILE
+    if shown is None and expected is None:
+        return []
+    if expected is None:
+        return [f"{report_path}: an audit section, but there is no {audit_path}"]
+    if not isinstance(shown, dict):
+        return [
+            f"{report_path}: audit = {shown!r}, but {audit_path} holds a canary audit "
+            "(rewrite the report with `fedveil privacy report`)"
+        ]
+    expected = json.loads(json.dumps(expected))
+    return [
+        f"{report_path}: audit.{key} = {json.dumps(shown.get(key))[:120]}, but {audit_path} "
+        f"gives {json.dumps(expected.get(key))[:120]}"
+        for key in sorted(set(shown) | set(expected))
+        if shown.get(key) != expected.get(key)
+    ]
+
+
 def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) -> dict[str, Any]:
-    """Verify the ledger, then write privacy/report.json and privacy/report.html.
+    """Verify the ledger, then write privacy/report.json and privacy/report.html, with the
+    saved attacks and the canary audit (privacy/audit.json) where the run has them.
 
     `config` lets a run that stopped before its first release (budget too small
     for even one round) still get a report saying so. The operator's private annex
@@ -98,11 +155,13 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
     path = ledger_path(run_dir)
     # Attack results saved under privacy/attacks/ (`fedveil privacy attack ... --out`).
     attacks = attacks_section(path.parent / ATTACKS_DIR)
+    audit = audit_of(run_dir)
     if not path.exists() and config is None:
         if (run_dir / SILOS_DIR).is_dir():  # a secure all-reduce run: one ledger per silo
             return write_silo_report(run_dir, attacks)
-        if attacks is not None:  # a run without DP: a report of its attacks alone
-            return write_attacks_only_report(path.parent, attacks)
+        if attacks is not None or audit is not None:
+            # A run without DP: a report of its attacks and canary audit alone.
+            return write_attacks_only_report(path.parent, attacks, audit)
         raise FileNotFoundError(f"{path}: no privacy ledger (was the run made with --dp?)")
     entries: list[dict[str, Any]] = []
     verification = None
@@ -113,9 +172,8 @@ def write_privacy_report(run_dir: str | Path, config: DpConfig | None = None) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     report, laid_out = public_report(run_dir, entries, verification, config)
     if not laid_out:  # a DP-SGD-only run: its ledger opens and closes, no release
-        return _write_public(path.parent, report, attacks)
-    if attacks is not None:
-        report["attacks"] = attacks
+        return _write_public(path.parent, report, attacks, audit)
+    _add_unrebuilt(report, attacks, audit)
     # Public files, like the ledger: readable by an auditor (atomic writes default to 600).
     data = (json.dumps(report, indent=2) + "\n").encode()
     atomic_write_bytes(path.parent / "report.json", data, mode=0o644)
@@ -154,26 +212,39 @@ def public_report(
     return report, True
 
 
-def report_page(report: dict[str, Any], privacy_dir: Path) -> str:
-    """report.html of a report render_html lays out, with its attacks' part and its
-    canary audit's (`fedveil privacy audit` joins it after the attacks) when it has them."""
-    page = render_html(report)
+def _add_unrebuilt(
+    report: dict[str, Any], attacks: dict[str, Any] | None, audit: dict[str, Any] | None
+) -> None:
+    """Join the sections not rebuilt from the ledger (published_figures' `_NOT_REBUILT`)."""
+    if attacks is not None:
+        report["attacks"] = attacks
+    if audit is not None:
+        report["audit"] = audit
+
+
+def _join_unrebuilt(page: str, report: dict[str, Any], privacy_dir: Path) -> str:
+    """`page` with the report's attacks' part, then its canary audit's, when it has them."""
     attacks = report.get("attacks")
     if isinstance(attacks, dict):
         page = join_attacks(page, attacks, privacy_dir)
     audit = report.get("audit")
     if isinstance(audit, dict):
-        page = page.replace(PAGE_END, audit_html(audit) + "\n" + PAGE_END, 1)
+        page = join_audit(page, audit)
     return page
 
 
+def report_page(report: dict[str, Any], privacy_dir: Path) -> str:
+    """report.html of a report render_html lays out, with its attacks' part and its
+    canary audit's (after the attacks) when it has them."""
+    return _join_unrebuilt(render_html(report), report, privacy_dir)
+
+
 def plain_page(report: dict[str, Any], privacy_dir: Path) -> str:
-    """report.html of a report render_html does not lay out: its JSON, and its attacks."""
-    body = f"<h1>Privacy report</h1><pre>{html.escape(json.dumps(report, indent=2))}</pre>"
-    attacks = report.get("attacks")
-    if isinstance(attacks, dict):
-        body = join_attacks(body, attacks, privacy_dir)
-    return body
+    """report.html of a report render_html does not lay out: its JSON, its attacks and its
+    canary audit."""
+    shown = {k: v for k, v in report.items() if k != "audit"}
+    body = f"<h1>Privacy report</h1><pre>{html.escape(json.dumps(shown, indent=2))}</pre>"
+    return _join_unrebuilt(body, report, privacy_dir)
 
 
 def write_silo_report(run_dir: Path, attacks: dict[str, Any] | None) -> dict[str, Any]:
@@ -197,15 +268,17 @@ def write_silo_report(run_dir: Path, attacks: dict[str, Any] | None) -> dict[str
     report = silo_run_report(entries, verification, silos, trust_model)
     privacy_dir = Path(run_dir) / "privacy"
     privacy_dir.mkdir(parents=True, exist_ok=True)
-    return _write_public(privacy_dir, report, attacks)
+    return _write_public(privacy_dir, report, attacks, audit_of(run_dir))
 
 
 def _write_public(
-    privacy_dir: Path, report: dict[str, Any], attacks: dict[str, Any] | None
+    privacy_dir: Path,
+    report: dict[str, Any],
+    attacks: dict[str, Any] | None,
+    audit: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """report.json and a plain report.html of a report render_html does not lay out."""
-    if attacks is not None:
-        report["attacks"] = attacks
+    _add_unrebuilt(report, attacks, audit)
     data = (json.dumps(report, indent=2) + "\n").encode()
     atomic_write_bytes(privacy_dir / "report.json", data, mode=0o644)
     atomic_write_bytes(
@@ -214,12 +287,17 @@ def _write_public(
     return report
 
 
-def write_attacks_only_report(privacy_dir: Path, attacks: dict[str, Any]) -> dict[str, Any]:
-    """report.json/html of a run with no privacy ledger: its attacks alone."""
-    report = {"attacks": attacks}
+def write_attacks_only_report(
+    privacy_dir: Path, attacks: dict[str, Any] | None, audit: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """report.json/html of a run with no privacy ledger: its attacks and canary audit
+    alone."""
+    report: dict[str, Any] = {}
+    _add_unrebuilt(report, attacks, audit)
+    privacy_dir.mkdir(parents=True, exist_ok=True)
     data = (json.dumps(report, indent=2) + "\n").encode()
     atomic_write_bytes(privacy_dir / "report.json", data, mode=0o644)
-    page = join_attacks("", attacks, privacy_dir)
+    page = _join_unrebuilt("", report, privacy_dir)
     atomic_write_bytes(privacy_dir / "report.html", page.encode(), mode=0o644)
     return report
 
@@ -369,6 +447,7 @@ def verify_run(
         ),
         verify_prefix=lambda prefix: verify_ledger(prefix, public_key=public_key),
     )
+    problems += audit_discrepancies(run_dir)
     if not problems:
         return result
     return replace(

@@ -4,6 +4,7 @@ three epsilons, and an auditor with the power to refute a broken mechanism."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -371,3 +372,77 @@ def test_the_verdict_says_when_the_canary_count_cannot_refute_the_claim():
     assert "so it cannot refute this claim (epsilon 8)" in text
     refuted = verdict(8.0, {**fdp, "ceiling_epsilon": 9.8, "refuted": True, "p_value": 0.002}, {})
     assert refuted.startswith("REFUTED at 99%") and "cannot refute this claim" not in refuted
+
+
+# One audited DP run for the report checks below: 20 canaries, one round (cheap).
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory):
+    base = tmp_path_factory.mktemp("audited")
+    run_audit(config(base), canaries=20, out=base / "audit")
+    return base / "audit"
+
+
+def copy_of(run_dir, tmp_path):
+    import shutil
+
+    return Path(shutil.copytree(run_dir, tmp_path / "copy"))
+
+
+def test_rewriting_an_audited_runs_report_keeps_its_audit(audited, tmp_path, capsys):
+    """`fedveil privacy report` on an audit's directory rewrote report.json/html without
+    the audit's section: the one report writer now joins privacy/audit.json itself."""
+    from fedveil.cli.main import main
+
+    run_dir = copy_of(audited, tmp_path)
+    privacy = run_dir / "privacy"
+    before_json, before_html = (
+        (privacy / "report.json").read_text(),
+        (privacy / "report.html").read_text(),
+    )
+    assert main(["privacy", "report", str(run_dir)]) == 0
+    report = json.loads((privacy / "report.json").read_text())
+    audit = json.loads((privacy / "audit.json").read_text())
+    assert report["audit"]["lower_bound_epsilon"] == audit["lower_bound_epsilon"]
+    assert report["audit"]["canaries"] == 20
+    html = (privacy / "report.html").read_text()
+    assert "Canary audit: three epsilons" in html
+    # The audit command and `privacy report` are one path: the same bytes.
+    assert (privacy / "report.json").read_text() == before_json
+    assert html == before_html
+
+
+def test_an_unreadable_audit_json_is_refused_naming_the_file(audited, tmp_path):
+    from fedveil.server.engine.privacy_report import write_privacy_report
+
+    run_dir = copy_of(audited, tmp_path)
+    (run_dir / "privacy" / "audit.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"audit\.json: unreadable"):
+        write_privacy_report(run_dir)
+
+
+def test_verify_passes_on_an_audited_dir_and_fails_on_an_edited_epsilon(audited, tmp_path):
+    from fedveil.server.engine.privacy_report import verify_run
+
+    assert verify_run(audited).ok, verify_run(audited).message
+    run_dir = copy_of(audited, tmp_path)
+    path = run_dir / "privacy" / "report.json"
+    report = json.loads(path.read_text())
+    report["epsilon"] = report["epsilon"] / 2
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    result = verify_run(run_dir)
+    assert not result.ok and "report.json: epsilon" in result.message
+
+
+def test_verify_fails_on_an_audit_section_that_is_not_audit_json(audited, tmp_path):
+    """report.json's audit section (and the page drawn from it) must be audit.json's:
+    a raised lower bound written into both files is caught."""
+    from fedveil.server.engine.privacy_report import report_page, verify_run
+
+    run_dir = copy_of(audited, tmp_path)
+    privacy = run_dir / "privacy"
+    report = json.loads((privacy / "report.json").read_text())
+    report["audit"]["lower_bound_epsilon"] = 99.0
+    (privacy / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (privacy / "report.html").write_text(report_page(report, privacy))
+    result = verify_run(run_dir)
+    assert not result.ok and "audit.lower_bound_epsilon" in result.message
