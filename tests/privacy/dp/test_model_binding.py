@@ -7,6 +7,7 @@ central DP, 3 rounds, Ctrl-C (KeyboardInterrupt) after round 2."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -15,7 +16,8 @@ import pytest
 
 from fedveil.cli.main import main
 from fedveil.config import RunConfig, load_config
-from fedveil.server.engine.model_file import file_sha256
+from fedveil.privacy.dp import Ledger
+from fedveil.server.engine.privacy_report import verify_run
 from fedveil.simulations.simulate_run import simulate
 
 SETTINGS = {
@@ -40,6 +42,10 @@ def _ctrl_c_after(round_num: int) -> object:
             raise KeyboardInterrupt
 
     return hook
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _closing(run: Path) -> dict:
@@ -103,3 +109,22 @@ def test_a_missing_model_file_fails_where_the_ledger_binds_one(
     (run / "model.safetensors").unlink()
     code, said = _verify(run, capsys)
     assert code == 1 and "model.safetensors: missing" in said, said
+
+
+def test_a_closing_record_without_the_field_verifies_as_before_and_says_so(
+    make_ledger, tmp_path
+):
+    # An older ledger (or a run that bound no model): nothing to hold the file to.
+    (tmp_path / "run" / "privacy").mkdir(parents=True)
+    make_ledger(rounds=2, name="run/privacy/ledger.jsonl")
+    (tmp_path / "run" / "model.safetensors").write_bytes(b"any model")
+    result = verify_run(tmp_path / "run")
+    assert result.ok, result.message
+    assert "the model is not bound" in result.message, result.message
+
+
+@pytest.mark.parametrize("value", ["0" * 63, "A" * 64, float("nan"), None, 7])
+def test_the_ledger_refuses_a_model_hash_that_is_no_sha256(tmp_path, value):
+    ledger = Ledger(tmp_path / "ledger.jsonl", run_id="run-1")
+    with pytest.raises(ValueError, match="model_sha256"):
+        ledger.close("interrupted", {"training_round": 0, "model_sha256": value})
