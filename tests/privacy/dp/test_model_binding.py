@@ -111,9 +111,7 @@ def test_a_missing_model_file_fails_where_the_ledger_binds_one(
     assert code == 1 and "model.safetensors: missing" in said, said
 
 
-def test_a_closing_record_without_the_field_verifies_as_before_and_says_so(
-    make_ledger, tmp_path
-):
+def test_a_closing_record_without_the_field_verifies_as_before_and_says_so(make_ledger, tmp_path):
     # An older ledger (or a run that bound no model): nothing to hold the file to.
     (tmp_path / "run" / "privacy").mkdir(parents=True)
     make_ledger(rounds=2, name="run/privacy/ledger.jsonl")
