@@ -113,12 +113,15 @@ class RunLifecycle:
         resume: bool = True,
         availability: Availability | None = None,
         wall_clock: bool = False,
+        publish_model: bool = True,
     ) -> RoundEngine:
         """The round engine over `transport`, restored from the checkpoint if `resume`
         and there is one, with the scheduler of server.mode (schedulers.make_scheduler):
         async | ssp arrivals follow `availability` (simulated latency and dropouts; None:
         every unit takes 1 s), or with `wall_clock` (a deployment's devices) come back
-        when their exchanges end. `wall_clock` changes nothing under sync."""
+        when their exchanges end. `wall_clock` changes nothing under sync. `publish_model`:
+        the ledger's closing record binds model.safetensors, written just before it
+        (False: a run that publishes no model, e.g. a privacy audit's)."""
         model, self._model = self._model, None  # the first engine takes the model built
         if self.tracking is not None:
             on_round = _tracked(self.tracking, on_round)
@@ -138,8 +141,8 @@ class RunLifecycle:
         if self.privacy is None and is_dp_run(self.cfg):
             # DP-SGD only: no release to account, but a signed ledger devices witness.
             engine.witness_ledger(self._dp_sgd_ledger())
-        # The ledger's closing record binds the model file published as of it.
-        engine.bind_model(lambda kind: self._publish_at_close(engine, kind))
+        if publish_model:  # the ledger's closing record binds the model file as of it
+            engine.bind_model(lambda kind: self._publish_at_close(engine, kind))
         if resume:
             self.restore(engine)
         return engine
