@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from safetensors import safe_open
 
 from fedveil.cli.main import main
 from fedveil.config import RunConfig, load_config
@@ -126,3 +127,32 @@ def test_the_ledger_refuses_a_model_hash_that_is_no_sha256(tmp_path, value):
     ledger = Ledger(tmp_path / "ledger.jsonl", run_id="run-1")
     with pytest.raises(ValueError, match="model_sha256"):
         ledger.close("interrupted", {"training_round": 0, "model_sha256": value})
+
+
+def test_ctrl_c_during_an_evaluation_binds_the_kept_rounds_model(tmp_path, capsys):
+    # Round 3 was released and its model stepped, then Ctrl-C during its evaluation: the
+    # run publishes round 2's model (the checkpoint's), and the record binds that file.
+    cfg = load_config(
+        None,
+        {
+            "model.task": "tiny_task:make_ctrl_c_in_eval_3",
+            "data.num_clients": 6,
+            "server.per_round": 3,
+            "server.rounds": 5,
+            "dp.mechanism": "central",
+            "dp.epsilon": 50.0,
+            "simulation.workers": 1,
+            "simulation.plots": False,
+            "out": str(tmp_path / "run"),
+        },
+    )
+    with pytest.raises(KeyboardInterrupt):
+        simulate(cfg)
+    run = tmp_path / "run"
+    closing = _closing(run)
+    assert closing["kind"] == "interrupted" and closing["training_round"] == 3, closing
+    with safe_open(str(run / "model.safetensors"), "pt") as model:
+        assert model.metadata()["round"] == "2"
+    assert closing["model_sha256"] == file_sha256(run / "model.safetensors")
+    code, said = _verify(run, capsys)
+    assert code == 3 and "matches the closing record's model_sha256" in said, said
