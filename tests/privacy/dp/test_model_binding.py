@@ -156,3 +156,12 @@ def test_ctrl_c_during_an_evaluation_binds_the_kept_rounds_model(tmp_path, capsy
     assert closing["model_sha256"] == file_sha256(run / "model.safetensors")
     code, said = _verify(run, capsys)
     assert code == 3 and "matches the closing record's model_sha256" in said, said
+
+
+def test_resuming_a_finished_run_keeps_its_model_bound(interrupted_then_resumed, tmp_path, capsys):
+    # The ledger takes nothing after 'final'; the model file is written again, and must be
+    # the same bytes (safetensors' header order is not fixed: model_file.py sorts it).
+    run = Path(shutil.copytree(interrupted_then_resumed[1], tmp_path / "run"))
+    simulate(_config(run), resume=True)
+    assert _closing(run)["model_sha256"] == file_sha256(run / "model.safetensors")
+    assert _verify(run, capsys)[0] == 0
