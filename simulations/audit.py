@@ -457,7 +457,8 @@ def run_audit(
         snapshots[1:] = [built[0].weights.detach().cpu().double().numpy().copy()]
 
     def build(transport: Any) -> RoundEngine:
-        built.append(run.engine(transport, on_round=snapshot, resume=False))
+        # An audit publishes no model: its ledger binds none.
+        built.append(run.engine(transport, on_round=snapshot, resume=False, publish_model=False))
         snapshots.append(built[0].weights.detach().cpu().double().numpy().copy())
         return built[0]
 

@@ -134,3 +134,28 @@ def make_gated_eval(cfg: RunConfig) -> Task:
     gate, at_round = Path(os.environ[EVAL_GATE_FILE]), int(os.environ[EVAL_GATE_ROUND])
     task.model_fn = lambda: _GatedEval(gate, at_round)
     return task
+
+
+class _CtrlCInEval(nn.Module):
+    """The tiny model, whose test-set evaluation of round `at_round` (the server's model,
+    counted per instance) raises KeyboardInterrupt, as Ctrl-C there does: after the
+    round's model was stepped, before its record and checkpoint are stored."""
+
+    def __init__(self, at_round: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(FEATURES, 16), nn.ReLU(), nn.Linear(16, CLASSES))
+        self.at_round, self.evaluations = at_round, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training and x.shape[0] >= 100:
+            self.evaluations += 1
+            if self.evaluations == self.at_round:
+                raise KeyboardInterrupt
+        return self.net(x)
+
+
+def make_ctrl_c_in_eval_3(cfg: RunConfig) -> Task:
+    """The tiny task Ctrl-C'd (in process) during round 3's central evaluation."""
+    task = make(cfg)
+    task.model_fn = lambda: _CtrlCInEval(3)
+    return task

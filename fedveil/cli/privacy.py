@@ -45,7 +45,9 @@ def _add_verify(psub: argparse._SubParsersAction) -> None:
         "metrics.jsonl may hold no round past the closing record and no epsilon below\n"
         "the releases' so far; summary.json's epsilon and delta must be the closing\n"
         "record's; report.json must be the report of the ledger up to its head (rebuilt\n"
-        "and compared field by field), and report.html the page report.json renders to.\n"
+        "and compared field by field), report.html the page report.json renders to, and\n"
+        "model.safetensors must hash to the closing record's model_sha256 where it names\n"
+        "one (a record without it: verify says the model is not bound).\n"
         "A secure all-reduce run (RUN_DIR/silos/): check every silo's ledger so, against\n"
         "that silo's key only (--silo-keys, else RUN_DIR/silos/roster.json), and that the\n"
         "silos agree round by round (members, sum commitment, noise, epsilon).",

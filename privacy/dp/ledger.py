@@ -65,6 +65,8 @@ INTERRUPTED = "interrupted"
 FINAL = "final"
 CLOSE_KINDS = (INTERRUPTED, FINAL)
 KINDS = (OPEN, RELEASE, *CLOSE_KINDS)
+# The closing record's hash of the model file the run publishes (absent: not bound).
+MODEL_SHA256 = "model_sha256"
 
 # Public fields every release entry has (the ledger adds run_id..signature).
 ENTRY_FIELDS = (
@@ -117,6 +119,13 @@ def canonical_json(data: Mapping[str, Any]) -> str:
     """Sorted keys, no whitespace, ASCII only, no NaN: one byte string per value."""
     return json.dumps(
         data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
+
+
+def is_sha256_hex(value: Any) -> bool:
+    """Whether `value` is a SHA-256 digest as the ledger writes it: 64 lowercase hex."""
+    return (
+        isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
     )
 
 
@@ -373,6 +382,9 @@ class Ledger:
 
         `fields` must hold `training_round` (an integer >= 0); a final record also
         `epsilon` (the run's final figure), an interruption record e.g. `reason`.
+        `model_sha256`, where given, is the hex SHA-256 of the model file the run
+        publishes as of this record (the caller hashes it: the ledger knows no run
+        directory); it binds that file to the signed record.
         After "final" nothing more may be appended; after "interrupted" a resumed
         run appends releases again.
         """
@@ -402,6 +414,11 @@ class Ledger:
                 raise ValueError(
                     f"final record epsilon={epsilon!r} is invalid; allowed: a finite number >= 0"
                 )
+        if MODEL_SHA256 in fields and not is_sha256_hex(fields[MODEL_SHA256]):
+            raise ValueError(
+                f"close field {MODEL_SHA256}={fields[MODEL_SHA256]!r} is invalid; allowed: "
+                "64 lowercase hex digits (a SHA-256)"
+            )
         entry = dict(fields)
         entry["releases"] = self.last_round
         return self._append(kind, entry)

@@ -21,6 +21,7 @@ from typing import Any
 
 from fedveil.config import RunConfig
 from fedveil.privacy.dp import Ledger
+from fedveil.privacy.dp.ledger import MODEL_SHA256
 from fedveil.privacy.dp.ledger_head import head_message, is_dp_run
 from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.server.engine.requests import ClientPrivacy
@@ -108,12 +109,22 @@ class DpSgdLedger:
         """No clip, no weighting (nothing is released centrally): the head only."""
         return ClientPrivacy(clip_norm=None, ledger_head=request_head(self.ledger))
 
-    def close(self, kind: str, training_round: int, reason: str | None = None) -> None:
+    def close(
+        self,
+        kind: str,
+        training_round: int,
+        reason: str | None = None,
+        *,
+        model_sha256: str | None = None,
+    ) -> None:
         """The signed closing record ('final' or 'interrupted'); epsilon 0: the ledger
-        accounts no release (each device accounts its own DP-SGD)."""
+        accounts no release (each device accounts its own DP-SGD). `model_sha256`: the
+        published model file's hash, bound to the record where given."""
         if self.ledger.closed:
             return
         fields: dict[str, Any] = {"training_round": training_round, "epsilon": 0.0}
         if reason:
             fields["reason"] = reason
+        if model_sha256 is not None:
+            fields[MODEL_SHA256] = model_sha256
         self.ledger.close(kind, fields)

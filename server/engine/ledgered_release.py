@@ -30,6 +30,7 @@ from typing import Any, TypedDict
 from fedveil.config import RunConfig
 from fedveil.privacy.dp import DpConfig, Ledger, PrivacyBudget
 from fedveil.privacy.dp.events import PrivacyEvent
+from fedveil.privacy.dp.ledger import MODEL_SHA256
 from fedveil.privacy.dp.signing import LedgerSigner
 from fedveil.server.engine.dp_from_config import cohorts_are_secret
 from fedveil.server.engine.ledger_opening import open_run_ledger
@@ -127,9 +128,17 @@ class LedgeredRelease:
         participation); None: none."""
         return None
 
-    def close(self, kind: str, training_round: int, reason: str | None = None) -> None:
+    def close(
+        self,
+        kind: str,
+        training_round: int,
+        reason: str | None = None,
+        *,
+        model_sha256: str | None = None,
+    ) -> None:
         """The ledger's signed closing record, 'final' or 'interrupted' (a resume goes
-        on), then the realised figures to the private annex."""
+        on), binding the published model file's `model_sha256` where given, then the
+        realised figures to the private annex."""
         if self.ledger.closed:
             return  # a finished run's ledger takes nothing more (a resume of a done run)
         fields: dict[str, Any] = {"training_round": training_round, "epsilon": self.epsilon()}
@@ -138,6 +147,8 @@ class LedgeredRelease:
             fields["epsilon_coordinator_bound"] = bound
         if reason:
             fields["reason"] = reason
+        if model_sha256 is not None:
+            fields[MODEL_SHA256] = model_sha256
         entry = self.ledger.close(kind, fields)
         annex = self._closing_annex()
         if annex is not None and self.private is not None:

@@ -28,6 +28,7 @@ from fedveil.flat_model import FlatModel
 from fedveil.privacy.secagg import SIMULATION_RUN_ID
 from fedveil.server.engine.aggregation import UpdateChannel
 from fedveil.server.engine.ledger_opening import DpSgdLedger, is_dp_run
+from fedveil.server.engine.model_file import MODEL_FILE, model_file_bytes, sha256_hex
 from fedveil.server.engine.pipeline import make_privacy_pipeline, private_run_args
 from fedveil.server.engine.privacy_report import write_privacy_report
 from fedveil.server.engine.release_mechanism import ReleaseMechanism
@@ -41,8 +42,6 @@ from fedveil.server.engine.transport import Transport
 from fedveil.tasks import Task
 
 log = logging.getLogger("fedveil.server")
-
-MODEL_FILE = "model.safetensors"
 
 
 class RunLifecycle:
@@ -114,12 +113,15 @@ class RunLifecycle:
         resume: bool = True,
         availability: Availability | None = None,
         wall_clock: bool = False,
+        publish_model: bool = True,
     ) -> RoundEngine:
         """The round engine over `transport`, restored from the checkpoint if `resume`
         and there is one, with the scheduler of server.mode (schedulers.make_scheduler):
         async | ssp arrivals follow `availability` (simulated latency and dropouts; None:
         every unit takes 1 s), or with `wall_clock` (a deployment's devices) come back
-        when their exchanges end. `wall_clock` changes nothing under sync."""
+        when their exchanges end. `wall_clock` changes nothing under sync. `publish_model`:
+        the ledger's closing record binds model.safetensors, written just before it
+        (False: a run that publishes no model, e.g. a privacy audit's)."""
         model, self._model = self._model, None  # the first engine takes the model built
         if self.tracking is not None:
             on_round = _tracked(self.tracking, on_round)
@@ -139,6 +141,8 @@ class RunLifecycle:
         if self.privacy is None and is_dp_run(self.cfg):
             # DP-SGD only: no release to account, but a signed ledger devices witness.
             engine.witness_ledger(self._dp_sgd_ledger())
+        if publish_model:  # the ledger's closing record binds the model file as of it
+            engine.bind_model(lambda kind: self._publish_at_close(engine, kind))
         if resume:
             self.restore(engine)
         return engine
@@ -181,7 +185,7 @@ class RunLifecycle:
         evaluating it): neither that model nor its number is published, so the summary,
         model.safetensors and a resume agree. With no round kept, no model is written.
         """
-        kept = engine.history[-1].round if engine.history else self.restored_round
+        kept = self._kept_round(engine)
         if kept == engine.round:
             self.finish(engine, {**summary, "rounds": kept}, model_metadata=model_metadata)
             return kept
@@ -191,6 +195,22 @@ class RunLifecycle:
         self._close({**summary, "rounds": kept})
         return kept
 
+    def _kept_round(self, engine: RoundEngine) -> int:
+        """The last round whose metrics line and checkpoint are stored."""
+        return engine.history[-1].round if engine.history else self.restored_round
+
+    def _publish_at_close(self, engine: RoundEngine, kind: str) -> str | None:
+        """The model file as of the ledger's closing record of `kind`, written now (the
+        same bytes finish() or finish_interrupted() write after it); its SHA-256, or None
+        when no model is published (interrupted before a round was kept)."""
+        if kind == "final" or self._kept_round(engine) == engine.round:
+            return sha256_hex(self.save_model(engine, {}).read_bytes())
+        kept = self._kept_round(engine)
+        state = self.store.load_checkpoint()
+        if state is None or int(state["round"]) > kept:
+            return None
+        return sha256_hex(self.write_model(engine.model, state["weights"], kept, {}).read_bytes())
+
     def save_model(self, engine: RoundEngine, metadata: Mapping[str, str]) -> Path:
         """The global model as safetensors, written atomically (a reader never sees half)."""
         return self.write_model(engine.model, engine.weights, engine.round, metadata)
@@ -199,12 +219,10 @@ class RunLifecycle:
         self, model: FlatModel, weights: torch.Tensor, round_num: int, metadata: Mapping[str, str]
     ) -> Path:
         """`weights` (round `round_num`'s) as model.safetensors, written atomically."""
-        from safetensors.torch import save
-
         path = self.store.path / MODEL_FILE
         tensors = model.named_tensors(weights.detach().cpu())
         meta = {**model_metadata(self.cfg, self.task, round_num), **metadata}
-        atomic_write_bytes(path, save(tensors, metadata=meta))
+        atomic_write_bytes(path, model_file_bytes(tensors, meta))
         return path
 
     def finish(

@@ -31,7 +31,8 @@ from fedveil.privacy.dp.silo_verify import verify_silo_ledgers
 from fedveil.privacy.dp.verify import STATUS_FAILED, read_witness_file
 from fedveil.privacy.secagg.identity_files import load_roster
 from fedveil.privacy.secagg.identity_keys import RosterError
-from fedveil.server.engine.published_figures import published_discrepancies
+from fedveil.server.engine.model_file import MODEL_FILE
+from fedveil.server.engine.published_figures import bound_model_sha256, published_discrepancies
 from fedveil.server.engine.runstore import atomic_write_bytes
 
 if sys.version_info >= (3, 11):
@@ -377,6 +378,17 @@ def secure_aggregation_mode(run_dir: Path) -> str | None:
     return threat if threat in ("semi_honest", "malicious") else None
 
 
+def _model_binding(entries: list[dict[str, Any]]) -> str:
+    """What verify says of the model file (already checked against the ledger)."""
+    bound = bound_model_sha256(entries)
+    if bound is not None:
+        return f"{MODEL_FILE} matches the closing record's model_sha256 {bound}"
+    return (
+        f"the model is not bound: the ledger's closing record names no model_sha256, so "
+        f"{MODEL_FILE} is not checked against it"
+    )
+
+
 def verify_run(
     run_dir: str | Path,
     *,
@@ -449,7 +461,7 @@ def verify_run(
     )
     problems += audit_discrepancies(run_dir)
     if not problems:
-        return result
+        return replace(result, message=f"{result.message}; {_model_binding(entries)}")
     return replace(
         result,
         ok=False,

@@ -15,6 +15,9 @@ naming the file, the field, the value shown and the ledger's; empty when they al
   numbers the JSON does not hold). A page without its report.json is a discrepancy.
 - metrics.jsonl (and epsilon.png, drawn from it): no round past the ledger's closing
   record, and no round's `epsilon` below the largest a release up to that round recorded.
+- model.safetensors: where the closing record binds a model (`model_sha256`), the file
+  must exist and hash to it (a longer-trained model beside a rolled-back ledger, a model
+  of another run). A closing record without the field binds no model (older ledgers).
 - summary.json: its `epsilon` (and `epsilon_coordinator_bound`, `delta` where the ledger
   records them) must be the ledger's closing record's, where the ledger holds a release
   (a DP-SGD-only run's summary states its clients' figures, which the ledger does not).
@@ -36,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.privacy.dp import VerifyResult
+from fedveil.privacy.dp.ledger import CLOSE_KINDS, MODEL_SHA256, is_sha256_hex
+from fedveil.server.engine.model_file import MODEL_FILE, file_sha256
 
 # report.json fields not rebuilt from the ledger: the attack results (`fedveil privacy
 # attack`) and the canary audit (`fedveil privacy audit`); the page check covers how
@@ -61,7 +66,8 @@ def published_discrepancies(
     `entries` do not prove. `build(prefix, its verification)` rebuilds the report and says
     whether render_html lays it out; `render(report, laid_out)` is its page;
     `verify_prefix` verifies the prefix the report is anchored at as its writer did."""
-    problems = _summary_discrepancies(Path(run_dir) / "summary.json", entries)
+    problems = _model_discrepancies(Path(run_dir) / MODEL_FILE, entries)
+    problems += _summary_discrepancies(Path(run_dir) / "summary.json", entries)
     problems += _metrics_discrepancies(Path(run_dir) / "metrics.jsonl", entries)
     problems += _report_discrepancies(
         Path(run_dir) / "privacy", entries, build, render, verify_prefix
@@ -74,6 +80,40 @@ def _read_json(path: Path) -> tuple[Any, str | None]:
         return json.loads(path.read_text()), None
     except (OSError, ValueError) as error:
         return None, f"{path}: unreadable ({error})"
+
+
+def bound_model_sha256(entries: list[dict[str, Any]]) -> str | None:
+    """The model hash the ledger's closing record binds; None: no closing record, or
+    one that binds no model."""
+    if not entries or entries[-1].get("kind") not in CLOSE_KINDS:
+        return None
+    value = entries[-1].get(MODEL_SHA256)
+    return None if value is None else str(value)
+
+
+def _model_discrepancies(path: Path, entries: list[dict[str, Any]]) -> list[str]:
+    """model.safetensors against the closing record's `model_sha256`, where it has one."""
+    if not entries or entries[-1].get("kind") not in CLOSE_KINDS:
+        return []
+    closing = entries[-1]
+    if MODEL_SHA256 not in closing:
+        return []
+    bound = closing[MODEL_SHA256]
+    where = f"the ledger (closing record, seq {closing.get('seq')}) binds {MODEL_SHA256} {bound!r}"
+    if not is_sha256_hex(bound):
+        return [f"{where}, which is not a SHA-256 (64 lowercase hex digits)"]
+    if not path.is_file():
+        return [f"{path}: missing, but {where}"]
+    try:
+        actual = file_sha256(path)
+    except OSError as error:
+        return [f"{path}: unreadable ({error}); {where}"]
+    if actual != bound:
+        return [
+            f"{path}: sha256 {actual}, but {where} (another model than the run published "
+            "as of that record)"
+        ]
+    return []
 
 
 def _summary_discrepancies(path: Path, entries: list[dict[str, Any]]) -> list[str]:

@@ -93,8 +93,16 @@ class ReleaseMechanism(Protocol):
         """The public bound against the coordinator; None: none holds (central DP)."""
         ...
 
-    def close(self, kind: str, training_round: int, reason: str | None = None) -> None:
-        """The ledger's signed closing record: 'final' or 'interrupted'."""
+    def close(
+        self,
+        kind: str,
+        training_round: int,
+        reason: str | None = None,
+        *,
+        model_sha256: str | None = None,
+    ) -> None:
+        """The ledger's signed closing record: 'final' or 'interrupted'; `model_sha256`:
+        the hash of the model file the run publishes as of it (None: no model bound)."""
         ...
 
 

@@ -90,6 +90,10 @@ class RoundEngine:
         self.privacy = privacy
         # A DP-SGD-only run's ledger (opened, shown to devices, closed): witness_ledger().
         self.ledger_only: DpSgdLedger | None = None
+        # Writes the model file the run publishes as of a closing record ('final' or
+        # 'interrupted') and returns its SHA-256, which the record binds (None: no file):
+        # bind_model(). Unset: the closing record binds no model.
+        self.model_publisher: Callable[[str], str | None] | None = None
         self.stopped_reason: str | None = None
         self.public_stop_reason: str | None = None
         self.channel = channel or PlainChannel()
@@ -161,6 +165,12 @@ class RoundEngine:
     def witness_ledger(self, ledger: DpSgdLedger) -> None:
         """A DP-SGD-only run: every request carries this ledger's head; run() closes it."""
         self.ledger_only = ledger
+
+    def bind_model(self, publisher: Callable[[str], str | None]) -> None:
+        """`publisher(kind)` writes the model file published as of the ledger's closing
+        record of `kind` and returns its SHA-256 (None: no model is published); run()
+        calls it just before the close, which then records the hash (`model_sha256`)."""
+        self.model_publisher = publisher
 
     def client_privacy(self) -> ClientPrivacy | None:
         """The release mechanism's part of a training request (or the DP-SGD ledger's)."""
@@ -365,7 +375,10 @@ class RoundEngine:
         if closer is None:
             return
         try:
-            closer.close(kind, self.round, reason)
+            # The model first: a crash between the two leaves a ledger without a close
+            # (read as truncated), never a record naming a file that was not written.
+            digest = self.model_publisher(kind) if self.model_publisher is not None else None
+            closer.close(kind, self.round, reason, model_sha256=digest)
         except Exception as error:  # an original failure matters more
             if kind == "final":
                 raise

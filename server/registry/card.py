@@ -26,6 +26,7 @@ from fedveil.server.engine.privacy_report import (
     secure_aggregation_mode,
     verify_run,
 )
+from fedveil.server.engine.published_figures import bound_model_sha256
 from fedveil.server.registry.store import RegistryError
 
 if sys.version_info >= (3, 11):
@@ -70,6 +71,7 @@ def build_card(
     config = _toml(run_dir / "config.toml")
     metrics = _metrics_of_round(run_dir, model_round)
     privacy = privacy_section(run_dir)
+    _check_bound_model(run_dir, privacy, model_round, model_sha256)
     dp = privacy["dp"] != "none"
     card: dict[str, Any] = {
         "schema": CARD_SCHEMA,
@@ -100,6 +102,23 @@ def build_card(
     if dp:
         card["client_data_statement"] = CLIENT_DATA_WITHHELD
     return card
+
+
+def _check_bound_model(
+    run_dir: Path, privacy: dict[str, Any], model_round: int, model_sha256: str
+) -> None:
+    """The model registered as of the ledger's closing round must be the file that the
+    closing record binds (`model_sha256`), where it binds one."""
+    ledger = privacy.get("ledger") or {}
+    bound = ledger.get("model_sha256")
+    if bound is None or model_round != ledger.get("training_round"):
+        return  # nothing bound, or an earlier round's model (from the checkpoint)
+    if model_sha256 != bound:
+        raise RegistryError(
+            f"{run_dir}: the model to register (round {model_round}) has sha256 "
+            f"{model_sha256}, but the ledger's closing record binds model_sha256 {bound}; "
+            "register the model the run published"
+        )
 
 
 def privacy_section(run_dir: Path, result: VerifyResult | None = None) -> dict[str, Any]:
@@ -150,8 +169,17 @@ def privacy_section(run_dir: Path, result: VerifyResult | None = None) -> dict[s
             "releases": len(releases),
             "head_hash": entries[-1]["hash"],
             "head_signature": entries[-1].get("signature"),
+            **_bound_model(entries),
         },
     }
+
+
+def _bound_model(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The closing record's round and the model hash it binds, where it binds one."""
+    bound = bound_model_sha256(entries)
+    if bound is None:
+        return {}
+    return {"model_sha256": bound, "training_round": entries[-1].get("training_round")}
 
 
 def _dp_sgd_section(
@@ -175,6 +203,7 @@ def _dp_sgd_section(
             "releases": 0,
             "head_hash": entries[-1]["hash"],
             "head_signature": entries[-1].get("signature"),
+            **_bound_model(entries),
         },
     }
 

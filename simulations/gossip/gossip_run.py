@@ -23,6 +23,7 @@ import torch
 from fedveil.config import RunConfig
 from fedveil.server.engine.ledger_opening import DpSgdLedger
 from fedveil.server.engine.lifecycle import MODEL_FILE, model_metadata
+from fedveil.server.engine.model_file import file_sha256, model_file_bytes
 from fedveil.server.engine.runstore import RunStore, atomic_write_bytes
 from fedveil.simulations.failures import RunFailed
 from fedveil.simulations.gossip.engine import GossipEngine, GossipRecord
@@ -82,10 +83,10 @@ def simulate_gossip(
             if ledger is not None:
                 ledger.close("interrupted", engine.round, f"{type(exc).__name__}: {exc}"[:500])
             raise
-    if ledger is not None:
-        ledger.close("final", engine.round)
     consensus = engine.consensus()
-    save_consensus(store, engine, cfg, consensus)
+    model = save_consensus(store, engine, cfg, consensus)
+    if ledger is not None:  # the closing record binds the model file just written
+        ledger.close("final", engine.round, model_sha256=file_sha256(model))
     sizes = _sizes(task.client_sizes, task)
     report = gossip_privacy_report(
         cfg, sizes, engine.round, [len(nb) for nb in engine.mixing.graph]
@@ -147,15 +148,13 @@ def save_consensus(
     store: RunStore, engine: GossipEngine, cfg: RunConfig, consensus: torch.Tensor
 ) -> Path:
     """The consensus model as safetensors, with what rebuilds it."""
-    from safetensors.torch import save
-
     meta = {
         **model_metadata(cfg, engine.task, engine.round),
         "aggregation": "gossip",
         "consensus": "average of the clients' models",
     }
     path = store.path / MODEL_FILE
-    atomic_write_bytes(path, save(engine.model.named_tensors(consensus), metadata=meta))
+    atomic_write_bytes(path, model_file_bytes(engine.model.named_tensors(consensus), meta))
     return path
 
 

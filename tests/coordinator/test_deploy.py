@@ -470,6 +470,9 @@ def test_coordinator_killed_under_central_dp_releases_every_round_once(deploymen
     releases = [e["round"] for e in ledger if e.get("kind", "release") == "release"]
     assert releases == list(range(1, rounds + 1))  # none lost or twice
     assert ledger[-1]["kind"] == "final"
+    # The closing record binds the model the coordinator published (model_sha256).
+    model = (run_dir / "model.safetensors").read_bytes()
+    assert ledger[-1]["model_sha256"] == hashlib.sha256(model).hexdigest()
     verified = dep.cli("privacy", "verify", str(run_dir))
     assert verified.returncode == 0, verified.stdout + verified.stderr
     report = dep.http.get(f"/runs/{rid}/privacy").json()

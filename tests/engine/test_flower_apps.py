@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from local_ray import local_ray
 from fedveil.config import ConfigError, load_config
 from fedveil.flower import client_app, run_config_of, server_app
 from fedveil.server.engine.flower_stock_codec import error_essence
+from fedveil.server.engine.privacy_report import verify_run
 
 
 @pytest.mark.procs
@@ -56,7 +58,10 @@ def test_client_errors_read_as_their_cause_whatever_process_raised_them():
 @pytest.mark.procs
 @pytest.mark.flower
 @pytest.mark.slow
-def test_fedveil_client_app_under_fedveil_server_app(tmp_path):
+@pytest.mark.parametrize("dp", [False, True], ids=["plain", "central-dp"])
+def test_fedveil_client_app_under_fedveil_server_app(tmp_path, dp):
+    # Central DP: the ServerApp's ledger binds the model it writes (model_sha256).
+    private = {"dp.mechanism": "central", "dp.epsilon": 50.0} if dp else {}
     cfg = load_config(
         None,
         {
@@ -66,6 +71,7 @@ def test_fedveil_client_app_under_fedveil_server_app(tmp_path):
             "server.rounds": 2,
             "device": "cpu",
             "out": str(tmp_path / "run"),
+            **private,
         },
     )
     local_ray()
@@ -76,8 +82,15 @@ def test_fedveil_client_app_under_fedveil_server_app(tmp_path):
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
     )
     summary = json.loads((Path(cfg.out) / "summary.json").read_text())
-    assert summary["rounds_applied"] == 2 and summary["first_client_error"] is None
     assert (Path(cfg.out) / "model.safetensors").exists()
+    if not dp:
+        assert summary["rounds_applied"] == 2 and summary["first_client_error"] is None
+        return
+    model = (Path(cfg.out) / "model.safetensors").read_bytes()
+    closing = json.loads((Path(cfg.out) / "privacy" / "ledger.jsonl").read_text().splitlines()[-1])
+    assert closing["kind"] == "final" and closing["training_round"] == 2
+    assert closing["model_sha256"] == hashlib.sha256(model).hexdigest()
+    assert verify_run(Path(cfg.out)).ok
 
 
 @pytest.mark.procs

@@ -4,6 +4,7 @@ composed epsilon is checked too (`fedveil privacy verify RUN_DIR --card`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -233,3 +234,20 @@ def test_a_run_started_from_a_version_carries_it(
         "observers": None,
         "coordinator": None,
     }
+
+
+def test_the_card_records_the_ledger_bound_model_and_a_swapped_model_is_refused(
+    tmp_path: Path, dp_run: Path, plain_run: Path
+) -> None:
+    # The ledger's closing record binds model.safetensors (model_sha256): the card says so.
+    registry = Registry(tmp_path / "reg")
+    card = registry.register(dp_run).card
+    bound = _ledger(dp_run)[-1]["model_sha256"]
+    assert card["privacy"]["ledger"]["model_sha256"] == bound == card["source"]["model_sha256"]
+    # Another model beside the same ledger is not registered as the run's.
+    run = Path(shutil.copytree(dp_run, tmp_path / "swapped"))
+    shutil.copy(plain_run / "model.safetensors", run / "model.safetensors")
+    other = hashlib.sha256((run / "model.safetensors").read_bytes()).hexdigest()
+    with pytest.raises(RegistryError) as refused:
+        registry.register(run)
+    assert bound in str(refused.value) and other in str(refused.value), refused.value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -222,6 +223,9 @@ def test_gossip_with_dp_sgd_trains_through_opacus_and_reports_each_client(tmp_pa
     assert [e["kind"] for e in entries] == ["open", "final"]
     assert entries[0]["plan"]["dp_sgd_noise"] == 1.0 and entries[1]["training_round"] == 1
     assert all(e.get("signature") for e in entries)
+    # ... and it binds the consensus model the run publishes (model.safetensors).
+    model = (run / "model.safetensors").read_bytes()
+    assert entries[1]["model_sha256"] == hashlib.sha256(model).hexdigest()
     verified = verify_run(run)
     assert verified.ok and verified.status == "final", verified.message
 

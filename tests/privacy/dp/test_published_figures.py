@@ -4,6 +4,7 @@ report.html claiming a smaller epsilon, or another run's files. Each used to ver
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections.abc import Callable
@@ -199,3 +200,14 @@ def test_a_metrics_round_past_the_ledgers_closing_record_fails(runs, tmp_path, c
     path.write_text(path.read_text() + json.dumps(last | {"round": last["round"] + 1}) + "\n")
     code, said = _verify(run, capsys)
     assert code == 1 and "but the ledger closes at training round 3" in said, said
+
+
+def test_a_model_file_swapped_from_another_run_fails_naming_both_hashes(runs, tmp_path, capsys):
+    # The ledger's closing record binds model.safetensors (model_sha256).
+    run = _copy(runs[0], tmp_path)
+    shutil.copy(runs[1] / "model.safetensors", run / "model.safetensors")
+    bound = json.loads((run / "privacy" / "ledger.jsonl").read_text().splitlines()[-1])
+    code, said = _verify(run, capsys)
+    assert code == 1, said
+    assert bound["model_sha256"] in said, said
+    assert hashlib.sha256((run / "model.safetensors").read_bytes()).hexdigest() in said, said
