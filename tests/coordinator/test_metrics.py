@@ -126,7 +126,7 @@ def test_epsilon_is_what_the_signed_ledger_proves_not_report_json(
         json.loads(line) for line in (run / "privacy" / "ledger.jsonl").read_text().splitlines()
     ]
     spent = [e["epsilon"] for e in ledger if e.get("kind") == "release"][-1]
-    budget = [e["budget_epsilon"] for e in ledger if e.get("kind") == "release"][0]
+    budget = next(e["budget_epsilon"] for e in ledger if e.get("kind") == "release")
     assert 0 < spent <= budget
     report = run / "privacy" / "report.json"
     report.write_text(json.dumps({**json.loads(report.read_text()), "epsilon": 0.001}))

@@ -205,7 +205,8 @@ def test_a_boolean_among_numbers_is_refused_naming_example_and_position(boolean:
     body = b'{"inputs": [[[[1, 2], [3, 4]]], [[[5, 6], [7, ' + boolean + b"]]]]}"
     with pytest.raises(
         InputError,
-        match=r"inputs\[1\]\[0\]\[1\]\[1\]: (true|false) is a boolean \(example 1, position \[0\]\[1\]\[1\]\)",
+        match=r"inputs\[1\]\[0\]\[1\]\[1\]: (true|false) is a boolean "
+        r"\(example 1, position \[0\]\[1\]\[1\]\)",
     ):
         decode(body, "application/json", shape, 8)
     # The word inside a string elsewhere in the body is no boolean input.
