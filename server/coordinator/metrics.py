@@ -4,22 +4,31 @@ Per-run figures come from each run's metrics.jsonl, read incrementally (only
 new lines are parsed on each scrape), as the public may see them (no
 participation counts under DP: publication.py); service counters (requests refused,
 Fleet bytes) are kept in memory since start-up, as Prometheus expects of
-counters. Epsilon: a round record's `epsilon` field when DP writes one,
-else privacy/report.json's `epsilon` (and `budget_epsilon`).
+counters. Epsilon spent and budget: only what the run's signed ledger proves
+(privacy/ledger.jsonl, checked by verify_ledger against the coordinator's own key
+store: its last release's epsilon, and the opening's budget), never report.json or a
+round record, which anyone who can write the state directory can edit. A running
+run's ledger is not closed yet: there every complete line must verify. A ledger that
+fails verification otherwise (an edited line, lines cut from a finished run's end)
+exposes no epsilon at all rather than a smaller one. Verified once per change of the
+ledger file (size, mtime), not per scrape.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedveil.privacy.dp.ledger import RELEASE, entry_kind
+from fedveil.privacy.dp.verify import STATUS_FAILED, verify_ledger
 from fedveil.server.coordinator.fleet_counters import FleetCounterFile
 from fedveil.server.coordinator.publication import public_record, run_is_dp
-from fedveil.server.coordinator.rundir import read_json
+from fedveil.server.engine.privacy_report import ledger_path
 
 
 @dataclass
@@ -35,7 +44,6 @@ class RunFigures:
     test_accuracy: float | None = None
     test_loss: float | None = None
     train_loss: float | None = None
-    epsilon: float | None = None
     # {check: clients dropped}; only runs without DP publish it (docs/explanation/trust-model.md)
     drops_by_reason: Counter[str] = field(default_factory=Counter)
 
@@ -94,10 +102,30 @@ class ServiceCounters:
             )
 
 
+Privacy = tuple[float | None, float | None]  # (epsilon spent, epsilon budget)
+
+
 class RoundsCache:
     def __init__(self) -> None:
         self._figures: dict[Path, RunFigures] = {}
+        self._privacy: dict[Path, tuple[tuple[int, int, bool], Privacy]] = {}
         self._lock = threading.Lock()
+
+    def privacy(self, run_dir: Path, running: bool) -> Privacy:
+        """privacy_figures(run_dir, running), recomputed only when the ledger changed."""
+        try:
+            st = ledger_path(run_dir).stat()
+        except OSError:
+            return None, None
+        stamp = (st.st_size, st.st_mtime_ns, running)
+        with self._lock:
+            cached = self._privacy.get(run_dir)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        figures = privacy_figures(run_dir, running)
+        with self._lock:
+            self._privacy[run_dir] = (stamp, figures)
+        return figures
 
     def figures(self, run_dir: Path) -> RunFigures:
         path = run_dir / "metrics.jsonl"
@@ -146,22 +174,39 @@ def _add(fig: RunFigures, rec: dict[str, Any]) -> None:
     d = _num(rec, "duration_s") or 0.0
     fig.duration_sum += d
     fig.last_duration = d
-    for key in ("test_accuracy", "test_loss", "train_loss", "epsilon"):
+    for key in ("test_accuracy", "test_loss", "train_loss"):
         v = _num(rec, key)
         if v is not None:
             setattr(fig, key, v)
 
 
-def privacy_figures(run_dir: Path, fig: RunFigures) -> tuple[float | None, float | None]:
-    """(epsilon spent, epsilon budget) of a run, when DP reported them."""
-    report = read_json(run_dir / "privacy" / "report.json") or {}
-    eps = fig.epsilon if fig.epsilon is not None else report.get("epsilon")
-    budget = report.get("budget_epsilon", report.get("budget", report.get("epsilon_budget")))
-    if isinstance(budget, dict):
-        budget = budget.get("epsilon")
-    eps = float(eps) if isinstance(eps, (int, float)) and not isinstance(eps, bool) else None
-    ok = isinstance(budget, (int, float)) and not isinstance(budget, bool)
-    return eps, float(budget) if ok else None
+def privacy_figures(run_dir: Path, running: bool) -> Privacy:
+    """(epsilon spent, epsilon budget) as the run's signed ledger proves them: its last
+    release's epsilon and the budget its opening states, once the ledger verifies (a
+    `running` run's, not closed yet, once each complete line does); (None, None)
+    without a ledger or when it fails verification."""
+    try:
+        data = ledger_path(run_dir).read_bytes()
+    except OSError:
+        return None, None
+    result = verify_ledger(data)
+    verified = result.entries  # entries that passed every check, in order
+    still_open = running and verified == data.count(b"\n")  # only the close is missing
+    if verified == 0 or (result.status == STATUS_FAILED and not still_open):
+        return None, None
+    entries = [json.loads(line) for line in data.split(b"\n")[:verified]]
+    releases = [e for e in entries if entry_kind(e) == RELEASE]
+    if not releases:  # opened, nothing released yet
+        return 0.0, _finite(entries[0].get("budget_epsilon"))
+    # verify_ledger holds budget_epsilon the same on every release of a run
+    return _finite(releases[-1].get("epsilon")), _finite(releases[0].get("budget_epsilon"))
+
+
+def _finite(value: object) -> float | None:
+    """`value` as a float when it is a finite number (NaN, infinity, bool: None)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 Sample = tuple[dict[str, str], float]
@@ -233,7 +278,7 @@ def run_samples(
     for r in runs:
         rid = r["id"]
         fig = cache.figures(run_dirs[rid])
-        eps, budget = privacy_figures(run_dirs[rid], fig)
+        eps, budget = cache.privacy(run_dirs[rid], running=r["status"] == "running")
         values: dict[str, float | None] = {
             "rounds": fig.rounds,
             "applied": fig.applied,

@@ -21,6 +21,7 @@ from fedveil.server.coordinator.auth import load_admin_token
 from fedveil.server.coordinator.clients import ClientRegistry
 from fedveil.server.coordinator.drift import DriftMonitor
 from fedveil.server.coordinator.metrics import RoundsCache, ServiceCounters
+from fedveil.server.coordinator.round_index import RoundIndex
 from fedveil.server.coordinator.runs import RunManager
 from fedveil.server.coordinator.settings import ServerSettings
 from fedveil.server.coordinator.superlink import LinkControl, SuperLinkProcess
@@ -70,6 +71,10 @@ class Service:
         self._state_lock = lock_state_dir(settings.state_dir)
         self.counters = ServiceCounters()
         self.rounds_cache = RoundsCache()
+        # Round records by round number (GET /runs/{id}/rounds pages): the engine's
+        # metrics.jsonl, and the private annex without its charge records.
+        self.public_rounds = RoundIndex()
+        self.private_rounds = RoundIndex(keep=lambda record: record.get("kind") != "charge")
         self.token = load_admin_token(settings)
         self.registry = ClientRegistry(settings.state_dir)
         self.superlink = SuperLinkProcess(settings)

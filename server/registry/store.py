@@ -88,22 +88,28 @@ class ModelVersion:
     def ref(self) -> str:
         return f"{self.name}@{self.version}"
 
-    def checked_model_path(self) -> Path:
-        """The version's model file, once it hashes to its card's `source.model_sha256`;
-        RegistryError otherwise. The card binds the ledger's guarantee to these bytes: a
-        file changed after registration is not served under it."""
+    def checked_model_bytes(self) -> bytes:
+        """The version's model file's bytes, once they hash to its card's
+        `source.model_sha256`; RegistryError otherwise. The card binds the ledger's
+        guarantee to these bytes: load from them (a file swapped after the check is
+        never read), and a file changed after registration is not served under it."""
         stated = (self.card.get("source") or {}).get("model_sha256")
         if not (isinstance(stated, str) and re.fullmatch(r"[0-9a-f]{64}", stated)):
             raise RegistryError(f"{self.ref}: its card states no source.model_sha256")
-        digest = hashlib.sha256()
-        with open(self.model_path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        if digest.hexdigest() != stated:
+        data = Path(self.model_path).read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != stated:
             raise RegistryError(
-                f"{self.ref}: {self.model_path} hashes to {digest.hexdigest()}, its card's "
+                f"{self.ref}: {self.model_path} hashes to {digest}, its card's "
                 f"source.model_sha256 is {stated}: the file changed after registration"
             )
+        return data
+
+    def checked_model_path(self) -> Path:
+        """The version's model file, once it hashes to its card's `source.model_sha256`
+        (checked_model_bytes); for a reader in another process. In this process, load
+        from checked_model_bytes: the file is read once."""
+        self.checked_model_bytes()
         return self.model_path
 
 

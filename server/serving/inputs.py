@@ -37,6 +37,7 @@ JSON_SPARE_DEPTH = 2
 # A string without escapes: linear to strip (a pattern with escapes backtracks
 # quadratically on '"\\"\\"...' with no closing quote).
 _PLAIN_STRING = re.compile(rb'"[^"]*"')
+_BOOLEAN = re.compile(rb"true|false")
 
 
 class InputError(ValueError):
@@ -108,6 +109,10 @@ def _decode_json(body: bytes, input_shape: tuple[int, ...], max_rows: int) -> np
     inputs = payload["inputs"]
     if not isinstance(inputs, list):
         raise InputError(f"inputs: expected a list of examples, got {type(inputs).__name__}")
+    if _BOOLEAN.search(body):
+        # numpy reads [1, true] as [1, 1]: a boolean is refused wherever it is. Walked
+        # only when the bytes name one (a string's content can too: the walk decides).
+        _refuse_booleans(inputs)
     try:
         try:
             array = np.asarray(inputs)
@@ -134,6 +139,24 @@ def _decode_json(body: bytes, input_shape: tuple[int, ...], max_rows: int) -> np
             "the values); every value must be a JSON number"
         )
     return array.astype(np.float32)
+
+
+def _refuse_booleans(inputs: list[Any]) -> None:
+    """InputError naming the first boolean among the inputs: its example and its
+    position within the example (`inputs[3][0][1]`)."""
+    stack: list[tuple[Any, tuple[int, ...]]] = [(inputs, ())]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, bool):
+            example, inner = where[0], "".join(f"[{i}]" for i in where[1:])
+            raise InputError(
+                f"inputs{''.join(f'[{i}]' for i in where)}: {str(value).lower()} is a "
+                f"boolean (example {example}, position {inner or 'the example itself'}); "
+                "every value must be a JSON number"
+            )
+        if isinstance(value, list):
+            # reversed, so the first boolean in reading order is the one named
+            stack.extend((v, (*where, i)) for i, v in reversed(list(enumerate(value))))
 
 
 def _as_float(value: int | float) -> float:

@@ -67,7 +67,8 @@ def load_run_model(
         raise FileNotFoundError(
             f"{path}: no such file; a run writes its final model ({MODEL_FILE}) when it finishes"
         )
-    meta = read_metadata(path)
+    data = path.read_bytes()
+    meta = metadata_of(data, path)
     config = run_dir / CONFIG_FILE
     if "task_ref" in meta and "model" not in meta and not config.is_file():
         # A custom task: its function builds the model, with the run's own config.
@@ -76,7 +77,7 @@ def load_run_model(
             f"its task function from the run's {CONFIG_FILE}"
         )
     return load_model_file(
-        path, config=config if config.is_file() else None, allowed_tasks=allowed_tasks
+        path, config=config if config.is_file() else None, allowed_tasks=allowed_tasks, data=data
     )
 
 
@@ -86,8 +87,9 @@ def load_model_file(
     *,
     config: Path | None = None,
     allowed_tasks: Collection[str] = (),
+    data: bytes | None = None,
 ) -> tuple[nn.Module, ModelInfo]:
-    """A model from a safetensors file, in eval mode.
+    """A model from a safetensors file, in eval mode, read once.
 
     `task`, when given, names what to build instead of the file's metadata: a built-in
     model (`cnn`) or `DATASET/MODEL` (`fashion-mnist/cnn`; the input shape and classes
@@ -95,14 +97,18 @@ def load_model_file(
     `config`: the run's config.toml, which a custom task's function is called with.
     `allowed_tasks`: custom tasks the user named; a file whose metadata names another is
     refused before anything is imported.
+    `data`: the file's bytes, already read (a registry version's, checked against its
+    card): the model is built from them and the file is not read again.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such model file")
-    meta = read_metadata(path)
+    if data is None:
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such model file")
+        data = path.read_bytes()
+    meta = metadata_of(data, path)
     if task is None:
         if "model" in meta:
-            return _load(path, meta, model_name=meta["model"])
+            return _load(path, data, meta, model_name=meta["model"])
         if "task_ref" in meta:
             ref = meta["task_ref"]
             if ref not in allowed_tasks:
@@ -112,13 +118,13 @@ def load_model_file(
                     f"--task {ref} (fedveil serve/export), or runs.allowed_tasks in "
                     "server.toml"
                 )
-            return _load(path, meta, task_ref=ref, config=config)
+            return _load(path, data, meta, task_ref=ref, config=config)
         raise ValueError(
             f"{path}: its metadata names no model (neither 'model' nor 'task_ref'); "
             "pass --task MODEL, DATASET/MODEL or module:function"
         )
     if ":" in task:
-        return _load(path, meta, task_ref=task, config=config)
+        return _load(path, data, meta, task_ref=task, config=config)
     dataset, _, name = task.rpartition("/")
     if name not in MODELS:
         raise ValueError(
@@ -127,18 +133,25 @@ def load_model_file(
         )
     if dataset and ("input_shape" not in meta or "num_classes" not in meta):
         meta = {**meta, **_dataset_shape(dataset)}
-    return _load(path, meta, model_name=name)
+    return _load(path, data, meta, model_name=name)
 
 
-def read_metadata(path: Path) -> dict[str, str]:
-    """The safetensors file's text metadata ({} when it has none); a corrupt file is named."""
-    from safetensors import SafetensorError, safe_open
-
+def metadata_of(data: bytes, path: Path) -> dict[str, str]:
+    """The text metadata of a safetensors file's bytes ({} when it has none), from its
+    header (an 8-byte little-endian length, then JSON); a corrupt file is named."""
+    length = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+    if not (0 < length <= len(data) - 8):
+        raise ValueError(f"{path}: not a readable safetensors file (header length {length})")
     try:
-        with safe_open(str(path), framework="pt") as f:
-            return dict(f.metadata() or {})
-    except (SafetensorError, OSError) as exc:
+        header = json.loads(data[8 : 8 + length])
+    except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: not a readable safetensors file ({exc})") from None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise ValueError(f"{path}: not a readable safetensors file (its metadata is not text)")
+    return {str(k): v for k, v in meta.items()}
 
 
 def _dataset_shape(dataset: str) -> dict[str, str]:
@@ -171,6 +184,7 @@ def _shape(path: Path, meta: dict[str, str]) -> tuple[tuple[int, ...], int]:
 
 def _load(
     path: Path,
+    data: bytes,
     meta: dict[str, str],
     *,
     model_name: str | None = None,
@@ -199,18 +213,23 @@ def _load(
             task.name,
             task_ref,
         )
-    count = load_weights(module, path)
+    count = load_weights(module, data, path)
     module.eval()
     info = ModelInfo(task_name, described, shape, classes, count, path, meta)
     return module, info
 
 
-def load_weights(module: nn.Module, path: Path) -> int:
-    """Load the file's tensors into `module` (every float parameter and buffer must be
-    there, with its shape); the number of float values loaded."""
-    from safetensors.torch import load_file
+def load_weights(module: nn.Module, data: bytes, path: Path) -> int:
+    """Load the tensors of `data` (the safetensors file at `path`, already read) into
+    `module` (every float parameter and buffer must be there, with its shape); the
+    number of float values loaded."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
 
-    tensors = load_file(str(path))
+    try:
+        tensors = load(data)
+    except SafetensorError as exc:
+        raise ValueError(f"{path}: not a readable safetensors file ({exc})") from None
     expected = {
         name: t
         for name, t in [*module.named_parameters(), *module.named_buffers()]

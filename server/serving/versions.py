@@ -95,8 +95,12 @@ def _registry_version(
     config = None
     if mv.run_dir is not None and (Path(mv.run_dir) / "config.toml").is_file():
         config = Path(mv.run_dir) / "config.toml"  # a custom task's function needs it
-    model_path = mv.checked_model_path()  # the bytes the card (and its guarantee) names
-    model, info = load_model_file(model_path, config=config, allowed_tasks=allowed_tasks)
+    # Loaded from the very bytes hashed against the card (and its guarantee): a file
+    # swapped after the check is never read.
+    data = mv.checked_model_bytes()
+    model, info = load_model_file(
+        mv.model_path, config=config, allowed_tasks=allowed_tasks, data=data
+    )
     return ServedVersion(
         name or mv.name,
         str(mv.version),

@@ -111,7 +111,8 @@ ROUNDS = {
 }
 
 
-def fixture_app(selected: str) -> FastAPI:
+def fixture_app(selected: str, asked: list[tuple[str, int, int]] | None = None) -> FastAPI:
+    """`asked`, when given, collects each rounds request's (run, since, limit)."""
     app = FastAPI()
     app.include_router(dashboard_api.router)
     runs = sorted(RUNS, key=lambda r: r["id"] != selected)  # the page selects the first
@@ -131,8 +132,10 @@ def fixture_app(selected: str) -> FastAPI:
         return runs
 
     @app.get("/runs/{rid}/rounds")
-    def rounds(rid: str) -> list[dict[str, Any]]:
-        return ROUNDS[rid]
+    def rounds(rid: str, since: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+        if asked is not None:
+            asked.append((rid, since, limit))
+        return [r for r in ROUNDS[rid] if r["round"] > since][:limit]
 
     @app.get("/runs/{rid}/privacy")
     def privacy(rid: str) -> dict[str, Any]:
@@ -346,3 +349,22 @@ def test_the_legend_names_only_the_series_drawn(pages):
     dom = pages["plain"][0]
     assert re.search(r'id="chart-accuracy"[^>]*data-legend="central"', dom), dom
     assert re.search(r'id="chart-clients"[^>]*data-legend="connected,dropped,aggregated"', dom)
+
+
+@pytest.mark.procs
+def test_the_dashboard_polls_only_the_rounds_after_those_it_holds(tmp_path: Path) -> None:
+    """Each poll fetched the run's whole history; now the first asks from round 0 and
+    every later one from the last round the page holds, which still shows them all."""
+    if CHROMIUM is None:
+        pytest.skip("needs Chromium (apt-get install -y chromium)")
+    asked: list[tuple[str, int, int]] = []
+    server, port = _serve(fixture_app("plain", asked))
+    try:
+        dom = chromium(port, tmp_path, "--dump-dom")  # 5 s of page time: two polls or more
+    finally:
+        server.should_exit = True
+    last = PLAIN_ROUNDS[-1]["round"]
+    assert asked[0] == ("plain", 0, 1000) and len(asked) >= 2, asked
+    assert all(a == ("plain", last, 1000) for a in asked[1:]), asked
+    applied = sum(1 for r in PLAIN_ROUNDS if r.get("applied"))
+    assert re.search(rf"applied <b>{applied}</b>", dom), dom[:2000]

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
+
+import pytest
+from registry_runs import tiny_run
 
 from fedveil.server.coordinator.metrics import RoundsCache, ServiceCounters, privacy_figures, render
 
@@ -51,7 +56,8 @@ def test_render_and_epsilon(tmp_path):
     (run / "privacy").mkdir()
     (run / "privacy" / "report.json").write_text(json.dumps({"epsilon": 0.9, "budget": 4.0}))
     cache = RoundsCache()
-    assert privacy_figures(run, cache.figures(run)) == (0.7, 4.0)  # the round record wins
+    # No signed ledger: neither the round records nor report.json is an epsilon.
+    assert privacy_figures(run, running=False) == (None, None)
     counters = ServiceCounters()
     counters.reject("unauthorized")
     counters.fleet_bytes_in = 1234
@@ -60,8 +66,6 @@ def test_render_and_epsilon(tmp_path):
     for line in (
         'fedveil_rounds_completed_total{run="r1"} 3',
         'fedveil_client_dropouts_total{run="r1"} 3',
-        'fedveil_epsilon_spent{run="r1"} 0.7',
-        'fedveil_epsilon_budget{run="r1"} 4',
         'fedveil_round_duration_seconds_sum{run="r1"} 6',
         'fedveil_runs{status="running"} 1',
         "fedveil_clients_connected 5",
@@ -70,14 +74,7 @@ def test_render_and_epsilon(tmp_path):
     ):
         assert line in text.splitlines(), line
     assert "# TYPE fedveil_rounds_completed_total counter" in text
-    (run / "privacy" / "report.json").write_text(
-        json.dumps({"epsilon": 0.9, "budget": {"epsilon": 2}})
-    )
-    other = tmp_path / "r2"
-    other.mkdir()
-    (other / "privacy").mkdir()
-    (other / "privacy" / "report.json").write_text((run / "privacy" / "report.json").read_text())
-    assert privacy_figures(other, cache.figures(other)) == (0.9, 2.0)
+    assert 'fedveil_epsilon_spent{run="r1"}' not in text
 
 
 def test_drops_by_reason_are_counted_per_check(tmp_path):
@@ -105,3 +102,54 @@ def test_a_dp_run_shows_no_participation_counts_even_if_its_records_had_them(tmp
     nothing.mkdir()
     (nothing / "metrics.jsonl").write_text('{"round": 1, "dropped": 3}\n')
     assert RoundsCache().figures(nothing).dropped == 0
+
+
+@pytest.fixture(scope="module")
+def signed_dp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished central-DP tiny run: a real signed ledger (tests work on copies)."""
+    return tiny_run(tmp_path_factory.mktemp("runs") / "dp", dp=True)
+
+
+def _copy(run: Path, to: Path) -> Path:
+    shutil.copytree(run, to)
+    return to
+
+
+def test_epsilon_is_what_the_signed_ledger_proves_not_report_json(
+    tmp_path: Path, signed_dp_run: Path
+) -> None:
+    """/metrics took report.json's epsilon (and the round records') as written: an
+    operator, or anyone who can write the state directory, lowered it by editing a file.
+    Now only the ledger's verified figures are exposed."""
+    run = _copy(signed_dp_run, tmp_path / "r1")
+    ledger = [
+        json.loads(line) for line in (run / "privacy" / "ledger.jsonl").read_text().splitlines()
+    ]
+    spent = [e["epsilon"] for e in ledger if e.get("kind") == "release"][-1]
+    budget = next(e["budget_epsilon"] for e in ledger if e.get("kind") == "release")
+    assert 0 < spent <= budget
+    report = run / "privacy" / "report.json"
+    report.write_text(json.dumps({**json.loads(report.read_text()), "epsilon": 0.001}))
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"round": 99, "status": "applied", "epsilon": 0.001}) + "\n")
+    cache = RoundsCache()
+    runs = [{"id": "r1", "status": "completed"}]
+    text = render(runs, {"r1": run}, cache, ServiceCounters(), None, True).splitlines()
+    assert f'fedveil_epsilon_spent{{run="r1"}} {spent:g}' in text
+    assert f'fedveil_epsilon_budget{{run="r1"}} {budget:g}' in text
+
+    # A ledger edited to a lower epsilon fails its hash chain: no figure at all, not the
+    # smaller one; the same for a finished run's ledger with its last lines cut off.
+    edited = _copy(signed_dp_run, tmp_path / "edited")
+    path = edited / "privacy" / "ledger.jsonl"
+    path.write_text(path.read_text().replace(f'"epsilon":{spent}', '"epsilon":0.001', 1))
+    assert path.read_text() != (run / "privacy" / "ledger.jsonl").read_text()
+    assert privacy_figures(edited, running=False) == (None, None)
+    cut = _copy(signed_dp_run, tmp_path / "cut")
+    path = cut / "privacy" / "ledger.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-2]))
+    assert privacy_figures(cut, running=False) == (None, None)
+    # While the run is going its ledger is not closed yet: the releases so far count.
+    first = [e["epsilon"] for e in ledger[: len(lines) - 2] if e.get("kind") == "release"]
+    assert privacy_figures(cut, running=True) == (first[-1] if first else 0.0, budget)

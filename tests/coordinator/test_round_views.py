@@ -71,8 +71,13 @@ def _write_run(state: Path, rid: str, dp: bool, leaky: bool = False) -> None:
 
 
 @pytest.fixture(scope="module")
-def api(tmp_path_factory) -> Iterator[tuple[httpx.Client, str]]:
-    state = tmp_path_factory.mktemp("state")
+def state_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("state")
+
+
+@pytest.fixture(scope="module")
+def api(state_dir: Path) -> Iterator[tuple[httpx.Client, str]]:
+    state = state_dir
     token = secrets.token_urlsafe(24)
     old_env, old_umask = os.environ.get("FEDVEIL_ADMIN_TOKEN"), os.umask(0o022)
     os.environ["FEDVEIL_ADMIN_TOKEN"] = token
@@ -87,6 +92,11 @@ def api(tmp_path_factory) -> Iterator[tuple[httpx.Client, str]]:
     _write_run(state, "20260101-000000-aaaaaa", dp=True)
     _write_run(state, "20260101-000000-bbbbbb", dp=False)
     _write_run(state, "20260101-000000-cccccc", dp=True, leaky=True)
+    _write_run(state, LONG_RUN, dp=False)
+    long_rounds = [_round(r) for r in range(1, LONG_ROUNDS + 1)]
+    (state / "runs" / LONG_RUN / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in long_rounds)
+    )
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_api(service), host="127.0.0.1", port=port, log_level="error")
@@ -104,6 +114,7 @@ def api(tmp_path_factory) -> Iterator[tuple[httpx.Client, str]]:
 
 DP_RUN, PLAIN_RUN = "20260101-000000-aaaaaa", "20260101-000000-bbbbbb"
 LEAKY_RUN = "20260101-000000-cccccc"
+LONG_RUN, LONG_ROUNDS = "20260101-000000-dddddd", 2500
 
 
 def test_dp_public_views_carry_no_participation_counts(api):
@@ -164,3 +175,64 @@ def test_the_operators_privacy_report_needs_the_admin_token(api):
     assert "sandbox" in html.headers["content-security-policy"]
     missing = http.get(f"/runs/{PLAIN_RUN}/privacy/private", headers=admin)
     assert missing.status_code == 404
+
+
+def test_rounds_come_a_page_at_a_time_and_the_whole_history_page_by_page(api, state_dir):
+    """Every poll answered (and parsed) the whole run; now at most `limit` records
+    (MAX_ROUNDS_PAGE by default) after `since`, and the history page by page."""
+    http, token = api
+    url = f"/runs/{LONG_RUN}/rounds"
+    assert [r["round"] for r in http.get(url).json()] == list(range(1, 1001))
+    got: list[dict[str, Any]] = []
+    since = 0
+    while True:
+        page = http.get(url, params={"since": since, "limit": 700}).json()
+        got += page
+        if len(page) < 700:
+            break
+        since = page[-1]["round"]
+    assert [r["round"] for r in got] == list(range(1, LONG_ROUNDS + 1))
+    assert got[41] == _round(42)
+    # Rounds appended since the last poll, and one still being written (not yet served).
+    path = state_dir / "runs" / LONG_RUN / "metrics.jsonl"
+    with path.open("a") as f:
+        f.write(
+            json.dumps(_round(LONG_ROUNDS + 1)) + "\n" + json.dumps(_round(LONG_ROUNDS + 2))[:9]
+        )
+    newer = http.get(url, params={"since": LONG_ROUNDS}).json()
+    assert [r["round"] for r in newer] == [LONG_ROUNDS + 1]
+    with path.open("a") as f:
+        f.write(json.dumps(_round(LONG_ROUNDS + 2))[9:] + "\n")
+    assert [r["round"] for r in http.get(url, params={"since": LONG_ROUNDS + 1}).json()] == [
+        LONG_ROUNDS + 2
+    ]
+    # A resume rewrites the file (a new one in its place): it is read again.
+    fresh = path.with_name("metrics.jsonl.tmp")
+    fresh.write_text(
+        "".join(json.dumps({**_round(r), "test_accuracy": 0.9}) + "\n" for r in (1, 2, 3))
+    )
+    os.replace(fresh, path)
+    again = http.get(url).json()
+    assert [(r["round"], r["test_accuracy"]) for r in again] == [(1, 0.9), (2, 0.9), (3, 0.9)]
+    # The operator's view of a DP run pages the private annex, charge records left out.
+    admin = {"Authorization": f"Bearer {token}"}
+    private = f"/runs/{DP_RUN}/rounds/private"
+    assert [r["round"] for r in http.get(private, params={"limit": 1}, headers=admin).json()] == [1]
+    page = http.get(private, params={"since": 1, "limit": 1}, headers=admin).json()
+    assert [r["round"] for r in page] == [2]
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [({"limit": 1001}, "limit"), ({"limit": 0}, "limit"), ({"since": -1}, "since")],
+)
+def test_a_page_out_of_range_is_refused_naming_the_parameter(
+    api: tuple[httpx.Client, str], params: dict[str, int], field: str
+) -> None:
+    http, token = api
+    admin = {"Authorization": f"Bearer {token}"}
+    for url in (f"/runs/{PLAIN_RUN}/rounds", f"/runs/{PLAIN_RUN}/rounds/private"):
+        response = http.get(url, params=params, headers=admin)
+        assert response.status_code == 422, (url, response.text)
+        body = response.json()
+        assert body["field"] == field and f"{field} = {params[field]}" in body["detail"]

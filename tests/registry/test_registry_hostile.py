@@ -97,3 +97,31 @@ def test_a_version_whose_model_file_changed_is_not_served(
     assert served.pick().version == "1"
     assert "cannot load fashion@2" in caplog.text and "changed after registration" in caplog.text
     served.close()
+
+
+def test_a_version_is_loaded_from_the_bytes_its_card_hash_checked(
+    tmp_path: Path, plain_run: Path
+) -> None:
+    """The hash was checked on one read and the model loaded on another: a file swapped
+    between the two was served under the card. Now the checked bytes are the ones loaded,
+    and loading never opens the file again."""
+    import torch
+
+    from fedveil.server.serving.loading import load_model_file
+
+    version = Registry(tmp_path / "reg").register(plain_run, name="fashion")
+    checked = version.checked_model_bytes()
+    honest, _ = load_model_file(version.model_path, allowed_tasks=("tiny_task:make",))
+    _tamper(version.model_path)  # swapped after the check
+    swapped, _ = load_model_file(version.model_path, allowed_tasks=("tiny_task:make",))
+    version.model_path.unlink()  # and then gone: loading reads only the checked bytes
+    served, info = load_model_file(
+        version.model_path, allowed_tasks=("tiny_task:make",), data=checked
+    )
+    assert info.path == version.model_path
+    for name, value in served.state_dict().items():
+        assert torch.equal(value, honest.state_dict()[name]), name
+    assert any(
+        not torch.equal(value, swapped.state_dict()[name])
+        for name, value in served.state_dict().items()
+    )

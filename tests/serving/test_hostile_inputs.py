@@ -198,13 +198,29 @@ def test_finite_inputs_whose_outputs_overflow_are_422_not_500(
         assert metric(text, "fedveil_serve_requests_total", **labels, code="422") == 2
 
 
+@pytest.mark.parametrize("boolean", [b"true", b"false"])
+def test_a_boolean_among_numbers_is_refused_naming_example_and_position(boolean: bytes) -> None:
+    # numpy read [[3, true]] as [[3, 1]]: a boolean was served as the number 1 (or 0).
+    shape = (1, 2, 2)
+    body = b'{"inputs": [[[[1, 2], [3, 4]]], [[[5, 6], [7, ' + boolean + b"]]]]}"
+    with pytest.raises(
+        InputError,
+        match=r"inputs\[1\]\[0\]\[1\]\[1\]: (true|false) is a boolean "
+        r"\(example 1, position \[0\]\[1\]\[1\]\)",
+    ):
+        decode(body, "application/json", shape, 8)
+    # The word inside a string elsewhere in the body is no boolean input.
+    fine = b'{"inputs": [[[[1, 2], [3, 4]]]], "note": "' + boolean + b'"}'
+    assert decode(fine, "application/json", shape, 8)[0].shape == (1, *shape)
+
+
 @pytest.mark.parametrize(
     ("value", "says"),
     [
         (b"9" * 400, "NaN or infinite"),  # an int past float's range: OverflowError, a 500
         (b"-" + b"9" * 4000, "NaN or infinite"),
         (b'"1"', "strings, booleans or nulls"),  # was parsed as 1.0
-        (b"true", "strings, booleans or nulls"),
+        (b"true", "true is a boolean"),
         (b"null", "strings, booleans or nulls"),
     ],
 )

@@ -4,44 +4,29 @@ Without DP both views are metrics.jsonl as the engine wrote it, drop reasons
 included. Under DP the public view keeps only the keys a DP run may publish
 (publication.py); the operator's view is the private annex (private/rounds.jsonl):
 counts, drops by reason, cohorts.
+
+Both are read a page at a time: `since` (the last round the caller has; rounds after
+it are answered) and `limit` (at most MAX_ROUNDS_PAGE records), through the
+service's RoundIndex (round_index.py), so a poll costs its page, not the run's length.
+The whole history is reached page by page: since=0, then since=<last round received>,
+until a page holds fewer than `limit` records.
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter
 
 from fedveil.server.coordinator.publication import public_record, run_is_dp
-from fedveil.server.coordinator.routes.deps import ADMIN, ServiceDep, run_or_404
-from fedveil.server.coordinator.rundir import RunDir
+from fedveil.server.coordinator.routes.deps import ADMIN, ApiError, ServiceDep, run_or_404
 
 router = APIRouter(tags=["runs"])
 
 PRIVATE_ROUNDS = "private/rounds.jsonl"
-
-
-def public_rounds(run_dir: Path) -> list[dict[str, Any]]:
-    """What anyone may read about each round."""
-    dp = run_is_dp(run_dir)
-    return [public_record(r, dp) for r in RunDir(run_dir.parent.parent, run_dir.name).metrics()]
-
-
-def private_rounds(run_dir: Path) -> list[dict[str, Any]]:
-    """The operator's per-round records: the private annex under DP (charge records
-    left out; one record per round, the last written), metrics.jsonl otherwise."""
-    if not run_is_dp(run_dir):
-        records = RunDir(run_dir.parent.parent, run_dir.name).metrics()
-    else:
-        by_round: dict[int, dict[str, Any]] = {}
-        for record in _jsonl(run_dir / PRIVATE_ROUNDS):
-            if record.get("kind") != "charge" and isinstance(record.get("round"), int):
-                by_round[record["round"]] = record
-        records = [by_round[r] for r in sorted(by_round)]
-    return [with_drop_counts(r) for r in records]
+METRICS_FILE = "metrics.jsonl"
+MAX_ROUNDS_PAGE = 1000  # records a page holds at most (a few hundred bytes each)
 
 
 def with_drop_counts(record: dict[str, Any]) -> dict[str, Any]:
@@ -53,36 +38,44 @@ def with_drop_counts(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, "drops_by_reason": dict(Counter(str(v) for v in reasons.values()))}
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a torn last line (crash mid-append)
-        if isinstance(record, dict):
-            out.append(record)
-    return out
+def page_bounds(since: int, limit: int) -> None:
+    """ApiError (422) naming `since` or `limit` when out of range."""
+    if not since >= 0:
+        raise ApiError(422, f"since = {since}: must be >= 0 (the last round you have)", "since")
+    if not 1 <= limit <= MAX_ROUNDS_PAGE:
+        raise ApiError(
+            422, f"limit = {limit}: must be in [1, {MAX_ROUNDS_PAGE}] records a page", "limit"
+        )
 
 
 @router.get(
     "/runs/{run_id}/rounds",
-    summary="Per-round records (under DP: status, evaluation and accounted figures only)",
+    summary="Per-round records after round `since`, at most `limit` (under DP: status, "
+    "evaluation and accounted figures only)",
 )
-def rounds(run_id: str, service: ServiceDep, since: int = 0) -> list[dict[str, Any]]:
+def rounds(
+    run_id: str, service: ServiceDep, since: int = 0, limit: int = MAX_ROUNDS_PAGE
+) -> list[dict[str, Any]]:
+    page_bounds(since, limit)
     path = run_or_404(service, run_id)
-    return [r for r in public_rounds(path) if int(r.get("round", 0)) > since]
+    dp = run_is_dp(path)
+    page = service.public_rounds.page(path / METRICS_FILE, since, limit)
+    return [public_record(r, dp) for r in page]
 
 
 @router.get(
     "/runs/{run_id}/rounds/private",
-    summary="The operator's per-round records: counts, drops by reason, cohorts (admin)",
+    summary="The operator's per-round records after round `since`, at most `limit`: "
+    "counts, drops by reason, cohorts (admin)",
     dependencies=ADMIN,
 )
-def rounds_private(run_id: str, service: ServiceDep, since: int = 0) -> list[dict[str, Any]]:
+def rounds_private(
+    run_id: str, service: ServiceDep, since: int = 0, limit: int = MAX_ROUNDS_PAGE
+) -> list[dict[str, Any]]:
+    page_bounds(since, limit)
     path = run_or_404(service, run_id)
-    return [r for r in private_rounds(path) if int(r.get("round", 0)) > since]
+    if run_is_dp(path):
+        page = service.private_rounds.page(path / PRIVATE_ROUNDS, since, limit)
+    else:
+        page = service.public_rounds.page(path / METRICS_FILE, since, limit)
+    return [with_drop_counts(r) for r in page]

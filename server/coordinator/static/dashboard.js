@@ -16,6 +16,26 @@ async function getJSON(path) {
   return r.json();
 }
 
+// A run's rounds, held between polls: each poll asks only for the rounds after the last
+// one held (GET /runs/{id}/rounds?since=&limit=, a page at most), so it costs what is new,
+// not the run's length. A new attempt (a resume rewrites the rounds) starts over.
+const ROUNDS_PAGE = 1000;
+async function runRounds(run) {
+  const key = `${run.id}#${(run.attempts || []).length}`;
+  if (!state.rounds || state.rounds.key !== key) state.rounds = { key, list: [] };
+  const held = state.rounds;
+  const lastHeld = () => (held.list.length ? held.list[held.list.length - 1].round : 0);
+  for (;;) {
+    const since = lastHeld();
+    const page = await getJSON(`/runs/${encodeURIComponent(run.id)}/rounds?since=${since}&limit=${ROUNDS_PAGE}`);
+    const last = lastHeld(); // another poll may have added rounds meanwhile
+    const fresh = page.filter((r) => r.round > last);
+    held.list.push(...fresh);
+    if (page.length < ROUNDS_PAGE || fresh.length === 0) break;
+  }
+  return held.list.slice();
+}
+
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -381,7 +401,7 @@ async function renderDetail(runs) {
   if (!run) return;
   document.getElementById("run-title").textContent = run.id;
   const st = document.getElementById("run-status");
-  const rounds = await getJSON(`/runs/${encodeURIComponent(run.id)}/rounds`);
+  const rounds = await runRounds(run);
   const badge = runBadge({ ...run, rounds_applied: run.rounds_applied ?? rounds.filter(roundApplied).length });
   st.textContent = badge.text; st.className = `status ${badge.cls}`;
   let privacy = null;
