@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedveil.server.coordinator.rundir import RunDir, read_json
-from fedveil.server.engine.aggregation import check_evaluation_answer
+from fedveil.server.engine.evaluation_answer import check_evaluation_answer
 
 if TYPE_CHECKING:  # the coordinator process imports the constants here without torch
     import torch

@@ -24,7 +24,6 @@ import torch
 from fedveil.privacy.dp.clipping import clip_l2, l2_norm
 from fedveil.protocol.envelope import Envelope, MessageError
 from fedveil.protocol.fields import (
-    ACCURACY,
     CLIP_NORM,
     DELTA,
     LOSS,
@@ -33,14 +32,13 @@ from fedveil.protocol.fields import (
     WEIGHT,
 )
 from fedveil.protocol.kinds import Kind
+from fedveil.server.engine.evaluation_answer import MAX_EXAMPLES, check_evaluation_answer
 from fedveil.server.engine.robust import RobustAggregator
 from fedveil.server.engine.transport import ClientFailure, Transport
 from fedveil.server.engine.unmask_gate import Aborted
 
 log = logging.getLogger("fedveil.aggregation")
 
-# A client may not claim more examples than this: its weight in the average.
-MAX_EXAMPLES = 10_000_000
 # The largest float32: a round's sum of n weighted updates stays finite when each
 # weighted value is at most this / n.
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
@@ -124,25 +122,6 @@ def check_train_reply(reply: Envelope, round_num: int, model_size: int) -> Train
     return TrainReply(delta, weight, loss, counters)
 
 
-def check_evaluation_answer(config: Mapping[str, Any]) -> tuple[int, float, float]:
-    """(count, accuracy, loss) of one client's evaluation reply; MessageError naming the
-    field, its value and the range, for anything out of range, NaN or missing. Federated
-    evaluation (rounds.py) and drift evaluation (server/coordinator/drift_run.py) check
-    replies with it."""
-    n = config.get(NUM_EXAMPLES)
-    if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_EXAMPLES):
-        raise MessageError(f"{NUM_EXAMPLES} = {n!r}: must be an integer in [1, {MAX_EXAMPLES}]")
-    try:
-        accuracy, loss = float(config[ACCURACY]), float(config[LOSS])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise MessageError(f"accuracy/loss missing or not numbers ({exc!r})") from None
-    if not 0.0 <= accuracy <= 1.0:  # NaN fails too
-        raise MessageError(f"{ACCURACY} = {accuracy!r}: must be in [0, 1]")
-    if not 0.0 <= loss < math.inf:
-        raise MessageError(f"{LOSS} = {loss!r}: must be finite and >= 0")
-    return n, accuracy, loss
-
-
 def check_evaluate_reply(reply: Envelope, round_num: int) -> tuple[int, float, float]:
     """(count, accuracy, loss) of a federated evaluation reply for `round_num`, or
     MessageError naming the check."""
@@ -150,7 +129,10 @@ def check_evaluate_reply(reply: Envelope, round_num: int) -> tuple[int, float, f
         raise MessageError(f"expected an evaluate reply, got {reply.kind!r}")
     if reply.round != round_num:
         raise MessageError(f"reply is for round {reply.round}, this is round {round_num}")
-    return check_evaluation_answer(reply.config)
+    try:
+        return check_evaluation_answer(reply.config)
+    except ValueError as exc:
+        raise MessageError(str(exc)) from None
 
 
 def request_clip_norm(request: Envelope) -> float | None:

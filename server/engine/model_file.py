@@ -15,8 +15,10 @@ import json
 import struct
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the coordinator imports this module and starts without torch
+    import torch
 
 MODEL_FILE = "model.safetensors"  # the run directory's published model
 _LENGTH = struct.Struct("<Q")  # safetensors: an 8-byte little-endian header length
