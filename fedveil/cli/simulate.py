@@ -9,7 +9,6 @@ SIGTERM stops a run as Ctrl-C does, leaving its last round's model and summary.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import shlex
@@ -207,17 +206,16 @@ def lock_run_dir(out: Path) -> int:
     """One `fedveil simulate` per run directory: a second one (a --resume typed while the
     run still trains) would interleave its rounds with the first's in the same files.
     The lock goes with the process, even on SIGKILL."""
+    from fedveil.ops.dir_lock import hold_lock
+
     out.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    fd = hold_lock(out / ".lock")
+    if fd is None:
         raise ConfigError(
             f"--out {out}: another fedveil simulate is writing this run directory; wait for "
             "it to end or stop it (Ctrl-C keeps its last round: then --resume), or give "
             "another --out"
-        ) from None
+        )
     return fd
 
 

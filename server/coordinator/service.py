@@ -8,7 +8,6 @@ routers only read its type, so this module imports neither.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import threading
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedveil.config import ConfigError
+from fedveil.ops.dir_lock import hold_lock
 from fedveil.server.coordinator.auth import load_admin_token
 from fedveil.server.coordinator.clients import ClientRegistry
 from fedveil.server.coordinator.drift import DriftMonitor
@@ -50,16 +50,13 @@ def secure_state_dir(state_dir: Path) -> None:
 def lock_state_dir(state_dir: Path) -> int:
     """One coordinator per state dir (the lock goes with the process, even on SIGKILL)."""
     secure_state_dir(state_dir)
-    fd = os.open(state_dir / "server.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    fd = hold_lock(state_dir / "server.lock")
+    if fd is None:
         raise ConfigError(
             f"state_dir {state_dir}: another fedveil server is using it; stop that server "
             "first (SIGTERM; its runs resume on the next start), or give this one another "
             "--state-dir"
-        ) from None
+        )
     return fd
 
 
